@@ -1,0 +1,47 @@
+//! The error every RPC may answer with: an OS-neutral code plus a human message.
+
+use serde::{Deserialize, Serialize};
+
+/// Failure kinds a file system user can act on; the client maps them to errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    PermissionDenied,
+    NotPermitted,
+    InvalidArgument,
+    NameTooLong,
+    NoSpace,
+    Io,
+    /// A chunk failed its hash check; it is never served.
+    Corrupt,
+    Stale,
+    WouldBlock,
+    /// Missing extended attribute (ENODATA).
+    NoAttribute,
+    /// A value does not fit the caller's buffer (ERANGE).
+    Range,
+    CrossDevice,
+    Busy,
+    Unsupported,
+    TooManyLinks,
+    /// Protocol misuse or an invariant broken on the server.
+    Internal,
+}
+
+/// The error half of every RPC reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl WireError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}

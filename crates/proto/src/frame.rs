@@ -1,0 +1,124 @@
+//! Framing of RPC messages on a byte stream. A frame is a fixed 16-byte header —
+//! payload length, kind, request id — followed by a postcard-encoded payload. Request
+//! ids let many requests share one connection, answered in any order (pipelining).
+
+use serde::{Serialize, de::DeserializeOwned};
+
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 16;
+/// Largest payload accepted; a bigger length is a protocol error, never an allocation.
+pub const MAX_PAYLOAD: u32 = 64 << 20;
+const MAGIC: u8 = 0x4c; // 'L'
+
+/// Whether a frame asks or answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    Request,
+    Response,
+}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: FrameKind,
+    pub request_id: u64,
+    pub payload_len: u32,
+}
+
+/// Malformed bytes from a peer.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("bad frame magic {0:#x}: the peer does not speak the Locus protocol")]
+    BadMagic(u8),
+    #[error("unknown frame kind {0}")]
+    BadKind(u8),
+    #[error("frame payload of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
+    TooLarge(u32),
+    #[error("undecodable payload: {0}")]
+    Payload(#[from] postcard::Error),
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0..4].copy_from_slice(&self.payload_len.to_be_bytes());
+        h[4] = MAGIC;
+        h[5] = match self.kind {
+            FrameKind::Request => 0,
+            FrameKind::Response => 1,
+        };
+        h[8..16].copy_from_slice(&self.request_id.to_be_bytes());
+        h
+    }
+
+    pub fn decode(h: &[u8; HEADER_LEN]) -> Result<Self, FrameError> {
+        let payload_len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+        if h[4] != MAGIC {
+            return Err(FrameError::BadMagic(h[4]));
+        }
+        let kind = match h[5] {
+            0 => FrameKind::Request,
+            1 => FrameKind::Response,
+            k => return Err(FrameError::BadKind(k)),
+        };
+        if payload_len > MAX_PAYLOAD {
+            return Err(FrameError::TooLarge(payload_len));
+        }
+        let request_id = u64::from_be_bytes(h[8..16].try_into().expect("8 bytes"));
+        Ok(Header { kind, request_id, payload_len })
+    }
+}
+
+/// Header and payload of one message, ready to write.
+pub fn encode<T: Serialize>(kind: FrameKind, request_id: u64, msg: &T) -> Result<Vec<u8>, FrameError> {
+    let mut out = vec![0u8; HEADER_LEN];
+    let mut out = postcard::to_extend(msg, std::mem::take(&mut out))?;
+    let payload_len = (out.len() - HEADER_LEN) as u32;
+    if payload_len > MAX_PAYLOAD {
+        return Err(FrameError::TooLarge(payload_len));
+    }
+    out[..HEADER_LEN].copy_from_slice(&Header { kind, request_id, payload_len }.encode());
+    Ok(out)
+}
+
+/// Decodes a payload; trailing bytes are an error.
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
+    let (msg, rest) = postcard::take_from_bytes(payload)?;
+    if !rest.is_empty() {
+        return Err(FrameError::Payload(postcard::Error::DeserializeBadEncoding));
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::MetaRequest;
+    use crate::node::NodeRequest;
+    use proptest::prelude::*;
+
+    #[test]
+    fn roundtrip() {
+        let req = MetaRequest::GetAttr { ino: 7 };
+        let bytes = encode(FrameKind::Request, 42, &req).unwrap();
+        let h = Header::decode(bytes[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.request_id, 42);
+        assert_eq!(h.payload_len as usize, bytes.len() - HEADER_LEN);
+        let back: MetaRequest = decode(&bytes[HEADER_LEN..]).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{req:?}"));
+    }
+
+    proptest! {
+        /// Decoders return errors on arbitrary bytes, never panic.
+        #[test]
+        fn decoders_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            if bytes.len() >= HEADER_LEN {
+                let _ = Header::decode(bytes[..HEADER_LEN].try_into().unwrap());
+            }
+            let _ = decode::<MetaRequest>(&bytes);
+            let _ = decode::<NodeRequest>(&bytes);
+            let _ = decode::<crate::meta::MetaResult>(&bytes);
+            let _ = decode::<crate::node::NodeResult>(&bytes);
+        }
+    }
+}

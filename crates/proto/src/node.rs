@@ -1,0 +1,50 @@
+//! The data-path protocol: clients and tools talk to `locus node` directly for bytes.
+
+use crate::error::WireError;
+use crate::types::ChunkId;
+use serde::{Deserialize, Serialize};
+
+/// Requests to a storage node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeRequest {
+    /// Stores a chunk; the node recomputes the id and refuses a mismatch. Idempotent.
+    Put {
+        id: ChunkId,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Bytes `[offset, offset+len)` of a chunk, verified against its id before serving.
+    Get { id: ChunkId, offset: u64, len: u64 },
+    /// Which of these chunks the node holds (one flag per id, in order).
+    Has { ids: Vec<ChunkId> },
+    /// Page of stored chunk ids after `after`, for gc and fsck.
+    List { after: Option<ChunkId>, limit: u32 },
+    /// Re-hashes the listed chunks on disk; answers the ones that are corrupt or missing.
+    Verify { ids: Vec<ChunkId> },
+    /// Deletes chunks last written more than `min_age_secs` ago; answers how many went.
+    Delete { ids: Vec<ChunkId>, min_age_secs: u64 },
+    Stats,
+}
+
+/// Disk usage and health counters of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStats {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub chunk_count: u64,
+    pub corrupt_reads: u64,
+}
+
+/// Successful answers from a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeReply {
+    Done,
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    Flags(Vec<bool>),
+    Ids(Vec<ChunkId>),
+    Count(u64),
+    Stats(NodeStats),
+}
+
+/// The payload of every node response frame.
+pub type NodeResult = Result<NodeReply, WireError>;

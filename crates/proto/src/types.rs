@@ -1,0 +1,149 @@
+//! Identifiers and records shared by meta, nodes and clients.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Inode number; `ROOT_INODE` is the namespace root.
+pub type InodeId = u64;
+/// Inode number of `/`.
+pub const ROOT_INODE: InodeId = 1;
+/// Meta-assigned identity of a mounted client (or CLI) connection.
+pub type SessionId = u64;
+
+/// A chunk's identity is the BLAKE3 hash of its content: integrity check, cache key
+/// and dedupe key at once.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChunkId(pub [u8; 32]);
+
+impl ChunkId {
+    /// The id that `data` must be stored under.
+    pub fn of(data: &[u8]) -> Self {
+        ChunkId(*blake3::hash(data).as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(ChunkId(out))
+    }
+}
+
+impl fmt::Debug for ChunkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", &self.to_hex()[..16])
+    }
+}
+
+impl fmt::Display for ChunkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// Seconds and nanoseconds since the Unix epoch (may be negative, as POSIX allows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
+    }
+}
+
+/// File type, as stored in the inode (POSIX `S_IFMT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// Inode attributes as `stat(2)` shows them. `mode` holds only permission bits
+/// (`0o7777`: suid, sgid, sticky and rwx); the type is `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: InodeId,
+    pub kind: FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    /// Bumped on every change of the file's content (extents or size); clients use
+    /// it to keep their page cache across opens (close-to-open).
+    pub data_version: u64,
+}
+
+/// Who performs an operation, as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A byte range of a file mapped onto a byte range of a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub file_offset: u64,
+    pub len: u64,
+    pub chunk: ChunkId,
+    pub chunk_offset: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.file_offset + self.len
+    }
+}
+
+/// Storage daemon identity, unique within the cluster.
+pub type NodeId = String;
+
+/// A node as meta knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    pub site: String,
+    /// `host:port` the node serves chunks on.
+    pub addr: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub chunk_count: u64,
+    /// Seconds since the node last reported in.
+    pub last_seen_secs: u64,
+}
+
+/// A chunk in the catalogue: its size and where it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRecord {
+    pub id: ChunkId,
+    pub size: u64,
+    pub refcount: u64,
+    pub nodes: Vec<NodeId>,
+}
+
+/// One directory entry as `readdir` returns it; `cookie` resumes the listing after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub attr: Attr,
+    pub cookie: u64,
+}
