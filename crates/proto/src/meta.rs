@@ -148,6 +148,8 @@ pub enum MetaRequest {
     /// their chunks are stored, and raises the size to at least `min_size`.
     CommitWrite { ino: InodeId, extents: Vec<Extent>, chunks: Vec<StoredChunk>, min_size: u64, mtime: Timestamp },
     Fallocate { ino: InodeId, offset: u64, len: u64, mode: AllocateMode },
+    /// Makes every change acknowledged so far durable on meta's disk (fsync, fsyncdir).
+    Sync,
 
     /// F_GETLK: the first conflicting lock, if any.
     GetLock { session: SessionId, lock: LockRange },
