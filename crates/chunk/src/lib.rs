@@ -1,1 +1,561 @@
-//! placeholder
+//! Content-addressed chunk store on local disk. Every chunk is a file named by its
+//! BLAKE3 id; writes land in `tmp/` and are renamed into place after fsync, and every
+//! read is re-hashed so a corrupt chunk is never served.
+//!
+//! Layout of a data directory:
+//!
+//! ```text
+//! FORMAT                  "locus-chunk-store 1"
+//! LOCK                    flock'ed by the process that owns the directory
+//! tmp/                    writes in flight; emptied at open
+//! chunks/xx/<64-hex-id>   xx = first byte of the id
+//! ```
+//!
+//! The API is synchronous `std::fs`; async callers run it in `spawn_blocking`.
+
+mod disk;
+
+use proto::error::{ErrorCode, WireError};
+use proto::node::NodeStats;
+use proto::types::ChunkId;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// The format this build writes and understands, as stored in `FORMAT`.
+const FORMAT_VERSION: u32 = 1;
+const FORMAT_MAGIC: &str = "locus-chunk-store";
+
+/// Everything the chunk store can fail with, each carrying the chunk or path involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    #[error("chunk {id} not found")]
+    NotFound { id: ChunkId },
+    #[error("chunk {id} at {} failed its hash check; it is not served", path.display())]
+    Corrupt { id: ChunkId, path: PathBuf },
+    #[error("no space for chunk {id} ({len} bytes): {detail}")]
+    NoSpace {
+        id: ChunkId,
+        len: u64,
+        detail: String,
+    },
+    #[error("data does not match chunk id {claimed}: it hashes to {actual}")]
+    IdMismatch { claimed: ChunkId, actual: ChunkId },
+    #[error("offset {offset} is beyond the end of chunk {id} ({size} bytes)")]
+    Range { id: ChunkId, offset: u64, size: u64 },
+    #[error("data directory {} is in use by another process (it holds {}); stop it or choose another directory", dir.display(), dir.join("LOCK").display())]
+    InUse { dir: PathBuf },
+    #[error("data directory {} is not writable: {source}; check its ownership, permissions and mount options", dir.display())]
+    NotWritable { dir: PathBuf, source: io::Error },
+    #[error("{}: {problem}", path.display())]
+    Format { path: PathBuf, problem: String },
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+impl From<ChunkError> for WireError {
+    fn from(e: ChunkError) -> Self {
+        let code = match &e {
+            ChunkError::NotFound { .. } => ErrorCode::NotFound,
+            ChunkError::Corrupt { .. } => ErrorCode::Corrupt,
+            ChunkError::NoSpace { .. } => ErrorCode::NoSpace,
+            ChunkError::IdMismatch { .. } | ChunkError::Range { .. } => ErrorCode::InvalidArgument,
+            ChunkError::InUse { .. }
+            | ChunkError::NotWritable { .. }
+            | ChunkError::Format { .. }
+            | ChunkError::Io { .. } => ErrorCode::Io,
+        };
+        WireError::new(code, e.to_string())
+    }
+}
+
+/// Builds the `map_err` closure for an I/O step on `path`.
+fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ChunkError + 'a {
+    move |source| ChunkError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Bytes and files on disk, plus bytes promised to writes in flight.
+#[derive(Debug, Default)]
+struct Usage {
+    used: u64,
+    count: u64,
+    reserved: u64,
+}
+
+/// An open data directory. Holding it holds the directory's `LOCK`; dropping it
+/// releases the lock. All methods take `&self` and are safe to call concurrently.
+#[derive(Debug)]
+pub struct ChunkStore {
+    dir: PathBuf,
+    chunks: PathBuf,
+    tmp: PathBuf,
+    capacity: u64,
+    /// Serialises the steps that change what is in `chunks/` with the usage counters.
+    usage: Mutex<Usage>,
+    corrupt_reads: AtomicU64,
+    tmp_seq: AtomicU64,
+    _lock: File,
+}
+
+impl ChunkStore {
+    /// Opens (creating if absent) the store in `dir`, holding at most `capacity_bytes`
+    /// of chunks. Fails if another process has it open, if it is not writable, or if
+    /// it was written by an unknown or newer format.
+    pub fn open(dir: &Path, capacity_bytes: u64) -> Result<ChunkStore, ChunkError> {
+        fs::create_dir_all(dir).map_err(io_err("create data directory", dir))?;
+        let lock_path = dir.join("LOCK");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|source| ChunkError::NotWritable {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        if !disk::try_lock_exclusive(&lock).map_err(io_err("lock", &lock_path))? {
+            return Err(ChunkError::InUse {
+                dir: dir.to_path_buf(),
+            });
+        }
+        check_or_write_format(dir)?;
+
+        let chunks = dir.join("chunks");
+        let tmp = dir.join("tmp");
+        fs::create_dir_all(&chunks).map_err(io_err("create", &chunks))?;
+        fs::create_dir_all(&tmp).map_err(io_err("create", &tmp))?;
+        clean_tmp(&tmp)?;
+        probe_writable(dir, &tmp)?;
+        let usage = scan(&chunks)?;
+        if usage.used > capacity_bytes {
+            tracing::warn!(dir = %dir.display(), used = usage.used, capacity = capacity_bytes,
+                "chunk store holds more than its capacity; new writes will be refused");
+        }
+        tracing::info!(dir = %dir.display(), chunks = usage.count, used = usage.used, "chunk store opened");
+        Ok(ChunkStore {
+            dir: dir.to_path_buf(),
+            chunks,
+            tmp,
+            capacity: capacity_bytes,
+            usage: Mutex::new(usage),
+            corrupt_reads: AtomicU64::new(0),
+            tmp_seq: AtomicU64::new(0),
+            _lock: lock,
+        })
+    }
+
+    /// Stores `data` as chunk `id` durably. Refuses data that does not hash to `id`.
+    /// Idempotent: an intact copy already present is kept (its mtime is refreshed so
+    /// a concurrent gc treats it as freshly written); a corrupt one is replaced.
+    pub fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), ChunkError> {
+        let actual = ChunkId::of(data);
+        if actual != *id {
+            return Err(ChunkError::IdMismatch {
+                claimed: *id,
+                actual,
+            });
+        }
+        let path = self.path_of(id);
+        if self.touch_if_intact(id, &path)? {
+            return Ok(());
+        }
+        let len = data.len() as u64;
+        self.reserve(id, len)?;
+        let result = self.write_new(id, data, &path);
+        self.lock_usage().reserved -= len;
+        result
+    }
+
+    /// Bytes `[offset, offset+len)` of chunk `id`, after checking the whole chunk
+    /// against its id. `len` is clipped at the end of the chunk; an `offset` past the
+    /// end is a `Range` error.
+    pub fn get(&self, id: &ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, ChunkError> {
+        let path = self.path_of(id);
+        let mut data = match fs::read(&path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ChunkError::NotFound { id: *id });
+            }
+            Err(e) => return Err(io_err("read chunk", &path)(e)),
+        };
+        if ChunkId::of(&data) != *id {
+            self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(chunk = %id, path = %path.display(), "chunk failed its hash check; refusing to serve it");
+            return Err(ChunkError::Corrupt { id: *id, path });
+        }
+        let size = data.len() as u64;
+        if offset > size {
+            return Err(ChunkError::Range {
+                id: *id,
+                offset,
+                size,
+            });
+        }
+        let end = offset.saturating_add(len).min(size);
+        data.truncate(end as usize);
+        data.drain(..offset as usize);
+        Ok(data)
+    }
+
+    /// One flag per id, in order: whether a file for it is present (not re-hashed).
+    pub fn has(&self, ids: &[ChunkId]) -> Result<Vec<bool>, ChunkError> {
+        ids.iter()
+            .map(|id| {
+                let path = self.path_of(id);
+                path.try_exists().map_err(io_err("stat", &path))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` stored ids greater than `after`, in ascending order, so callers
+    /// can page through the store.
+    pub fn list(&self, after: Option<ChunkId>, limit: usize) -> Result<Vec<ChunkId>, ChunkError> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        let first = after.map_or(0, |a| a.0[0]);
+        for byte in first..=u8::MAX {
+            let fan = self.chunks.join(format!("{byte:02x}"));
+            let mut ids = match disk::chunk_files(&fan) {
+                Ok(files) => files.into_iter().map(|(id, _)| id).collect::<Vec<_>>(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("list", &fan)(e)),
+            };
+            ids.sort_unstable();
+            for id in ids.into_iter().filter(|id| after.is_none_or(|a| *id > a)) {
+                out.push(id);
+                if out.len() == limit {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Re-hashes the listed chunks from disk; answers those that are missing, corrupt
+    /// or unreadable. Does not count towards `corrupt_reads` (nothing was served).
+    pub fn verify(&self, ids: &[ChunkId]) -> Vec<ChunkId> {
+        ids.iter()
+            .filter(|id| {
+                let path = self.path_of(id);
+                match fs::read(&path) {
+                    Ok(data) if ChunkId::of(&data) == **id => false,
+                    Ok(_) => {
+                        tracing::error!(chunk = %id, path = %path.display(), "verify: chunk failed its hash check");
+                        true
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+                    Err(e) => {
+                        tracing::error!(chunk = %id, path = %path.display(), error = %e, "verify: cannot read chunk");
+                        true
+                    }
+                }
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Deletes those of `ids` whose file was last written at least `min_age` ago and
+    /// answers how many went. The age check keeps gc from deleting a chunk that a
+    /// writer has just (re-)stored but not yet committed to meta.
+    pub fn delete(&self, ids: &[ChunkId], min_age: Duration) -> Result<u64, ChunkError> {
+        let now = SystemTime::now();
+        let mut deleted = 0;
+        let mut touched_dirs = Vec::new();
+        for id in ids {
+            let path = self.path_of(id);
+            let mut usage = self.lock_usage();
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("stat", &path)(e)),
+            };
+            let mtime = meta.modified().map_err(io_err("read mtime of", &path))?;
+            // A mtime in the future counts as age zero.
+            let age = now.duration_since(mtime).unwrap_or_default();
+            if age < min_age {
+                continue;
+            }
+            fs::remove_file(&path).map_err(io_err("delete", &path))?;
+            usage.used = usage.used.saturating_sub(meta.len());
+            usage.count = usage.count.saturating_sub(1);
+            drop(usage);
+            deleted += 1;
+            if let Some(parent) = path.parent()
+                && !touched_dirs.iter().any(|d: &PathBuf| d == parent)
+            {
+                touched_dirs.push(parent.to_path_buf());
+            }
+        }
+        for dir in &touched_dirs {
+            disk::fsync_dir(dir).map_err(io_err("fsync", dir))?;
+        }
+        Ok(deleted)
+    }
+
+    /// Capacity, usage and the number of corrupt chunks refused since open.
+    pub fn stats(&self) -> NodeStats {
+        let usage = self.lock_usage();
+        NodeStats {
+            capacity_bytes: self.capacity,
+            used_bytes: usage.used,
+            chunk_count: usage.count,
+            corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The data directory this store was opened on.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path_of(&self, id: &ChunkId) -> PathBuf {
+        self.chunks.join(disk::fan_out_name(id)).join(id.to_hex())
+    }
+
+    fn lock_usage(&self) -> std::sync::MutexGuard<'_, Usage> {
+        // The counters stay consistent even if a holder panicked: keep going.
+        self.usage
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// True if an intact copy of `id` is stored; its mtime is then set to now.
+    fn touch_if_intact(&self, id: &ChunkId, path: &Path) -> Result<bool, ChunkError> {
+        let existing = match fs::read(path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err("read chunk", path)(e)),
+        };
+        if ChunkId::of(&existing) != *id {
+            tracing::warn!(chunk = %id, path = %path.display(), "stored chunk is corrupt; replacing it");
+            return Ok(false);
+        }
+        // Under the usage lock so a concurrent delete sees either the old or new mtime
+        // together with the file, never deletes it after we decided to keep it.
+        let _usage = self.lock_usage();
+        let file = match OpenOptions::new().write(true).open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err("open chunk", path)(e)),
+        };
+        file.set_modified(SystemTime::now())
+            .map_err(io_err("set mtime of", path))?;
+        Ok(true)
+    }
+
+    fn reserve(&self, id: &ChunkId, len: u64) -> Result<(), ChunkError> {
+        let mut usage = self.lock_usage();
+        let would_use = usage
+            .used
+            .saturating_add(usage.reserved)
+            .saturating_add(len);
+        if would_use > self.capacity {
+            return Err(ChunkError::NoSpace {
+                id: *id,
+                len,
+                detail: format!(
+                    "store at {} would exceed its capacity of {} bytes ({} used, {} being written)",
+                    self.dir.display(),
+                    self.capacity,
+                    usage.used,
+                    usage.reserved
+                ),
+            });
+        }
+        usage.reserved += len;
+        Ok(())
+    }
+
+    /// Writes a temp file, fsyncs it, renames it into place and fsyncs the directory.
+    /// On failure the temp file is removed, so nothing half-written stays behind.
+    fn write_new(&self, id: &ChunkId, data: &[u8], path: &Path) -> Result<(), ChunkError> {
+        let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .tmp
+            .join(format!("{}.{}.{seq}", id.to_hex(), std::process::id()));
+        let len = data.len() as u64;
+        let no_space = |e: &io::Error| ChunkError::NoSpace {
+            id: *id,
+            len,
+            detail: format!("the disk holding {} is full: {e}", self.dir.display()),
+        };
+        let written = (|| {
+            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            f.write_all(data)?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(if disk::is_no_space(&e) {
+                no_space(&e)
+            } else {
+                io_err("write", &tmp)(e)
+            });
+        }
+
+        let fan = path.parent().unwrap_or(&self.chunks);
+        let created_fan = match fs::create_dir(fan) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(if disk::is_no_space(&e) {
+                    no_space(&e)
+                } else {
+                    io_err("create", fan)(e)
+                });
+            }
+        };
+        {
+            let mut usage = self.lock_usage();
+            let replaced = match fs::symlink_metadata(path) {
+                Ok(m) => Some(m.len()),
+                Err(_) => None,
+            };
+            if let Err(e) = fs::rename(&tmp, path) {
+                drop(usage);
+                let _ = fs::remove_file(&tmp);
+                return Err(io_err("rename into place", path)(e));
+            }
+            match replaced {
+                Some(old) => usage.used = usage.used.saturating_sub(old) + len,
+                None => {
+                    usage.used += len;
+                    usage.count += 1;
+                }
+            }
+        }
+        if created_fan {
+            disk::fsync_dir(&self.chunks).map_err(io_err("fsync", &self.chunks))?;
+        }
+        disk::fsync_dir(fan).map_err(io_err("fsync", fan))
+    }
+}
+
+/// Checks `FORMAT`, or writes it into a fresh (empty apart from `LOCK`) directory.
+fn check_or_write_format(dir: &Path) -> Result<(), ChunkError> {
+    let path = dir.join("FORMAT");
+    match fs::read_to_string(&path) {
+        Ok(text) => return parse_format(&path, &text),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("read", &path)(e)),
+    }
+    let mut entries = fs::read_dir(dir).map_err(io_err("list", dir))?;
+    let foreign = entries.any(|e| {
+        e.map_or(true, |e| {
+            e.file_name() != "LOCK" && e.file_name() != "FORMAT.tmp"
+        })
+    });
+    if foreign {
+        return Err(ChunkError::Format {
+            path,
+            problem: format!(
+                "missing, and {} is not empty; refusing to turn an unknown directory into a chunk store",
+                dir.display()
+            ),
+        });
+    }
+    let tmp = dir.join("FORMAT.tmp");
+    let write = || -> io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        writeln!(f, "{FORMAT_MAGIC} {FORMAT_VERSION}")?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        disk::fsync_dir(dir)
+    };
+    write().map_err(|source| ChunkError::NotWritable {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+fn parse_format(path: &Path, text: &str) -> Result<(), ChunkError> {
+    let bad = |problem: String| ChunkError::Format {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let mut words = text.split_whitespace();
+    if words.next() != Some(FORMAT_MAGIC) {
+        return Err(bad(format!(
+            "not a Locus chunk store (expected \"{FORMAT_MAGIC} {FORMAT_VERSION}\")"
+        )));
+    }
+    let version: u32 = words
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("unreadable format version".to_string()))?;
+    if version > FORMAT_VERSION {
+        return Err(bad(format!(
+            "written by a newer Locus (format {version}); this build understands format {FORMAT_VERSION}: upgrade it"
+        )));
+    }
+    if version != FORMAT_VERSION {
+        return Err(bad(format!("unknown format version {version}")));
+    }
+    Ok(())
+}
+
+/// Removes whatever writes in flight left behind when the previous owner stopped.
+fn clean_tmp(tmp: &Path) -> Result<(), ChunkError> {
+    let mut removed = 0u64;
+    for entry in fs::read_dir(tmp).map_err(io_err("list", tmp))? {
+        let entry = entry.map_err(io_err("list", tmp))?;
+        let path = entry.path();
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        let result = if is_dir {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        result.map_err(io_err("remove leftover", &path))?;
+        removed += 1;
+    }
+    if removed > 0 {
+        tracing::info!(dir = %tmp.display(), removed, "removed leftover temporary files");
+    }
+    Ok(())
+}
+
+/// Fails early, naming the directory, if chunks could not be written.
+fn probe_writable(dir: &Path, tmp: &Path) -> Result<(), ChunkError> {
+    let probe = tmp.join(format!("probe.{}", std::process::id()));
+    let result = fs::write(&probe, b"probe").and_then(|()| fs::remove_file(&probe));
+    result.map_err(|source| ChunkError::NotWritable {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Counts the chunk files and their bytes.
+fn scan(chunks: &Path) -> Result<Usage, ChunkError> {
+    let mut usage = Usage::default();
+    for entry in fs::read_dir(chunks).map_err(io_err("list", chunks))? {
+        let entry = entry.map_err(io_err("list", chunks))?;
+        let path = entry.path();
+        if !entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            continue;
+        }
+        for (_, len) in disk::chunk_files(&path).map_err(io_err("list", &path))? {
+            usage.used += len;
+            usage.count += 1;
+        }
+    }
+    Ok(usage)
+}
+
+#[cfg(test)]
+mod tests;

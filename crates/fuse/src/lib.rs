@@ -1,1 +1,602 @@
-//! placeholder
+//! The FUSE adapter: translates kernel requests into `client::Vfs` calls and replies,
+//! mapping errors to errno. It holds no cache and no file system logic of its own;
+//! each request runs as a task on the client's runtime so that slow requests never
+//! hold up the kernel's queue.
+
+use client::{OpenOptions, Vfs, VfsError};
+use fuser::{
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
+};
+use proto::meta::{AllocateMode, LockKind, LockRange, NewNode, RenameMode, SetAttr, TimeSet, XattrMode};
+use proto::types::{Attr, Caller, FileKind, Timestamp};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::runtime::Handle;
+
+/// How the kernel should treat the mount.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Let users other than the mounter in (permission checks still apply).
+    pub allow_other: bool,
+    /// How long the kernel may trust names and attributes (NFS-like `actimeo`).
+    pub ttl: Duration,
+    /// Kernel threads reading requests.
+    pub threads: usize,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig { allow_other: true, ttl: Duration::from_secs(1), threads: 2 }
+    }
+}
+
+struct LocusFs {
+    vfs: Arc<Vfs>,
+    rt: Handle,
+    ttl: Duration,
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+/// A live mount; unmount it (or let someone else) and `wait` for the session to end.
+pub struct Mounted {
+    unmounter: SessionUnmounter,
+    session: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+impl Mounted {
+    pub fn unmount(&mut self) -> std::io::Result<()> {
+        self.unmounter.unmount()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.session.is_finished()
+    }
+
+    pub fn wait(self) -> std::io::Result<()> {
+        self.session.join().map_err(|_| std::io::Error::other("FUSE session thread panicked"))?
+    }
+}
+
+/// Mounts `vfs` at `mountpoint`; requests run on `rt`.
+pub fn mount(vfs: Arc<Vfs>, rt: Handle, mountpoint: &Path, config: &MountConfig) -> std::io::Result<Mounted> {
+    let notifier = Arc::new(OnceLock::new());
+    let fs = LocusFs { vfs, rt, ttl: config.ttl, notifier: notifier.clone() };
+    let mut options = Config::default();
+    options.mount_options = vec![
+        MountOption::FSName("locus".into()),
+        MountOption::Subtype("locus".into()),
+        MountOption::DefaultPermissions,
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    if config.allow_other {
+        options.acl = SessionACL::All;
+    }
+    options.n_threads = Some(config.threads.max(1));
+    options.clone_fd = config.threads > 1;
+    let mut session = fuser::Session::new(fs, mountpoint, &options)?;
+    let _ = notifier.set(session.notifier());
+    let unmounter = session.unmount_callable();
+    let session = std::thread::Builder::new().name("fuse".into()).spawn(move || session.run())?;
+    Ok(Mounted { unmounter, session })
+}
+
+fn errno(e: &VfsError) -> Errno {
+    tracing::debug!("{e}");
+    Errno::from_i32(e.errno())
+}
+
+fn time(t: Timestamp) -> SystemTime {
+    if t.secs >= 0 {
+        UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + Duration::from_nanos(t.nanos as u64)
+    }
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let (secs, nanos) = if d.subsec_nanos() == 0 {
+                (-(d.as_secs() as i64), 0)
+            } else {
+                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            };
+            Timestamp { secs, nanos }
+        }
+    }
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.ctime),
+        kind: file_type(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid() }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(timestamp(t)),
+    }
+}
+
+fn lock_kind(typ: i32) -> Result<LockKind, Errno> {
+    match typ {
+        libc::F_RDLCK => Ok(LockKind::Read),
+        libc::F_WRLCK => Ok(LockKind::Write),
+        libc::F_UNLCK => Ok(LockKind::Unlock),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFREG | 0 => return Ok(NewNode::File),
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDevice,
+        libc::S_IFBLK => FileKind::BlockDevice,
+        libc::S_IFDIR => return Ok(NewNode::Dir),
+        _ => return Err(Errno::EINVAL),
+    };
+    Ok(NewNode::Special { kind, rdev })
+}
+
+impl LocusFs {
+    /// Runs `work` on the runtime; `finish` turns its result into a reply.
+    fn run<T, F, R>(&self, reply: R, work: F, finish: impl FnOnce(R, T) + Send + 'static)
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, VfsError>> + Send + 'static,
+        R: ErrorReply + Send + 'static,
+    {
+        self.rt.spawn(async move {
+            match work.await {
+                Ok(v) => finish(reply, v),
+                Err(e) => reply.fail(errno(&e)),
+            }
+        });
+    }
+
+    fn entry(&self, reply: ReplyEntry, work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static) {
+        let ttl = self.ttl;
+        self.run(reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
+    }
+
+    fn empty(&self, reply: ReplyEmpty, work: impl std::future::Future<Output = Result<(), VfsError>> + Send + 'static) {
+        self.run(reply, work, |r, ()| r.ok());
+    }
+}
+
+/// Replies that can carry an errno.
+trait ErrorReply {
+    fn fail(self, e: Errno);
+}
+
+macro_rules! error_reply {
+    ($($t:ty),*) => { $(impl ErrorReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
+}
+error_reply!(
+    ReplyEntry, ReplyAttr, ReplyEmpty, ReplyData, ReplyOpen, ReplyWrite, ReplyCreate, ReplyStatfs, ReplyXattr,
+    ReplyLock, ReplyDirectory
+);
+
+fn name(n: &OsStr) -> Vec<u8> {
+    n.as_bytes().to_vec()
+}
+
+impl Filesystem for LocusFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let wanted = InitFlags::FUSE_POSIX_LOCKS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_BIG_WRITES;
+        let _ = config.add_capabilities(wanted & config.capabilities());
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let vfs = self.vfs.clone();
+        let _ = self.rt.block_on(async move { vfs.shutdown().await });
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.entry(reply, async move { vfs.lookup(parent.0, &n).await });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (vfs, ttl) = (self.vfs.clone(), self.ttl);
+        self.run(reply, async move { vfs.getattr(ino.0).await }, move |r, a| r.attr(&ttl, &file_attr(&a)));
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        let (vfs, ttl, who) = (self.vfs.clone(), self.ttl, caller(req));
+        self.run(reply, async move { vfs.setattr(ino.0, set, who).await }, move |r, a| r.attr(&ttl, &file_attr(&a)));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let vfs = self.vfs.clone();
+        self.run(reply, async move { vfs.readlink(ino.0).await }, |r, t| r.data(&t));
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+        let node = match special_node(mode, rdev) {
+            Ok(node) => node,
+            Err(e) => return reply.error(e),
+        };
+        let (vfs, n, who) = (self.vfs.clone(), name(n), caller(req));
+        self.entry(reply, async move { vfs.create(parent.0, &n, node, mode & 0o7777, who, true).await });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let (vfs, n, who) = (self.vfs.clone(), name(n), caller(req));
+        self.entry(reply, async move { vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, who, true).await });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.empty(reply, async move { vfs.unlink(parent.0, &n).await });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.empty(reply, async move { vfs.rmdir(parent.0, &n).await });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
+        let node = NewNode::Symlink { target: target.as_os_str().as_bytes().to_vec() };
+        let (vfs, n, who) = (self.vfs.clone(), name(link), caller(req));
+        self.entry(reply, async move { vfs.create(parent.0, &n, node, 0o777, who, true).await });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            RenameMode::Exchange
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            RenameMode::NoReplace
+        } else if flags.is_empty() {
+            RenameMode::Replace
+        } else {
+            return reply.error(Errno::EINVAL);
+        };
+        let (vfs, n, nn) = (self.vfs.clone(), name(n), name(newname));
+        self.empty(reply, async move { vfs.rename(parent.0, &n, newparent.0, &nn, mode).await });
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let (vfs, nn) = (self.vfs.clone(), name(newname));
+        self.entry(reply, async move { vfs.link(ino.0, newparent.0, &nn).await });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let opts = OpenOptions { truncate: flags.0 & libc::O_TRUNC != 0 };
+        let (vfs, notifier) = (self.vfs.clone(), self.notifier.clone());
+        self.run(reply, async move { vfs.open(ino.0, opts).await }, move |r, (fh, keep)| {
+            let flags = if keep {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                // Changed elsewhere since we last saw it: drop the kernel's size too.
+                if let Some(n) = notifier.get() {
+                    let _ = n.inval_inode(ino, 0, 0);
+                }
+                FopenFlags::empty()
+            };
+            r.opened(FileHandle(fh), flags)
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let vfs = self.vfs.clone();
+        self.run(reply, async move { vfs.read(fh.0, offset, size).await }, |r, d| r.data(&d));
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let (vfs, data) = (self.vfs.clone(), data.to_vec());
+        self.run(reply, async move { vfs.write(fh.0, offset, &data).await }, |r, n| r.written(n));
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
+        let vfs = self.vfs.clone();
+        self.empty(reply, async move { vfs.flush(fh.0, Some(owner.0)).await });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let vfs = self.vfs.clone();
+        self.empty(reply, async move { vfs.release(fh.0).await });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let vfs = self.vfs.clone();
+        self.empty(reply, async move { vfs.fsync(fh.0).await });
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let vfs = self.vfs.clone();
+        self.run(reply, async move { vfs.opendir(ino.0).await }, |r, dh| r.opened(FileHandle(dh), FopenFlags::empty()));
+    }
+
+    /// Offsets: 1 is ".", 2 is "..", and an entry with cookie c sits at c + 2.
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let vfs = self.vfs.clone();
+        self.rt.spawn(async move {
+            if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
+                return reply.ok();
+            }
+            if offset < 2 && reply.add(ino, 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+            let after = offset.saturating_sub(2);
+            let entries = match vfs.readdir(fh.0, after).await {
+                Ok(e) => e,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            let mut last = after;
+            for e in entries {
+                let full = reply.add(INodeNo(e.attr.ino), e.cookie + 2, file_type(e.attr.kind), OsStr::from_bytes(&e.name));
+                if full {
+                    break;
+                }
+                last = e.cookie;
+            }
+            vfs.readdir_consumed(fh.0, last);
+            reply.ok()
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.vfs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let vfs = self.vfs.clone();
+        self.empty(reply, async move { vfs.sync_meta().await });
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let vfs = self.vfs.clone();
+        self.run(reply, async move { vfs.statfs().await }, |r, s| {
+            const BLOCK: u64 = 4096;
+            let blocks = s.capacity_bytes / BLOCK;
+            let free = s.capacity_bytes.saturating_sub(s.used_bytes) / BLOCK;
+            r.statfs(blocks, free, free, s.inodes + (1 << 30), 1 << 30, BLOCK as u32, 255, BLOCK as u32)
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let (vfs, n, value) = (self.vfs.clone(), name(n), value.to_vec());
+        self.empty(reply, async move { vfs.setxattr(ino.0, &n, &value, mode).await });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.run(reply, async move { vfs.getxattr(ino.0, &n).await }, move |r, v| sized(r, size, &v));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let vfs = self.vfs.clone();
+        self.run(reply, async move { vfs.listxattr(ino.0).await }, move |r, names| {
+            let mut buf = Vec::new();
+            for n in names {
+                buf.extend_from_slice(&n);
+                buf.push(0);
+            }
+            sized(r, size, &buf)
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.empty(reply, async move { vfs.removexattr(ino.0, &n).await });
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks permissions itself (default_permissions).
+        reply.ok();
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+        let exclusive = flags & libc::O_EXCL != 0;
+        let opts = OpenOptions { truncate: flags & libc::O_TRUNC != 0 };
+        let (vfs, n, who, ttl) = (self.vfs.clone(), name(n), caller(req), self.ttl);
+        let work = async move {
+            let attr = vfs.create(parent.0, &n, NewNode::File, mode & 0o7777, who, exclusive).await?;
+            let (fh, _) = vfs.open(attr.ino, opts).await?;
+            Ok((attr, fh))
+        };
+        self.run(reply, work, move |r, (attr, fh)| {
+            r.created(&ttl, &file_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::empty())
+        });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let kind = match lock_kind(typ) {
+            Ok(k) => k,
+            Err(e) => return reply.error(e),
+        };
+        let lock = LockRange { ino: ino.0, owner: owner.0, start, end, kind, pid };
+        let vfs = self.vfs.clone();
+        self.run(reply, async move { vfs.getlk(lock).await }, move |r, conflict| match conflict {
+            Some(l) => {
+                let typ = if l.kind == LockKind::Read { libc::F_RDLCK } else { libc::F_WRLCK };
+                r.locked(l.start, l.end, typ, l.pid)
+            }
+            None => r.locked(start, end, libc::F_UNLCK, 0),
+        });
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let kind = match lock_kind(typ) {
+            Ok(k) => k,
+            Err(e) => return reply.error(e),
+        };
+        let lock = LockRange { ino: ino.0, owner: owner.0, start, end, kind, pid };
+        let vfs = self.vfs.clone();
+        self.empty(reply, async move { vfs.setlk(fh.0, lock, sleep).await });
+    }
+
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let mode = match mode {
+            0 => AllocateMode::Extend,
+            libc::FALLOC_FL_KEEP_SIZE => AllocateMode::KeepSize,
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => AllocateMode::PunchHole,
+            libc::FALLOC_FL_ZERO_RANGE => AllocateMode::ZeroRange,
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        let vfs = self.vfs.clone();
+        self.empty(reply, async move { vfs.fallocate(fh.0, offset, length, mode).await });
+    }
+}
+
+/// xattr replies: size 0 asks for the length; a too-small buffer is ERANGE.
+fn sized(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32)
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(data)
+    }
+}

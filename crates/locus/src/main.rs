@@ -1,1 +1,50 @@
-fn main() {}
+//! `locus`: one binary for every role of a Locus cluster (meta, node, mount, or all
+//! three embedded with `up`) and the commands people run against it.
+
+mod admin;
+mod cli;
+mod roles;
+
+fn main() -> std::process::ExitCode {
+    let args = match cli::parse() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("locus: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,locus=info,meta=info,node=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("locus: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("locus: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
+    use cli::Command::*;
+    match args.command {
+        Up(a) => roles::up(a).await,
+        Meta(a) => roles::meta(a).await,
+        Node(a) => roles::node(a).await,
+        Mount(a) => roles::mount(a).await,
+        Status(a) => admin::status(a).await,
+        Fsck(a) => admin::fsck(a).await,
+        Gc(a) => admin::gc(a).await,
+    }
+}

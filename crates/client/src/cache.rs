@@ -1,0 +1,75 @@
+//! A byte-bounded LRU of whole chunks. Chunks are immutable, so a cached chunk never
+//! goes stale: no invalidation, only eviction.
+
+use proto::types::ChunkId;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// Whole chunks by id, evicting the least recently used beyond `capacity` bytes.
+pub struct ChunkCache {
+    capacity: usize,
+    inner: Mutex<Lru>,
+}
+
+#[derive(Default)]
+struct Lru {
+    by_id: HashMap<ChunkId, (Arc<Vec<u8>>, u64)>,
+    by_tick: BTreeMap<u64, ChunkId>,
+    tick: u64,
+    bytes: usize,
+}
+
+impl ChunkCache {
+    pub fn new(capacity: usize) -> Self {
+        ChunkCache { capacity, inner: Mutex::new(Lru::default()) }
+    }
+
+    pub fn get(&self, id: &ChunkId) -> Option<Arc<Vec<u8>>> {
+        let mut lru = self.inner.lock().expect("cache lock");
+        lru.tick += 1;
+        let tick = lru.tick;
+        let (data, old) = lru.by_id.get_mut(id).map(|(d, t)| (d.clone(), std::mem::replace(t, tick)))?;
+        lru.by_tick.remove(&old);
+        lru.by_tick.insert(tick, *id);
+        Some(data)
+    }
+
+    pub fn insert(&self, id: ChunkId, data: Arc<Vec<u8>>) {
+        if data.len() > self.capacity {
+            return;
+        }
+        let mut lru = self.inner.lock().expect("cache lock");
+        lru.tick += 1;
+        let tick = lru.tick;
+        let len = data.len();
+        if let Some((old, old_tick)) = lru.by_id.insert(id, (data, tick)) {
+            lru.bytes -= old.len();
+            lru.by_tick.remove(&old_tick);
+        }
+        lru.by_tick.insert(tick, id);
+        lru.bytes += len;
+        while lru.bytes > self.capacity {
+            let Some((_, victim)) = lru.by_tick.pop_first() else { break };
+            if let Some((d, _)) = lru.by_id.remove(&victim) {
+                lru.bytes -= d.len();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used_beyond_capacity() {
+        let c = ChunkCache::new(10);
+        let id = |n| ChunkId([n; 32]);
+        c.insert(id(1), Arc::new(vec![0; 4]));
+        c.insert(id(2), Arc::new(vec![0; 4]));
+        assert!(c.get(&id(1)).is_some());
+        c.insert(id(3), Arc::new(vec![0; 4]));
+        assert!(c.get(&id(2)).is_none(), "2 was least recently used");
+        assert!(c.get(&id(1)).is_some() && c.get(&id(3)).is_some());
+    }
+}

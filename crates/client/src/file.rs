@@ -1,0 +1,164 @@
+//! Per-file client state: the file as this client sees it — committed extents plus
+//! its own pending writes — and the buffer of bytes not yet cut into chunks.
+
+use crate::error::VfsError;
+use proto::extent::ExtentMap;
+use proto::meta::StoredChunk;
+use proto::types::{Attr, Extent, InodeId};
+use std::collections::{BTreeMap, HashSet};
+use tokio::task::JoinHandle;
+
+/// Written bytes not yet cut into chunks, as non-overlapping runs keyed by offset.
+#[derive(Debug, Default)]
+pub(crate) struct DirtyBuffer {
+    runs: BTreeMap<u64, Vec<u8>>,
+    bytes: usize,
+}
+
+impl DirtyBuffer {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Records a write; later writes win over earlier ones where they overlap.
+    pub fn insert(&mut self, offset: u64, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let end = offset + data.len() as u64;
+        // Fast path: appending to the run that ends exactly here (sequential writes).
+        if let Some((&start, run)) = self.runs.range_mut(..=offset).next_back()
+            && start + run.len() as u64 == offset
+            && self.runs.range(offset..end).next().is_none()
+        {
+            let run = self.runs.get_mut(&start).expect("run exists");
+            run.extend_from_slice(data);
+            self.bytes += data.len();
+            return;
+        }
+        // General case: merge every run touching [offset, end) into one.
+        let touching: Vec<u64> = self
+            .runs
+            .range(..=end)
+            .filter(|(s, r)| **s + r.len() as u64 >= offset)
+            .map(|(s, _)| *s)
+            .collect();
+        let start = touching.first().map_or(offset, |s| (*s).min(offset));
+        let mut merged_end = end;
+        for s in &touching {
+            merged_end = merged_end.max(s + self.runs[s].len() as u64);
+        }
+        let mut merged = vec![0u8; (merged_end - start) as usize];
+        for s in touching {
+            let run = self.runs.remove(&s).expect("run exists");
+            self.bytes -= run.len();
+            let at = (s - start) as usize;
+            merged[at..at + run.len()].copy_from_slice(&run);
+        }
+        let at = (offset - start) as usize;
+        merged[at..at + data.len()].copy_from_slice(data);
+        self.bytes += merged.len();
+        self.runs.insert(start, merged);
+    }
+
+    /// Takes the pieces ready to become chunks: every run cut at multiples of
+    /// `chunk_size`; incomplete tail pieces only when `all`.
+    pub fn take_chunks(&mut self, chunk_size: u64, all: bool) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        let starts: Vec<u64> = self.runs.keys().copied().collect();
+        for start in starts {
+            let mut run = self.runs.remove(&start).expect("run exists");
+            self.bytes -= run.len();
+            let mut pos = start;
+            loop {
+                let boundary = (pos / chunk_size + 1) * chunk_size;
+                let run_end = pos + run.len() as u64;
+                if run_end >= boundary {
+                    let rest = run.split_off((boundary - pos) as usize);
+                    out.push((pos, std::mem::replace(&mut run, rest)));
+                    pos = boundary;
+                } else {
+                    break;
+                }
+            }
+            if run.is_empty() {
+                continue;
+            }
+            if all {
+                out.push((pos, run));
+            } else {
+                self.bytes += run.len();
+                self.runs.insert(pos, run);
+            }
+        }
+        out
+    }
+
+    /// Copies buffered bytes that fall into `[offset, offset + buf.len())` over `buf`.
+    pub fn overlay(&self, offset: u64, buf: &mut [u8]) {
+        let end = offset + buf.len() as u64;
+        for (&s, run) in self.runs.range(..end) {
+            let run_end = s + run.len() as u64;
+            if run_end <= offset {
+                continue;
+            }
+            let from = s.max(offset);
+            let to = run_end.min(end);
+            buf[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&run[(from - s) as usize..(to - s) as usize]);
+        }
+    }
+}
+
+/// Everything a client knows about one open file.
+pub(crate) struct FileInner {
+    pub attr: Attr,
+    /// Committed extents overlaid with this client's pending ones.
+    pub extents: ExtentMap,
+    pub dirty: DirtyBuffer,
+    /// Extents stored (or being stored) but not yet committed to meta, in write order.
+    pub pending: Vec<Extent>,
+    pub uploads: Vec<JoinHandle<Result<StoredChunk, VfsError>>>,
+    /// Size or mtime changed locally since the last commit.
+    pub modified: bool,
+    pub opens: usize,
+    /// Lock owners that took a byte-range lock here; their locks go on close.
+    pub lock_owners: HashSet<u64>,
+}
+
+/// A file open in this client, shared by all its handles.
+pub(crate) struct FileState {
+    pub ino: InodeId,
+    pub inner: tokio::sync::Mutex<FileInner>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The buffer answers like a byte array with the same writes applied, and
+        /// cutting it into chunks loses nothing.
+        #[test]
+        fn dirty_buffer_matches_model(writes in prop::collection::vec((0u64..300, 1usize..90, any::<u8>()), 1..25), cut in 1u64..64) {
+            let mut model: Vec<Option<u8>> = vec![None; 400];
+            let mut d = DirtyBuffer::default();
+            for (off, len, v) in &writes {
+                d.insert(*off, &vec![*v; *len]);
+                for b in &mut model[*off as usize..*off as usize + len] { *b = Some(*v); }
+            }
+            prop_assert_eq!(d.bytes(), model.iter().filter(|b| b.is_some()).count());
+            let mut buf = vec![0u8; 400];
+            d.overlay(0, &mut buf);
+            for (i, b) in model.iter().enumerate() { prop_assert_eq!(buf[i], b.unwrap_or(0)); }
+            let mut rebuilt = vec![None; 400];
+            for (off, data) in d.take_chunks(cut, true) {
+                prop_assert!(data.len() as u64 <= cut);
+                for (i, b) in data.iter().enumerate() { rebuilt[off as usize + i] = Some(*b); }
+            }
+            prop_assert_eq!(rebuilt, model);
+            prop_assert_eq!(d.bytes(), 0);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Commands for people: `status`, `fsck` and `gc`, talking to meta and nodes directly.
+
+use crate::cli::{AdminArgs, GcArgs};
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use net::RpcClient;
+use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::types::{ChunkId, NodeInfo};
+use std::collections::{HashMap, HashSet};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const PAGE: u32 = 1024;
+
+struct Cluster {
+    meta: RpcClient,
+    nodes: Vec<(NodeInfo, RpcClient)>,
+    unreachable: Vec<(NodeInfo, String)>,
+}
+
+impl Cluster {
+    async fn connect(meta_addr: &str) -> anyhow::Result<Cluster> {
+        let meta = RpcClient::connect(meta_addr, 1, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("meta at {meta_addr} is unreachable"))?;
+        let MetaReply::Nodes(infos) = meta_call(&meta, MetaRequest::ListNodes).await? else {
+            bail!("meta answered ListNodes with something else");
+        };
+        let mut nodes = Vec::new();
+        let mut unreachable = Vec::new();
+        for info in infos {
+            match RpcClient::connect(&info.addr, 1, Duration::from_secs(60)).await {
+                Ok(c) => nodes.push((info, c)),
+                Err(e) => unreachable.push((info, e.to_string())),
+            }
+        }
+        Ok(Cluster { meta, nodes, unreachable })
+    }
+}
+
+async fn meta_call(meta: &RpcClient, req: MetaRequest) -> anyhow::Result<MetaReply> {
+    let res: MetaResult = meta.call(&req).await?;
+    Ok(res?)
+}
+
+async fn node_call(node: &RpcClient, req: NodeRequest) -> anyhow::Result<NodeReply> {
+    let res: NodeResult = node.call(&req).await?;
+    Ok(res?)
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", UNITS[i])
+}
+
+fn progress(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
+    let meta = RpcClient::connect(&args.meta, 1, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("meta at {} is unreachable", args.meta))?;
+    let MetaReply::Status(s) = meta_call(&meta, MetaRequest::Status).await? else {
+        bail!("meta answered Status with something else");
+    };
+    println!("meta {}: {} inodes, {} chunks ({})", args.meta, s.inodes, s.chunks, human(s.chunk_bytes));
+    println!("\nnodes:");
+    println!("  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>6}", "ID", "SITE", "ADDRESS", "USED", "FREE", "CHUNKS", "SEEN");
+    let (mut cap, mut used) = (0, 0);
+    for n in &s.nodes {
+        cap += n.capacity_bytes;
+        used += n.used_bytes;
+        println!(
+            "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>5}s",
+            n.id,
+            n.site,
+            n.addr,
+            human(n.used_bytes),
+            human(n.capacity_bytes.saturating_sub(n.used_bytes)),
+            n.chunk_count,
+            n.last_seen_secs
+        );
+    }
+    println!("  total: {} used of {}", human(used), human(cap));
+    println!("\nsessions:");
+    for (id, info, idle) in &s.sessions {
+        println!("  #{id:<6} site {:<10} {}:{:<8} {:<30} idle {idle}s", info.site, info.host, info.pid, info.purpose);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
+    let cluster = Cluster::connect(&args.meta).await?;
+    let mut damage: Vec<String> = Vec::new();
+    for (n, e) in &cluster.unreachable {
+        damage.push(format!("node {} at {} is unreachable: {e}", n.id, n.addr));
+    }
+
+    // 1. Every extent must point into a catalogued chunk that is large enough.
+    let mut referenced: HashMap<ChunkId, (u64, Vec<String>)> = HashMap::new();
+    let mut extents = 0u64;
+    let mut after = None;
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message("reading extents");
+    loop {
+        let MetaReply::Extents(page) = meta_call(&cluster.meta, MetaRequest::ListExtents { after, limit: PAGE }).await? else {
+            bail!("meta answered ListExtents with something else");
+        };
+        let Some(last) = page.last() else { break };
+        after = Some((last.0, last.1.file_offset));
+        let ids: Vec<ChunkId> = page.iter().map(|(_, e)| e.chunk).filter(|id| !referenced.contains_key(id)).collect();
+        if !ids.is_empty() {
+            let MetaReply::Chunks(records) = meta_call(&cluster.meta, MetaRequest::ChunkLocations { ids }).await? else {
+                bail!("meta answered ChunkLocations with something else");
+            };
+            for r in records {
+                referenced.insert(r.id, (r.size, r.nodes));
+            }
+        }
+        for (ino, e) in &page {
+            extents += 1;
+            match referenced.get(&e.chunk) {
+                None => damage.push(format!("inode {ino} offset {}: chunk {} is not in the catalogue", e.file_offset, e.chunk)),
+                Some((size, _)) if e.chunk_offset + e.len > *size => damage.push(format!(
+                    "inode {ino} offset {}: extent reaches byte {} of chunk {} which has {size}",
+                    e.file_offset,
+                    e.chunk_offset + e.len,
+                    e.chunk
+                )),
+                _ => {}
+            }
+        }
+        spinner.set_message(format!("{extents} extents read"));
+        if (page.len() as u32) < PAGE {
+            break;
+        }
+    }
+    spinner.finish_and_clear();
+
+    // 2. Every stored chunk must hash to its id, and every referenced one must exist.
+    let total: u64 = cluster.nodes.iter().map(|(n, _)| n.chunk_count).sum();
+    let bar = progress(total, "verifying");
+    let mut verified = 0u64;
+    let mut present: HashSet<(String, ChunkId)> = HashSet::new();
+    for (info, node) in &cluster.nodes {
+        let mut after = None;
+        loop {
+            let NodeReply::Ids(ids) = node_call(node, NodeRequest::List { after, limit: 256 }).await? else {
+                bail!("node {} answered List with something else", info.id);
+            };
+            let Some(last) = ids.last().copied() else { break };
+            after = Some(last);
+            let NodeReply::Ids(bad) = node_call(node, NodeRequest::Verify { ids: ids.clone() }).await? else {
+                bail!("node {} answered Verify with something else", info.id);
+            };
+            let bad: HashSet<ChunkId> = bad.into_iter().collect();
+            for id in &ids {
+                if bad.contains(id) {
+                    damage.push(format!("node {}: chunk {id} is corrupt (its content does not hash to its id)", info.id));
+                } else {
+                    present.insert((info.id.clone(), *id));
+                }
+            }
+            verified += ids.len() as u64;
+            bar.set_position(verified);
+            if ids.len() < 256 {
+                break;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    for (id, (_, nodes)) in &referenced {
+        let reachable: Vec<&String> = nodes.iter().filter(|n| cluster.nodes.iter().any(|(i, _)| &i.id == *n)).collect();
+        if !reachable.is_empty() && !reachable.iter().any(|n| present.contains(&((*n).clone(), *id))) {
+            damage.push(format!("chunk {id} is referenced but no intact copy is on {nodes:?}"));
+        }
+    }
+    println!("fsck: {extents} extents, {} referenced chunks, {verified} stored chunks verified", referenced.len());
+    if damage.is_empty() {
+        println!("fsck: clean");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for d in &damage {
+            println!("DAMAGE: {d}");
+        }
+        println!("fsck: {} problems found", damage.len());
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
+    let cluster = Cluster::connect(&args.meta).await?;
+    if !cluster.unreachable.is_empty() {
+        bail!("gc needs every node; unreachable: {:?}", cluster.unreachable.iter().map(|(n, _)| &n.id).collect::<Vec<_>>());
+    }
+    let total: u64 = cluster.nodes.iter().map(|(n, _)| n.chunk_count).sum();
+    let bar = progress(total, "scanning");
+    let (mut scanned, mut deleted) = (0u64, 0u64);
+    for (info, node) in &cluster.nodes {
+        let mut after = None;
+        loop {
+            let NodeReply::Ids(ids) = node_call(node, NodeRequest::List { after, limit: PAGE }).await? else {
+                bail!("node {} answered List with something else", info.id);
+            };
+            let Some(last) = ids.last().copied() else { break };
+            after = Some(last);
+            scanned += ids.len() as u64;
+            let full_page = ids.len() as u32 == PAGE;
+            let MetaReply::ChunkIds(garbage) = meta_call(&cluster.meta, MetaRequest::Unreferenced { ids }).await? else {
+                bail!("meta answered Unreferenced with something else");
+            };
+            if !garbage.is_empty() {
+                let req = NodeRequest::Delete { ids: garbage.clone(), min_age_secs: args.min_age.as_secs() };
+                let NodeReply::Count(n) = node_call(node, req).await? else {
+                    bail!("node {} answered Delete with something else", info.id);
+                };
+                deleted += n;
+                meta_call(&cluster.meta, MetaRequest::ForgetChunks { ids: garbage }).await?;
+            }
+            bar.set_position(scanned);
+            if !full_page {
+                break;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    println!("gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {}s deleted", args.min_age.as_secs());
+    Ok(ExitCode::SUCCESS)
+}

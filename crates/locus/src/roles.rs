@@ -1,0 +1,199 @@
+//! The long-running roles: meta, node, mount, and `up` which embeds all three.
+
+use crate::cli::{ClientTuning, MetaArgs, MountArgs, NodeArgs, UpArgs};
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("{what} cannot listen on {addr}"))
+}
+
+/// Resolves `~/` against $HOME.
+fn expand_home(p: &str) -> PathBuf {
+    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => Path::new(&home).join(rest),
+        _ => PathBuf::from(p),
+    }
+}
+
+/// Starts meta on `listener`; returns the address clients use.
+async fn start_meta(listener: TcpListener, db: &Path, session_expiry: Duration) -> anyhow::Result<String> {
+    let addr = listener.local_addr()?.to_string();
+    let config = meta::MetaConfig { db_path: db.to_path_buf(), heartbeat: Duration::from_secs(2), session_expiry };
+    let service = meta::MetaService::open_sqlite(&config)
+        .with_context(|| format!("cannot open the metadata database {}", db.display()))?;
+    service.spawn_background();
+    tokio::spawn(async move {
+        if let Err(e) = net::serve(listener, service).await {
+            tracing::error!("meta stopped serving: {e}");
+        }
+    });
+    Ok(addr)
+}
+
+pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
+    let listener = bind(&args.listen, "meta").await?;
+    let addr = start_meta(listener, &args.db, Duration::from_secs(args.session_expiry_secs)).await?;
+    tracing::info!("meta serving on {addr} with database {}", args.db.display());
+    wait_for_signal().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
+    node::NodeConfig {
+        id: args.id.clone().unwrap_or_else(|| advertise.clone()),
+        site: args.site.clone(),
+        data_dir: args.data_dir.clone(),
+        capacity_bytes: args.capacity,
+        meta_addr: args.meta.clone(),
+        advertise_addr: advertise,
+        heartbeat: Duration::from_secs(2),
+    }
+}
+
+pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    let listener = bind(&args.listen, "node").await?;
+    let advertise = args.advertise.clone().unwrap_or(listener.local_addr()?.to_string());
+    let config = node_config(&args, advertise);
+    tracing::info!("node {} (site {}) serving on {}", config.id, config.site, config.advertise_addr);
+    tokio::select! {
+        r = node::run(config, listener) => r.context("node stopped")?,
+        _ = wait_for_signal() => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTuning) -> client::ClientConfig {
+    client::ClientConfig {
+        meta_addr,
+        site,
+        purpose,
+        chunk_size: t.chunk_size.max(4096),
+        cache_bytes: t.cache as usize,
+        readahead_chunks: t.readahead_chunks,
+        upload_window: t.upload_window.max(1),
+        ..client::ClientConfig::default()
+    }
+}
+
+/// Refuses a missing, non-directory or already mounted mount point up front.
+fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+    let meta = std::fs::metadata(path).with_context(|| format!("mount point {} does not exist", path.display()))?;
+    if !meta.is_dir() {
+        bail!("mount point {} is not a directory", path.display());
+    }
+    let canonical = path.canonicalize()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if mounts.lines().any(|l| l.split(' ').nth(4) == Some(&canonical.to_string_lossy())) {
+        bail!("mount point {} is busy: something is already mounted there", canonical.display());
+    }
+    Ok(canonical)
+}
+
+async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyhow::Result<()> {
+    let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
+    let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
+        .with_context(|| format!("cannot mount on {} (is fuse available, and are you root?)", mountpoint.display()))?;
+    tracing::info!("mounted on {}", mountpoint.display());
+    let ended_elsewhere = async {
+        while !mounted.is_finished() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::select! {
+        _ = wait_for_signal() => {
+            tracing::info!("unmounting {}", mountpoint.display());
+            if let Err(e) = mounted.unmount() {
+                tracing::warn!("unmount failed: {e}; try `fusermount3 -u {}`", mountpoint.display());
+            }
+        }
+        _ = ended_elsewhere => tracing::info!("{} was unmounted", mountpoint.display()),
+    }
+    vfs.shutdown().await;
+    Ok(())
+}
+
+pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
+    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let purpose = format!("mount {}", mountpoint.display());
+    let vfs = client::Vfs::connect(client_config(args.meta.clone(), args.site, purpose, &args.tuning))
+        .await
+        .with_context(|| format!("cannot reach meta at {}", args.meta))?;
+    serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let data_dir = expand_home(&args.data_dir);
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let probe = data_dir.join(".write-test");
+    std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
+    let _ = std::fs::remove_file(probe);
+
+    let meta_addr = start_meta(bind(&args.meta_listen, "meta").await?, &data_dir.join("meta.db"), Duration::from_secs(30)).await?;
+    let node_listener = bind("127.0.0.1:0", "node").await?;
+    let node_addr = node_listener.local_addr()?.to_string();
+    let node_args = NodeArgs {
+        listen: node_addr.clone(),
+        advertise: None,
+        meta: meta_addr.clone(),
+        data_dir: data_dir.join("chunks"),
+        id: Some("local".into()),
+        site: "default".into(),
+        capacity: args.capacity,
+    };
+    let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
+    let config = node_config(&node_args, node_addr);
+    tokio::spawn(async move {
+        if let Err(e) = node::run(config, node_listener).await {
+            let _ = node_failed_tx.send(e);
+        }
+    });
+    wait_for_node(&meta_addr, node_failed).await?;
+    let purpose = format!("mount {}", mountpoint.display());
+    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
+    println!("locus: meta {meta_addr}, data in {}, mounted on {}; Ctrl-C to stop", data_dir.display(), mountpoint.display());
+    serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits until the embedded node has registered with meta (or failed to).
+async fn wait_for_node(
+    meta_addr: &str,
+    mut failed: tokio::sync::oneshot::Receiver<node::NodeError>,
+) -> anyhow::Result<()> {
+    let meta = net::RpcClient::connect(meta_addr, 1, Duration::from_secs(10)).await?;
+    for _ in 0..200 {
+        if let Ok(e) = failed.try_recv() {
+            return Err(anyhow::Error::new(e).context("the storage node did not start"));
+        }
+        let reply: proto::meta::MetaResult = meta.call(&proto::meta::MetaRequest::ListNodes).await?;
+        if let Ok(proto::meta::MetaReply::Nodes(n)) = reply
+            && !n.is_empty()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("the storage node did not register with meta within 10 s")
+}
+
+async fn wait_for_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,783 @@
+//! The conformance suite every `MetaStore` backend must pass: it drives a
+//! `MetaService` over the backend through `MetaRequest`s and checks POSIX results,
+//! error codes and exact chunk refcounts.
+
+use crate::service::{MetaConfig, MetaService};
+use proto::error::ErrorCode;
+use proto::meta::*;
+use proto::types::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A backend under test: opens a service over the same underlying database each time.
+pub trait Backend {
+    fn open(&self) -> Arc<MetaService>;
+}
+
+/// Every case, by name.
+pub const CASES: &[(&str, fn(&dyn Backend))] = &[
+    ("root_and_create", root_and_create),
+    ("names_are_checked", names_are_checked),
+    ("setgid_inheritance", setgid_inheritance),
+    ("hard_links", hard_links),
+    ("unlink_orphan_release", unlink_orphan_release),
+    ("rmdir", rmdir),
+    ("rename_replace", rename_replace),
+    ("rename_noreplace_exchange", rename_noreplace_exchange),
+    ("rename_dirs", rename_dirs),
+    ("setattr_truncate", setattr_truncate),
+    ("commit_write_splits", commit_write_splits),
+    ("fallocate", fallocate),
+    ("open_truncate_and_sync", open_truncate_and_sync),
+    ("xattrs", xattrs),
+    ("readdir_paging", readdir_paging),
+    ("persistence", persistence),
+    ("nodes", nodes),
+    ("sessions", sessions),
+    ("session_expiry", session_expiry),
+    ("locks", locks),
+    ("chunk_catalogue", chunk_catalogue),
+];
+
+/// Runs every case, each on a fresh backend made by `fresh`.
+pub fn run_all(fresh: &dyn Fn() -> Box<dyn Backend>) {
+    for (name, case) in CASES {
+        eprintln!("conformance: {name}");
+        let backend = fresh();
+        case(&*backend);
+    }
+}
+
+pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
+    MetaConfig { db_path, heartbeat: Duration::from_secs(5), session_expiry: Duration::from_secs(30) }
+}
+
+fn call(s: &MetaService, req: MetaRequest) -> MetaResult {
+    s.handle_blocking(req)
+}
+
+#[track_caller]
+fn ok(s: &MetaService, req: MetaRequest) -> MetaReply {
+    let shown = format!("{req:?}");
+    match call(s, req) {
+        Ok(r) => r,
+        Err(e) => panic!("{shown} failed: {e}"),
+    }
+}
+
+#[track_caller]
+fn err(s: &MetaService, req: MetaRequest) -> ErrorCode {
+    let shown = format!("{req:?}");
+    match call(s, req) {
+        Ok(r) => panic!("{shown} succeeded with {r:?}"),
+        Err(e) => e.code,
+    }
+}
+
+#[track_caller]
+fn attr(r: MetaReply) -> Attr {
+    match r {
+        MetaReply::Attr(a) => a,
+        other => panic!("expected Attr, got {other:?}"),
+    }
+}
+
+fn caller() -> Caller {
+    Caller { uid: 1000, gid: 100 }
+}
+
+fn create_req(parent: InodeId, name: &str, node: NewNode, mode: u32) -> MetaRequest {
+    MetaRequest::Create { parent, name: name.into(), node, mode, caller: caller(), exclusive: true }
+}
+
+#[track_caller]
+fn mk(s: &MetaService, parent: InodeId, name: &str, node: NewNode) -> Attr {
+    let mode = if node == NewNode::Dir { 0o755 } else { 0o644 };
+    attr(ok(s, create_req(parent, name, node, mode)))
+}
+
+#[track_caller]
+fn get(s: &MetaService, ino: InodeId) -> Attr {
+    attr(ok(s, MetaRequest::GetAttr { ino }))
+}
+
+#[track_caller]
+fn lookup(s: &MetaService, parent: InodeId, name: &str) -> Result<Attr, ErrorCode> {
+    call(s, MetaRequest::Lookup { parent, name: name.into() }).map(attr).map_err(|e| e.code)
+}
+
+fn hello(s: &MetaService) -> SessionId {
+    let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
+    match ok(s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }) {
+        MetaReply::Welcome { session, heartbeat_ms } => {
+            assert_eq!(heartbeat_ms, 5000);
+            session
+        }
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+}
+
+fn cid(tag: u8) -> ChunkId {
+    ChunkId([tag; 32])
+}
+
+fn ext(file_offset: u64, len: u64, tag: u8, chunk_offset: u64) -> Extent {
+    Extent { file_offset, len, chunk: cid(tag), chunk_offset }
+}
+
+fn commit(s: &MetaService, ino: InodeId, extents: Vec<Extent>, min_size: u64) -> Attr {
+    let chunks = extents
+        .iter()
+        .map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()] })
+        .collect();
+    attr(ok(s, MetaRequest::CommitWrite { ino, extents, chunks, min_size, mtime: Timestamp { secs: 77, nanos: 5 } }))
+}
+
+/// Refcount of a chunk, or None if absent from the catalogue.
+fn refcount(s: &MetaService, tag: u8) -> Option<u64> {
+    match ok(s, MetaRequest::ChunkLocations { ids: vec![cid(tag)] }) {
+        MetaReply::Chunks(c) => c.first().map(|c| c.refcount),
+        other => panic!("expected Chunks, got {other:?}"),
+    }
+}
+
+fn extents(s: &MetaService, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
+    match ok(s, MetaRequest::Extents { ino }) {
+        MetaReply::Extents(v) => v.into_iter().map(|(_, e)| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset)).collect(),
+        other => panic!("expected Extents, got {other:?}"),
+    }
+}
+
+fn root_and_create(b: &dyn Backend) {
+    let s = b.open();
+    let root = get(&s, ROOT_INODE);
+    assert_eq!((root.kind, root.mode, root.uid, root.gid, root.nlink), (FileKind::Dir, 0o755, 0, 0, 2));
+    let before = root.mtime;
+    std::thread::sleep(Duration::from_millis(5));
+
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.nlink, f.size, f.data_version), (FileKind::File, 0o644, 1000, 100, 1, 0, 0));
+    assert_eq!(lookup(&s, ROOT_INODE, "f"), Ok(f.clone()));
+    assert!(get(&s, ROOT_INODE).mtime > before, "parent mtime must move");
+    assert_eq!(err(&s, create_req(ROOT_INODE, "f", NewNode::File, 0o644)), ErrorCode::Exists);
+    // Non-exclusive create of an existing regular file returns it.
+    let again = attr(ok(
+        &s,
+        MetaRequest::Create { parent: ROOT_INODE, name: b"f".to_vec(), node: NewNode::File, mode: 0o600, caller: caller(), exclusive: false },
+    ));
+    assert_eq!(again.ino, f.ino);
+
+    let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+    assert_eq!((d.kind, d.nlink), (FileKind::Dir, 2));
+    assert_eq!(get(&s, ROOT_INODE).nlink, 3);
+    assert_eq!(
+        err(&s, MetaRequest::Create { parent: ROOT_INODE, name: b"d".to_vec(), node: NewNode::File, mode: 0o600, caller: caller(), exclusive: false }),
+        ErrorCode::Exists
+    );
+    assert_eq!(lookup(&s, d.ino, "..").map(|a| a.ino), Ok(ROOT_INODE));
+    assert_eq!(lookup(&s, d.ino, ".").map(|a| a.ino), Ok(d.ino));
+
+    let l = mk(&s, d.ino, "link", NewNode::Symlink { target: b"../f".to_vec() });
+    assert_eq!((l.kind, l.size), (FileKind::Symlink, 4));
+    assert_eq!(ok(&s, MetaRequest::ReadLink { ino: l.ino }), MetaReply::Bytes(b"../f".to_vec()));
+    assert_eq!(err(&s, MetaRequest::ReadLink { ino: f.ino }), ErrorCode::InvalidArgument);
+
+    let dev = mk(&s, d.ino, "dev", NewNode::Special { kind: FileKind::CharDevice, rdev: 0x0103 });
+    assert_eq!((dev.kind, dev.rdev), (FileKind::CharDevice, 0x0103));
+    let fifo = mk(&s, d.ino, "fifo", NewNode::Special { kind: FileKind::Fifo, rdev: 0 });
+    assert_eq!(fifo.kind, FileKind::Fifo);
+
+    assert_eq!(lookup(&s, ROOT_INODE, "nope"), Err(ErrorCode::NotFound));
+    assert_eq!(lookup(&s, f.ino, "x"), Err(ErrorCode::NotDir));
+    assert_eq!(err(&s, create_req(f.ino, "x", NewNode::File, 0o644)), ErrorCode::NotDir);
+    assert_eq!(err(&s, create_req(9999, "x", NewNode::File, 0o644)), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: 9999 }), ErrorCode::NotFound);
+}
+
+fn names_are_checked(b: &dyn Backend) {
+    let s = b.open();
+    for bad in ["", ".", "..", "a/b"] {
+        assert_eq!(err(&s, create_req(ROOT_INODE, bad, NewNode::File, 0o644)), ErrorCode::InvalidArgument, "{bad:?}");
+    }
+    let long = "x".repeat(256);
+    assert_eq!(err(&s, create_req(ROOT_INODE, &long, NewNode::File, 0o644)), ErrorCode::NameTooLong);
+    mk(&s, ROOT_INODE, &"y".repeat(255), NewNode::File);
+    assert_eq!(lookup(&s, ROOT_INODE, &long), Err(ErrorCode::NameTooLong));
+    // Mode keeps only permission bits.
+    let f = attr(ok(&s, create_req(ROOT_INODE, "m", NewNode::File, 0o100644)));
+    assert_eq!(f.mode, 0o644);
+}
+
+fn setgid_inheritance(b: &dyn Backend) {
+    let s = b.open();
+    let d = mk(&s, ROOT_INODE, "shared", NewNode::Dir);
+    ok(&s, MetaRequest::SetAttr { ino: d.ino, set: SetAttr { mode: Some(0o2775), gid: Some(500), ..Default::default() }, caller: caller() });
+    let f = mk(&s, d.ino, "f", NewNode::File);
+    assert_eq!((f.gid, f.mode & 0o2000), (500, 0));
+    let sub = mk(&s, d.ino, "sub", NewNode::Dir);
+    assert_eq!(sub.gid, 500);
+    assert_eq!(sub.mode & 0o2000, 0o2000, "a directory in a setgid directory is setgid too");
+    let deeper = mk(&s, sub.ino, "g", NewNode::File);
+    assert_eq!(deeper.gid, 500);
+    // Without setgid the caller's gid is used.
+    let plain = mk(&s, ROOT_INODE, "plain", NewNode::File);
+    assert_eq!(plain.gid, 100);
+}
+
+fn hard_links(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+    let a = attr(ok(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }));
+    assert_eq!(a.nlink, 2);
+    assert_eq!(lookup(&s, d.ino, "g").map(|a| (a.ino, a.nlink)), Ok((f.ino, 2)));
+    assert_eq!(err(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }), ErrorCode::Exists);
+    assert_eq!(err(&s, MetaRequest::Link { ino: d.ino, new_parent: ROOT_INODE, new_name: b"dd".to_vec() }), ErrorCode::NotPermitted);
+    assert_eq!(err(&s, MetaRequest::Link { ino: f.ino, new_parent: f.ino, new_name: b"x".to_vec() }), ErrorCode::NotDir);
+    assert_eq!(ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }), MetaReply::Unlinked { ino: f.ino, orphaned: false });
+    assert_eq!(get(&s, f.ino).nlink, 1);
+    ok(&s, MetaRequest::Unlink { parent: d.ino, name: b"g".to_vec() });
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound);
+}
+
+fn unlink_orphan_release(b: &dyn Backend) {
+    let s = b.open();
+    let session = hello(&s);
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false });
+    commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
+    assert_eq!(refcount(&s, 1), Some(1));
+    assert_eq!(ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }), MetaReply::Unlinked { ino: f.ino, orphaned: true });
+    assert_eq!(lookup(&s, ROOT_INODE, "f"), Err(ErrorCode::NotFound));
+    let orphan = get(&s, f.ino);
+    assert_eq!((orphan.nlink, orphan.size), (0, 100));
+    // An orphan can still be written and read by its opener.
+    commit(&s, f.ino, vec![ext(100, 10, 2, 0)], 110);
+    assert_eq!(extents(&s, f.ino).len(), 2);
+    ok(&s, MetaRequest::Release { ino: f.ino, session });
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound);
+    assert_eq!(refcount(&s, 1), Some(0));
+    assert_eq!(refcount(&s, 2), Some(0));
+
+    // Two opens need two releases.
+    let g = mk(&s, ROOT_INODE, "g", NewNode::File);
+    ok(&s, MetaRequest::Open { ino: g.ino, session, truncate: false });
+    ok(&s, MetaRequest::Open { ino: g.ino, session, truncate: false });
+    ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"g".to_vec() });
+    ok(&s, MetaRequest::Release { ino: g.ino, session });
+    assert_eq!(get(&s, g.ino).nlink, 0);
+    ok(&s, MetaRequest::Release { ino: g.ino, session });
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: g.ino }), ErrorCode::NotFound);
+
+    // Not open: gone at once, with its xattrs and chunk references.
+    let h = mk(&s, ROOT_INODE, "h", NewNode::File);
+    commit(&s, h.ino, vec![ext(0, 10, 3, 0)], 10);
+    ok(&s, MetaRequest::SetXattr { ino: h.ino, name: b"user.a".to_vec(), value: b"1".to_vec(), mode: XattrMode::Any });
+    assert_eq!(ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"h".to_vec() }), MetaReply::Unlinked { ino: h.ino, orphaned: false });
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: h.ino }), ErrorCode::NotFound);
+    assert_eq!(refcount(&s, 3), Some(0));
+
+    let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+    assert_eq!(err(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"d".to_vec() }), ErrorCode::IsDir);
+    assert_eq!(err(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"zz".to_vec() }), ErrorCode::NotFound);
+    assert_eq!(get(&s, d.ino).nlink, 2);
+}
+
+fn rmdir(b: &dyn Backend) {
+    let s = b.open();
+    let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+    let e = mk(&s, d.ino, "e", NewNode::Dir);
+    assert_eq!(get(&s, d.ino).nlink, 3);
+    mk(&s, e.ino, "f", NewNode::File);
+    assert_eq!(err(&s, MetaRequest::Rmdir { parent: d.ino, name: b"e".to_vec() }), ErrorCode::NotEmpty);
+    assert_eq!(err(&s, MetaRequest::Rmdir { parent: e.ino, name: b"f".to_vec() }), ErrorCode::NotDir);
+    assert_eq!(err(&s, MetaRequest::Rmdir { parent: d.ino, name: b".".to_vec() }), ErrorCode::InvalidArgument);
+    assert_eq!(err(&s, MetaRequest::Rmdir { parent: d.ino, name: b"nope".to_vec() }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Unlink { parent: e.ino, name: b"f".to_vec() });
+    ok(&s, MetaRequest::Rmdir { parent: d.ino, name: b"e".to_vec() });
+    assert_eq!(get(&s, d.ino).nlink, 2);
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: e.ino }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Rmdir { parent: ROOT_INODE, name: b"d".to_vec() });
+    assert_eq!(get(&s, ROOT_INODE).nlink, 2);
+}
+
+fn rename_req(parent: InodeId, name: &str, new_parent: InodeId, new_name: &str, mode: RenameMode) -> MetaRequest {
+    MetaRequest::Rename { parent, name: name.into(), new_parent, new_name: new_name.into(), mode }
+}
+
+fn rename_replace(b: &dyn Backend) {
+    let s = b.open();
+    let a = mk(&s, ROOT_INODE, "a", NewNode::File);
+    let t = mk(&s, ROOT_INODE, "t", NewNode::File);
+    commit(&s, t.ino, vec![ext(0, 10, 9, 0)], 10);
+    let before = get(&s, a.ino).ctime;
+    std::thread::sleep(Duration::from_millis(5));
+    ok(&s, rename_req(ROOT_INODE, "a", ROOT_INODE, "t", RenameMode::Replace));
+    assert_eq!(lookup(&s, ROOT_INODE, "a"), Err(ErrorCode::NotFound));
+    assert_eq!(lookup(&s, ROOT_INODE, "t").map(|x| x.ino), Ok(a.ino));
+    assert!(get(&s, a.ino).ctime > before);
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: t.ino }), ErrorCode::NotFound, "the replaced inode is gone");
+    assert_eq!(refcount(&s, 9), Some(0));
+    // Replaced while open: orphan.
+    let session = hello(&s);
+    let o = mk(&s, ROOT_INODE, "o", NewNode::File);
+    ok(&s, MetaRequest::Open { ino: o.ino, session, truncate: false });
+    ok(&s, rename_req(ROOT_INODE, "t", ROOT_INODE, "o", RenameMode::Replace));
+    assert_eq!(get(&s, o.ino).nlink, 0);
+    ok(&s, MetaRequest::Release { ino: o.ino, session });
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: o.ino }), ErrorCode::NotFound);
+    // Hard links of one inode: a no-op.
+    ok(&s, MetaRequest::Link { ino: a.ino, new_parent: ROOT_INODE, new_name: b"a2".to_vec() });
+    ok(&s, rename_req(ROOT_INODE, "o", ROOT_INODE, "a2", RenameMode::Replace));
+    assert_eq!(lookup(&s, ROOT_INODE, "o").map(|x| x.ino), Ok(a.ino));
+    assert_eq!(get(&s, a.ino).nlink, 2);
+    // Same name: no-op.
+    ok(&s, rename_req(ROOT_INODE, "o", ROOT_INODE, "o", RenameMode::Replace));
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "missing", ROOT_INODE, "x", RenameMode::Replace)), ErrorCode::NotFound);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "o", 9999, "x", RenameMode::Replace)), ErrorCode::NotFound);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "o", a.ino, "x", RenameMode::Replace)), ErrorCode::NotDir);
+}
+
+fn rename_noreplace_exchange(b: &dyn Backend) {
+    let s = b.open();
+    let a = mk(&s, ROOT_INODE, "a", NewNode::File);
+    let bb = mk(&s, ROOT_INODE, "b", NewNode::File);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "a", ROOT_INODE, "b", RenameMode::NoReplace)), ErrorCode::Exists);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "a", ROOT_INODE, "a", RenameMode::NoReplace)), ErrorCode::Exists);
+    ok(&s, rename_req(ROOT_INODE, "a", ROOT_INODE, "c", RenameMode::NoReplace));
+    assert_eq!(lookup(&s, ROOT_INODE, "c").map(|x| x.ino), Ok(a.ino));
+
+    ok(&s, rename_req(ROOT_INODE, "c", ROOT_INODE, "b", RenameMode::Exchange));
+    assert_eq!(lookup(&s, ROOT_INODE, "c").map(|x| x.ino), Ok(bb.ino));
+    assert_eq!(lookup(&s, ROOT_INODE, "b").map(|x| x.ino), Ok(a.ino));
+    assert_eq!(get(&s, a.ino).nlink, 1);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "c", ROOT_INODE, "zz", RenameMode::Exchange)), ErrorCode::NotFound);
+
+    // Exchange a directory and a file across parents: link counts follow the directory.
+    let p1 = mk(&s, ROOT_INODE, "p1", NewNode::Dir);
+    let p2 = mk(&s, ROOT_INODE, "p2", NewNode::Dir);
+    let dir = mk(&s, p1.ino, "dir", NewNode::Dir);
+    let file = mk(&s, p2.ino, "file", NewNode::File);
+    assert_eq!((get(&s, p1.ino).nlink, get(&s, p2.ino).nlink), (3, 2));
+    ok(&s, rename_req(p1.ino, "dir", p2.ino, "file", RenameMode::Exchange));
+    assert_eq!(lookup(&s, p1.ino, "dir").map(|x| x.ino), Ok(file.ino));
+    assert_eq!(lookup(&s, p2.ino, "file").map(|x| x.ino), Ok(dir.ino));
+    assert_eq!((get(&s, p1.ino).nlink, get(&s, p2.ino).nlink), (2, 3));
+    assert_eq!(lookup(&s, dir.ino, "..").map(|x| x.ino), Ok(p2.ino));
+    // Exchanging a directory into its own subtree is refused.
+    let inner = mk(&s, dir.ino, "inner", NewNode::File);
+    assert_eq!(err(&s, rename_req(p2.ino, "file", dir.ino, "inner", RenameMode::Exchange)), ErrorCode::InvalidArgument);
+    assert_eq!(lookup(&s, dir.ino, "inner").map(|x| x.ino), Ok(inner.ino));
+}
+
+fn rename_dirs(b: &dyn Backend) {
+    let s = b.open();
+    let a = mk(&s, ROOT_INODE, "a", NewNode::Dir);
+    let sub = mk(&s, a.ino, "sub", NewNode::Dir);
+    let deep = mk(&s, sub.ino, "deep", NewNode::Dir);
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "a", deep.ino, "x", RenameMode::Replace)), ErrorCode::InvalidArgument);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "a", a.ino, "x", RenameMode::Replace)), ErrorCode::InvalidArgument);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "a", ROOT_INODE, "f", RenameMode::Replace)), ErrorCode::NotDir);
+    assert_eq!(err(&s, rename_req(ROOT_INODE, "f", ROOT_INODE, "a", RenameMode::Replace)), ErrorCode::IsDir);
+    let full = mk(&s, ROOT_INODE, "full", NewNode::Dir);
+    mk(&s, full.ino, "x", NewNode::File);
+    assert_eq!(err(&s, rename_req(a.ino, "sub", ROOT_INODE, "full", RenameMode::Replace)), ErrorCode::NotEmpty);
+
+    // Move sub from a to root over an empty dir: a loses a link, root nets zero.
+    let empty = mk(&s, ROOT_INODE, "empty", NewNode::Dir);
+    let root_links = get(&s, ROOT_INODE).nlink;
+    ok(&s, rename_req(a.ino, "sub", ROOT_INODE, "empty", RenameMode::Replace));
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: empty.ino }), ErrorCode::NotFound);
+    assert_eq!(get(&s, a.ino).nlink, 2);
+    assert_eq!(get(&s, ROOT_INODE).nlink, root_links);
+    assert_eq!(lookup(&s, sub.ino, "..").map(|x| x.ino), Ok(ROOT_INODE));
+    // Now the former ancestor may move below it.
+    ok(&s, rename_req(ROOT_INODE, "a", deep.ino, "a", RenameMode::Replace));
+    assert_eq!(get(&s, deep.ino).nlink, 3);
+    assert_eq!(get(&s, ROOT_INODE).nlink, root_links - 1);
+    // A file moving between directories leaves link counts alone.
+    ok(&s, rename_req(ROOT_INODE, "f", deep.ino, "f", RenameMode::Replace));
+    assert_eq!(get(&s, deep.ino).nlink, 3);
+    assert_eq!(get(&s, f.ino).nlink, 1);
+}
+
+fn setattr_truncate(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    commit(&s, f.ino, vec![ext(0, 100, 1, 0), ext(100, 100, 2, 0)], 200);
+    let v0 = get(&s, f.ino).data_version;
+    let set = SetAttr { size: Some(50), ..Default::default() };
+    let a = attr(ok(&s, MetaRequest::SetAttr { ino: f.ino, set, caller: caller() }));
+    assert_eq!((a.size, a.data_version), (50, v0 + 1));
+    assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
+    assert_eq!((refcount(&s, 1), refcount(&s, 2)), (Some(1), Some(0)));
+    let set = SetAttr { size: Some(1 << 30), ..Default::default() };
+    let a = attr(ok(&s, MetaRequest::SetAttr { ino: f.ino, set, caller: caller() }));
+    assert_eq!(a.size, 1 << 30);
+    assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
+
+    let when = Timestamp { secs: 1234, nanos: 56 };
+    let set = SetAttr {
+        mode: Some(0o104755),
+        uid: Some(7),
+        gid: Some(8),
+        atime: Some(TimeSet::At(when)),
+        mtime: Some(TimeSet::Now),
+        ..Default::default()
+    };
+    let a = attr(ok(&s, MetaRequest::SetAttr { ino: f.ino, set, caller: caller() }));
+    assert_eq!((a.mode, a.uid, a.gid, a.atime), (0o4755, 7, 8, when));
+    assert!(a.mtime > when && a.ctime >= a.mtime);
+    let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+    let set = SetAttr { size: Some(0), ..Default::default() };
+    assert_eq!(err(&s, MetaRequest::SetAttr { ino: d.ino, set, caller: caller() }), ErrorCode::IsDir);
+    assert_eq!(err(&s, MetaRequest::SetAttr { ino: 9999, set: SetAttr::default(), caller: caller() }), ErrorCode::NotFound);
+}
+
+fn commit_write_splits(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    let a = commit(&s, f.ino, vec![ext(0, 100, 1, 1000)], 100);
+    assert_eq!((a.size, a.data_version, a.mtime), (100, 1, Timestamp { secs: 77, nanos: 5 }));
+    // Overwriting the middle splits the old extent in two: two rows reference chunk 1.
+    commit(&s, f.ino, vec![ext(40, 10, 2, 0)], 50);
+    assert_eq!(extents(&s, f.ino), vec![(0, 40, 1, 1000), (40, 10, 2, 0), (50, 50, 1, 1050)]);
+    assert_eq!((refcount(&s, 1), refcount(&s, 2)), (Some(2), Some(1)));
+    assert_eq!(get(&s, f.ino).size, 100, "min_size never shrinks a file");
+    // Later extents in one commit win; one covering several rows removes them all.
+    commit(&s, f.ino, vec![ext(30, 40, 3, 0), ext(60, 50, 4, 0)], 110);
+    assert_eq!(extents(&s, f.ino), vec![(0, 30, 1, 1000), (30, 30, 3, 0), (60, 50, 4, 0)]);
+    assert_eq!((refcount(&s, 1), refcount(&s, 2), refcount(&s, 3), refcount(&s, 4)), (Some(1), Some(0), Some(1), Some(1)));
+    let a = get(&s, f.ino);
+    assert_eq!((a.size, a.data_version), (110, 3));
+    // The same chunk used by two files counts both.
+    let g = mk(&s, ROOT_INODE, "g", NewNode::File);
+    commit(&s, g.ino, vec![ext(0, 10, 4, 0)], 10);
+    assert_eq!(refcount(&s, 4), Some(2));
+    let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+    assert_eq!(
+        err(&s, MetaRequest::CommitWrite { ino: d.ino, extents: vec![], chunks: vec![], min_size: 0, mtime: Timestamp::now() }),
+        ErrorCode::IsDir
+    );
+    assert_eq!(
+        err(&s, MetaRequest::CommitWrite { ino: g.ino, extents: vec![ext(u64::MAX - 5, 10, 1, 0)], chunks: vec![], min_size: 0, mtime: Timestamp::now() }),
+        ErrorCode::InvalidArgument
+    );
+    // A failed request leaves nothing behind.
+    assert_eq!(refcount(&s, 4), Some(2));
+}
+
+fn fallocate(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
+    let fa = |offset, len, mode| attr(ok(&s, MetaRequest::Fallocate { ino: f.ino, offset, len, mode }));
+    assert_eq!(fa(0, 50, AllocateMode::Extend).size, 100);
+    assert_eq!(fa(100, 50, AllocateMode::Extend).size, 150);
+    assert_eq!(fa(0, 500, AllocateMode::KeepSize).size, 150);
+    let a = fa(20, 10, AllocateMode::PunchHole);
+    assert_eq!(a.size, 150);
+    assert_eq!(extents(&s, f.ino), vec![(0, 20, 1, 0), (30, 70, 1, 30)]);
+    assert_eq!(refcount(&s, 1), Some(2));
+    let a = fa(90, 110, AllocateMode::ZeroRange);
+    assert_eq!(a.size, 200);
+    assert_eq!(extents(&s, f.ino), vec![(0, 20, 1, 0), (30, 60, 1, 30)]);
+    assert_eq!(err(&s, MetaRequest::Fallocate { ino: f.ino, offset: u64::MAX, len: 2, mode: AllocateMode::Extend }), ErrorCode::InvalidArgument);
+}
+
+fn open_truncate_and_sync(b: &dyn Backend) {
+    let s = b.open();
+    let session = hello(&s);
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
+    match ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false }) {
+        MetaReply::Opened { attr, extents } => {
+            assert_eq!(attr.size, 100);
+            assert_eq!(extents, vec![ext(0, 100, 1, 0)]);
+        }
+        other => panic!("expected Opened, got {other:?}"),
+    }
+    match ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: true }) {
+        MetaReply::Opened { attr, extents } => {
+            assert_eq!((attr.size, attr.data_version), (0, 2));
+            assert!(extents.is_empty());
+        }
+        other => panic!("expected Opened, got {other:?}"),
+    }
+    assert_eq!(refcount(&s, 1), Some(0));
+    assert_eq!(err(&s, MetaRequest::Open { ino: f.ino, session: 999_999, truncate: false }), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::Open { ino: 9999, session, truncate: false }), ErrorCode::NotFound);
+    assert_eq!(ok(&s, MetaRequest::Sync), MetaReply::Done);
+}
+
+fn xattrs(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    let set = |name: &str, value: &[u8], mode| MetaRequest::SetXattr { ino: f.ino, name: name.into(), value: value.to_vec(), mode };
+    assert_eq!(err(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.a".to_vec() }), ErrorCode::NoAttribute);
+    assert_eq!(err(&s, set("user.a", b"1", XattrMode::Replace)), ErrorCode::NoAttribute);
+    ok(&s, set("user.a", b"1", XattrMode::Create));
+    assert_eq!(err(&s, set("user.a", b"2", XattrMode::Create)), ErrorCode::Exists);
+    ok(&s, set("user.a", b"2", XattrMode::Replace));
+    ok(&s, set("user.b", b"", XattrMode::Any));
+    assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.a".to_vec() }), MetaReply::Bytes(b"2".to_vec()));
+    assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.b".to_vec() }), MetaReply::Bytes(vec![]));
+    assert_eq!(ok(&s, MetaRequest::ListXattr { ino: f.ino }), MetaReply::Names(vec![b"user.a".to_vec(), b"user.b".to_vec()]));
+    ok(&s, MetaRequest::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() });
+    assert_eq!(err(&s, MetaRequest::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() }), ErrorCode::NoAttribute);
+    assert_eq!(ok(&s, MetaRequest::ListXattr { ino: f.ino }), MetaReply::Names(vec![b"user.b".to_vec()]));
+    assert_eq!(err(&s, set("", b"1", XattrMode::Any)), ErrorCode::InvalidArgument);
+    assert_eq!(err(&s, set(&"n".repeat(256), b"1", XattrMode::Any)), ErrorCode::Range);
+    ok(&s, MetaRequest::SetXattr { ino: f.ino, name: b"user.big".to_vec(), value: vec![7; 65536], mode: XattrMode::Any });
+    assert_eq!(
+        err(&s, MetaRequest::SetXattr { ino: f.ino, name: b"user.big".to_vec(), value: vec![7; 65537], mode: XattrMode::Any }),
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(err(&s, MetaRequest::ListXattr { ino: 9999 }), ErrorCode::NotFound);
+}
+
+fn read_all(s: &MetaService, dir: InodeId, limit: u32) -> Vec<DirEntry> {
+    let mut out: Vec<DirEntry> = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = match ok(s, MetaRequest::ReadDir { ino: dir, after, limit }) {
+            MetaReply::Entries(e) => e,
+            other => panic!("expected Entries, got {other:?}"),
+        };
+        assert!(page.len() <= limit as usize);
+        let Some(last) = page.last() else { break };
+        after = last.cookie;
+        out.extend(page);
+    }
+    out
+}
+
+fn readdir_paging(b: &dyn Backend) {
+    let s = b.open();
+    let d = mk(&s, ROOT_INODE, "big", NewNode::Dir);
+    for i in 0..1000 {
+        mk(&s, d.ino, &format!("f{i:04}"), NewNode::File);
+    }
+    let all = read_all(&s, d.ino, 97);
+    assert_eq!(all.len(), 1000);
+    assert!(all.windows(2).all(|w| w[0].cookie < w[1].cookie && w[0].cookie > 0));
+    let mut names: Vec<_> = all.iter().map(|e| e.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 1000);
+    assert!(all.iter().all(|e| e.attr.kind == FileKind::File && e.attr.nlink == 1));
+    assert!(!names.iter().any(|n| n == b"." || n == b".."));
+    // Entries removed mid-listing vanish; the others keep their cookies.
+    let first = match ok(&s, MetaRequest::ReadDir { ino: d.ino, after: 0, limit: 10 }) {
+        MetaReply::Entries(e) => e,
+        other => panic!("expected Entries, got {other:?}"),
+    };
+    ok(&s, MetaRequest::Unlink { parent: d.ino, name: all[10].name.clone() });
+    let rest = read_all(&s, d.ino, 500);
+    assert_eq!(rest.len(), 999);
+    assert_eq!(rest[..10], first[..]);
+    assert_eq!(err(&s, MetaRequest::ReadDir { ino: all[0].attr.ino, after: 0, limit: 10 }), ErrorCode::NotDir);
+    assert_eq!(read_all(&s, mk(&s, ROOT_INODE, "empty", NewNode::Dir).ino, 10).len(), 0);
+}
+
+fn persistence(b: &dyn Backend) {
+    let (f, d) = {
+        let s = b.open();
+        let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
+        let f = mk(&s, d.ino, "f", NewNode::File);
+        commit(&s, f.ino, vec![ext(0, 10, 1, 0)], 10);
+        ok(&s, MetaRequest::SetXattr { ino: f.ino, name: b"user.k".to_vec(), value: b"v".to_vec(), mode: XattrMode::Any });
+        (f, d)
+    };
+    let s = b.open();
+    assert_eq!(lookup(&s, ROOT_INODE, "d").map(|a| a.ino), Ok(d.ino));
+    let f2 = lookup(&s, d.ino, "f").expect("file survives reopen");
+    assert_eq!((f2.ino, f2.size, f2.data_version), (f.ino, 10, 1));
+    assert_eq!(extents(&s, f.ino), vec![(0, 10, 1, 0)]);
+    assert_eq!(refcount(&s, 1), Some(1));
+    assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.k".to_vec() }), MetaReply::Bytes(b"v".to_vec()));
+    let g = mk(&s, d.ino, "g", NewNode::File);
+    assert!(g.ino > f.ino, "inode numbers are never reused");
+}
+
+fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
+    NodeInfo {
+        id: id.into(),
+        site: "s1".into(),
+        addr: addr.into(),
+        capacity_bytes: capacity,
+        used_bytes: used,
+        chunk_count: 3,
+        last_seen_secs: 99,
+    }
+}
+
+fn nodes(b: &dyn Backend) {
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100) });
+    ok(&s, MetaRequest::RegisterNode { node: node("n2", "10.0.0.2:7000", 2000, 300) });
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150) });
+    let e = call(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.9:7000", 1000, 150) }).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Exists);
+    assert!(e.message.contains("two nodes claim id n1"), "{}", e.message);
+    match ok(&s, MetaRequest::ListNodes) {
+        MetaReply::Nodes(n) => {
+            assert_eq!(n.len(), 2);
+            assert_eq!((n[0].id.as_str(), n[0].addr.as_str(), n[0].used_bytes, n[0].last_seen_secs), ("n1", "10.0.0.1:7000", 150, 0));
+        }
+        other => panic!("expected Nodes, got {other:?}"),
+    }
+    mk(&s, ROOT_INODE, "f", NewNode::File);
+    assert_eq!(ok(&s, MetaRequest::StatFs), MetaReply::StatFs(FsStats { capacity_bytes: 3000, used_bytes: 450, inodes: 2 }));
+}
+
+fn sessions(b: &dyn Backend) {
+    let s = b.open();
+    let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "status".into() };
+    let e = call(&s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION + 1, session: info }).unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    assert!(e.message.contains("protocol"), "{}", e.message);
+    let a = hello(&s);
+    let b2 = hello(&s);
+    assert_ne!(a, b2);
+    ok(&s, MetaRequest::Heartbeat { session: a });
+    match ok(&s, MetaRequest::Status) {
+        MetaReply::Status(st) => {
+            assert_eq!(st.sessions.len(), 2);
+            assert_eq!(st.sessions[0].0, a);
+            assert_eq!(st.sessions[0].1.purpose, "/mnt");
+            assert_eq!(st.inodes, 1);
+        }
+        other => panic!("expected Status, got {other:?}"),
+    }
+    ok(&s, MetaRequest::Goodbye { session: a });
+    assert_eq!(err(&s, MetaRequest::Heartbeat { session: a }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Heartbeat { session: b2 });
+}
+
+fn lock(ino: InodeId, owner: u64, start: u64, end: u64, kind: LockKind) -> LockRange {
+    LockRange { ino, owner, start, end, kind, pid: 42 }
+}
+
+fn session_expiry(b: &dyn Backend) {
+    let s = b.open();
+    let old = hello(&s);
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    commit(&s, f.ino, vec![ext(0, 10, 5, 0)], 10);
+    ok(&s, MetaRequest::Open { ino: f.ino, session: old, truncate: false });
+    ok(&s, MetaRequest::SetLock { session: old, lock: lock(f.ino, 1, 0, 99, LockKind::Write) });
+    ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() });
+    let now_ms = Timestamp::now().secs * 1000;
+    // Still fresh: nothing expires.
+    assert!(s.expire_sessions_at(now_ms).unwrap().is_empty());
+    let young = hello(&s);
+    assert_eq!(err(&s, MetaRequest::SetLock { session: young, lock: lock(f.ino, 1, 50, 60, LockKind::Read) }), ErrorCode::WouldBlock);
+    // 40 s later (expiry is 30 s) both are silent; heartbeat only the young one first.
+    let later = now_ms + 40_000;
+    let expired = s.expire_sessions_at(later - 20_000).unwrap();
+    assert!(expired.is_empty());
+    let expired = s.expire_sessions_at(later).unwrap();
+    assert!(expired.contains(&old) && expired.contains(&young));
+    let fresh = hello(&s);
+    ok(&s, MetaRequest::SetLock { session: fresh, lock: lock(f.ino, 1, 0, 99, LockKind::Write) });
+    assert_eq!(err(&s, MetaRequest::Heartbeat { session: old }), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound, "the orphan is reclaimed");
+    assert_eq!(refcount(&s, 5), Some(0));
+}
+
+fn locks(b: &dyn Backend) {
+    let s = b.open();
+    let (a, c) = (hello(&s), hello(&s));
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    ok(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 1, 0, 9, LockKind::Read) });
+    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 5, 20, LockKind::Read) });
+    assert_eq!(err(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) }), ErrorCode::WouldBlock);
+    match ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) }) {
+        MetaReply::Lock(Some(l)) => assert_eq!((l.start, l.end, l.kind, l.pid), (0, 9, LockKind::Read, 42)),
+        other => panic!("expected a conflicting lock, got {other:?}"),
+    }
+    assert_eq!(ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 10, 30, LockKind::Write) }), MetaReply::Lock(None));
+    ok(&s, MetaRequest::ReleaseLocks { session: a, ino: f.ino, owner: 1 });
+    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) });
+    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Unlock) });
+    ok(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 0, u64::MAX, LockKind::Write) });
+    assert_eq!(err(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 9, 3, LockKind::Write) }), ErrorCode::InvalidArgument);
+    // Goodbye drops the session's locks.
+    ok(&s, MetaRequest::Goodbye { session: a });
+    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 5, LockKind::Write) });
+}
+
+fn chunk_catalogue(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    let g = mk(&s, ROOT_INODE, "g", NewNode::File);
+    let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n1".into(), "n2".into()] }];
+    ok(&s, MetaRequest::CommitWrite { ino: f.ino, extents: vec![ext(0, 100, 1, 0)], chunks, min_size: 100, mtime: Timestamp::now() });
+    for tag in 2..=6 {
+        commit(&s, g.ino, vec![ext(u64::from(tag) * 10, 10, tag, 0)], 0);
+    }
+    // Locations accumulate across reports.
+    let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n3".into()] }];
+    ok(&s, MetaRequest::CommitWrite { ino: f.ino, extents: vec![], chunks, min_size: 0, mtime: Timestamp::now() });
+    match ok(&s, MetaRequest::ChunkLocations { ids: vec![cid(1), cid(99)] }) {
+        MetaReply::Chunks(c) => {
+            assert_eq!(c.len(), 1);
+            assert_eq!((c[0].size, c[0].refcount), (100, 1));
+            assert_eq!(c[0].nodes, vec!["n1".to_string(), "n2".into(), "n3".into()]);
+        }
+        other => panic!("expected Chunks, got {other:?}"),
+    }
+    // Paging the catalogue by id.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = match ok(&s, MetaRequest::ListChunks { after, limit: 2 }) {
+            MetaReply::Chunks(c) => c,
+            other => panic!("expected Chunks, got {other:?}"),
+        };
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        seen.extend(page.iter().map(|c| c.id.0[0]));
+    }
+    assert_eq!(seen, vec![1, 2, 3, 4, 5, 6]);
+    // Paging extents by (inode, offset).
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = match ok(&s, MetaRequest::ListExtents { after, limit: 4 }) {
+            MetaReply::Extents(e) => e,
+            other => panic!("expected Extents, got {other:?}"),
+        };
+        let Some((ino, e)) = page.last() else { break };
+        after = Some((*ino, e.file_offset));
+        seen.extend(page.iter().map(|(i, e)| (*i, e.file_offset)));
+    }
+    assert_eq!(seen, vec![(f.ino, 0), (g.ino, 20), (g.ino, 30), (g.ino, 40), (g.ino, 50), (g.ino, 60)]);
+    // Gc: punch chunk 2 out; it and an unknown id are unreferenced, chunk 1 is not.
+    ok(&s, MetaRequest::Fallocate { ino: g.ino, offset: 20, len: 10, mode: AllocateMode::PunchHole });
+    assert_eq!(ok(&s, MetaRequest::Unreferenced { ids: vec![cid(1), cid(2), cid(99)] }), MetaReply::ChunkIds(vec![cid(2), cid(99)]));
+    ok(&s, MetaRequest::ForgetChunks { ids: vec![cid(1), cid(2)] });
+    assert_eq!(refcount(&s, 2), None);
+    assert_eq!(refcount(&s, 1), Some(1), "referenced chunks are never forgotten");
+    match ok(&s, MetaRequest::Status) {
+        MetaReply::Status(st) => assert_eq!((st.chunks, st.chunk_bytes), (5, 100 + 4 * (1 << 20))),
+        other => panic!("expected Status, got {other:?}"),
+    }
+}
+
+/// The SQLite backend on a real file in a temporary directory.
+struct SqliteBackend {
+    dir: tempfile::TempDir,
+}
+
+impl Backend for SqliteBackend {
+    fn open(&self) -> Arc<MetaService> {
+        MetaService::open_sqlite(&test_config(self.dir.path().join("meta.db"))).expect("open sqlite")
+    }
+}
+
+#[test]
+fn sqlite_passes_conformance() {
+    run_all(&|| Box::new(SqliteBackend { dir: tempfile::tempdir().expect("tempdir") }));
+}

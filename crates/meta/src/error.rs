@@ -1,0 +1,73 @@
+//! Errors of the metadata service, each carrying the context an operator or a client
+//! needs, and their mapping onto the wire's OS-neutral `ErrorCode`.
+
+use proto::error::{ErrorCode, WireError};
+
+/// Everything meta can fail with; converted to a `WireError` at the RPC boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0} already exists")]
+    Exists(String),
+    #[error("{0} is not a directory")]
+    NotDir(String),
+    #[error("{0} is a directory")]
+    IsDir(String),
+    #[error("directory {0} is not empty")]
+    NotEmpty(String),
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("name of {len} bytes is longer than the 255-byte limit")]
+    NameTooLong { len: usize },
+    #[error("no extended attribute {0}")]
+    NoAttribute(String),
+    #[error("extended attribute name or value too large: {0}")]
+    Range(String),
+    #[error("lock conflict: {0}")]
+    WouldBlock(String),
+    #[error("metadata database error: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error(
+        "metadata database {path} has schema version {found}, newer than the {supported} this \
+         binary understands; run a newer locus"
+    )]
+    SchemaTooNew { path: String, found: i64, supported: i64 },
+    #[error("metadata database {path} has unknown schema version {found}")]
+    SchemaUnknown { path: String, found: i64 },
+    #[error("corrupt metadata row: {0}")]
+    Corrupt(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl MetaError {
+    /// The wire code a client maps to errno.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            MetaError::NotFound(_) => ErrorCode::NotFound,
+            MetaError::Exists(_) => ErrorCode::Exists,
+            MetaError::NotDir(_) => ErrorCode::NotDir,
+            MetaError::IsDir(_) => ErrorCode::IsDir,
+            MetaError::NotEmpty(_) => ErrorCode::NotEmpty,
+            MetaError::NotPermitted(_) => ErrorCode::NotPermitted,
+            MetaError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            MetaError::NameTooLong { .. } => ErrorCode::NameTooLong,
+            MetaError::NoAttribute(_) => ErrorCode::NoAttribute,
+            MetaError::Range(_) => ErrorCode::Range,
+            MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
+            MetaError::Db(_) => ErrorCode::Io,
+            MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
+            MetaError::Corrupt(_) => ErrorCode::Corrupt,
+            MetaError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<MetaError> for WireError {
+    fn from(e: MetaError) -> Self {
+        WireError::new(e.code(), e.to_string())
+    }
+}

@@ -1,0 +1,305 @@
+//! `NodeService` behind a real `net::serve` on loopback, driven by `net::RpcClient`.
+
+use chunk::ChunkStore;
+use net::RpcClient;
+use node::NodeService;
+use proto::error::{ErrorCode, WireError};
+use proto::node::{NodeReply, NodeRequest, NodeResult, NodeStats};
+use proto::types::ChunkId;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+struct Node {
+    client: RpcClient,
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+}
+
+async fn start(capacity: u64) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = Arc::new(ChunkStore::open(&data, capacity).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(net::serve(listener, Arc::new(NodeService::new(store))));
+    let client = RpcClient::connect(&addr, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    Node {
+        client,
+        _dir: dir,
+        data,
+    }
+}
+
+impl Node {
+    async fn call(&self, req: NodeRequest) -> NodeResult {
+        self.client.call::<_, NodeResult>(&req).await.unwrap()
+    }
+
+    async fn put(&self, data: &[u8]) -> ChunkId {
+        let id = ChunkId::of(data);
+        assert_eq!(
+            self.call(NodeRequest::Put {
+                id,
+                data: data.to_vec()
+            })
+            .await,
+            Ok(NodeReply::Done)
+        );
+        id
+    }
+
+    async fn stats(&self) -> NodeStats {
+        match self.call(NodeRequest::Stats).await {
+            Ok(NodeReply::Stats(s)) => s,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn chunk_path(&self, id: &ChunkId) -> PathBuf {
+        let hex = id.to_hex();
+        self.data.join("chunks").join(&hex[..2]).join(hex)
+    }
+}
+
+fn code(r: NodeResult) -> ErrorCode {
+    match r {
+        Err(WireError { code, .. }) => code,
+        Ok(reply) => panic!("expected an error, got {reply:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_has_list_stats() {
+    let n = start(1 << 20).await;
+    let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let id = n.put(&data).await;
+    // Idempotent.
+    n.put(&data).await;
+
+    let get = |offset, len| NodeRequest::Get { id, offset, len };
+    assert_eq!(
+        n.call(get(0, 1000)).await,
+        Ok(NodeReply::Data(data.clone()))
+    );
+    assert_eq!(
+        n.call(get(100, 10)).await,
+        Ok(NodeReply::Data(data[100..110].to_vec()))
+    );
+    assert_eq!(
+        n.call(get(990, 100)).await,
+        Ok(NodeReply::Data(data[990..].to_vec()))
+    );
+    assert_eq!(code(n.call(get(1001, 1)).await), ErrorCode::InvalidArgument);
+    let missing = ChunkId::of(b"missing");
+    assert_eq!(
+        code(
+            n.call(NodeRequest::Get {
+                id: missing,
+                offset: 0,
+                len: 1
+            })
+            .await
+        ),
+        ErrorCode::NotFound
+    );
+
+    let wrong = NodeRequest::Put {
+        id: missing,
+        data: b"not it".to_vec(),
+    };
+    assert_eq!(code(n.call(wrong).await), ErrorCode::InvalidArgument);
+
+    assert_eq!(
+        n.call(NodeRequest::Has {
+            ids: vec![missing, id]
+        })
+        .await,
+        Ok(NodeReply::Flags(vec![false, true]))
+    );
+
+    let mut ids = vec![id];
+    for i in 0..20u32 {
+        ids.push(n.put(&i.to_be_bytes()).await);
+    }
+    ids.sort();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let Ok(NodeReply::Ids(page)) = n.call(NodeRequest::List { after, limit: 6 }).await else {
+            panic!("list failed");
+        };
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().copied();
+        seen.extend(page);
+    }
+    assert_eq!(seen, ids);
+
+    let s = n.stats().await;
+    assert_eq!(
+        (
+            s.capacity_bytes,
+            s.used_bytes,
+            s.chunk_count,
+            s.corrupt_reads
+        ),
+        (1 << 20, 1000 + 20 * 4, 21, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
+    let n = start(1 << 20).await;
+    let bad = n.put(b"some bytes that will rot").await;
+    let good = n.put(b"bytes that stay fine").await;
+    let path = n.chunk_path(&bad);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 0x80;
+    std::fs::write(&path, bytes).unwrap();
+
+    let err = n
+        .call(NodeRequest::Get {
+            id: bad,
+            offset: 0,
+            len: 4,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Corrupt);
+    assert!(err.message.contains(&bad.to_hex()), "{}", err.message);
+    // Same client, same connections: still answering.
+    assert_eq!(
+        n.call(NodeRequest::Get {
+            id: good,
+            offset: 0,
+            len: 5
+        })
+        .await,
+        Ok(NodeReply::Data(b"bytes".to_vec()))
+    );
+    assert_eq!(n.stats().await.corrupt_reads, 1);
+
+    let missing = ChunkId::of(b"never stored");
+    assert_eq!(
+        n.call(NodeRequest::Verify {
+            ids: vec![good, bad, missing]
+        })
+        .await,
+        Ok(NodeReply::Ids(vec![bad, missing]))
+    );
+    // A fresh put of the right bytes repairs it.
+    n.put(b"some bytes that will rot").await;
+    assert_eq!(
+        n.call(NodeRequest::Verify {
+            ids: vec![good, bad]
+        })
+        .await,
+        Ok(NodeReply::Ids(vec![]))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_honours_min_age() {
+    let n = start(1 << 20).await;
+    let a = n.put(b"chunk a").await;
+    let b = n.put(b"chunk b").await;
+    let del = |ids: Vec<ChunkId>, min_age_secs| NodeRequest::Delete { ids, min_age_secs };
+    assert_eq!(n.call(del(vec![a, b], 3600)).await, Ok(NodeReply::Count(0)));
+    assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(1)));
+    assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(0)));
+    assert_eq!(
+        n.call(NodeRequest::Has { ids: vec![a, b] }).await,
+        Ok(NodeReply::Flags(vec![false, true]))
+    );
+    let s = n.stats().await;
+    assert_eq!((s.used_bytes, s.chunk_count), (7, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_node_answers_no_space() {
+    let n = start(64).await;
+    n.put(&[1u8; 60]).await;
+    let data = vec![2u8; 10];
+    let err = n
+        .call(NodeRequest::Put {
+            id: ChunkId::of(&data),
+            data,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::NoSpace);
+    assert_eq!(n.stats().await.chunk_count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_puts_of_one_chunk_count_once() {
+    let n = Arc::new(start(1 << 20).await);
+    let data = vec![7u8; 4096];
+    let id = ChunkId::of(&data);
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let (n, data) = (n.clone(), data.clone());
+            tokio::spawn(async move { n.call(NodeRequest::Put { id, data }).await })
+        })
+        .collect();
+    for c in calls {
+        assert_eq!(c.await.unwrap(), Ok(NodeReply::Done));
+    }
+    let s = n.stats().await;
+    assert_eq!((s.used_bytes, s.chunk_count), (4096, 1));
+    assert_eq!(std::fs::read_dir(n.data.join("tmp")).unwrap().count(), 0);
+}
+
+fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
+    node::NodeConfig {
+        id: "n1".into(),
+        site: "s1".into(),
+        data_dir,
+        capacity_bytes: 1 << 20,
+        meta_addr,
+        advertise_addr: "127.0.0.1:1".into(),
+        heartbeat: Duration::from_secs(1),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_fails_clearly_when_meta_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port that was free a moment ago: nothing listens there.
+    let meta_addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = node::run(config(dir.path().join("data"), meta_addr.clone()), listener)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("meta at {meta_addr} unreachable")),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_fails_clearly_when_the_data_dir_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let _held = ChunkStore::open(&data, 1 << 20).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = node::run(config(data, "127.0.0.1:1".into()), listener)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, node::NodeError::Store(_)), "{err}");
+    assert!(
+        err.to_string().contains("in use by another process"),
+        "{err}"
+    );
+}
