@@ -16,11 +16,7 @@ pub(crate) fn try_lock_exclusive(file: &File) -> io::Result<bool> {
         return Ok(true);
     }
     let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(err)
-    }
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(false) } else { Err(err) }
 }
 
 /// Makes a rename or create inside `dir` durable.
@@ -41,11 +37,7 @@ pub(crate) fn fan_out_name(id: &ChunkId) -> String {
 /// Chunk files directly in `dir` with their sizes, unsorted. Names that are not a
 /// canonical (lower-case, 64-digit) id belonging in this fan-out directory are skipped.
 pub(crate) fn chunk_files(dir: &Path) -> io::Result<Vec<(ChunkId, u64)>> {
-    let prefix = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default()
-        .to_string();
+    let prefix = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;

@@ -37,11 +37,7 @@ pub enum ChunkError {
     #[error("chunk {id} at {} failed its hash check; it is not served", path.display())]
     Corrupt { id: ChunkId, path: PathBuf },
     #[error("no space for chunk {id} ({len} bytes): {detail}")]
-    NoSpace {
-        id: ChunkId,
-        len: u64,
-        detail: String,
-    },
+    NoSpace { id: ChunkId, len: u64, detail: String },
     #[error("data does not match chunk id {claimed}: it hashes to {actual}")]
     IdMismatch { claimed: ChunkId, actual: ChunkId },
     #[error("offset {offset} is beyond the end of chunk {id} ({size} bytes)")]
@@ -53,11 +49,7 @@ pub enum ChunkError {
     #[error("{}: {problem}", path.display())]
     Format { path: PathBuf, problem: String },
     #[error("cannot {action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Io { action: &'static str, path: PathBuf, source: io::Error },
 }
 
 impl From<ChunkError> for WireError {
@@ -78,11 +70,7 @@ impl From<ChunkError> for WireError {
 
 /// Builds the `map_err` closure for an I/O step on `path`.
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ChunkError + 'a {
-    move |source| ChunkError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| ChunkError::Io { action, path: path.to_path_buf(), source }
 }
 
 /// Bytes and files on disk, plus bytes promised to writes in flight.
@@ -121,14 +109,9 @@ impl ChunkStore {
             .create(true)
             .truncate(false)
             .open(&lock_path)
-            .map_err(|source| ChunkError::NotWritable {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
+            .map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })?;
         if !disk::try_lock_exclusive(&lock).map_err(io_err("lock", &lock_path))? {
-            return Err(ChunkError::InUse {
-                dir: dir.to_path_buf(),
-            });
+            return Err(ChunkError::InUse { dir: dir.to_path_buf() });
         }
         check_or_write_format(dir)?;
 
@@ -162,10 +145,7 @@ impl ChunkStore {
     pub fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), ChunkError> {
         let actual = ChunkId::of(data);
         if actual != *id {
-            return Err(ChunkError::IdMismatch {
-                claimed: *id,
-                actual,
-            });
+            return Err(ChunkError::IdMismatch { claimed: *id, actual });
         }
         let path = self.path_of(id);
         if self.touch_if_intact(id, &path)? {
@@ -197,11 +177,7 @@ impl ChunkStore {
         }
         let size = data.len() as u64;
         if offset > size {
-            return Err(ChunkError::Range {
-                id: *id,
-                offset,
-                size,
-            });
+            return Err(ChunkError::Range { id: *id, offset, size });
         }
         let end = offset.saturating_add(len).min(size);
         data.truncate(end as usize);
@@ -328,9 +304,7 @@ impl ChunkStore {
 
     fn lock_usage(&self) -> std::sync::MutexGuard<'_, Usage> {
         // The counters stay consistent even if a holder panicked: keep going.
-        self.usage
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.usage.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// True if an intact copy of `id` is stored; its mtime is then set to now.
@@ -352,17 +326,13 @@ impl ChunkStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(io_err("open chunk", path)(e)),
         };
-        file.set_modified(SystemTime::now())
-            .map_err(io_err("set mtime of", path))?;
+        file.set_modified(SystemTime::now()).map_err(io_err("set mtime of", path))?;
         Ok(true)
     }
 
     fn reserve(&self, id: &ChunkId, len: u64) -> Result<(), ChunkError> {
         let mut usage = self.lock_usage();
-        let would_use = usage
-            .used
-            .saturating_add(usage.reserved)
-            .saturating_add(len);
+        let would_use = usage.used.saturating_add(usage.reserved).saturating_add(len);
         if would_use > self.capacity {
             return Err(ChunkError::NoSpace {
                 id: *id,
@@ -384,9 +354,7 @@ impl ChunkStore {
     /// On failure the temp file is removed, so nothing half-written stays behind.
     fn write_new(&self, id: &ChunkId, data: &[u8], path: &Path) -> Result<(), ChunkError> {
         let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .tmp
-            .join(format!("{}.{}.{seq}", id.to_hex(), std::process::id()));
+        let tmp = self.tmp.join(format!("{}.{}.{seq}", id.to_hex(), std::process::id()));
         let len = data.len() as u64;
         let no_space = |e: &io::Error| ChunkError::NoSpace {
             id: *id,
@@ -400,11 +368,7 @@ impl ChunkStore {
         })();
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
-            return Err(if disk::is_no_space(&e) {
-                no_space(&e)
-            } else {
-                io_err("write", &tmp)(e)
-            });
+            return Err(if disk::is_no_space(&e) { no_space(&e) } else { io_err("write", &tmp)(e) });
         }
 
         let fan = path.parent().unwrap_or(&self.chunks);
@@ -413,11 +377,7 @@ impl ChunkStore {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
-                return Err(if disk::is_no_space(&e) {
-                    no_space(&e)
-                } else {
-                    io_err("create", fan)(e)
-                });
+                return Err(if disk::is_no_space(&e) { no_space(&e) } else { io_err("create", fan)(e) });
             }
         };
         {
@@ -455,11 +415,7 @@ fn check_or_write_format(dir: &Path) -> Result<(), ChunkError> {
         Err(e) => return Err(io_err("read", &path)(e)),
     }
     let mut entries = fs::read_dir(dir).map_err(io_err("list", dir))?;
-    let foreign = entries.any(|e| {
-        e.map_or(true, |e| {
-            e.file_name() != "LOCK" && e.file_name() != "FORMAT.tmp"
-        })
-    });
+    let foreign = entries.any(|e| e.map_or(true, |e| e.file_name() != "LOCK" && e.file_name() != "FORMAT.tmp"));
     if foreign {
         return Err(ChunkError::Format {
             path,
@@ -477,27 +433,17 @@ fn check_or_write_format(dir: &Path) -> Result<(), ChunkError> {
         fs::rename(&tmp, &path)?;
         disk::fsync_dir(dir)
     };
-    write().map_err(|source| ChunkError::NotWritable {
-        dir: dir.to_path_buf(),
-        source,
-    })
+    write().map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })
 }
 
 fn parse_format(path: &Path, text: &str) -> Result<(), ChunkError> {
-    let bad = |problem: String| ChunkError::Format {
-        path: path.to_path_buf(),
-        problem,
-    };
+    let bad = |problem: String| ChunkError::Format { path: path.to_path_buf(), problem };
     let mut words = text.split_whitespace();
     if words.next() != Some(FORMAT_MAGIC) {
-        return Err(bad(format!(
-            "not a Locus chunk store (expected \"{FORMAT_MAGIC} {FORMAT_VERSION}\")"
-        )));
+        return Err(bad(format!("not a Locus chunk store (expected \"{FORMAT_MAGIC} {FORMAT_VERSION}\")")));
     }
-    let version: u32 = words
-        .next()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| bad("unreadable format version".to_string()))?;
+    let version: u32 =
+        words.next().and_then(|v| v.parse().ok()).ok_or_else(|| bad("unreadable format version".to_string()))?;
     if version > FORMAT_VERSION {
         return Err(bad(format!(
             "written by a newer Locus (format {version}); this build understands format {FORMAT_VERSION}: upgrade it"
@@ -516,11 +462,7 @@ fn clean_tmp(tmp: &Path) -> Result<(), ChunkError> {
         let entry = entry.map_err(io_err("list", tmp))?;
         let path = entry.path();
         let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        let result = if is_dir {
-            fs::remove_dir_all(&path)
-        } else {
-            fs::remove_file(&path)
-        };
+        let result = if is_dir { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
         result.map_err(io_err("remove leftover", &path))?;
         removed += 1;
     }
@@ -534,10 +476,7 @@ fn clean_tmp(tmp: &Path) -> Result<(), ChunkError> {
 fn probe_writable(dir: &Path, tmp: &Path) -> Result<(), ChunkError> {
     let probe = tmp.join(format!("probe.{}", std::process::id()));
     let result = fs::write(&probe, b"probe").and_then(|()| fs::remove_file(&probe));
-    result.map_err(|source| ChunkError::NotWritable {
-        dir: dir.to_path_buf(),
-        source,
-    })
+    result.map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })
 }
 
 /// Counts the chunk files and their bytes.

@@ -29,32 +29,14 @@ fn roundtrip_and_ranges() {
     assert_eq!(s.get(&id, 250, 100).unwrap(), &data[250..]);
     assert_eq!(s.get(&id, 1, u64::MAX).unwrap(), &data[1..]);
     assert!(s.get(&id, 256, 10).unwrap().is_empty());
-    assert!(matches!(
-        s.get(&id, 257, 1),
-        Err(ChunkError::Range {
-            offset: 257,
-            size: 256,
-            ..
-        })
-    ));
+    assert!(matches!(s.get(&id, 257, 1), Err(ChunkError::Range { offset: 257, size: 256, .. })));
     let missing = ChunkId::of(b"nope");
-    assert!(matches!(
-        s.get(&missing, 0, 1),
-        Err(ChunkError::NotFound { .. })
-    ));
+    assert!(matches!(s.get(&missing, 0, 1), Err(ChunkError::NotFound { .. })));
     assert_eq!(s.has(&[id, missing]).unwrap(), vec![true, false]);
     let hex = id.to_hex();
     assert!(d.path().join("chunks").join(&hex[..2]).join(&hex).is_file());
     let st = s.stats();
-    assert_eq!(
-        (
-            st.capacity_bytes,
-            st.used_bytes,
-            st.chunk_count,
-            st.corrupt_reads
-        ),
-        (1 << 20, 256, 1, 0)
-    );
+    assert_eq!((st.capacity_bytes, st.used_bytes, st.chunk_count, st.corrupt_reads), (1 << 20, 256, 1, 0));
 }
 
 #[test]
@@ -87,10 +69,7 @@ fn id_mismatch_is_refused() {
     assert!(
         matches!(err, ChunkError::IdMismatch { claimed, actual } if claimed == id && actual == ChunkId::of(b"two"))
     );
-    assert_eq!(
-        s.has(&[id, ChunkId::of(b"two")]).unwrap(),
-        vec![false, false]
-    );
+    assert_eq!(s.has(&[id, ChunkId::of(b"two")]).unwrap(), vec![false, false]);
     assert_eq!(s.stats().chunk_count, 0);
     assert_eq!(WireError::from(err).code, ErrorCode::InvalidArgument);
 }
@@ -167,14 +146,7 @@ fn list_pages_in_ascending_order() {
     assert!(s.list(None, 0).unwrap().is_empty());
     assert!(s.list(Some(ChunkId([0xff; 32])), 10).unwrap().is_empty());
     // Stray files are not chunks.
-    fs::write(
-        d.path()
-            .join("chunks")
-            .join(&ids[0].to_hex()[..2])
-            .join("junk"),
-        b"x",
-    )
-    .unwrap();
+    fs::write(d.path().join("chunks").join(&ids[0].to_hex()[..2]).join("junk"), b"x").unwrap();
     assert_eq!(s.list(None, 1000).unwrap(), ids);
 }
 
@@ -213,10 +185,7 @@ fn second_open_fails_while_first_is_alive() {
     let err = ChunkStore::open(d.path(), 1 << 20).unwrap_err();
     assert!(matches!(err, ChunkError::InUse { .. }));
     let msg = err.to_string();
-    assert!(
-        msg.contains("in use by another process") && msg.contains(&d.path().display().to_string()),
-        "{msg}"
-    );
+    assert!(msg.contains("in use by another process") && msg.contains(&d.path().display().to_string()), "{msg}");
     drop(first);
     store(d.path());
 }
@@ -226,10 +195,7 @@ fn format_marker_is_checked() {
     let d = tempfile::tempdir().unwrap();
     drop(store(d.path()));
     let format = d.path().join("FORMAT");
-    assert_eq!(
-        fs::read_to_string(&format).unwrap().trim(),
-        "locus-chunk-store 1"
-    );
+    assert_eq!(fs::read_to_string(&format).unwrap().trim(), "locus-chunk-store 1");
 
     fs::write(&format, "locus-chunk-store 2\n").unwrap();
     let msg = ChunkStore::open(d.path(), 1 << 20).unwrap_err().to_string();
@@ -279,22 +245,8 @@ fn error_codes_on_the_wire() {
     let id = ChunkId::of(b"x");
     let cases = [
         (ChunkError::NotFound { id }, ErrorCode::NotFound),
-        (
-            ChunkError::Range {
-                id,
-                offset: 9,
-                size: 1,
-            },
-            ErrorCode::InvalidArgument,
-        ),
-        (
-            ChunkError::Io {
-                action: "read",
-                path: "/x".into(),
-                source: io::Error::other("boom"),
-            },
-            ErrorCode::Io,
-        ),
+        (ChunkError::Range { id, offset: 9, size: 1 }, ErrorCode::InvalidArgument),
+        (ChunkError::Io { action: "read", path: "/x".into(), source: io::Error::other("boom") }, ErrorCode::Io),
     ];
     for (err, code) in cases {
         let msg = err.to_string();

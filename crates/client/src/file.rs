@@ -37,12 +37,8 @@ impl DirtyBuffer {
             return;
         }
         // General case: merge every run touching [offset, end) into one.
-        let touching: Vec<u64> = self
-            .runs
-            .range(..=end)
-            .filter(|(s, r)| **s + r.len() as u64 >= offset)
-            .map(|(s, _)| *s)
-            .collect();
+        let touching: Vec<u64> =
+            self.runs.range(..=end).filter(|(s, r)| **s + r.len() as u64 >= offset).map(|(s, _)| *s).collect();
         let start = touching.first().map_or(offset, |s| (*s).min(offset));
         let mut merged_end = end;
         for s in &touching {

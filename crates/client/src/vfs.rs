@@ -317,8 +317,7 @@ impl Vfs {
         caller: Caller,
         exclusive: bool,
     ) -> Result<Attr> {
-        self.meta_attr(MetaRequest::Create { parent, name: name.to_vec(), node, mode, caller, exclusive })
-            .await
+        self.meta_attr(MetaRequest::Create { parent, name: name.to_vec(), node, mode, caller, exclusive }).await
     }
 
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
@@ -479,11 +478,10 @@ impl Vfs {
             return Ok((self.new_handle(file), true));
         }
         let session = self.session();
-        let (attr, extents) =
-            match self.meta_call(MetaRequest::Open { ino, session, truncate: opts.truncate }).await? {
-                MetaReply::Opened { attr, extents } => (attr, extents),
-                other => return Err(unexpected(&other)),
-            };
+        let (attr, extents) = match self.meta_call(MetaRequest::Open { ino, session, truncate: opts.truncate }).await? {
+            MetaReply::Opened { attr, extents } => (attr, extents),
+            other => return Err(unexpected(&other)),
+        };
         let keep_cache = self.seen_versions.lock().expect("versions lock").get(&ino) == Some(&attr.data_version);
         let state = Arc::new(FileState {
             ino,
@@ -665,7 +663,9 @@ impl Vfs {
                     return Err(last);
                 }
                 asked_meta = true;
-                if let MetaReply::Chunks(records) = self.meta_call(MetaRequest::ChunkLocations { ids: vec![id] }).await? {
+                if let MetaReply::Chunks(records) =
+                    self.meta_call(MetaRequest::ChunkLocations { ids: vec![id] }).await?
+                {
                     for node in records.into_iter().flat_map(|r| r.nodes) {
                         if !candidates.contains(&node) {
                             candidates.push(node);
@@ -743,8 +743,7 @@ impl Vfs {
             // The data is lost: forget the pending extents so reads show what meta has.
             f.pending.clear();
             f.modified = false;
-            if let Ok(MetaReply::Opened { attr, extents }) = self.meta_call(MetaRequest::Extents { ino }).await
-            {
+            if let Ok(MetaReply::Opened { attr, extents }) = self.meta_call(MetaRequest::Extents { ino }).await {
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);
             }

@@ -5,10 +5,10 @@
 
 use client::{OpenOptions, Vfs, VfsError};
 use fuser::{
-    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
 };
 use proto::meta::{AllocateMode, LockKind, LockRange, NewNode, RenameMode, SetAttr, TimeSet, XattrMode};
 use proto::types::{Attr, Caller, FileKind, Timestamp};
@@ -196,7 +196,11 @@ impl LocusFs {
         });
     }
 
-    fn entry(&self, reply: ReplyEntry, work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static) {
+    fn entry(
+        &self,
+        reply: ReplyEntry,
+        work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static,
+    ) {
         let ttl = self.ttl;
         self.run(reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
     }
@@ -215,8 +219,17 @@ macro_rules! error_reply {
     ($($t:ty),*) => { $(impl ErrorReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
 }
 error_reply!(
-    ReplyEntry, ReplyAttr, ReplyEmpty, ReplyData, ReplyOpen, ReplyWrite, ReplyCreate, ReplyStatfs, ReplyXattr,
-    ReplyLock, ReplyDirectory
+    ReplyEntry,
+    ReplyAttr,
+    ReplyEmpty,
+    ReplyData,
+    ReplyOpen,
+    ReplyWrite,
+    ReplyCreate,
+    ReplyStatfs,
+    ReplyXattr,
+    ReplyLock,
+    ReplyDirectory
 );
 
 fn name(n: &OsStr) -> Vec<u8> {
@@ -436,7 +449,8 @@ impl Filesystem for LocusFs {
             };
             let mut last = after;
             for e in entries {
-                let full = reply.add(INodeNo(e.attr.ino), e.cookie + 2, file_type(e.attr.kind), OsStr::from_bytes(&e.name));
+                let full =
+                    reply.add(INodeNo(e.attr.ino), e.cookie + 2, file_type(e.attr.kind), OsStr::from_bytes(&e.name));
                 if full {
                     break;
                 }
@@ -514,7 +528,16 @@ impl Filesystem for LocusFs {
         reply.ok();
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let exclusive = flags & libc::O_EXCL != 0;
         let opts = OpenOptions { truncate: flags & libc::O_TRUNC != 0 };
         let (vfs, n, who, ttl) = (self.vfs.clone(), name(n), caller(req), self.ttl);
@@ -577,7 +600,16 @@ impl Filesystem for LocusFs {
         self.empty(reply, async move { vfs.setlk(fh.0, lock, sleep).await });
     }
 
-    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let mode = match mode {
             0 => AllocateMode::Extend,
             libc::FALLOC_FL_KEEP_SIZE => AllocateMode::KeepSize,

@@ -80,7 +80,10 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
     };
     println!("meta {}: {} inodes, {} chunks ({})", args.meta, s.inodes, s.chunks, human(s.chunk_bytes));
     println!("\nnodes:");
-    println!("  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>6}", "ID", "SITE", "ADDRESS", "USED", "FREE", "CHUNKS", "SEEN");
+    println!(
+        "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>6}",
+        "ID", "SITE", "ADDRESS", "USED", "FREE", "CHUNKS", "SEEN"
+    );
     let (mut cap, mut used) = (0, 0);
     for n in &s.nodes {
         cap += n.capacity_bytes;
@@ -118,14 +121,17 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let spinner = ProgressBar::new_spinner();
     spinner.set_message("reading extents");
     loop {
-        let MetaReply::Extents(page) = meta_call(&cluster.meta, MetaRequest::ListExtents { after, limit: PAGE }).await? else {
+        let MetaReply::Extents(page) =
+            meta_call(&cluster.meta, MetaRequest::ListExtents { after, limit: PAGE }).await?
+        else {
             bail!("meta answered ListExtents with something else");
         };
         let Some(last) = page.last() else { break };
         after = Some((last.0, last.1.file_offset));
         let ids: Vec<ChunkId> = page.iter().map(|(_, e)| e.chunk).filter(|id| !referenced.contains_key(id)).collect();
         if !ids.is_empty() {
-            let MetaReply::Chunks(records) = meta_call(&cluster.meta, MetaRequest::ChunkLocations { ids }).await? else {
+            let MetaReply::Chunks(records) = meta_call(&cluster.meta, MetaRequest::ChunkLocations { ids }).await?
+            else {
                 bail!("meta answered ChunkLocations with something else");
             };
             for r in records {
@@ -135,7 +141,8 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         for (ino, e) in &page {
             extents += 1;
             match referenced.get(&e.chunk) {
-                None => damage.push(format!("inode {ino} offset {}: chunk {} is not in the catalogue", e.file_offset, e.chunk)),
+                None => damage
+                    .push(format!("inode {ino} offset {}: chunk {} is not in the catalogue", e.file_offset, e.chunk)),
                 Some((size, _)) if e.chunk_offset + e.len > *size => damage.push(format!(
                     "inode {ino} offset {}: extent reaches byte {} of chunk {} which has {size}",
                     e.file_offset,
@@ -171,7 +178,8 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
             let bad: HashSet<ChunkId> = bad.into_iter().collect();
             for id in &ids {
                 if bad.contains(id) {
-                    damage.push(format!("node {}: chunk {id} is corrupt (its content does not hash to its id)", info.id));
+                    damage
+                        .push(format!("node {}: chunk {id} is corrupt (its content does not hash to its id)", info.id));
                 } else {
                     present.insert((info.id.clone(), *id));
                 }
@@ -206,7 +214,10 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
 pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let cluster = Cluster::connect(&args.meta).await?;
     if !cluster.unreachable.is_empty() {
-        bail!("gc needs every node; unreachable: {:?}", cluster.unreachable.iter().map(|(n, _)| &n.id).collect::<Vec<_>>());
+        bail!(
+            "gc needs every node; unreachable: {:?}",
+            cluster.unreachable.iter().map(|(n, _)| &n.id).collect::<Vec<_>>()
+        );
     }
     let total: u64 = cluster.nodes.iter().map(|(n, _)| n.chunk_count).sum();
     let bar = progress(total, "scanning");
@@ -221,7 +232,8 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             after = Some(last);
             scanned += ids.len() as u64;
             let full_page = ids.len() as u32 == PAGE;
-            let MetaReply::ChunkIds(garbage) = meta_call(&cluster.meta, MetaRequest::Unreferenced { ids }).await? else {
+            let MetaReply::ChunkIds(garbage) = meta_call(&cluster.meta, MetaRequest::Unreferenced { ids }).await?
+            else {
                 bail!("meta answered Unreferenced with something else");
             };
             if !garbage.is_empty() {
@@ -239,6 +251,9 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    println!("gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {}s deleted", args.min_age.as_secs());
+    println!(
+        "gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {}s deleted",
+        args.min_age.as_secs()
+    );
     Ok(ExitCode::SUCCESS)
 }

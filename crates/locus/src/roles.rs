@@ -38,6 +38,8 @@ async fn start_meta(listener: TcpListener, db: &Path, session_expiry: Duration) 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let addr = start_meta(listener, &args.db, Duration::from_secs(args.session_expiry_secs)).await?;
+    // Tools and tests read this line to learn the address (the port may be 0 = any).
+    println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db.display());
     wait_for_signal().await;
     Ok(ExitCode::SUCCESS)
@@ -59,6 +61,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "node").await?;
     let advertise = args.advertise.clone().unwrap_or(listener.local_addr()?.to_string());
     let config = node_config(&args, advertise);
+    println!("locus node listening on {}", config.advertise_addr);
     tracing::info!("node {} (site {}) serving on {}", config.id, config.site, config.advertise_addr);
     tokio::select! {
         r = node::run(config, listener) => r.context("node stopped")?,
@@ -98,7 +101,7 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
     let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
     let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
         .with_context(|| format!("cannot mount on {} (is fuse available, and are you root?)", mountpoint.display()))?;
-    tracing::info!("mounted on {}", mountpoint.display());
+    println!("locus mounted on {}", mountpoint.display());
     let ended_elsewhere = async {
         while !mounted.is_finished() {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -136,7 +139,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
     let _ = std::fs::remove_file(probe);
 
-    let meta_addr = start_meta(bind(&args.meta_listen, "meta").await?, &data_dir.join("meta.db"), Duration::from_secs(30)).await?;
+    let meta_addr =
+        start_meta(bind(&args.meta_listen, "meta").await?, &data_dir.join("meta.db"), Duration::from_secs(30)).await?;
     let node_listener = bind("127.0.0.1:0", "node").await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
@@ -158,7 +162,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     wait_for_node(&meta_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
     let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
-    println!("locus: meta {meta_addr}, data in {}, mounted on {}; Ctrl-C to stop", data_dir.display(), mountpoint.display());
+    println!(
+        "locus: meta {meta_addr}, data in {}, mounted on {}; Ctrl-C to stop",
+        data_dir.display(),
+        mountpoint.display()
+    );
     serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -14,8 +14,11 @@ pub trait Backend {
     fn open(&self) -> Arc<MetaService>;
 }
 
+/// One conformance case.
+pub type Case = fn(&dyn Backend);
+
 /// Every case, by name.
-pub const CASES: &[(&str, fn(&dyn Backend))] = &[
+pub const CASES: &[(&str, Case)] = &[
     ("root_and_create", root_and_create),
     ("names_are_checked", names_are_checked),
     ("setgid_inheritance", setgid_inheritance),
@@ -126,10 +129,7 @@ fn ext(file_offset: u64, len: u64, tag: u8, chunk_offset: u64) -> Extent {
 }
 
 fn commit(s: &MetaService, ino: InodeId, extents: Vec<Extent>, min_size: u64) -> Attr {
-    let chunks = extents
-        .iter()
-        .map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()] })
-        .collect();
+    let chunks = extents.iter().map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()] }).collect();
     attr(ok(s, MetaRequest::CommitWrite { ino, extents, chunks, min_size, mtime: Timestamp { secs: 77, nanos: 5 } }))
 }
 
@@ -143,8 +143,11 @@ fn refcount(s: &MetaService, tag: u8) -> Option<u64> {
 
 fn extents(s: &MetaService, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
     match ok(s, MetaRequest::Extents { ino }) {
-        MetaReply::Extents(v) => v.into_iter().map(|(_, e)| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset)).collect(),
-        other => panic!("expected Extents, got {other:?}"),
+        MetaReply::Opened { attr, extents } => {
+            assert_eq!(attr.ino, ino);
+            extents.into_iter().map(|e| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset)).collect()
+        }
+        other => panic!("expected Opened, got {other:?}"),
     }
 }
 
@@ -156,14 +159,24 @@ fn root_and_create(b: &dyn Backend) {
     std::thread::sleep(Duration::from_millis(5));
 
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.nlink, f.size, f.data_version), (FileKind::File, 0o644, 1000, 100, 1, 0, 0));
+    assert_eq!(
+        (f.kind, f.mode, f.uid, f.gid, f.nlink, f.size, f.data_version),
+        (FileKind::File, 0o644, 1000, 100, 1, 0, 0)
+    );
     assert_eq!(lookup(&s, ROOT_INODE, "f"), Ok(f.clone()));
     assert!(get(&s, ROOT_INODE).mtime > before, "parent mtime must move");
     assert_eq!(err(&s, create_req(ROOT_INODE, "f", NewNode::File, 0o644)), ErrorCode::Exists);
     // Non-exclusive create of an existing regular file returns it.
     let again = attr(ok(
         &s,
-        MetaRequest::Create { parent: ROOT_INODE, name: b"f".to_vec(), node: NewNode::File, mode: 0o600, caller: caller(), exclusive: false },
+        MetaRequest::Create {
+            parent: ROOT_INODE,
+            name: b"f".to_vec(),
+            node: NewNode::File,
+            mode: 0o600,
+            caller: caller(),
+            exclusive: false,
+        },
     ));
     assert_eq!(again.ino, f.ino);
 
@@ -171,7 +184,17 @@ fn root_and_create(b: &dyn Backend) {
     assert_eq!((d.kind, d.nlink), (FileKind::Dir, 2));
     assert_eq!(get(&s, ROOT_INODE).nlink, 3);
     assert_eq!(
-        err(&s, MetaRequest::Create { parent: ROOT_INODE, name: b"d".to_vec(), node: NewNode::File, mode: 0o600, caller: caller(), exclusive: false }),
+        err(
+            &s,
+            MetaRequest::Create {
+                parent: ROOT_INODE,
+                name: b"d".to_vec(),
+                node: NewNode::File,
+                mode: 0o600,
+                caller: caller(),
+                exclusive: false
+            }
+        ),
         ErrorCode::Exists
     );
     assert_eq!(lookup(&s, d.ino, "..").map(|a| a.ino), Ok(ROOT_INODE));
@@ -211,7 +234,14 @@ fn names_are_checked(b: &dyn Backend) {
 fn setgid_inheritance(b: &dyn Backend) {
     let s = b.open();
     let d = mk(&s, ROOT_INODE, "shared", NewNode::Dir);
-    ok(&s, MetaRequest::SetAttr { ino: d.ino, set: SetAttr { mode: Some(0o2775), gid: Some(500), ..Default::default() }, caller: caller() });
+    ok(
+        &s,
+        MetaRequest::SetAttr {
+            ino: d.ino,
+            set: SetAttr { mode: Some(0o2775), gid: Some(500), ..Default::default() },
+            caller: caller(),
+        },
+    );
     let f = mk(&s, d.ino, "f", NewNode::File);
     assert_eq!((f.gid, f.mode & 0o2000), (500, 0));
     let sub = mk(&s, d.ino, "sub", NewNode::Dir);
@@ -231,10 +261,22 @@ fn hard_links(b: &dyn Backend) {
     let a = attr(ok(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }));
     assert_eq!(a.nlink, 2);
     assert_eq!(lookup(&s, d.ino, "g").map(|a| (a.ino, a.nlink)), Ok((f.ino, 2)));
-    assert_eq!(err(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }), ErrorCode::Exists);
-    assert_eq!(err(&s, MetaRequest::Link { ino: d.ino, new_parent: ROOT_INODE, new_name: b"dd".to_vec() }), ErrorCode::NotPermitted);
-    assert_eq!(err(&s, MetaRequest::Link { ino: f.ino, new_parent: f.ino, new_name: b"x".to_vec() }), ErrorCode::NotDir);
-    assert_eq!(ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }), MetaReply::Unlinked { ino: f.ino, orphaned: false });
+    assert_eq!(
+        err(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }),
+        ErrorCode::Exists
+    );
+    assert_eq!(
+        err(&s, MetaRequest::Link { ino: d.ino, new_parent: ROOT_INODE, new_name: b"dd".to_vec() }),
+        ErrorCode::NotPermitted
+    );
+    assert_eq!(
+        err(&s, MetaRequest::Link { ino: f.ino, new_parent: f.ino, new_name: b"x".to_vec() }),
+        ErrorCode::NotDir
+    );
+    assert_eq!(
+        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }),
+        MetaReply::Unlinked { ino: f.ino, orphaned: false }
+    );
     assert_eq!(get(&s, f.ino).nlink, 1);
     ok(&s, MetaRequest::Unlink { parent: d.ino, name: b"g".to_vec() });
     assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound);
@@ -247,7 +289,10 @@ fn unlink_orphan_release(b: &dyn Backend) {
     ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false });
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
     assert_eq!(refcount(&s, 1), Some(1));
-    assert_eq!(ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }), MetaReply::Unlinked { ino: f.ino, orphaned: true });
+    assert_eq!(
+        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }),
+        MetaReply::Unlinked { ino: f.ino, orphaned: true }
+    );
     assert_eq!(lookup(&s, ROOT_INODE, "f"), Err(ErrorCode::NotFound));
     let orphan = get(&s, f.ino);
     assert_eq!((orphan.nlink, orphan.size), (0, 100));
@@ -273,7 +318,10 @@ fn unlink_orphan_release(b: &dyn Backend) {
     let h = mk(&s, ROOT_INODE, "h", NewNode::File);
     commit(&s, h.ino, vec![ext(0, 10, 3, 0)], 10);
     ok(&s, MetaRequest::SetXattr { ino: h.ino, name: b"user.a".to_vec(), value: b"1".to_vec(), mode: XattrMode::Any });
-    assert_eq!(ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"h".to_vec() }), MetaReply::Unlinked { ino: h.ino, orphaned: false });
+    assert_eq!(
+        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"h".to_vec() }),
+        MetaReply::Unlinked { ino: h.ino, orphaned: false }
+    );
     assert_eq!(err(&s, MetaRequest::GetAttr { ino: h.ino }), ErrorCode::NotFound);
     assert_eq!(refcount(&s, 3), Some(0));
 
@@ -432,7 +480,10 @@ fn setattr_truncate(b: &dyn Backend) {
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     let set = SetAttr { size: Some(0), ..Default::default() };
     assert_eq!(err(&s, MetaRequest::SetAttr { ino: d.ino, set, caller: caller() }), ErrorCode::IsDir);
-    assert_eq!(err(&s, MetaRequest::SetAttr { ino: 9999, set: SetAttr::default(), caller: caller() }), ErrorCode::NotFound);
+    assert_eq!(
+        err(&s, MetaRequest::SetAttr { ino: 9999, set: SetAttr::default(), caller: caller() }),
+        ErrorCode::NotFound
+    );
 }
 
 fn commit_write_splits(b: &dyn Backend) {
@@ -448,7 +499,10 @@ fn commit_write_splits(b: &dyn Backend) {
     // Later extents in one commit win; one covering several rows removes them all.
     commit(&s, f.ino, vec![ext(30, 40, 3, 0), ext(60, 50, 4, 0)], 110);
     assert_eq!(extents(&s, f.ino), vec![(0, 30, 1, 1000), (30, 30, 3, 0), (60, 50, 4, 0)]);
-    assert_eq!((refcount(&s, 1), refcount(&s, 2), refcount(&s, 3), refcount(&s, 4)), (Some(1), Some(0), Some(1), Some(1)));
+    assert_eq!(
+        (refcount(&s, 1), refcount(&s, 2), refcount(&s, 3), refcount(&s, 4)),
+        (Some(1), Some(0), Some(1), Some(1))
+    );
     let a = get(&s, f.ino);
     assert_eq!((a.size, a.data_version), (110, 3));
     // The same chunk used by two files counts both.
@@ -457,11 +511,29 @@ fn commit_write_splits(b: &dyn Backend) {
     assert_eq!(refcount(&s, 4), Some(2));
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     assert_eq!(
-        err(&s, MetaRequest::CommitWrite { ino: d.ino, extents: vec![], chunks: vec![], min_size: 0, mtime: Timestamp::now() }),
+        err(
+            &s,
+            MetaRequest::CommitWrite {
+                ino: d.ino,
+                extents: vec![],
+                chunks: vec![],
+                min_size: 0,
+                mtime: Timestamp::now()
+            }
+        ),
         ErrorCode::IsDir
     );
     assert_eq!(
-        err(&s, MetaRequest::CommitWrite { ino: g.ino, extents: vec![ext(u64::MAX - 5, 10, 1, 0)], chunks: vec![], min_size: 0, mtime: Timestamp::now() }),
+        err(
+            &s,
+            MetaRequest::CommitWrite {
+                ino: g.ino,
+                extents: vec![ext(u64::MAX - 5, 10, 1, 0)],
+                chunks: vec![],
+                min_size: 0,
+                mtime: Timestamp::now()
+            }
+        ),
         ErrorCode::InvalidArgument
     );
     // A failed request leaves nothing behind.
@@ -483,7 +555,10 @@ fn fallocate(b: &dyn Backend) {
     let a = fa(90, 110, AllocateMode::ZeroRange);
     assert_eq!(a.size, 200);
     assert_eq!(extents(&s, f.ino), vec![(0, 20, 1, 0), (30, 60, 1, 30)]);
-    assert_eq!(err(&s, MetaRequest::Fallocate { ino: f.ino, offset: u64::MAX, len: 2, mode: AllocateMode::Extend }), ErrorCode::InvalidArgument);
+    assert_eq!(
+        err(&s, MetaRequest::Fallocate { ino: f.ino, offset: u64::MAX, len: 2, mode: AllocateMode::Extend }),
+        ErrorCode::InvalidArgument
+    );
 }
 
 fn open_truncate_and_sync(b: &dyn Backend) {
@@ -514,7 +589,12 @@ fn open_truncate_and_sync(b: &dyn Backend) {
 fn xattrs(b: &dyn Backend) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    let set = |name: &str, value: &[u8], mode| MetaRequest::SetXattr { ino: f.ino, name: name.into(), value: value.to_vec(), mode };
+    let set = |name: &str, value: &[u8], mode| MetaRequest::SetXattr {
+        ino: f.ino,
+        name: name.into(),
+        value: value.to_vec(),
+        mode,
+    };
     assert_eq!(err(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.a".to_vec() }), ErrorCode::NoAttribute);
     assert_eq!(err(&s, set("user.a", b"1", XattrMode::Replace)), ErrorCode::NoAttribute);
     ok(&s, set("user.a", b"1", XattrMode::Create));
@@ -523,15 +603,29 @@ fn xattrs(b: &dyn Backend) {
     ok(&s, set("user.b", b"", XattrMode::Any));
     assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.a".to_vec() }), MetaReply::Bytes(b"2".to_vec()));
     assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.b".to_vec() }), MetaReply::Bytes(vec![]));
-    assert_eq!(ok(&s, MetaRequest::ListXattr { ino: f.ino }), MetaReply::Names(vec![b"user.a".to_vec(), b"user.b".to_vec()]));
+    assert_eq!(
+        ok(&s, MetaRequest::ListXattr { ino: f.ino }),
+        MetaReply::Names(vec![b"user.a".to_vec(), b"user.b".to_vec()])
+    );
     ok(&s, MetaRequest::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() });
     assert_eq!(err(&s, MetaRequest::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() }), ErrorCode::NoAttribute);
     assert_eq!(ok(&s, MetaRequest::ListXattr { ino: f.ino }), MetaReply::Names(vec![b"user.b".to_vec()]));
     assert_eq!(err(&s, set("", b"1", XattrMode::Any)), ErrorCode::InvalidArgument);
     assert_eq!(err(&s, set(&"n".repeat(256), b"1", XattrMode::Any)), ErrorCode::Range);
-    ok(&s, MetaRequest::SetXattr { ino: f.ino, name: b"user.big".to_vec(), value: vec![7; 65536], mode: XattrMode::Any });
+    ok(
+        &s,
+        MetaRequest::SetXattr { ino: f.ino, name: b"user.big".to_vec(), value: vec![7; 65536], mode: XattrMode::Any },
+    );
     assert_eq!(
-        err(&s, MetaRequest::SetXattr { ino: f.ino, name: b"user.big".to_vec(), value: vec![7; 65537], mode: XattrMode::Any }),
+        err(
+            &s,
+            MetaRequest::SetXattr {
+                ino: f.ino,
+                name: b"user.big".to_vec(),
+                value: vec![7; 65537],
+                mode: XattrMode::Any
+            }
+        ),
         ErrorCode::InvalidArgument
     );
     assert_eq!(err(&s, MetaRequest::ListXattr { ino: 9999 }), ErrorCode::NotFound);
@@ -587,7 +681,10 @@ fn persistence(b: &dyn Backend) {
         let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
         let f = mk(&s, d.ino, "f", NewNode::File);
         commit(&s, f.ino, vec![ext(0, 10, 1, 0)], 10);
-        ok(&s, MetaRequest::SetXattr { ino: f.ino, name: b"user.k".to_vec(), value: b"v".to_vec(), mode: XattrMode::Any });
+        ok(
+            &s,
+            MetaRequest::SetXattr { ino: f.ino, name: b"user.k".to_vec(), value: b"v".to_vec(), mode: XattrMode::Any },
+        );
         (f, d)
     };
     let s = b.open();
@@ -624,12 +721,18 @@ fn nodes(b: &dyn Backend) {
     match ok(&s, MetaRequest::ListNodes) {
         MetaReply::Nodes(n) => {
             assert_eq!(n.len(), 2);
-            assert_eq!((n[0].id.as_str(), n[0].addr.as_str(), n[0].used_bytes, n[0].last_seen_secs), ("n1", "10.0.0.1:7000", 150, 0));
+            assert_eq!(
+                (n[0].id.as_str(), n[0].addr.as_str(), n[0].used_bytes, n[0].last_seen_secs),
+                ("n1", "10.0.0.1:7000", 150, 0)
+            );
         }
         other => panic!("expected Nodes, got {other:?}"),
     }
     mk(&s, ROOT_INODE, "f", NewNode::File);
-    assert_eq!(ok(&s, MetaRequest::StatFs), MetaReply::StatFs(FsStats { capacity_bytes: 3000, used_bytes: 450, inodes: 2 }));
+    assert_eq!(
+        ok(&s, MetaRequest::StatFs),
+        MetaReply::StatFs(FsStats { capacity_bytes: 3000, used_bytes: 450, inodes: 2 })
+    );
 }
 
 fn sessions(b: &dyn Backend) {
@@ -672,7 +775,10 @@ fn session_expiry(b: &dyn Backend) {
     // Still fresh: nothing expires.
     assert!(s.expire_sessions_at(now_ms).unwrap().is_empty());
     let young = hello(&s);
-    assert_eq!(err(&s, MetaRequest::SetLock { session: young, lock: lock(f.ino, 1, 50, 60, LockKind::Read) }), ErrorCode::WouldBlock);
+    assert_eq!(
+        err(&s, MetaRequest::SetLock { session: young, lock: lock(f.ino, 1, 50, 60, LockKind::Read) }),
+        ErrorCode::WouldBlock
+    );
     // 40 s later (expiry is 30 s) both are silent; heartbeat only the young one first.
     let later = now_ms + 40_000;
     let expired = s.expire_sessions_at(later - 20_000).unwrap();
@@ -692,17 +798,28 @@ fn locks(b: &dyn Backend) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     ok(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 1, 0, 9, LockKind::Read) });
     ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 5, 20, LockKind::Read) });
-    assert_eq!(err(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) }), ErrorCode::WouldBlock);
+    assert_eq!(
+        err(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) }),
+        ErrorCode::WouldBlock
+    );
     match ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) }) {
-        MetaReply::Lock(Some(l)) => assert_eq!((l.start, l.end, l.kind, l.pid), (0, 9, LockKind::Read, 42)),
+        MetaReply::Lock(Some(l)) => {
+            assert_eq!((l.start, l.end, l.kind, l.pid), (0, 9, LockKind::Read, 42))
+        }
         other => panic!("expected a conflicting lock, got {other:?}"),
     }
-    assert_eq!(ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 10, 30, LockKind::Write) }), MetaReply::Lock(None));
+    assert_eq!(
+        ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 10, 30, LockKind::Write) }),
+        MetaReply::Lock(None)
+    );
     ok(&s, MetaRequest::ReleaseLocks { session: a, ino: f.ino, owner: 1 });
     ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) });
     ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Unlock) });
     ok(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 0, u64::MAX, LockKind::Write) });
-    assert_eq!(err(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 9, 3, LockKind::Write) }), ErrorCode::InvalidArgument);
+    assert_eq!(
+        err(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 9, 3, LockKind::Write) }),
+        ErrorCode::InvalidArgument
+    );
     // Goodbye drops the session's locks.
     ok(&s, MetaRequest::Goodbye { session: a });
     ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 5, LockKind::Write) });
@@ -713,7 +830,16 @@ fn chunk_catalogue(b: &dyn Backend) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
     let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n1".into(), "n2".into()] }];
-    ok(&s, MetaRequest::CommitWrite { ino: f.ino, extents: vec![ext(0, 100, 1, 0)], chunks, min_size: 100, mtime: Timestamp::now() });
+    ok(
+        &s,
+        MetaRequest::CommitWrite {
+            ino: f.ino,
+            extents: vec![ext(0, 100, 1, 0)],
+            chunks,
+            min_size: 100,
+            mtime: Timestamp::now(),
+        },
+    );
     for tag in 2..=6 {
         commit(&s, g.ino, vec![ext(u64::from(tag) * 10, 10, tag, 0)], 0);
     }
@@ -756,7 +882,10 @@ fn chunk_catalogue(b: &dyn Backend) {
     assert_eq!(seen, vec![(f.ino, 0), (g.ino, 20), (g.ino, 30), (g.ino, 40), (g.ino, 50), (g.ino, 60)]);
     // Gc: punch chunk 2 out; it and an unknown id are unreferenced, chunk 1 is not.
     ok(&s, MetaRequest::Fallocate { ino: g.ino, offset: 20, len: 10, mode: AllocateMode::PunchHole });
-    assert_eq!(ok(&s, MetaRequest::Unreferenced { ids: vec![cid(1), cid(2), cid(99)] }), MetaReply::ChunkIds(vec![cid(2), cid(99)]));
+    assert_eq!(
+        ok(&s, MetaRequest::Unreferenced { ids: vec![cid(1), cid(2), cid(99)] }),
+        MetaReply::ChunkIds(vec![cid(2), cid(99)])
+    );
     ok(&s, MetaRequest::ForgetChunks { ids: vec![cid(1), cid(2)] });
     assert_eq!(refcount(&s, 2), None);
     assert_eq!(refcount(&s, 1), Some(1), "referenced chunks are never forgotten");

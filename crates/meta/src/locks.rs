@@ -44,9 +44,7 @@ pub fn conflict<'a>(held: &'a [Held], session: SessionId, req: &LockRange) -> Op
         return None;
     }
     held.iter().find(|h| {
-        !h.same_owner(session, req.owner)
-            && h.overlaps(req.start, req.end)
-            && (h.write || req.kind == LockKind::Write)
+        !h.same_owner(session, req.owner) && h.overlaps(req.start, req.end) && (h.write || req.kind == LockKind::Write)
     })
 }
 

@@ -8,7 +8,9 @@ use proto::meta::{
     AllocateMode, ClusterStatus, FsStats, MetaReply, MetaRequest, NewNode, RenameMode, SessionInfo, SetAttr,
     StoredChunk, TimeSet, XattrMode,
 };
-use proto::types::{Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
+use proto::types::{
+    Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
+};
 
 /// Longest name component, as on Linux.
 pub const NAME_MAX: usize = 255;
@@ -30,6 +32,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The current wall-clock time, read once so a request uses one timestamp.
     pub fn now(heartbeat_ms: u64) -> Ctx {
         let now = Timestamp::now();
         Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms }
@@ -40,7 +43,9 @@ impl Ctx {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     Read,
-    Write { durable: bool },
+    Write {
+        durable: bool,
+    },
     /// Served from the in-memory lock table.
     Locks,
 }
@@ -49,14 +54,37 @@ pub enum Access {
 pub fn access(req: &MetaRequest) -> Access {
     use MetaRequest::*;
     match req {
-        Lookup { .. } | GetAttr { .. } | ReadLink { .. } | ReadDir { .. } | GetXattr { .. } | ListXattr { .. }
-        | StatFs | Extents { .. } | ListNodes | ChunkLocations { .. } | ListChunks { .. } | ListExtents { .. }
-        | Unreferenced { .. } | Status => Access::Read,
+        Lookup { .. }
+        | GetAttr { .. }
+        | ReadLink { .. }
+        | ReadDir { .. }
+        | GetXattr { .. }
+        | ListXattr { .. }
+        | StatFs
+        | Extents { .. }
+        | ListNodes
+        | ChunkLocations { .. }
+        | ListChunks { .. }
+        | ListExtents { .. }
+        | Unreferenced { .. }
+        | Status => Access::Read,
         GetLock { .. } | SetLock { .. } | ReleaseLocks { .. } => Access::Locks,
         CommitWrite { .. } | Fallocate { .. } | Sync => Access::Write { durable: true },
-        Hello { .. } | Heartbeat { .. } | Goodbye { .. } | SetAttr { .. } | Create { .. } | Link { .. }
-        | Unlink { .. } | Rmdir { .. } | Rename { .. } | SetXattr { .. } | RemoveXattr { .. } | Open { .. }
-        | Release { .. } | RegisterNode { .. } | ForgetChunks { .. } => Access::Write { durable: false },
+        Hello { .. }
+        | Heartbeat { .. }
+        | Goodbye { .. }
+        | SetAttr { .. }
+        | Create { .. }
+        | Link { .. }
+        | Unlink { .. }
+        | Rmdir { .. }
+        | Rename { .. }
+        | SetXattr { .. }
+        | RemoveXattr { .. }
+        | Open { .. }
+        | Release { .. }
+        | RegisterNode { .. }
+        | ForgetChunks { .. } => Access::Write { durable: false },
     }
 }
 
@@ -92,10 +120,10 @@ pub fn read(t: &mut dyn Txn, ctx: Ctx, req: &MetaRequest) -> Result<MetaReply, M
                 inodes: t.count_inodes()?,
             })
         }
+        // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents { ino } => {
-            inode(t, *ino)?;
-            let all = t.extents_overlapping(*ino, 0, u64::MAX)?;
-            MetaReply::Extents(all.into_iter().map(|e| (*ino, e)).collect())
+            let attr = inode(t, *ino)?.attr;
+            MetaReply::Opened { attr, extents: t.extents_overlapping(*ino, 0, u64::MAX)? }
         }
         R::ListNodes => MetaReply::Nodes(nodes(t, ctx)?),
         R::ChunkLocations { ids } => {
@@ -134,7 +162,9 @@ pub fn read(t: &mut dyn Txn, ctx: Ctx, req: &MetaRequest) -> Result<MetaReply, M
                 chunk_bytes,
             })
         }
-        other => return Err(MetaError::Internal(format!("{other:?} is not a read request"))),
+        other => {
+            return Err(MetaError::Internal(format!("{other:?} is not a read request")));
+        }
     })
 }
 
@@ -220,7 +250,9 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
             }
             MetaReply::Done
         }
-        other => return Err(MetaError::Internal(format!("{other:?} is not a write request"))),
+        other => {
+            return Err(MetaError::Internal(format!("{other:?} is not a write request")));
+        }
     })
 }
 
@@ -388,7 +420,13 @@ fn create(
     Ok(new.attr)
 }
 
-fn link(t: &mut dyn Txn, now: Timestamp, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr, MetaError> {
+fn link(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    ino: InodeId,
+    new_parent: InodeId,
+    new_name: &[u8],
+) -> Result<Attr, MetaError> {
     check_name(new_name)?;
     dir(t, new_parent)?;
     let mut i = inode(t, ino)?;
@@ -561,7 +599,9 @@ fn rename(
         match (src_dir, dst_dir) {
             (true, false) => return Err(MetaError::NotDir(show(new_name))),
             (false, true) => return Err(MetaError::IsDir(show(new_name))),
-            (true, true) if !is_empty_dir(t, d)? => return Err(MetaError::NotEmpty(show(new_name))),
+            (true, true) if !is_empty_dir(t, d)? => {
+                return Err(MetaError::NotEmpty(show(new_name)));
+            }
             _ => {}
         }
         t.delete_dentry(new_parent, new_name)?;
@@ -727,7 +767,9 @@ fn set_xattr(
     let mut i = inode(t, ino)?;
     let present = t.get_xattr(ino, name)?.is_some();
     match mode {
-        XattrMode::Create if present => return Err(MetaError::Exists(format!("extended attribute {}", show(name)))),
+        XattrMode::Create if present => {
+            return Err(MetaError::Exists(format!("extended attribute {}", show(name))));
+        }
         XattrMode::Replace if !present => return Err(MetaError::NoAttribute(show(name))),
         _ => {}
     }
@@ -775,8 +817,11 @@ fn register_node(t: &mut dyn Txn, ctx: Ctx, node: &NodeInfo) -> Result<(), MetaE
         && ctx.now_ms.saturating_sub(seen) < NODE_CLAIM_WINDOW_MS
     {
         return Err(MetaError::Exists(format!(
-            "node id {:?}: two nodes claim id {} ({} and {}); give each node a unique id",
-            node.id, node.id, old.addr, node.addr
+            "two nodes claim id {}: {} (seen {} ms ago) and {}; give each node a unique id",
+            node.id,
+            old.addr,
+            ctx.now_ms.saturating_sub(seen),
+            node.addr
         )));
     }
     t.put_node(node, ctx.now_ms)

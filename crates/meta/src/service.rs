@@ -58,14 +58,18 @@ impl MetaService {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(service) = weak.upgrade() else { return };
+                let Some(service) = weak.upgrade() else {
+                    return;
+                };
                 let result = tokio::task::spawn_blocking(move || {
                     let ctx = service.ctx();
                     service.expire_sessions_at(ctx.now_ms)
                 })
                 .await;
                 match result {
-                    Ok(Ok(expired)) if !expired.is_empty() => tracing::info!(?expired, "expired silent sessions"),
+                    Ok(Ok(expired)) if !expired.is_empty() => {
+                        tracing::info!(?expired, "expired silent sessions")
+                    }
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => tracing::warn!(error = %e, "session expiry failed"),
                     Err(e) => tracing::warn!(error = %e, "session expiry task failed"),
@@ -163,5 +167,108 @@ impl net::Service for MetaService {
             Ok(reply) => reply,
             Err(e) => Err(MetaError::Internal(format!("request task failed: {e}")).into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::test_config;
+    use proto::meta::{NewNode, SessionInfo};
+    use proto::types::{Attr, Caller, ROOT_INODE};
+
+    fn create(parent: u64, name: String) -> MetaRequest {
+        MetaRequest::Create {
+            parent,
+            name: name.into_bytes(),
+            node: NewNode::File,
+            mode: 0o644,
+            caller: Caller { uid: 1, gid: 1 },
+            exclusive: true,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serves_over_rpc_with_concurrent_creates() {
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open_sqlite(&test_config(dir.path().join("meta.db"))).unwrap();
+        service.spawn_background();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(net::serve(listener, service));
+        let client = Arc::new(net::RpcClient::connect(&addr, 2, Duration::from_secs(30)).await.unwrap());
+
+        let info = SessionInfo { site: "s".into(), host: "h".into(), pid: 9, purpose: "test".into() };
+        let hello: MetaResult =
+            client.call(&MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }).await.unwrap();
+        assert!(matches!(hello, Ok(MetaReply::Welcome { heartbeat_ms: 5000, .. })), "{hello:?}");
+
+        let made: MetaResult = client.call(&create(ROOT_INODE, "one".into())).await.unwrap();
+        let Ok(MetaReply::Attr(one)) = made else { panic!("create failed: {made:?}") };
+        let found: MetaResult =
+            client.call(&MetaRequest::Lookup { parent: ROOT_INODE, name: b"one".to_vec() }).await.unwrap();
+        assert_eq!(found, Ok(MetaReply::Attr(one)));
+        let missing: MetaResult =
+            client.call(&MetaRequest::Lookup { parent: ROOT_INODE, name: b"two".to_vec() }).await.unwrap();
+        assert_eq!(missing.map_err(|e| e.code), Err(proto::error::ErrorCode::NotFound));
+
+        // Many concurrent creates: the writer group-commits them.
+        let tasks: Vec<_> = (0..40)
+            .map(|t| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut inos = Vec::new();
+                    for i in 0..25 {
+                        let r: MetaResult = client.call(&create(ROOT_INODE, format!("t{t}-{i}"))).await.unwrap();
+                        match r {
+                            Ok(MetaReply::Attr(a)) => inos.push(a.ino),
+                            other => panic!("create failed: {other:?}"),
+                        }
+                    }
+                    inos
+                })
+            })
+            .collect();
+        let mut inos = Vec::new();
+        for t in tasks {
+            inos.extend(t.await.unwrap());
+        }
+        inos.sort();
+        inos.dedup();
+        assert_eq!(inos.len(), 1000);
+        let root: MetaResult = client.call(&MetaRequest::GetAttr { ino: ROOT_INODE }).await.unwrap();
+        let Ok(MetaReply::Attr(Attr { nlink: 2, .. })) = root else { panic!("{root:?}") };
+        let listed: MetaResult =
+            client.call(&MetaRequest::ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 }).await.unwrap();
+        let Ok(MetaReply::Entries(entries)) = listed else { panic!("{listed:?}") };
+        assert_eq!(entries.len(), 1001);
+    }
+
+    /// Reports create throughput with several threads issuing requests at once, as
+    /// FUSE worker threads do. Measures only; asserts nothing about speed.
+    #[test]
+    fn create_throughput_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open_sqlite(&test_config(dir.path().join("meta.db"))).unwrap();
+        let threads = 8;
+        let per_thread = 500;
+        let started = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let service = &service;
+                scope.spawn(move || {
+                    for i in 0..per_thread {
+                        let r = service.handle_blocking(create(ROOT_INODE, format!("f{t}-{i}")));
+                        assert!(r.is_ok(), "{r:?}");
+                    }
+                });
+            }
+        });
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!(
+            "meta: {} creates from {threads} threads in {secs:.2} s = {:.0}/s",
+            threads * per_thread,
+            f64::from(threads * per_thread) / secs
+        );
     }
 }

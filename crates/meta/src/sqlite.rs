@@ -140,7 +140,9 @@ fn init_schema(conn: &mut Connection, path: &str) -> Result<(), MetaError> {
         Some(v) if v > SCHEMA_VERSION => {
             return Err(MetaError::SchemaTooNew { path: path.into(), found: v, supported: SCHEMA_VERSION });
         }
-        Some(v) => return Err(MetaError::SchemaUnknown { path: path.into(), found: v }),
+        Some(v) => {
+            return Err(MetaError::SchemaUnknown { path: path.into(), found: v });
+        }
     }
     tx.commit()?;
     Ok(())
@@ -307,7 +309,12 @@ fn extent_of(row: (i64, i64, i64, Vec<u8>, i64)) -> Result<(InodeId, Extent), Me
     let (ino, file_offset, len, chunk, chunk_offset) = row;
     Ok((
         ino as u64,
-        Extent { file_offset: file_offset as u64, len: len as u64, chunk: chunk_id(chunk)?, chunk_offset: chunk_offset as u64 },
+        Extent {
+            file_offset: file_offset as u64,
+            len: len as u64,
+            chunk: chunk_id(chunk)?,
+            chunk_offset: chunk_offset as u64,
+        },
     ))
 }
 
@@ -344,7 +351,8 @@ impl SqlTxn<'_> {
 
 impl Txn for SqlTxn<'_> {
     fn next_id(&mut self, counter: Counter) -> Result<u64, MetaError> {
-        let mut st = self.conn.prepare_cached("UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value")?;
+        let mut st =
+            self.conn.prepare_cached("UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value")?;
         let v: Option<i64> = st.query_row([counter.name()], |r| r.get(0)).optional()?;
         v.map(|v| v as u64).ok_or_else(|| MetaError::Corrupt(format!("counter {} missing", counter.name())))
     }
@@ -406,7 +414,8 @@ impl Txn for SqlTxn<'_> {
     }
 
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
-        let mut st = self.conn.prepare_cached("INSERT INTO dentries (parent, name, ino, cookie) VALUES (?1, ?2, ?3, ?4)")?;
+        let mut st =
+            self.conn.prepare_cached("INSERT INTO dentries (parent, name, ino, cookie) VALUES (?1, ?2, ?3, ?4)")?;
         st.execute(params![parent as i64, name, ino as i64, cookie as i64])?;
         Ok(())
     }
@@ -614,21 +623,13 @@ impl Txn for SqlTxn<'_> {
              ON CONFLICT (id) DO UPDATE SET site = excluded.site, host = excluded.host, pid = excluded.pid,
              purpose = excluded.purpose, last_seen = excluded.last_seen",
         )?;
-        st.execute(params![
-            s.id as i64,
-            s.info.site,
-            s.info.host,
-            s.info.pid as i64,
-            s.info.purpose,
-            s.last_seen_ms
-        ])?;
+        st.execute(params![s.id as i64, s.info.site, s.info.host, s.info.pid as i64, s.info.purpose, s.last_seen_ms])?;
         Ok(())
     }
 
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT id, site, host, pid, purpose, last_seen FROM sessions WHERE id = ?1")?;
+        let mut st =
+            self.conn.prepare_cached("SELECT id, site, host, pid, purpose, last_seen FROM sessions WHERE id = ?1")?;
         Ok(st.query_row([id as i64], session_row).optional()?)
     }
 

@@ -44,6 +44,7 @@ pub enum Counter {
 }
 
 impl Counter {
+    /// The counter's row key in the store.
     pub fn name(self) -> &'static str {
         match self {
             Counter::Inode => "next_inode",

@@ -47,11 +47,7 @@ pub enum NodeError {
     )]
     DuplicateId { addr: String, id: String },
     #[error("meta at {addr} refused to register node {id:?}: {source}")]
-    Refused {
-        addr: String,
-        id: String,
-        source: WireError,
-    },
+    Refused { addr: String, id: String, source: WireError },
     #[error("serving chunks stopped: {0}")]
     Serve(#[source] std::io::Error),
     #[error("internal error: {0}")]
@@ -79,10 +75,7 @@ impl NodeService {
             Ok(result) => result.map_err(WireError::from),
             Err(e) => {
                 tracing::error!(error = %e, "chunk store task failed");
-                Err(WireError::new(
-                    ErrorCode::Internal,
-                    format!("chunk store task failed: {e}"),
-                ))
+                Err(WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
             }
         }
     }
@@ -94,33 +87,19 @@ impl Service for NodeService {
 
     async fn handle(self: Arc<Self>, req: NodeRequest) -> NodeResult {
         match req {
-            NodeRequest::Put { id, data } => self
-                .blocking(move |s| s.put(&id, &data))
-                .await
-                .map(|()| NodeReply::Done),
-            NodeRequest::Get { id, offset, len } => self
-                .blocking(move |s| s.get(&id, offset, len))
-                .await
-                .map(NodeReply::Data),
-            NodeRequest::Has { ids } => self
-                .blocking(move |s| s.has(&ids))
-                .await
-                .map(NodeReply::Flags),
+            NodeRequest::Put { id, data } => self.blocking(move |s| s.put(&id, &data)).await.map(|()| NodeReply::Done),
+            NodeRequest::Get { id, offset, len } => {
+                self.blocking(move |s| s.get(&id, offset, len)).await.map(NodeReply::Data)
+            }
+            NodeRequest::Has { ids } => self.blocking(move |s| s.has(&ids)).await.map(NodeReply::Flags),
             NodeRequest::List { after, limit } => {
                 let limit = limit.min(MAX_LIST) as usize;
-                self.blocking(move |s| s.list(after, limit))
-                    .await
-                    .map(NodeReply::Ids)
+                self.blocking(move |s| s.list(after, limit)).await.map(NodeReply::Ids)
             }
-            NodeRequest::Verify { ids } => self
-                .blocking(move |s| Ok(s.verify(&ids)))
-                .await
-                .map(NodeReply::Ids),
+            NodeRequest::Verify { ids } => self.blocking(move |s| Ok(s.verify(&ids))).await.map(NodeReply::Ids),
             NodeRequest::Delete { ids, min_age_secs } => {
                 let min_age = Duration::from_secs(min_age_secs);
-                self.blocking(move |s| s.delete(&ids, min_age))
-                    .await
-                    .map(NodeReply::Count)
+                self.blocking(move |s| s.delete(&ids, min_age)).await.map(NodeReply::Count)
             }
             NodeRequest::Stats => Ok(NodeReply::Stats(self.store.stats())),
         }
@@ -138,10 +117,7 @@ pub async fn run(config: NodeConfig, listener: TcpListener) -> Result<(), NodeEr
 
     let meta = RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
         .await
-        .map_err(|source| NodeError::MetaUnreachable {
-            addr: config.meta_addr.clone(),
-            source,
-        })?;
+        .map_err(|source| NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source })?;
     register(&meta, &config, &store).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
@@ -153,11 +129,7 @@ pub async fn run(config: NodeConfig, listener: TcpListener) -> Result<(), NodeEr
 }
 
 /// Sends one `RegisterNode` with current stats.
-async fn register(
-    meta: &RpcClient,
-    config: &NodeConfig,
-    store: &ChunkStore,
-) -> Result<(), NodeError> {
+async fn register(meta: &RpcClient, config: &NodeConfig, store: &ChunkStore) -> Result<(), NodeError> {
     let stats = store.stats();
     let node = NodeInfo {
         id: config.id.clone(),
@@ -169,20 +141,10 @@ async fn register(
         last_seen_secs: 0,
     };
     let addr = config.meta_addr.clone();
-    match meta
-        .call::<_, MetaResult>(&MetaRequest::RegisterNode { node })
-        .await
-    {
+    match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node }).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId {
-            addr,
-            id: config.id.clone(),
-        }),
-        Ok(Err(source)) => Err(NodeError::Refused {
-            addr,
-            id: config.id.clone(),
-            source,
-        }),
+        Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId { addr, id: config.id.clone() }),
+        Ok(Err(source)) => Err(NodeError::Refused { addr, id: config.id.clone(), source }),
         Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
     }
 }

@@ -24,14 +24,8 @@ async fn start(capacity: u64) -> Node {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(net::serve(listener, Arc::new(NodeService::new(store))));
-    let client = RpcClient::connect(&addr, 2, Duration::from_secs(10))
-        .await
-        .unwrap();
-    Node {
-        client,
-        _dir: dir,
-        data,
-    }
+    let client = RpcClient::connect(&addr, 2, Duration::from_secs(10)).await.unwrap();
+    Node { client, _dir: dir, data }
 }
 
 impl Node {
@@ -41,14 +35,7 @@ impl Node {
 
     async fn put(&self, data: &[u8]) -> ChunkId {
         let id = ChunkId::of(data);
-        assert_eq!(
-            self.call(NodeRequest::Put {
-                id,
-                data: data.to_vec()
-            })
-            .await,
-            Ok(NodeReply::Done)
-        );
+        assert_eq!(self.call(NodeRequest::Put { id, data: data.to_vec() }).await, Ok(NodeReply::Done));
         id
     }
 
@@ -81,45 +68,17 @@ async fn put_get_has_list_stats() {
     n.put(&data).await;
 
     let get = |offset, len| NodeRequest::Get { id, offset, len };
-    assert_eq!(
-        n.call(get(0, 1000)).await,
-        Ok(NodeReply::Data(data.clone()))
-    );
-    assert_eq!(
-        n.call(get(100, 10)).await,
-        Ok(NodeReply::Data(data[100..110].to_vec()))
-    );
-    assert_eq!(
-        n.call(get(990, 100)).await,
-        Ok(NodeReply::Data(data[990..].to_vec()))
-    );
+    assert_eq!(n.call(get(0, 1000)).await, Ok(NodeReply::Data(data.clone())));
+    assert_eq!(n.call(get(100, 10)).await, Ok(NodeReply::Data(data[100..110].to_vec())));
+    assert_eq!(n.call(get(990, 100)).await, Ok(NodeReply::Data(data[990..].to_vec())));
     assert_eq!(code(n.call(get(1001, 1)).await), ErrorCode::InvalidArgument);
     let missing = ChunkId::of(b"missing");
-    assert_eq!(
-        code(
-            n.call(NodeRequest::Get {
-                id: missing,
-                offset: 0,
-                len: 1
-            })
-            .await
-        ),
-        ErrorCode::NotFound
-    );
+    assert_eq!(code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1 }).await), ErrorCode::NotFound);
 
-    let wrong = NodeRequest::Put {
-        id: missing,
-        data: b"not it".to_vec(),
-    };
+    let wrong = NodeRequest::Put { id: missing, data: b"not it".to_vec() };
     assert_eq!(code(n.call(wrong).await), ErrorCode::InvalidArgument);
 
-    assert_eq!(
-        n.call(NodeRequest::Has {
-            ids: vec![missing, id]
-        })
-        .await,
-        Ok(NodeReply::Flags(vec![false, true]))
-    );
+    assert_eq!(n.call(NodeRequest::Has { ids: vec![missing, id] }).await, Ok(NodeReply::Flags(vec![false, true])));
 
     let mut ids = vec![id];
     for i in 0..20u32 {
@@ -141,15 +100,7 @@ async fn put_get_has_list_stats() {
     assert_eq!(seen, ids);
 
     let s = n.stats().await;
-    assert_eq!(
-        (
-            s.capacity_bytes,
-            s.used_bytes,
-            s.chunk_count,
-            s.corrupt_reads
-        ),
-        (1 << 20, 1000 + 20 * 4, 21, 0)
-    );
+    assert_eq!((s.capacity_bytes, s.used_bytes, s.chunk_count, s.corrupt_reads), (1 << 20, 1000 + 20 * 4, 21, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,45 +113,21 @@ async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
     bytes[0] ^= 0x80;
     std::fs::write(&path, bytes).unwrap();
 
-    let err = n
-        .call(NodeRequest::Get {
-            id: bad,
-            offset: 0,
-            len: 4,
-        })
-        .await
-        .unwrap_err();
+    let err = n.call(NodeRequest::Get { id: bad, offset: 0, len: 4 }).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Corrupt);
     assert!(err.message.contains(&bad.to_hex()), "{}", err.message);
     // Same client, same connections: still answering.
-    assert_eq!(
-        n.call(NodeRequest::Get {
-            id: good,
-            offset: 0,
-            len: 5
-        })
-        .await,
-        Ok(NodeReply::Data(b"bytes".to_vec()))
-    );
+    assert_eq!(n.call(NodeRequest::Get { id: good, offset: 0, len: 5 }).await, Ok(NodeReply::Data(b"bytes".to_vec())));
     assert_eq!(n.stats().await.corrupt_reads, 1);
 
     let missing = ChunkId::of(b"never stored");
     assert_eq!(
-        n.call(NodeRequest::Verify {
-            ids: vec![good, bad, missing]
-        })
-        .await,
+        n.call(NodeRequest::Verify { ids: vec![good, bad, missing] }).await,
         Ok(NodeReply::Ids(vec![bad, missing]))
     );
     // A fresh put of the right bytes repairs it.
     n.put(b"some bytes that will rot").await;
-    assert_eq!(
-        n.call(NodeRequest::Verify {
-            ids: vec![good, bad]
-        })
-        .await,
-        Ok(NodeReply::Ids(vec![]))
-    );
+    assert_eq!(n.call(NodeRequest::Verify { ids: vec![good, bad] }).await, Ok(NodeReply::Ids(vec![])));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,10 +139,7 @@ async fn delete_honours_min_age() {
     assert_eq!(n.call(del(vec![a, b], 3600)).await, Ok(NodeReply::Count(0)));
     assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(1)));
     assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(0)));
-    assert_eq!(
-        n.call(NodeRequest::Has { ids: vec![a, b] }).await,
-        Ok(NodeReply::Flags(vec![false, true]))
-    );
+    assert_eq!(n.call(NodeRequest::Has { ids: vec![a, b] }).await, Ok(NodeReply::Flags(vec![false, true])));
     let s = n.stats().await;
     assert_eq!((s.used_bytes, s.chunk_count), (7, 1));
 }
@@ -225,13 +149,7 @@ async fn full_node_answers_no_space() {
     let n = start(64).await;
     n.put(&[1u8; 60]).await;
     let data = vec![2u8; 10];
-    let err = n
-        .call(NodeRequest::Put {
-            id: ChunkId::of(&data),
-            data,
-        })
-        .await
-        .unwrap_err();
+    let err = n.call(NodeRequest::Put { id: ChunkId::of(&data), data }).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::NoSpace);
     assert_eq!(n.stats().await.chunk_count, 1);
 }
@@ -271,21 +189,11 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
 async fn run_fails_clearly_when_meta_is_unreachable() {
     let dir = tempfile::tempdir().unwrap();
     // A port that was free a moment ago: nothing listens there.
-    let meta_addr = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let meta_addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = node::run(config(dir.path().join("data"), meta_addr.clone()), listener)
-        .await
-        .unwrap_err();
+    let err = node::run(config(dir.path().join("data"), meta_addr.clone()), listener).await.unwrap_err();
     let msg = err.to_string();
-    assert!(
-        msg.contains(&format!("meta at {meta_addr} unreachable")),
-        "{msg}"
-    );
+    assert!(msg.contains(&format!("meta at {meta_addr} unreachable")), "{msg}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,12 +202,7 @@ async fn run_fails_clearly_when_the_data_dir_is_taken() {
     let data = dir.path().join("data");
     let _held = ChunkStore::open(&data, 1 << 20).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = node::run(config(data, "127.0.0.1:1".into()), listener)
-        .await
-        .unwrap_err();
+    let err = node::run(config(data, "127.0.0.1:1".into()), listener).await.unwrap_err();
     assert!(matches!(err, node::NodeError::Store(_)), "{err}");
-    assert!(
-        err.to_string().contains("in use by another process"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("in use by another process"), "{err}");
 }

@@ -38,9 +38,14 @@ pub struct SetAttr {
 pub enum NewNode {
     File,
     Dir,
-    Symlink { target: Vec<u8> },
+    Symlink {
+        target: Vec<u8>,
+    },
     /// FIFO, socket or device special file.
-    Special { kind: FileKind, rdev: u32 },
+    Special {
+        kind: FileKind,
+        rdev: u32,
+    },
 }
 
 /// `rename(2)` / `renameat2(2)` flavour.
@@ -109,68 +114,170 @@ pub enum AllocateMode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {
     /// First request on every connection.
-    Hello { protocol: u32, session: SessionInfo },
+    Hello {
+        protocol: u32,
+        session: SessionInfo,
+    },
     /// Keeps a session (its locks and open files) alive.
-    Heartbeat { session: SessionId },
+    Heartbeat {
+        session: SessionId,
+    },
     /// Ends a session, dropping its locks and open-file records.
-    Goodbye { session: SessionId },
+    Goodbye {
+        session: SessionId,
+    },
 
-    Lookup { parent: InodeId, name: Vec<u8> },
-    GetAttr { ino: InodeId },
-    SetAttr { ino: InodeId, set: SetAttr, caller: Caller },
+    Lookup {
+        parent: InodeId,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: InodeId,
+    },
+    SetAttr {
+        ino: InodeId,
+        set: SetAttr,
+        caller: Caller,
+    },
     /// mknod/mkdir/symlink/create. `mode` is final (umask already applied).
     /// With `exclusive` false an existing regular file is returned instead of `Exists`.
-    Create { parent: InodeId, name: Vec<u8>, node: NewNode, mode: u32, caller: Caller, exclusive: bool },
-    Link { ino: InodeId, new_parent: InodeId, new_name: Vec<u8> },
+    Create {
+        parent: InodeId,
+        name: Vec<u8>,
+        node: NewNode,
+        mode: u32,
+        caller: Caller,
+        exclusive: bool,
+    },
+    Link {
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: Vec<u8>,
+    },
     /// Removes a non-directory name. An inode whose last link goes while a session
     /// has it open lives on as an orphan until `Release`.
-    Unlink { parent: InodeId, name: Vec<u8> },
-    Rmdir { parent: InodeId, name: Vec<u8> },
-    Rename { parent: InodeId, name: Vec<u8>, new_parent: InodeId, new_name: Vec<u8>, mode: RenameMode },
-    ReadLink { ino: InodeId },
+    Unlink {
+        parent: InodeId,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: InodeId,
+        name: Vec<u8>,
+    },
+    Rename {
+        parent: InodeId,
+        name: Vec<u8>,
+        new_parent: InodeId,
+        new_name: Vec<u8>,
+        mode: RenameMode,
+    },
+    ReadLink {
+        ino: InodeId,
+    },
     /// Entries with cookie greater than `after`, in cookie order, at most `limit`.
-    ReadDir { ino: InodeId, after: u64, limit: u32 },
+    ReadDir {
+        ino: InodeId,
+        after: u64,
+        limit: u32,
+    },
 
-    GetXattr { ino: InodeId, name: Vec<u8> },
-    SetXattr { ino: InodeId, name: Vec<u8>, value: Vec<u8>, mode: XattrMode },
-    ListXattr { ino: InodeId },
-    RemoveXattr { ino: InodeId, name: Vec<u8> },
+    GetXattr {
+        ino: InodeId,
+        name: Vec<u8>,
+    },
+    SetXattr {
+        ino: InodeId,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        mode: XattrMode,
+    },
+    ListXattr {
+        ino: InodeId,
+    },
+    RemoveXattr {
+        ino: InodeId,
+        name: Vec<u8>,
+    },
     StatFs,
 
     /// Records that `session` has `ino` open and returns its attributes and extents
     /// (close-to-open: the open sees every close that finished before it).
-    Open { ino: InodeId, session: SessionId, truncate: bool },
+    Open {
+        ino: InodeId,
+        session: SessionId,
+        truncate: bool,
+    },
     /// Drops one open record; reclaims an orphan nobody has open any more.
-    Release { ino: InodeId, session: SessionId },
+    Release {
+        ino: InodeId,
+        session: SessionId,
+    },
     /// Current extents of a file (for readers that hold it open).
-    Extents { ino: InodeId },
+    Extents {
+        ino: InodeId,
+    },
     /// Atomically maps the given extents into the file (later ones win), records where
     /// their chunks are stored, and raises the size to at least `min_size`.
-    CommitWrite { ino: InodeId, extents: Vec<Extent>, chunks: Vec<StoredChunk>, min_size: u64, mtime: Timestamp },
-    Fallocate { ino: InodeId, offset: u64, len: u64, mode: AllocateMode },
+    CommitWrite {
+        ino: InodeId,
+        extents: Vec<Extent>,
+        chunks: Vec<StoredChunk>,
+        min_size: u64,
+        mtime: Timestamp,
+    },
+    Fallocate {
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+        mode: AllocateMode,
+    },
     /// Makes every change acknowledged so far durable on meta's disk (fsync, fsyncdir).
     Sync,
 
     /// F_GETLK: the first conflicting lock, if any.
-    GetLock { session: SessionId, lock: LockRange },
+    GetLock {
+        session: SessionId,
+        lock: LockRange,
+    },
     /// F_SETLK: `WouldBlock` on conflict (blocking callers retry).
-    SetLock { session: SessionId, lock: LockRange },
+    SetLock {
+        session: SessionId,
+        lock: LockRange,
+    },
     /// Drops every lock `owner` of `session` holds on `ino` (close).
-    ReleaseLocks { session: SessionId, ino: InodeId, owner: u64 },
+    ReleaseLocks {
+        session: SessionId,
+        ino: InodeId,
+        owner: u64,
+    },
 
     /// A node announces itself and its capacity; repeated as its heartbeat.
-    RegisterNode { node: NodeInfo },
+    RegisterNode {
+        node: NodeInfo,
+    },
     ListNodes,
     /// Where these chunks are stored, for readers and fsck.
-    ChunkLocations { ids: Vec<ChunkId> },
+    ChunkLocations {
+        ids: Vec<ChunkId>,
+    },
     /// Catalogue page after `after` (exclusive), for fsck and gc.
-    ListChunks { after: Option<ChunkId>, limit: u32 },
+    ListChunks {
+        after: Option<ChunkId>,
+        limit: u32,
+    },
     /// Every extent, paged by (inode, offset), for fsck.
-    ListExtents { after: Option<(InodeId, u64)>, limit: u32 },
+    ListExtents {
+        after: Option<(InodeId, u64)>,
+        limit: u32,
+    },
     /// Of these chunk ids, the ones no extent references (gc candidates).
-    Unreferenced { ids: Vec<ChunkId> },
+    Unreferenced {
+        ids: Vec<ChunkId>,
+    },
     /// Removes catalogue entries of chunks gc deleted; refuses referenced ones.
-    ForgetChunks { ids: Vec<ChunkId> },
+    ForgetChunks {
+        ids: Vec<ChunkId>,
+    },
     Status,
 }
 
@@ -195,16 +302,25 @@ pub struct FsStats {
 /// Successful answers from meta; which variant answers which request is fixed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaReply {
-    Welcome { session: SessionId, heartbeat_ms: u64 },
+    Welcome {
+        session: SessionId,
+        heartbeat_ms: u64,
+    },
     Done,
     Attr(Attr),
     /// Unlink: the inode and whether it lives on as an orphan.
-    Unlinked { ino: InodeId, orphaned: bool },
+    Unlinked {
+        ino: InodeId,
+        orphaned: bool,
+    },
     Bytes(Vec<u8>),
     Names(Vec<Vec<u8>>),
     Entries(Vec<DirEntry>),
     StatFs(FsStats),
-    Opened { attr: Attr, extents: Vec<Extent> },
+    Opened {
+        attr: Attr,
+        extents: Vec<Extent>,
+    },
     Lock(Option<LockRange>),
     Nodes(Vec<NodeInfo>),
     Chunks(Vec<ChunkRecord>),

@@ -14,15 +14,29 @@ pub enum NodeRequest {
         data: Vec<u8>,
     },
     /// Bytes `[offset, offset+len)` of a chunk, verified against its id before serving.
-    Get { id: ChunkId, offset: u64, len: u64 },
+    Get {
+        id: ChunkId,
+        offset: u64,
+        len: u64,
+    },
     /// Which of these chunks the node holds (one flag per id, in order).
-    Has { ids: Vec<ChunkId> },
+    Has {
+        ids: Vec<ChunkId>,
+    },
     /// Page of stored chunk ids after `after`, for gc and fsck.
-    List { after: Option<ChunkId>, limit: u32 },
+    List {
+        after: Option<ChunkId>,
+        limit: u32,
+    },
     /// Re-hashes the listed chunks on disk; answers the ones that are corrupt or missing.
-    Verify { ids: Vec<ChunkId> },
+    Verify {
+        ids: Vec<ChunkId>,
+    },
     /// Deletes chunks last written more than `min_age_secs` ago; answers how many went.
-    Delete { ids: Vec<ChunkId>, min_age_secs: u64 },
+    Delete {
+        ids: Vec<ChunkId>,
+        min_age_secs: u64,
+    },
     Stats,
 }
 
