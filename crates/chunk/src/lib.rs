@@ -19,7 +19,7 @@ use proto::error::{ErrorCode, WireError};
 use proto::node::NodeStats;
 use proto::types::ChunkId;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,6 +93,7 @@ pub struct ChunkStore {
     usage: Mutex<Usage>,
     corrupt_reads: AtomicU64,
     tmp_seq: AtomicU64,
+    store_id: String,
     _lock: File,
 }
 
@@ -121,6 +122,7 @@ impl ChunkStore {
         fs::create_dir_all(&tmp).map_err(io_err("create", &tmp))?;
         clean_tmp(&tmp)?;
         probe_writable(dir, &tmp)?;
+        let store_id = read_or_create_store_id(dir)?;
         let usage = scan(&chunks)?;
         if usage.used > capacity_bytes {
             tracing::warn!(dir = %dir.display(), used = usage.used, capacity = capacity_bytes,
@@ -135,6 +137,7 @@ impl ChunkStore {
             usage: Mutex::new(usage),
             corrupt_reads: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
+            store_id,
             _lock: lock,
         })
     }
@@ -294,6 +297,11 @@ impl ChunkStore {
     }
 
     /// The data directory this store was opened on.
+    /// Random identity of this store, stable across restarts.
+    pub fn store_id(&self) -> &str {
+        &self.store_id
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -407,6 +415,36 @@ impl ChunkStore {
 }
 
 /// Checks `FORMAT`, or writes it into a fresh (empty apart from `LOCK`) directory.
+/// The store's random identity, created once and kept in `dir/STORE_ID`.
+fn read_or_create_store_id(dir: &Path) -> Result<String, ChunkError> {
+    let path = dir.join("STORE_ID");
+    match fs::read_to_string(&path) {
+        Ok(text) if text.trim().len() == 32 && text.trim().bytes().all(|b| b.is_ascii_hexdigit()) => {
+            return Ok(text.trim().to_string());
+        }
+        Ok(_) => {
+            return Err(ChunkError::Format { path, problem: "STORE_ID is not 32 hex digits".into() });
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("read", &path)(e)),
+    }
+    let mut random = [0u8; 16];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut random))
+        .map_err(io_err("read", Path::new("/dev/urandom")))?;
+    let id = hex::encode(random);
+    let tmp = dir.join("STORE_ID.tmp");
+    let write = || -> io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        writeln!(f, "{id}")?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        disk::fsync_dir(dir)
+    };
+    write().map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })?;
+    Ok(id)
+}
+
 fn check_or_write_format(dir: &Path) -> Result<(), ChunkError> {
     let path = dir.join("FORMAT");
     match fs::read_to_string(&path) {

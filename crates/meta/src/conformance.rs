@@ -701,6 +701,7 @@ fn persistence(b: &dyn Backend) {
 fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
     NodeInfo {
         id: id.into(),
+        store_id: format!("store-of-{addr}"),
         site: "s1".into(),
         addr: addr.into(),
         capacity_bytes: capacity,
@@ -717,7 +718,11 @@ fn nodes(b: &dyn Backend) {
     ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150) });
     let e = call(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.9:7000", 1000, 150) }).unwrap_err();
     assert_eq!(e.code, ErrorCode::Exists);
-    assert!(e.message.contains("two nodes claim id n1"), "{}", e.message);
+    assert!(e.message.contains("claim id n1"), "{}", e.message);
+    // The same store restarted on a new address takes its id over at once.
+    let restarted = NodeInfo { addr: "10.0.0.1:7001".into(), ..node("n1", "10.0.0.1:7000", 1000, 150) };
+    ok(&s, MetaRequest::RegisterNode { node: restarted });
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150) });
     match ok(&s, MetaRequest::ListNodes) {
         MetaReply::Nodes(n) => {
             assert_eq!(n.len(), 2);

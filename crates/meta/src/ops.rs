@@ -813,11 +813,11 @@ pub fn expire_sessions(t: &mut dyn Txn, cutoff_ms: i64) -> Result<Vec<SessionId>
 
 fn register_node(t: &mut dyn Txn, ctx: Ctx, node: &NodeInfo) -> Result<(), MetaError> {
     if let Some((old, seen)) = t.get_node(&node.id)?
-        && old.addr != node.addr
+        && old.store_id != node.store_id
         && ctx.now_ms.saturating_sub(seen) < NODE_CLAIM_WINDOW_MS
     {
         return Err(MetaError::Exists(format!(
-            "two nodes claim id {}: {} (seen {} ms ago) and {}; give each node a unique id",
+            "two nodes with different chunk stores claim id {}: {} (seen {} ms ago) and {}; give each node a unique id",
             node.id,
             old.addr,
             ctx.now_ms.saturating_sub(seen),

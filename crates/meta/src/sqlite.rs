@@ -48,7 +48,7 @@ CREATE TABLE sessions (
     id BIGINT PRIMARY KEY, site TEXT NOT NULL, host TEXT NOT NULL, pid BIGINT NOT NULL,
     purpose TEXT NOT NULL, last_seen BIGINT NOT NULL);
 CREATE TABLE nodes (
-    id TEXT PRIMARY KEY, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
+    id TEXT PRIMARY KEY, store_id TEXT NOT NULL, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
     used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, last_seen BIGINT NOT NULL);
 INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
 ";
@@ -322,14 +322,15 @@ fn node_row(r: &Row<'_>) -> rusqlite::Result<(NodeInfo, i64)> {
     Ok((
         NodeInfo {
             id: r.get(0)?,
-            site: r.get(1)?,
-            addr: r.get(2)?,
-            capacity_bytes: r.get::<_, i64>(3)? as u64,
-            used_bytes: r.get::<_, i64>(4)? as u64,
-            chunk_count: r.get::<_, i64>(5)? as u64,
+            store_id: r.get(1)?,
+            site: r.get(2)?,
+            addr: r.get(3)?,
+            capacity_bytes: r.get::<_, i64>(4)? as u64,
+            used_bytes: r.get::<_, i64>(5)? as u64,
+            chunk_count: r.get::<_, i64>(6)? as u64,
             last_seen_secs: 0,
         },
-        r.get(6)?,
+        r.get(7)?,
     ))
 }
 
@@ -646,12 +647,14 @@ impl Txn for SqlTxn<'_> {
 
     fn put_node(&mut self, n: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {
         let mut st = self.conn.prepare_cached(
-            "INSERT INTO nodes (id, site, addr, capacity, used, chunk_count, last_seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (id) DO UPDATE SET site = excluded.site, addr = excluded.addr, capacity = excluded.capacity,
+            "INSERT INTO nodes (id, store_id, site, addr, capacity, used, chunk_count, last_seen)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (id) DO UPDATE SET store_id = excluded.store_id, site = excluded.site, addr = excluded.addr, capacity = excluded.capacity,
              used = excluded.used, chunk_count = excluded.chunk_count, last_seen = excluded.last_seen",
         )?;
         st.execute(params![
             n.id,
+            n.store_id,
             n.site,
             n.addr,
             n.capacity_bytes as i64,
@@ -663,16 +666,16 @@ impl Txn for SqlTxn<'_> {
     }
 
     fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT id, site, addr, capacity, used, chunk_count, last_seen FROM nodes WHERE id = ?1")?;
+        let mut st = self.conn.prepare_cached(
+            "SELECT id, store_id, site, addr, capacity, used, chunk_count, last_seen FROM nodes WHERE id = ?1",
+        )?;
         Ok(st.query_row([id], node_row).optional()?)
     }
 
     fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT id, site, addr, capacity, used, chunk_count, last_seen FROM nodes ORDER BY id")?;
+        let mut st = self.conn.prepare_cached(
+            "SELECT id, store_id, site, addr, capacity, used, chunk_count, last_seen FROM nodes ORDER BY id",
+        )?;
         Ok(st.query_map([], node_row)?.collect::<Result<Vec<_>, _>>()?)
     }
 }

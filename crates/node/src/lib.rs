@@ -133,6 +133,7 @@ async fn register(meta: &RpcClient, config: &NodeConfig, store: &ChunkStore) -> 
     let stats = store.stats();
     let node = NodeInfo {
         id: config.id.clone(),
+        store_id: store.store_id().to_string(),
         site: config.site.clone(),
         addr: config.advertise_addr.clone(),
         capacity_bytes: stats.capacity_bytes,

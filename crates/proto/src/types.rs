@@ -119,6 +119,9 @@ pub type NodeId = String;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub id: NodeId,
+    /// Identity of the node's chunk store, persisted in its data directory: a node
+    /// restarted on the same store may take over its id at once; another store may not.
+    pub store_id: String,
     pub site: String,
     /// `host:port` the node serves chunks on.
     pub addr: String,
