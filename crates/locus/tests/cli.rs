@@ -1,0 +1,107 @@
+//! The command line refuses bad input with a clear message and a non-zero exit.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use testkit::Cluster;
+
+fn locus(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locus")).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in ["up", "meta", "node", "mount", "status", "fsck", "gc"] {
+        let o = locus(&[cmd, "--help"]);
+        assert!(o.status.success(), "{cmd} --help failed");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("--config"), "{cmd} --help does not offer --config:\n{text}");
+    }
+}
+
+#[test]
+fn unreachable_meta_is_named() {
+    // Port 1 on loopback: nothing listens there.
+    let o = locus(&["status", "--meta", "127.0.0.1:1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("127.0.0.1:1") && stderr(&o).contains("unreachable"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_sizes_and_config_files_are_refused() {
+    let o = locus(&["node", "--data-dir", "/tmp/x", "--capacity", "12Q"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unknown size unit"), "{}", stderr(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "this is = = not toml").unwrap();
+    let o = locus(&["--config", cfg.to_str().unwrap(), "status"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not valid TOML"), "{}", stderr(&o));
+}
+
+#[test]
+fn config_file_supplies_defaults_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("locus.toml");
+    std::fs::write(&cfg, "[status]\nmeta = \"127.0.0.1:2\"\n").unwrap();
+    let o = locus(&["--config", cfg.to_str().unwrap(), "status"]);
+    assert!(stderr(&o).contains("127.0.0.1:2"), "config value not used: {}", stderr(&o));
+    let o = locus(&["--config", cfg.to_str().unwrap(), "status", "--meta", "127.0.0.1:3"]);
+    assert!(stderr(&o).contains("127.0.0.1:3"), "flag did not win: {}", stderr(&o));
+}
+
+#[test]
+fn mountpoint_missing_or_busy_and_duplicate_node_ids_are_refused() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 1);
+    let o = locus(&["mount", "/nonexistent/locus-mnt", "--meta", &c.meta.addr]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    let m = c.mount();
+    let o = locus(&["mount", m.to_str().unwrap(), "--meta", &c.meta.addr]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("busy"), "{}", stderr(&o));
+    // A second store claiming node0's id while node0 is alive.
+    let other = c.path().join("impostor");
+    let o = locus(&[
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--meta",
+        &c.meta.addr,
+        "--data-dir",
+        other.to_str().unwrap(),
+        "--id",
+        "node0",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("node id \"node0\": another node is already registered"), "{}", stderr(&o));
+    // A data directory another node holds.
+    let o = locus(&[
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--meta",
+        &c.meta.addr,
+        "--data-dir",
+        c.node_dir("node0").to_str().unwrap(),
+        "--id",
+        "node9",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("in use by another process"), "{}", stderr(&o));
+}
+
+#[test]
+fn unwritable_data_directory_is_named() {
+    let o = locus(&["up", "/tmp", "--data-dir", "/proc/locus-cannot-be-here"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("/proc/locus-cannot-be-here"), "{}", stderr(&o));
+}
