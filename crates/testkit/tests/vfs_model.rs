@@ -1,0 +1,173 @@
+//! The client `Vfs` against a reference model: random writes, truncates, renames,
+//! reopens and reads through a real meta and a real node (in-process, over loopback
+//! TCP), compared byte for byte with plain in-memory byte vectors — through the
+//! writing client and through a second client that opens the files afterwards.
+
+use client::{ClientConfig, OpenOptions, Vfs};
+use proptest::prelude::*;
+use proto::meta::{NewNode, SetAttr};
+use proto::types::{Caller, ROOT_INODE};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+const FILES: usize = 3;
+const ROOT: Caller = Caller { uid: 0, gid: 0 };
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { file: usize, offset: u64, len: usize, byte: u8 },
+    Truncate { file: usize, size: u64 },
+    Rename { from: usize, to: usize },
+    Reopen { file: usize },
+    Read { file: usize, offset: u64, len: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..FILES, 0u64..400_000, 1usize..150_000, any::<u8>()).prop_map(|(file, offset, len, byte)| Op::Write { file, offset, len, byte }),
+        1 => (0..FILES, 0u64..500_000).prop_map(|(file, size)| Op::Truncate { file, size }),
+        1 => (0..FILES, 0..FILES).prop_map(|(from, to)| Op::Rename { from, to }),
+        1 => (0..FILES).prop_map(|file| Op::Reopen { file }),
+        2 => (0..FILES, 0u64..600_000, 1u32..200_000).prop_map(|(file, offset, len)| Op::Read { file, offset, len }),
+    ]
+}
+
+struct Env {
+    rt: tokio::runtime::Runtime,
+    meta_addr: String,
+    _dir: tempfile::TempDir,
+}
+
+/// One meta and one node for every case; each case works in its own directory.
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let meta_addr = rt.block_on(async {
+            let config = meta::MetaConfig {
+                db_path: dir.path().join("meta.db"),
+                heartbeat: Duration::from_secs(2),
+                session_expiry: Duration::from_secs(30),
+            };
+            let service = meta::MetaService::open_sqlite(&config).unwrap();
+            service.spawn_background();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let meta_addr = listener.local_addr().unwrap().to_string();
+            tokio::spawn(net::serve(listener, service));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let node = node::NodeConfig {
+                id: "n0".into(),
+                site: "default".into(),
+                data_dir: dir.path().join("chunks"),
+                capacity_bytes: 1 << 34,
+                meta_addr: meta_addr.clone(),
+                advertise_addr: listener.local_addr().unwrap().to_string(),
+                heartbeat: Duration::from_secs(1),
+            };
+            tokio::spawn(node::run(node, listener));
+            meta_addr
+        });
+        Env { rt, meta_addr, _dir: dir }
+    })
+}
+
+async fn connect(meta_addr: &str) -> Arc<Vfs> {
+    // Small chunks so that a few hundred KiB span many chunks and extents.
+    let config = ClientConfig {
+        meta_addr: meta_addr.into(),
+        chunk_size: 64 << 10,
+        max_dirty_bytes: 256 << 10,
+        ..ClientConfig::default()
+    };
+    for _ in 0..100 {
+        let vfs = Vfs::connect(config.clone()).await.unwrap();
+        if vfs.statfs().await.unwrap().capacity_bytes > 0 {
+            return vfs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the node never registered");
+}
+
+async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let env = env();
+    let vfs = connect(&env.meta_addr).await;
+    let dir = vfs.create(ROOT_INODE, format!("case{case}").as_bytes(), NewNode::Dir, 0o755, ROOT, true).await.unwrap();
+    let name = |i: usize| format!("file{i}").into_bytes();
+    let mut model: HashMap<usize, Vec<u8>> = HashMap::new();
+    let mut handles: HashMap<usize, u64> = HashMap::new();
+    for i in 0..FILES {
+        let attr = vfs.create(dir.ino, &name(i), NewNode::File, 0o644, ROOT, true).await.unwrap();
+        handles.insert(i, vfs.open(attr.ino, OpenOptions::default()).await.unwrap().0);
+        model.insert(i, Vec::new());
+    }
+    for op in ops {
+        match op {
+            Op::Write { file, offset, len, byte } => {
+                vfs.write(handles[&file], offset, &vec![byte; len]).await.unwrap();
+                let m = model.get_mut(&file).unwrap();
+                let end = offset as usize + len;
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[offset as usize..end].fill(byte);
+            }
+            Op::Truncate { file, size } => {
+                let ino = vfs.lookup(dir.ino, &name(file)).await.unwrap().ino;
+                vfs.setattr(ino, SetAttr { size: Some(size), ..SetAttr::default() }, ROOT).await.unwrap();
+                model.get_mut(&file).unwrap().resize(size as usize, 0);
+            }
+            Op::Rename { from, to } if from != to => {
+                vfs.rename(dir.ino, &name(from), dir.ino, &name(to), proto::meta::RenameMode::Exchange).await.unwrap();
+                let (a, b) = (model.remove(&from).unwrap(), model.remove(&to).unwrap());
+                model.insert(from, b);
+                model.insert(to, a);
+                let (ha, hb) = (handles[&from], handles[&to]);
+                handles.insert(from, hb);
+                handles.insert(to, ha);
+            }
+            Op::Rename { .. } => {}
+            Op::Reopen { file } => {
+                vfs.release(handles[&file]).await.unwrap();
+                let ino = vfs.lookup(dir.ino, &name(file)).await.unwrap().ino;
+                handles.insert(file, vfs.open(ino, OpenOptions::default()).await.unwrap().0);
+            }
+            Op::Read { file, offset, len } => {
+                let got = vfs.read(handles[&file], offset, len).await.unwrap();
+                let m = &model[&file];
+                let from = (offset as usize).min(m.len());
+                let to = (offset as usize + len as usize).min(m.len());
+                prop_assert!(got == m[from..to], "read of file{file} at {offset}+{len} differs");
+            }
+        }
+    }
+    for (i, fh) in handles {
+        vfs.release(fh).await.unwrap();
+        let _ = i;
+    }
+    // A second client sees exactly what the first closed.
+    let other = connect(&env.meta_addr).await;
+    for (i, want) in &model {
+        let ino = other.lookup(dir.ino, &name(*i)).await.unwrap();
+        prop_assert_eq!(ino.size, want.len() as u64);
+        let (fh, _) = other.open(ino.ino, OpenOptions::default()).await.unwrap();
+        let got = other.read(fh, 0, want.len() as u32 + 10).await.unwrap();
+        prop_assert!(&got == want, "file{i} differs for a second client");
+        other.release(fh).await.unwrap();
+    }
+    vfs.shutdown().await;
+    other.shutdown().await;
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn vfs_matches_reference_model(ops in prop::collection::vec(op(), 1..40)) {
+        static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        env().rt.block_on(run_case(case, ops))?;
+    }
+}
