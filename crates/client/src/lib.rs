@@ -4,6 +4,7 @@
 //! (buffering, chunking, write-behind) live here.
 
 mod cache;
+mod compact;
 mod error;
 mod file;
 mod vfs;

@@ -16,11 +16,13 @@ use proto::placement::rendezvous;
 use proto::types::*;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 use tokio::sync::{OnceCell, Semaphore};
 
 type Result<T> = std::result::Result<T, VfsError>;
+/// A whole chunk's bytes, shared by the cache, uploads and readers.
+type ChunkData = Arc<Vec<u8>>;
 
 /// Tunables of a client; every field has a measured default.
 #[derive(Debug, Clone)]
@@ -107,12 +109,15 @@ pub struct Vfs {
     next_handle: AtomicU64,
     cache: ChunkCache,
     /// Chunks being uploaded, readable before they reach a node.
-    inflight: Mutex<HashMap<ChunkId, (Arc<Vec<u8>>, usize)>>,
-    fetches: Mutex<HashMap<ChunkId, Arc<OnceCell<Arc<Vec<u8>>>>>>,
+    inflight: Mutex<HashMap<ChunkId, (ChunkData, usize)>>,
+    /// Fetches under way, so concurrent misses of one chunk share one transfer.
+    fetches: Mutex<HashMap<ChunkId, Arc<OnceCell<ChunkData>>>>,
     upload_slots: Arc<Semaphore>,
     /// `data_version` of each file when this client last had it open; an unchanged
     /// version lets the kernel keep its page cache.
     seen_versions: Mutex<HashMap<InodeId, u64>>,
+    /// Queue of the background compaction worker.
+    compactor: OnceLock<tokio::sync::mpsc::UnboundedSender<InodeId>>,
 }
 
 impl Vfs {
@@ -136,7 +141,9 @@ impl Vfs {
             inflight: Mutex::default(),
             fetches: Mutex::default(),
             seen_versions: Mutex::default(),
+            compactor: OnceLock::new(),
         });
+        let _ = vfs.compactor.set(crate::compact::spawn_worker(Arc::downgrade(&vfs)));
         let heartbeat = vfs.hello().await?;
         vfs.refresh_nodes().await?;
         let weak = Arc::downgrade(&vfs);
@@ -192,7 +199,11 @@ impl Vfs {
         self.session.load(Ordering::Relaxed)
     }
 
-    async fn meta_call(&self, req: MetaRequest) -> Result<MetaReply> {
+    pub(crate) fn chunk_size(&self) -> u64 {
+        self.config.chunk_size
+    }
+
+    pub(crate) async fn meta_call(&self, req: MetaRequest) -> Result<MetaReply> {
         let res: MetaResult = self.meta.call(&req).await?;
         Ok(res?)
     }
@@ -580,7 +591,7 @@ impl Vfs {
     }
 
     /// Stores a chunk on the first node of its placement that accepts it.
-    async fn store_chunk(&self, id: ChunkId, data: &Arc<Vec<u8>>) -> Result<StoredChunk> {
+    pub(crate) async fn store_chunk(&self, id: ChunkId, data: &Arc<Vec<u8>>) -> Result<StoredChunk> {
         let mut last = VfsError::new(ErrorCode::Io, "no storage node is registered at this site");
         for node in self.placement(&id) {
             let req = NodeRequest::Put { id, data: data.as_ref().clone() };
@@ -639,7 +650,7 @@ impl Vfs {
 
     /// A whole chunk: from the upload set, the cache, or a node (one fetch per chunk
     /// however many readers want it), verified against its id.
-    async fn chunk(&self, id: ChunkId) -> Result<Arc<Vec<u8>>> {
+    pub(crate) async fn chunk(&self, id: ChunkId) -> Result<Arc<Vec<u8>>> {
         if let Some((data, _)) = self.inflight.lock().expect("inflight lock").get(&id) {
             return Ok(data.clone());
         }
@@ -777,6 +788,11 @@ impl Vfs {
         if f.opens == 0 {
             self.files.lock().expect("files lock").remove(&ino);
             self.seen_versions.lock().expect("versions lock").insert(ino, f.attr.data_version);
+            if crate::compact::is_fragmented(&f.extents, f.attr.size, self.config.chunk_size)
+                && let Some(queue) = self.compactor.get()
+            {
+                let _ = queue.send(ino);
+            }
             let session = self.session();
             for owner in f.lock_owners.drain() {
                 let _ = self.meta_call(MetaRequest::ReleaseLocks { session, ino, owner }).await;

@@ -247,11 +247,6 @@ impl Filesystem for LocusFs {
         Ok(())
     }
 
-    fn destroy(&mut self) {
-        let vfs = self.vfs.clone();
-        let _ = self.rt.block_on(async move { vfs.shutdown().await });
-    }
-
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (vfs, n) = (self.vfs.clone(), name(n));
         self.entry(reply, async move { vfs.lookup(parent.0, &n).await });

@@ -30,6 +30,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("rename_dirs", rename_dirs),
     ("setattr_truncate", setattr_truncate),
     ("commit_write_splits", commit_write_splits),
+    ("compact_checks_the_version", compact_checks_the_version),
     ("fallocate", fallocate),
     ("open_truncate_and_sync", open_truncate_and_sync),
     ("xattrs", xattrs),
@@ -538,6 +539,35 @@ fn commit_write_splits(b: &dyn Backend) {
     );
     // A failed request leaves nothing behind.
     assert_eq!(refcount(&s, 4), Some(2));
+}
+
+fn compact_checks_the_version(b: &dyn Backend) {
+    let s = b.open();
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    commit(&s, f.ino, vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 10, 3, 0)], 30);
+    let before = get(&s, f.ino);
+    let merged = StoredChunk { id: cid(9), size: 30, nodes: vec!["n1".into()] };
+    let compact = |version| MetaRequest::Compact {
+        ino: f.ino,
+        data_version: version,
+        extents: vec![ext(0, 30, 9, 0)],
+        chunks: vec![merged.clone()],
+    };
+    // A stale version changes nothing.
+    assert_eq!(err(&s, compact(before.data_version - 1)), ErrorCode::Stale);
+    assert_eq!(extents(&s, f.ino).len(), 3);
+    let after = attr(ok(&s, compact(before.data_version)));
+    assert_eq!(extents(&s, f.ino), vec![(0, 30, 9, 0)]);
+    assert_eq!((refcount(&s, 1), refcount(&s, 9)), (Some(0), Some(1)));
+    // Same bytes: size, times and version are untouched.
+    assert_eq!((after.size, after.mtime, after.data_version), (before.size, before.mtime, before.data_version));
+    let beyond = MetaRequest::Compact {
+        ino: f.ino,
+        data_version: before.data_version,
+        extents: vec![ext(0, 40, 9, 0)],
+        chunks: vec![],
+    };
+    assert_eq!(err(&s, beyond), ErrorCode::InvalidArgument);
 }
 
 fn fallocate(b: &dyn Backend) {

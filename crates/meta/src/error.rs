@@ -28,6 +28,8 @@ pub enum MetaError {
     Range(String),
     #[error("lock conflict: {0}")]
     WouldBlock(String),
+    #[error("stale: {0}")]
+    Stale(String),
     #[error("metadata database error: {0}")]
     Db(#[from] rusqlite::Error),
     #[error(
@@ -58,6 +60,7 @@ impl MetaError {
             MetaError::NoAttribute(_) => ErrorCode::NoAttribute,
             MetaError::Range(_) => ErrorCode::Range,
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
+            MetaError::Stale(_) => ErrorCode::Stale,
             MetaError::Db(_) => ErrorCode::Io,
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,

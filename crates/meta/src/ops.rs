@@ -69,7 +69,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | Unreferenced { .. }
         | Status => Access::Read,
         GetLock { .. } | SetLock { .. } | ReleaseLocks { .. } => Access::Locks,
-        CommitWrite { .. } | Fallocate { .. } | Sync => Access::Write { durable: true },
+        CommitWrite { .. } | Compact { .. } | Fallocate { .. } | Sync => Access::Write { durable: true },
         Hello { .. }
         | Heartbeat { .. }
         | Goodbye { .. }
@@ -236,6 +236,9 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
             MetaReply::Attr(commit_write(t, now, ino, &extents, &chunks, min_size, mtime)?)
         }
         R::Fallocate { ino, offset, len, mode } => MetaReply::Attr(fallocate(t, now, ino, offset, len, mode)?),
+        R::Compact { ino, data_version, extents, chunks } => {
+            MetaReply::Attr(compact(t, ino, data_version, &extents, &chunks)?)
+        }
         R::Sync => {
             t.next_id(Counter::Sync)?;
             MetaReply::Done
@@ -702,6 +705,18 @@ fn commit_write(
     if min_size > MAX_OFFSET {
         return Err(MetaError::InvalidArgument(format!("size {min_size} exceeds the largest file size")));
     }
+    map_extents(t, ino, extents, chunks)?;
+    i.attr.size = i.attr.size.max(min_size);
+    i.attr.mtime = mtime;
+    i.attr.ctime = now;
+    i.attr.data_version += 1;
+    t.put_inode(&i)?;
+    Ok(i.attr)
+}
+
+/// Maps `extents` (later ones win) over whatever the file had there, recording their
+/// chunks in the catalogue; refcounts stay equal to the number of extent rows.
+fn map_extents(t: &mut dyn Txn, ino: InodeId, extents: &[Extent], chunks: &[StoredChunk]) -> Result<(), MetaError> {
     for c in chunks {
         t.upsert_chunk(c)?;
     }
@@ -714,11 +729,30 @@ fn commit_write(
         t.insert_extent(ino, e)?;
         t.adjust_refcount(&e.chunk, 1)?;
     }
-    i.attr.size = i.attr.size.max(min_size);
-    i.attr.mtime = mtime;
-    i.attr.ctime = now;
-    i.attr.data_version += 1;
-    t.put_inode(&i)?;
+    Ok(())
+}
+
+/// Replaces fragmented extents by ones with the same bytes, only if nobody changed the
+/// file since the compactor read it (`data_version`); content and times stay as they are.
+fn compact(
+    t: &mut dyn Txn,
+    ino: InodeId,
+    data_version: u64,
+    extents: &[Extent],
+    chunks: &[StoredChunk],
+) -> Result<Attr, MetaError> {
+    let i = inode(t, ino)?;
+    require_file(&i)?;
+    if i.attr.data_version != data_version {
+        return Err(MetaError::Stale(format!(
+            "inode {ino} changed (version {} -> {}) while it was being compacted",
+            data_version, i.attr.data_version
+        )));
+    }
+    if extents.iter().any(|e| e.end() > i.attr.size) {
+        return Err(MetaError::InvalidArgument(format!("compaction of inode {ino} reaches beyond its size")));
+    }
+    map_extents(t, ino, extents, chunks)?;
     Ok(i.attr)
 }
 

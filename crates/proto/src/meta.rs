@@ -231,6 +231,14 @@ pub enum MetaRequest {
         len: u64,
         mode: AllocateMode,
     },
+    /// Swaps fragmented extents for ones holding the same bytes in fewer chunks; refused
+    /// (`Stale`) if the file's `data_version` is no longer the one the compactor read.
+    Compact {
+        ino: InodeId,
+        data_version: u64,
+        extents: Vec<Extent>,
+        chunks: Vec<StoredChunk>,
+    },
     /// Makes every change acknowledged so far durable on meta's disk (fsync, fsyncdir).
     Sync,
 

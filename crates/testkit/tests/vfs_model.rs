@@ -171,3 +171,47 @@ proptest! {
         env().rt.block_on(run_case(case, ops))?;
     }
 }
+
+#[test]
+fn fragmented_files_are_compacted_in_the_background() {
+    let env = env();
+    env.rt.block_on(async {
+        let vfs = connect(&env.meta_addr).await;
+        let attr = vfs.create(ROOT_INODE, b"fragmented", NewNode::File, 0o644, ROOT, true).await.unwrap();
+        let (fh, _) = vfs.open(attr.ino, OpenOptions::default()).await.unwrap();
+        let mut model = vec![1u8; 256 << 10];
+        vfs.write(fh, 0, &model).await.unwrap();
+        vfs.fsync(fh).await.unwrap();
+        // 100 small overwrites, each committed on its own: 100+ extents.
+        for i in 0..100u64 {
+            let at = (i * 2459) % (250 << 10);
+            vfs.write(fh, at, &[i as u8; 7]).await.unwrap();
+            model[at as usize..at as usize + 7].fill(i as u8);
+            vfs.fsync(fh).await.unwrap();
+        }
+        let meta = net::RpcClient::connect(&env.meta_addr, 1, Duration::from_secs(10)).await.unwrap();
+        let before = extent_count(&meta, attr.ino).await;
+        assert!(before > 100, "expected a fragmented file, got {before} extents");
+        vfs.release(fh).await.unwrap();
+        let mut after = before;
+        for _ in 0..100 {
+            after = extent_count(&meta, attr.ino).await;
+            if after < 16 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(after < 16, "compaction left {after} of {before} extents");
+        let (fh, _) = vfs.open(attr.ino, OpenOptions::default()).await.unwrap();
+        assert!(vfs.read(fh, 0, model.len() as u32).await.unwrap() == model, "compaction changed the content");
+        vfs.release(fh).await.unwrap();
+    });
+}
+
+async fn extent_count(meta: &net::RpcClient, ino: u64) -> usize {
+    let r: proto::meta::MetaResult = meta.call(&proto::meta::MetaRequest::Extents { ino }).await.unwrap();
+    match r.unwrap() {
+        proto::meta::MetaReply::Opened { extents, .. } => extents.len(),
+        other => panic!("{other:?}"),
+    }
+}
