@@ -108,7 +108,55 @@ mod tests {
         assert_eq!(format!("{back:?}"), format!("{req:?}"));
     }
 
+    fn sample_messages() -> Vec<Vec<u8>> {
+        use crate::meta::*;
+        use crate::types::*;
+        let ext = Extent { file_offset: 5, len: 9, chunk: ChunkId([3; 32]), chunk_offset: 1 };
+        let reqs = vec![
+            MetaRequest::Create {
+                parent: 1,
+                name: b"name".to_vec(),
+                node: NewNode::Symlink { target: b"t".to_vec() },
+                mode: 0o755,
+                caller: Caller { uid: 1, gid: 2 },
+                exclusive: true,
+            },
+            MetaRequest::CommitWrite {
+                ino: 9,
+                extents: vec![ext, ext],
+                chunks: vec![StoredChunk { id: ChunkId([1; 32]), size: 10, nodes: vec!["n".into()] }],
+                min_size: 14,
+                mtime: Timestamp::now(),
+            },
+            MetaRequest::SetLock {
+                session: 4,
+                lock: LockRange { ino: 1, owner: 2, start: 0, end: u64::MAX, kind: LockKind::Write, pid: 7 },
+            },
+        ];
+        let mut out: Vec<Vec<u8>> = reqs.iter().map(|r| encode(FrameKind::Request, 1, r).unwrap()).collect();
+        let put = NodeRequest::Put { id: ChunkId([2; 32]), data: vec![7; 100] };
+        out.push(encode(FrameKind::Request, 2, &put).unwrap());
+        out
+    }
+
     proptest! {
+        /// Valid frames with bytes flipped, dropped or cut short decode to an error or
+        /// to some message, never a panic.
+        #[test]
+        fn mutated_frames_never_panic(which in 0usize..4, flips in prop::collection::vec((any::<usize>(), any::<u8>()), 0..8), cut in any::<usize>()) {
+            let mut bytes = sample_messages().swap_remove(which);
+            for (at, x) in flips {
+                let i = at % bytes.len();
+                bytes[i] ^= x;
+            }
+            let cut = HEADER_LEN + cut % (bytes.len() - HEADER_LEN + 1);
+            let head: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
+            let _ = Header::decode(&head);
+            let payload = &bytes[HEADER_LEN..cut];
+            let _ = decode::<MetaRequest>(payload);
+            let _ = decode::<NodeRequest>(payload);
+        }
+
         /// Decoders return errors on arbitrary bytes, never panic.
         #[test]
         fn decoders_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
