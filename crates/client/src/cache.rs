@@ -1,9 +1,10 @@
 //! A byte-bounded LRU of whole chunks. Chunks are immutable, so a cached chunk never
 //! goes stale: no invalidation, only eviction.
 
+use bytes::Bytes;
 use proto::types::ChunkId;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// Whole chunks by id, evicting the least recently used beyond `capacity` bytes.
 pub struct ChunkCache {
@@ -13,7 +14,7 @@ pub struct ChunkCache {
 
 #[derive(Default)]
 struct Lru {
-    by_id: HashMap<ChunkId, (Arc<Vec<u8>>, u64)>,
+    by_id: HashMap<ChunkId, (Bytes, u64)>,
     by_tick: BTreeMap<u64, ChunkId>,
     tick: u64,
     bytes: usize,
@@ -24,7 +25,7 @@ impl ChunkCache {
         ChunkCache { capacity, inner: Mutex::new(Lru::default()) }
     }
 
-    pub fn get(&self, id: &ChunkId) -> Option<Arc<Vec<u8>>> {
+    pub fn get(&self, id: &ChunkId) -> Option<Bytes> {
         let mut lru = self.inner.lock().expect("cache lock");
         lru.tick += 1;
         let tick = lru.tick;
@@ -34,7 +35,7 @@ impl ChunkCache {
         Some(data)
     }
 
-    pub fn insert(&self, id: ChunkId, data: Arc<Vec<u8>>) {
+    pub fn insert(&self, id: ChunkId, data: Bytes) {
         if data.len() > self.capacity {
             return;
         }
@@ -65,10 +66,10 @@ mod tests {
     fn evicts_least_recently_used_beyond_capacity() {
         let c = ChunkCache::new(10);
         let id = |n| ChunkId([n; 32]);
-        c.insert(id(1), Arc::new(vec![0; 4]));
-        c.insert(id(2), Arc::new(vec![0; 4]));
+        c.insert(id(1), Bytes::from(vec![0; 4]));
+        c.insert(id(2), Bytes::from(vec![0; 4]));
         assert!(c.get(&id(1)).is_some());
-        c.insert(id(3), Arc::new(vec![0; 4]));
+        c.insert(id(3), Bytes::from(vec![0; 4]));
         assert!(c.get(&id(2)).is_none(), "2 was least recently used");
         assert!(c.get(&id(1)).is_some() && c.get(&id(3)).is_some());
     }

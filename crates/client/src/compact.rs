@@ -97,7 +97,7 @@ pub(crate) async fn compact(vfs: &Arc<Vfs>, ino: InodeId) -> Result<usize, VfsEr
             bytes.extend_from_slice(piece);
         }
         let id = ChunkId::of(&bytes);
-        let data = Arc::new(bytes);
+        let data = bytes::Bytes::from(bytes);
         chunks.push(vfs.store_chunk(id, &data).await?);
         new_extents.push(Extent { file_offset: *start, len: data.len() as u64, chunk: id, chunk_offset: 0 });
     }

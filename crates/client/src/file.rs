@@ -13,9 +13,16 @@ use tokio::task::JoinHandle;
 pub(crate) struct DirtyBuffer {
     runs: BTreeMap<u64, Vec<u8>>,
     bytes: usize,
+    /// Capacity a growing run reserves at once (the chunk size), so sequential writes
+    /// fill one allocation per chunk instead of reallocating as they go.
+    run_capacity: usize,
 }
 
 impl DirtyBuffer {
+    pub fn with_run_capacity(run_capacity: usize) -> Self {
+        DirtyBuffer { run_capacity, ..DirtyBuffer::default() }
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -32,6 +39,9 @@ impl DirtyBuffer {
             && self.runs.range(offset..end).next().is_none()
         {
             let run = self.runs.get_mut(&start).expect("run exists");
+            if run.capacity() - run.len() < data.len() {
+                run.reserve(data.len().max(self.run_capacity.saturating_sub(run.len())));
+            }
             run.extend_from_slice(data);
             self.bytes += data.len();
             return;

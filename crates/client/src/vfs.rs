@@ -7,6 +7,7 @@
 use crate::cache::ChunkCache;
 use crate::error::VfsError;
 use crate::file::{DirtyBuffer, FileInner, FileState};
+use bytes::Bytes;
 use net::RpcClient;
 use proto::error::ErrorCode;
 use proto::extent::{ExtentMap, Segment};
@@ -22,7 +23,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 type Result<T> = std::result::Result<T, VfsError>;
 /// A whole chunk's bytes, shared by the cache, uploads and readers.
-type ChunkData = Arc<Vec<u8>>;
+type ChunkData = Bytes;
 
 /// Tunables of a client; every field has a measured default.
 #[derive(Debug, Clone)]
@@ -263,9 +264,9 @@ impl Vfs {
         Ok(client)
     }
 
-    async fn node_call(&self, node: &str, req: &NodeRequest) -> Result<NodeReply> {
-        let res: NodeResult = self.node(node).await?.call(req).await?;
-        Ok(res?)
+    async fn node_call(&self, node: &str, req: &NodeRequest, bulk: Bytes) -> Result<(NodeReply, Bytes)> {
+        let (res, bulk): (NodeResult, Bytes) = self.node(node).await?.call_bulk(req, bulk).await?;
+        Ok((res?, bulk))
     }
 
     /// Site nodes in placement order for `chunk`.
@@ -281,19 +282,23 @@ impl Vfs {
         Ok(self.local_view(attr).await)
     }
 
-    /// Attributes, with this client's unflushed size and mtime if it has the file open.
+    /// Attributes, with this client's unflushed size and times if it has the file open.
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
-        if let Some(file) = self.open_file(ino) {
-            return Ok(file.inner.lock().await.attr.clone());
-        }
-        self.meta_attr(MetaRequest::GetAttr { ino }).await
+        // Always ask meta: link counts and ctime change under an open file too
+        // (link, unlink, rename, chmod through another client).
+        let attr = self.meta_attr(MetaRequest::GetAttr { ino }).await?;
+        Ok(self.local_view(attr).await)
     }
 
+    /// Overlays what this client wrote but has not committed yet: size, mtime and ctime.
     async fn local_view(&self, attr: Attr) -> Attr {
         match self.open_file(attr.ino) {
             Some(file) => {
                 let f = file.inner.lock().await;
-                Attr { size: f.attr.size, mtime: f.attr.mtime, ..attr }
+                if !f.modified {
+                    return attr;
+                }
+                Attr { size: f.attr.size, mtime: f.attr.mtime, ctime: f.attr.ctime.max(attr.ctime), ..attr }
             }
             None => attr,
         }
@@ -499,7 +504,7 @@ impl Vfs {
             inner: tokio::sync::Mutex::new(FileInner {
                 attr,
                 extents: ExtentMap::from_extents(extents),
-                dirty: DirtyBuffer::default(),
+                dirty: DirtyBuffer::with_run_capacity(self.config.chunk_size as usize),
                 pending: Vec::new(),
                 uploads: Vec::new(),
                 modified: false,
@@ -550,7 +555,10 @@ impl Vfs {
         let mut f = handle.file.inner.lock().await;
         f.dirty.insert(offset, data);
         f.attr.size = f.attr.size.max(offset + data.len() as u64);
-        f.attr.mtime = Timestamp::now();
+        // write(2) marks both mtime and ctime for update.
+        let now = Timestamp::now();
+        f.attr.mtime = now;
+        f.attr.ctime = now;
         f.modified = true;
         let flush_all = f.dirty.bytes() > self.config.max_dirty_bytes;
         for (off, bytes) in f.dirty.take_chunks(self.config.chunk_size, flush_all) {
@@ -567,7 +575,7 @@ impl Vfs {
         let extent = Extent { file_offset: offset, len: bytes.len() as u64, chunk: id, chunk_offset: 0 };
         f.extents.insert(extent);
         f.pending.push(extent);
-        let data = Arc::new(bytes);
+        let data = Bytes::from(bytes);
         {
             let mut inflight = self.inflight.lock().expect("inflight lock");
             inflight.entry(id).or_insert_with(|| (data.clone(), 0)).1 += 1;
@@ -591,11 +599,16 @@ impl Vfs {
     }
 
     /// Stores a chunk on the first node of its placement that accepts it.
-    pub(crate) async fn store_chunk(&self, id: ChunkId, data: &Arc<Vec<u8>>) -> Result<StoredChunk> {
+    pub(crate) async fn store_chunk(&self, id: ChunkId, data: &Bytes) -> Result<StoredChunk> {
         let mut last = VfsError::new(ErrorCode::Io, "no storage node is registered at this site");
-        for node in self.placement(&id) {
-            let req = NodeRequest::Put { id, data: data.as_ref().clone() };
-            match self.node_call(&node, &req).await {
+        let mut nodes = self.placement(&id);
+        if nodes.is_empty() {
+            // Perhaps nodes joined since the last refresh.
+            self.refresh_nodes().await?;
+            nodes = self.placement(&id);
+        }
+        for node in nodes {
+            match self.node_call(&node, &NodeRequest::Put { id }, data.clone()).await {
                 Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node] }),
                 Err(e) => {
                     tracing::warn!(chunk = %id, %node, "store failed, trying the next node: {e}");
@@ -650,7 +663,7 @@ impl Vfs {
 
     /// A whole chunk: from the upload set, the cache, or a node (one fetch per chunk
     /// however many readers want it), verified against its id.
-    pub(crate) async fn chunk(&self, id: ChunkId) -> Result<Arc<Vec<u8>>> {
+    pub(crate) async fn chunk(&self, id: ChunkId) -> Result<ChunkData> {
         if let Some((data, _)) = self.inflight.lock().expect("inflight lock").get(&id) {
             return Ok(data.clone());
         }
@@ -663,7 +676,7 @@ impl Vfs {
         result
     }
 
-    async fn fetch_chunk(&self, id: ChunkId) -> Result<Arc<Vec<u8>>> {
+    async fn fetch_chunk(&self, id: ChunkId) -> Result<ChunkData> {
         let mut candidates = self.placement(&id);
         let mut last = VfsError::new(ErrorCode::Io, format!("chunk {id} is on no reachable node"));
         let mut asked_meta = false;
@@ -689,18 +702,17 @@ impl Vfs {
             }
             let node = candidates[i].clone();
             i += 1;
-            match self.node_call(&node, &NodeRequest::Get { id, offset: 0, len: u64::MAX }).await {
-                Ok(NodeReply::Data(data)) => {
+            match self.node_call(&node, &NodeRequest::Get { id, offset: 0, len: u64::MAX }, Bytes::new()).await {
+                Ok((NodeReply::Data, data)) => {
                     if ChunkId::of(&data) != id {
                         tracing::error!(chunk = %id, %node, "chunk failed its hash check in transit");
                         last = VfsError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} is corrupt"));
                         continue;
                     }
-                    let data = Arc::new(data);
                     self.cache.insert(id, data.clone());
                     return Ok(data);
                 }
-                Ok(other) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),
+                Ok((other, _)) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),
                 Err(e) => {
                     // A corrupt or missing copy is not an answer: try the next copy.
                     last = e;

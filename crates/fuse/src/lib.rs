@@ -100,17 +100,17 @@ fn time(t: Timestamp) -> SystemTime {
     }
 }
 
-fn timestamp(t: SystemTime) -> Timestamp {
+/// Undoes fuser's decoding of a time the kernel sent (setattr). fuser 0.18 turns the
+/// kernel's `{ sec: -2, nsec: 500_000_000 }` (-1.5 s) into `UNIX_EPOCH - 2.5 s`, i.e. it
+/// subtracts the nanoseconds instead of adding them (see its `system_time_from_time`
+/// TODO); so before the epoch the whole seconds and the nanoseconds of the distance
+/// are exactly the kernel's `-sec` and `nsec`.
+fn request_timestamp(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
         Err(e) => {
             let d = e.duration();
-            let (secs, nanos) = if d.subsec_nanos() == 0 {
-                (-(d.as_secs() as i64), 0)
-            } else {
-                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
-            };
-            Timestamp { secs, nanos }
+            Timestamp { secs: -(d.as_secs() as i64), nanos: d.subsec_nanos() }
         }
     }
 }
@@ -154,7 +154,7 @@ fn caller(req: &Request) -> Caller {
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(t) => TimeSet::At(timestamp(t)),
+        TimeOrNow::SpecificTime(t) => TimeSet::At(request_timestamp(t)),
     }
 }
 
@@ -625,5 +625,27 @@ fn sized(reply: ReplyXattr, size: u32, data: &[u8]) {
         reply.error(Errno::ERANGE)
     } else {
         reply.data(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_times_before_the_epoch_keep_their_nanoseconds() {
+        // What fuser hands us for the kernel's { sec: -2, nsec: 500_000_000 } (-1.5 s).
+        let t = UNIX_EPOCH - Duration::new(2, 500_000_000);
+        assert_eq!(request_timestamp(t), Timestamp { secs: -2, nanos: 500_000_000 });
+        let whole = UNIX_EPOCH - Duration::from_secs(3);
+        assert_eq!(request_timestamp(whole), Timestamp { secs: -3, nanos: 0 });
+        let after = UNIX_EPOCH + Duration::new(5, 7);
+        assert_eq!(request_timestamp(after), Timestamp { secs: 5, nanos: 7 });
+    }
+
+    #[test]
+    fn reply_times_round_trip_through_system_time() {
+        let t = Timestamp { secs: -2, nanos: 500_000_000 };
+        assert_eq!(UNIX_EPOCH.duration_since(time(t)).unwrap(), Duration::from_millis(1500));
     }
 }

@@ -5,7 +5,19 @@ mod admin;
 mod cli;
 mod roles;
 
+/// Keeps chunk-sized buffers (MiBs) in the heap and the heap from being trimmed, so a
+/// buffer freed after one transfer is reused by the next instead of being unmapped and
+/// faulted in again (first touch of fresh memory runs at a tenth of memcpy speed).
+fn tune_allocator() {
+    // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 fn main() -> std::process::ExitCode {
+    tune_allocator();
     let args = match cli::parse() {
         Ok(args) => args,
         Err(e) => {

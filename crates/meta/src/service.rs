@@ -6,6 +6,7 @@ use crate::locks::LockTable;
 use crate::ops::{self, Access, Ctx};
 use crate::sqlite::SqliteStore;
 use crate::store::{self, MetaStore};
+use bytes::Bytes;
 use proto::meta::{LockKind, MetaReply, MetaRequest, MetaResult};
 use proto::types::SessionId;
 use std::path::PathBuf;
@@ -159,14 +160,15 @@ impl net::Service for MetaService {
     type Request = MetaRequest;
     type Reply = MetaResult;
 
-    async fn handle(self: Arc<Self>, req: MetaRequest) -> MetaResult {
+    async fn handle(self: Arc<Self>, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
         if ops::access(&req) == Access::Locks {
-            return self.handle_blocking(req);
+            return (self.handle_blocking(req), Bytes::new());
         }
-        match tokio::task::spawn_blocking(move || self.handle_blocking(req)).await {
+        let reply = match tokio::task::spawn_blocking(move || self.handle_blocking(req)).await {
             Ok(reply) => reply,
             Err(e) => Err(MetaError::Internal(format!("request task failed: {e}")).into()),
-        }
+        };
+        (reply, Bytes::new())
     }
 }
 

@@ -1,22 +1,25 @@
 //! The calling side: a pool of connections to one peer, each with a writer task and a
 //! reader task that routes responses back to their callers by request id.
 
-use crate::{NetError, tune};
+use crate::{NetError, tune, write_frames};
+use bytes::Bytes;
 use proto::frame::{self, FrameKind, HEADER_LEN, Header};
 use serde::{Serialize, de::DeserializeOwned};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Vec<u8>>>>>>;
+/// Answers on their way back: payload and bulk bytes.
+type Answer = (Vec<u8>, Bytes);
+type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Answer>>>>>;
 
 /// One live connection. `pending` becomes `None` when the connection dies.
 struct Conn {
-    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    outgoing: mpsc::UnboundedSender<(Vec<u8>, Bytes)>,
     pending: Pending,
 }
 
@@ -73,10 +76,20 @@ impl RpcClient {
     /// Sends `req` and waits for its answer. Requests from concurrent callers are
     /// pipelined on the pool's connections.
     pub async fn call<Req: Serialize, Resp: DeserializeOwned>(&self, req: &Req) -> Result<Resp, NetError> {
+        Ok(self.call_bulk(req, Bytes::new()).await?.0)
+    }
+
+    /// Like `call`, with bulk bytes (chunk data) sent after the request and returned
+    /// after the answer, never copied through the codec.
+    pub async fn call_bulk<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        req: &Req,
+        bulk: Bytes,
+    ) -> Result<(Resp, Bytes), NetError> {
         let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let conn = self.conn(slot).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let bytes = frame::encode(FrameKind::Request, id, req)?;
+        let bytes = frame::encode(FrameKind::Request, id, req, bulk.len())?;
         let (tx, rx) = oneshot::channel();
         {
             let mut pending = conn.pending.lock().expect("pending lock");
@@ -85,11 +98,11 @@ impl RpcClient {
                 None => return Err(self.lost("connection closed")),
             };
         }
-        if conn.outgoing.send(bytes).is_err() {
+        if conn.outgoing.send((bytes, bulk)).is_err() {
             return Err(self.lost("writer stopped"));
         }
         match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(payload)) => Ok(frame::decode(&payload)?),
+            Ok(Ok((payload, bulk))) => Ok((frame::decode(&payload)?, bulk)),
             Ok(Err(_)) => Err(self.lost("peer closed the connection")),
             Err(_) => {
                 if let Some(map) = conn.pending.lock().expect("pending lock").as_mut() {
@@ -107,26 +120,9 @@ impl RpcClient {
 
 fn start_conn(stream: TcpStream, addr: String) -> Conn {
     let (mut reader, writer) = stream.into_split();
-    let (outgoing, mut queue) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (outgoing, queue) = mpsc::unbounded_channel::<(Vec<u8>, Bytes)>();
     let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-
-    tokio::spawn(async move {
-        let mut writer = BufWriter::with_capacity(256 << 10, writer);
-        while let Some(frame) = queue.recv().await {
-            if writer.write_all(&frame).await.is_err() {
-                return;
-            }
-            // Coalesce whatever else is queued into the same flush.
-            while let Ok(frame) = queue.try_recv() {
-                if writer.write_all(&frame).await.is_err() {
-                    return;
-                }
-            }
-            if writer.flush().await.is_err() {
-                return;
-            }
-        }
-    });
+    tokio::spawn(write_frames(writer, queue));
 
     let routes = pending.clone();
     tokio::spawn(async move {
@@ -144,9 +140,13 @@ fn start_conn(stream: TcpStream, addr: String) -> Conn {
             if let Err(e) = reader.read_exact(&mut payload).await {
                 break e.to_string();
             }
+            let mut bulk = vec![0u8; header.bulk_len as usize];
+            if let Err(e) = reader.read_exact(&mut bulk).await {
+                break e.to_string();
+            }
             let waiter = routes.lock().expect("pending lock").as_mut().and_then(|m| m.remove(&header.request_id));
             if let Some(w) = waiter {
-                let _ = w.send(payload);
+                let _ = w.send((payload, Bytes::from(bulk)));
             }
         };
         tracing::debug!(%addr, %reason, "rpc connection closed");

@@ -25,3 +25,25 @@ pub enum NetError {
 fn tune(stream: &tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
 }
+
+/// Writes queued frames (header and payload, then bulk) until the queue closes or the
+/// socket fails; frames queued together go out in one flush.
+async fn write_frames(
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<(Vec<u8>, bytes::Bytes)>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut writer = tokio::io::BufWriter::with_capacity(256 << 10, writer);
+    while let Some(first) = queue.recv().await {
+        let mut next = Some(first);
+        while let Some((frame, bulk)) = next {
+            if writer.write_all(&frame).await.is_err() || writer.write_all(&bulk).await.is_err() {
+                return;
+            }
+            next = queue.try_recv().ok();
+        }
+        if writer.flush().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,20 +1,22 @@
 //! The answering side: each connection reads requests and runs each in its own task,
 //! so a slow request never holds up the ones behind it.
 
-use crate::tune;
+use crate::{tune, write_frames};
+use bytes::Bytes;
 use proto::frame::{self, FrameKind, HEADER_LEN, Header};
 use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-/// A request handler: one typed request in, one typed answer out.
+/// A request handler: one typed request (plus its bulk bytes, if any) in, one typed
+/// answer (plus bulk bytes, usually empty) out.
 pub trait Service: Send + Sync + 'static {
     type Request: DeserializeOwned + Send + 'static;
     type Reply: Serialize + Send + 'static;
-    fn handle(self: Arc<Self>, req: Self::Request) -> impl Future<Output = Self::Reply> + Send;
+    fn handle(self: Arc<Self>, req: Self::Request, bulk: Bytes) -> impl Future<Output = (Self::Reply, Bytes)> + Send;
 }
 
 /// Accepts connections until the listener fails; each is served concurrently.
@@ -33,23 +35,8 @@ pub async fn serve<S: Service>(listener: TcpListener, service: Arc<S>) -> std::i
 
 async fn serve_conn<S: Service>(stream: TcpStream, service: Arc<S>) -> Result<(), String> {
     let (mut reader, writer) = stream.into_split();
-    let (outgoing, mut queue) = mpsc::unbounded_channel::<Vec<u8>>();
-    tokio::spawn(async move {
-        let mut writer = BufWriter::with_capacity(256 << 10, writer);
-        while let Some(frame) = queue.recv().await {
-            if writer.write_all(&frame).await.is_err() {
-                return;
-            }
-            while let Ok(frame) = queue.try_recv() {
-                if writer.write_all(&frame).await.is_err() {
-                    return;
-                }
-            }
-            if writer.flush().await.is_err() {
-                return;
-            }
-        }
-    });
+    let (outgoing, queue) = mpsc::unbounded_channel::<(Vec<u8>, Bytes)>();
+    tokio::spawn(write_frames(writer, queue));
     loop {
         let mut head = [0u8; HEADER_LEN];
         reader.read_exact(&mut head).await.map_err(|e| e.to_string())?;
@@ -59,15 +46,17 @@ async fn serve_conn<S: Service>(stream: TcpStream, service: Arc<S>) -> Result<()
         }
         let mut payload = vec![0u8; header.payload_len as usize];
         reader.read_exact(&mut payload).await.map_err(|e| e.to_string())?;
+        let mut bulk = vec![0u8; header.bulk_len as usize];
+        reader.read_exact(&mut bulk).await.map_err(|e| e.to_string())?;
         // A malformed request ends the connection: the stream can no longer be trusted.
         let req: S::Request = frame::decode(&payload).map_err(|e| format!("malformed request: {e}"))?;
         let service = service.clone();
         let outgoing = outgoing.clone();
         tokio::spawn(async move {
-            let reply = service.handle(req).await;
-            match frame::encode(FrameKind::Response, header.request_id, &reply) {
+            let (reply, bulk) = service.handle(req, Bytes::from(bulk)).await;
+            match frame::encode(FrameKind::Response, header.request_id, &reply, bulk.len()) {
                 Ok(bytes) => {
-                    let _ = outgoing.send(bytes);
+                    let _ = outgoing.send((bytes, bulk));
                 }
                 Err(e) => tracing::error!(error = %e, "cannot encode reply"),
             }
@@ -80,14 +69,15 @@ mod tests {
     use super::*;
     use crate::RpcClient;
     use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
 
     struct Echo;
     impl Service for Echo {
         type Request = (u64, u64);
         type Reply = u64;
-        async fn handle(self: Arc<Self>, (delay_ms, v): (u64, u64)) -> u64 {
+        async fn handle(self: Arc<Self>, (delay_ms, v): (u64, u64), bulk: Bytes) -> (u64, Bytes) {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-            v * 2
+            (v * 2, bulk)
         }
     }
 
@@ -109,6 +99,17 @@ mod tests {
             assert_eq!(call.await.unwrap(), 2 * i as u64);
         }
         assert!(started.elapsed() < Duration::from_secs(3), "requests were not pipelined");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bulk_bytes_travel_both_ways() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, Arc::new(Echo)));
+        let client = RpcClient::connect(&addr, 2, Duration::from_secs(5)).await.unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| i as u8).collect();
+        let (v, back): (u64, Bytes) = client.call_bulk(&(0u64, 4u64), Bytes::from(data.clone())).await.unwrap();
+        assert_eq!((v, &back[..]), (8, &data[..]));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,7 @@
 //! data-path protocol (`proto::node`) and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat.
 
+use bytes::Bytes;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
@@ -85,11 +86,14 @@ impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
 
-    async fn handle(self: Arc<Self>, req: NodeRequest) -> NodeResult {
-        match req {
-            NodeRequest::Put { id, data } => self.blocking(move |s| s.put(&id, &data)).await.map(|()| NodeReply::Done),
+    async fn handle(self: Arc<Self>, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+        let reply = match req {
+            NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
             NodeRequest::Get { id, offset, len } => {
-                self.blocking(move |s| s.get(&id, offset, len)).await.map(NodeReply::Data)
+                return match self.blocking(move |s| s.get(&id, offset, len)).await {
+                    Ok(data) => (Ok(NodeReply::Data), Bytes::from(data)),
+                    Err(e) => (Err(e), Bytes::new()),
+                };
             }
             NodeRequest::Has { ids } => self.blocking(move |s| s.has(&ids)).await.map(NodeReply::Flags),
             NodeRequest::List { after, limit } => {
@@ -102,7 +106,8 @@ impl Service for NodeService {
                 self.blocking(move |s| s.delete(&ids, min_age)).await.map(NodeReply::Count)
             }
             NodeRequest::Stats => Ok(NodeReply::Stats(self.store.stats())),
-        }
+        };
+        (reply, Bytes::new())
     }
 }
 

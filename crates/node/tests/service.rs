@@ -1,5 +1,6 @@
 //! `NodeService` behind a real `net::serve` on loopback, driven by `net::RpcClient`.
 
+use bytes::Bytes;
 use chunk::ChunkStore;
 use net::RpcClient;
 use node::NodeService;
@@ -33,9 +34,24 @@ impl Node {
         self.client.call::<_, NodeResult>(&req).await.unwrap()
     }
 
+    /// Sends `data` as the request's bulk bytes (Put).
+    async fn send(&self, id: ChunkId, data: Vec<u8>) -> NodeResult {
+        self.client.call_bulk::<_, NodeResult>(&NodeRequest::Put { id }, Bytes::from(data)).await.unwrap().0
+    }
+
+    /// A Get, with the bytes that came back as bulk.
+    async fn fetch(&self, id: ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, WireError> {
+        let req = NodeRequest::Get { id, offset, len };
+        let (reply, bulk) = self.client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await.unwrap();
+        reply.map(|r| {
+            assert_eq!(r, NodeReply::Data);
+            bulk.to_vec()
+        })
+    }
+
     async fn put(&self, data: &[u8]) -> ChunkId {
         let id = ChunkId::of(data);
-        assert_eq!(self.call(NodeRequest::Put { id, data: data.to_vec() }).await, Ok(NodeReply::Done));
+        assert_eq!(self.send(id, data.to_vec()).await, Ok(NodeReply::Done));
         id
     }
 
@@ -67,16 +83,14 @@ async fn put_get_has_list_stats() {
     // Idempotent.
     n.put(&data).await;
 
-    let get = |offset, len| NodeRequest::Get { id, offset, len };
-    assert_eq!(n.call(get(0, 1000)).await, Ok(NodeReply::Data(data.clone())));
-    assert_eq!(n.call(get(100, 10)).await, Ok(NodeReply::Data(data[100..110].to_vec())));
-    assert_eq!(n.call(get(990, 100)).await, Ok(NodeReply::Data(data[990..].to_vec())));
-    assert_eq!(code(n.call(get(1001, 1)).await), ErrorCode::InvalidArgument);
+    assert_eq!(n.fetch(id, 0, 1000).await, Ok(data.clone()));
+    assert_eq!(n.fetch(id, 100, 10).await, Ok(data[100..110].to_vec()));
+    assert_eq!(n.fetch(id, 990, 100).await, Ok(data[990..].to_vec()));
+    assert_eq!(n.fetch(id, 1001, 1).await.unwrap_err().code, ErrorCode::InvalidArgument);
     let missing = ChunkId::of(b"missing");
     assert_eq!(code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1 }).await), ErrorCode::NotFound);
 
-    let wrong = NodeRequest::Put { id: missing, data: b"not it".to_vec() };
-    assert_eq!(code(n.call(wrong).await), ErrorCode::InvalidArgument);
+    assert_eq!(code(n.send(missing, b"not it".to_vec()).await), ErrorCode::InvalidArgument);
 
     assert_eq!(n.call(NodeRequest::Has { ids: vec![missing, id] }).await, Ok(NodeReply::Flags(vec![false, true])));
 
@@ -117,7 +131,7 @@ async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
     assert_eq!(err.code, ErrorCode::Corrupt);
     assert!(err.message.contains(&bad.to_hex()), "{}", err.message);
     // Same client, same connections: still answering.
-    assert_eq!(n.call(NodeRequest::Get { id: good, offset: 0, len: 5 }).await, Ok(NodeReply::Data(b"bytes".to_vec())));
+    assert_eq!(n.fetch(good, 0, 5).await, Ok(b"bytes".to_vec()));
     assert_eq!(n.stats().await.corrupt_reads, 1);
 
     let missing = ChunkId::of(b"never stored");
@@ -149,7 +163,7 @@ async fn full_node_answers_no_space() {
     let n = start(64).await;
     n.put(&[1u8; 60]).await;
     let data = vec![2u8; 10];
-    let err = n.call(NodeRequest::Put { id: ChunkId::of(&data), data }).await.unwrap_err();
+    let err = n.send(ChunkId::of(&data), data).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::NoSpace);
     assert_eq!(n.stats().await.chunk_count, 1);
 }
@@ -162,7 +176,7 @@ async fn concurrent_puts_of_one_chunk_count_once() {
     let calls: Vec<_> = (0..16)
         .map(|_| {
             let (n, data) = (n.clone(), data.clone());
-            tokio::spawn(async move { n.call(NodeRequest::Put { id, data }).await })
+            tokio::spawn(async move { n.send(id, data).await })
         })
         .collect();
     for c in calls {

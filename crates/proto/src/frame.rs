@@ -1,13 +1,16 @@
-//! Framing of RPC messages on a byte stream. A frame is a fixed 16-byte header —
-//! payload length, kind, request id — followed by a postcard-encoded payload. Request
-//! ids let many requests share one connection, answered in any order (pipelining).
+//! Framing of RPC messages on a byte stream. A frame is a fixed 24-byte header —
+//! payload length, kind, request id, bulk length — then a postcard-encoded payload,
+//! then optional bulk bytes (chunk data) that are never copied through the codec.
+//! Request ids let many requests share one connection, answered in any order.
 
 use serde::{Serialize, de::DeserializeOwned};
 
 /// Bytes in a frame header.
-pub const HEADER_LEN: usize = 16;
+pub const HEADER_LEN: usize = 24;
 /// Largest payload accepted; a bigger length is a protocol error, never an allocation.
-pub const MAX_PAYLOAD: u32 = 64 << 20;
+pub const MAX_PAYLOAD: u32 = 16 << 20;
+/// Largest bulk section accepted (a chunk and then some).
+pub const MAX_BULK: u32 = 64 << 20;
 const MAGIC: u8 = 0x4c; // 'L'
 
 /// Whether a frame asks or answers.
@@ -23,6 +26,7 @@ pub struct Header {
     pub kind: FrameKind,
     pub request_id: u64,
     pub payload_len: u32,
+    pub bulk_len: u32,
 }
 
 /// Malformed bytes from a peer.
@@ -34,6 +38,8 @@ pub enum FrameError {
     BadKind(u8),
     #[error("frame payload of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
     TooLarge(u32),
+    #[error("frame bulk of {0} bytes exceeds the {MAX_BULK}-byte limit")]
+    BulkTooLarge(u32),
     #[error("undecodable payload: {0}")]
     Payload(#[from] postcard::Error),
 }
@@ -48,6 +54,7 @@ impl Header {
             FrameKind::Response => 1,
         };
         h[8..16].copy_from_slice(&self.request_id.to_be_bytes());
+        h[16..20].copy_from_slice(&self.bulk_len.to_be_bytes());
         h
     }
 
@@ -64,20 +71,25 @@ impl Header {
         if payload_len > MAX_PAYLOAD {
             return Err(FrameError::TooLarge(payload_len));
         }
+        let bulk_len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+        if bulk_len > MAX_BULK {
+            return Err(FrameError::BulkTooLarge(bulk_len));
+        }
         let request_id = u64::from_be_bytes(h[8..16].try_into().expect("8 bytes"));
-        Ok(Header { kind, request_id, payload_len })
+        Ok(Header { kind, request_id, payload_len, bulk_len })
     }
 }
 
-/// Header and payload of one message, ready to write.
-pub fn encode<T: Serialize>(kind: FrameKind, request_id: u64, msg: &T) -> Result<Vec<u8>, FrameError> {
+/// Header and payload of one message, ready to write; `bulk_len` bytes follow it.
+pub fn encode<T: Serialize>(kind: FrameKind, request_id: u64, msg: &T, bulk_len: usize) -> Result<Vec<u8>, FrameError> {
+    let bulk_len = u32::try_from(bulk_len).ok().filter(|l| *l <= MAX_BULK).ok_or(FrameError::BulkTooLarge(u32::MAX))?;
     let mut out = vec![0u8; HEADER_LEN];
     let mut out = postcard::to_extend(msg, std::mem::take(&mut out))?;
     let payload_len = (out.len() - HEADER_LEN) as u32;
     if payload_len > MAX_PAYLOAD {
         return Err(FrameError::TooLarge(payload_len));
     }
-    out[..HEADER_LEN].copy_from_slice(&Header { kind, request_id, payload_len }.encode());
+    out[..HEADER_LEN].copy_from_slice(&Header { kind, request_id, payload_len, bulk_len }.encode());
     Ok(out)
 }
 
@@ -100,7 +112,7 @@ mod tests {
     #[test]
     fn roundtrip() {
         let req = MetaRequest::GetAttr { ino: 7 };
-        let bytes = encode(FrameKind::Request, 42, &req).unwrap();
+        let bytes = encode(FrameKind::Request, 42, &req, 0).unwrap();
         let h = Header::decode(bytes[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(h.request_id, 42);
         assert_eq!(h.payload_len as usize, bytes.len() - HEADER_LEN);
@@ -133,9 +145,9 @@ mod tests {
                 lock: LockRange { ino: 1, owner: 2, start: 0, end: u64::MAX, kind: LockKind::Write, pid: 7 },
             },
         ];
-        let mut out: Vec<Vec<u8>> = reqs.iter().map(|r| encode(FrameKind::Request, 1, r).unwrap()).collect();
-        let put = NodeRequest::Put { id: ChunkId([2; 32]), data: vec![7; 100] };
-        out.push(encode(FrameKind::Request, 2, &put).unwrap());
+        let mut out: Vec<Vec<u8>> = reqs.iter().map(|r| encode(FrameKind::Request, 1, r, 0).unwrap()).collect();
+        let put = NodeRequest::Put { id: ChunkId([2; 32]) };
+        out.push(encode(FrameKind::Request, 2, &put, 100).unwrap());
         out
     }
 

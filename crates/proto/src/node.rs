@@ -7,13 +7,13 @@ use serde::{Deserialize, Serialize};
 /// Requests to a storage node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeRequest {
-    /// Stores a chunk; the node recomputes the id and refuses a mismatch. Idempotent.
+    /// Stores a chunk sent as the frame's bulk bytes; the node recomputes the id and
+    /// refuses a mismatch. Idempotent.
     Put {
         id: ChunkId,
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
     },
-    /// Bytes `[offset, offset+len)` of a chunk, verified against its id before serving.
+    /// Bytes `[offset, offset+len)` of a chunk (clipped to its end), verified against its
+    /// id before serving; answered with `Data` and the bytes as bulk.
     Get {
         id: ChunkId,
         offset: u64,
@@ -53,7 +53,8 @@ pub struct NodeStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeReply {
     Done,
-    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The requested bytes follow as the frame's bulk.
+    Data,
     Flags(Vec<bool>),
     Ids(Vec<ChunkId>),
     Count(u64),
