@@ -124,7 +124,7 @@ mod tests {
         use crate::meta::*;
         use crate::types::*;
         let ext = Extent { file_offset: 5, len: 9, chunk: ChunkId([3; 32]), chunk_offset: 1 };
-        let reqs = vec![
+        let reqs = [
             MetaRequest::Create {
                 parent: 1,
                 name: b"name".to_vec(),
