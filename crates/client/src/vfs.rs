@@ -333,7 +333,16 @@ impl Vfs {
         caller: Caller,
         exclusive: bool,
     ) -> Result<Attr> {
-        self.meta_attr(MetaRequest::Create { parent, name: name.to_vec(), node, mode, caller, exclusive }).await
+        self.meta_attr(MetaRequest::Create {
+            parent,
+            name: name.to_vec(),
+            node,
+            mode,
+            caller,
+            exclusive,
+            open_by: None,
+        })
+        .await
     }
 
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
@@ -494,10 +503,51 @@ impl Vfs {
             return Ok((self.new_handle(file), true));
         }
         let session = self.session();
-        let (attr, extents) = match self.meta_call(MetaRequest::Open { ino, session, truncate: opts.truncate }).await? {
+        match self.meta_call(MetaRequest::Open { ino, session, truncate: opts.truncate }).await? {
+            MetaReply::Opened { attr, extents } => Ok(self.adopt(session, attr, extents).await),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates a regular file and opens it in one request.
+    pub async fn create_open(
+        self: &Arc<Self>,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+        exclusive: bool,
+        opts: OpenOptions,
+    ) -> Result<(Attr, FileHandle)> {
+        let session = self.session();
+        let req = MetaRequest::Create {
+            parent,
+            name: name.to_vec(),
+            node: NewNode::File,
+            mode,
+            caller,
+            exclusive,
+            open_by: Some(session),
+        };
+        let (attr, extents) = match self.meta_call(req).await? {
             MetaReply::Opened { attr, extents } => (attr, extents),
             other => return Err(unexpected(&other)),
         };
+        let (ino, existed) = (attr.ino, attr.size > 0);
+        let (fh, _) = self.adopt(session, attr, extents).await;
+        if opts.truncate && existed {
+            // Someone else created it first and this open truncates.
+            let attr = self.setattr(ino, SetAttr { size: Some(0), ..SetAttr::default() }, caller).await?;
+            return Ok((attr, fh));
+        }
+        let attr = self.getattr(ino).await?;
+        Ok((attr, fh))
+    }
+
+    /// Makes a file that meta has just recorded as open here a local open file (or
+    /// joins the one another thread made meanwhile).
+    async fn adopt(self: &Arc<Self>, session: SessionId, attr: Attr, extents: Vec<Extent>) -> (FileHandle, bool) {
+        let ino = attr.ino;
         let keep_cache = self.seen_versions.lock().expect("versions lock").get(&ino) == Some(&attr.data_version);
         let state = Arc::new(FileState {
             ino,
@@ -531,7 +581,7 @@ impl Vfs {
             }
             None => state,
         };
-        Ok((self.new_handle(file), keep_cache))
+        (self.new_handle(file), keep_cache)
     }
 
     fn new_handle(&self, file: Arc<FileState>) -> FileHandle {

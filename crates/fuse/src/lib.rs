@@ -536,11 +536,7 @@ impl Filesystem for LocusFs {
         let exclusive = flags & libc::O_EXCL != 0;
         let opts = OpenOptions { truncate: flags & libc::O_TRUNC != 0 };
         let (vfs, n, who, ttl) = (self.vfs.clone(), name(n), caller(req), self.ttl);
-        let work = async move {
-            let attr = vfs.create(parent.0, &n, NewNode::File, mode & 0o7777, who, exclusive).await?;
-            let (fh, _) = vfs.open(attr.ino, opts).await?;
-            Ok((attr, fh))
-        };
+        let work = async move { vfs.create_open(parent.0, &n, mode & 0o7777, who, exclusive, opts).await };
         self.run(reply, work, move |r, (attr, fh)| {
             r.created(&ttl, &file_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::empty())
         });

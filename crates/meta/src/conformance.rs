@@ -91,7 +91,7 @@ fn caller() -> Caller {
 }
 
 fn create_req(parent: InodeId, name: &str, node: NewNode, mode: u32) -> MetaRequest {
-    MetaRequest::Create { parent, name: name.into(), node, mode, caller: caller(), exclusive: true }
+    MetaRequest::Create { parent, name: name.into(), node, mode, caller: caller(), exclusive: true, open_by: None }
 }
 
 #[track_caller]
@@ -177,6 +177,7 @@ fn root_and_create(b: &dyn Backend) {
             mode: 0o600,
             caller: caller(),
             exclusive: false,
+            open_by: None,
         },
     ));
     assert_eq!(again.ino, f.ino);
@@ -193,7 +194,8 @@ fn root_and_create(b: &dyn Backend) {
                 node: NewNode::File,
                 mode: 0o600,
                 caller: caller(),
-                exclusive: false
+                exclusive: false,
+                open_by: None
             }
         ),
         ErrorCode::Exists
@@ -314,6 +316,37 @@ fn unlink_orphan_release(b: &dyn Backend) {
     assert_eq!(get(&s, g.ino).nlink, 0);
     ok(&s, MetaRequest::Release { ino: g.ino, session });
     assert_eq!(err(&s, MetaRequest::GetAttr { ino: g.ino }), ErrorCode::NotFound);
+
+    // Create with `open_by` records the open in the same request.
+    let create_open = |name: &str, exclusive, session| MetaRequest::Create {
+        parent: ROOT_INODE,
+        name: name.into(),
+        node: NewNode::File,
+        mode: 0o644,
+        caller: caller(),
+        exclusive,
+        open_by: Some(session),
+    };
+    let req = |name: &str, exclusive| create_open(name, exclusive, session);
+    let c = match ok(&s, req("c", true)) {
+        MetaReply::Opened { attr, extents } => {
+            assert!(extents.is_empty());
+            attr
+        }
+        other => panic!("expected Opened, got {other:?}"),
+    };
+    commit(&s, c.ino, vec![ext(0, 10, 7, 0)], 10);
+    // A non-exclusive create of an existing file opens it with its extents.
+    match ok(&s, req("c", false)) {
+        MetaReply::Opened { attr, extents } => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
+        other => panic!("expected Opened, got {other:?}"),
+    }
+    assert_eq!(
+        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"c".to_vec() }),
+        MetaReply::Unlinked { ino: c.ino, orphaned: true }
+    );
+    assert_eq!(err(&s, create_open("i", true, session + 1000)), ErrorCode::NotFound);
+    assert_eq!(lookup(&s, ROOT_INODE, "i"), Err(ErrorCode::NotFound), "a refused create leaves no file");
 
     // Not open: gone at once, with its xattrs and chunk references.
     let h = mk(&s, ROOT_INODE, "h", NewNode::File);

@@ -185,8 +185,18 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
             MetaReply::Done
         }
         R::SetAttr { ino, set, caller } => MetaReply::Attr(set_attr(t, now, ino, &set, &caller)?),
-        R::Create { parent, name, node, mode, caller, exclusive } => {
-            MetaReply::Attr(create(t, now, parent, &name, node, mode, &caller, exclusive)?)
+        R::Create { parent, name, node, mode, caller, exclusive, open_by } => {
+            let attr = create(t, now, parent, &name, node, mode, &caller, exclusive)?;
+            match open_by {
+                None => MetaReply::Attr(attr),
+                Some(session) => {
+                    t.get_session(session)?.ok_or_else(|| unknown_session(session))?;
+                    require_file(&inode(t, attr.ino)?)?;
+                    t.add_open(session, attr.ino)?;
+                    let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
+                    MetaReply::Opened { attr, extents }
+                }
+            }
         }
         R::Link { ino, new_parent, new_name } => MetaReply::Attr(link(t, now, ino, new_parent, &new_name)?),
         R::Unlink { parent, name } => {

@@ -187,6 +187,7 @@ mod tests {
             mode: 0o644,
             caller: Caller { uid: 1, gid: 1 },
             exclusive: true,
+            open_by: None,
         }
     }
 

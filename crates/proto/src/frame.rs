@@ -132,6 +132,7 @@ mod tests {
                 mode: 0o755,
                 caller: Caller { uid: 1, gid: 2 },
                 exclusive: true,
+                open_by: None,
             },
             MetaRequest::CommitWrite {
                 ino: 9,

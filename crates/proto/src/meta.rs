@@ -148,6 +148,9 @@ pub enum MetaRequest {
         mode: u32,
         caller: Caller,
         exclusive: bool,
+        /// Also record the new file as open by this session (create + open in one
+        /// request); the answer is then `Opened`.
+        open_by: Option<SessionId>,
     },
     Link {
         ino: InodeId,

@@ -91,7 +91,7 @@ pub struct Attr {
 }
 
 /// Who performs an operation, as the kernel reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
