@@ -39,6 +39,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("nodes", nodes),
     ("sessions", sessions),
     ("session_expiry", session_expiry),
+    ("orphans_are_reaped_after_restart", orphans_are_reaped_after_restart),
     ("locks", locks),
     ("chunk_catalogue", chunk_catalogue),
 ];
@@ -56,12 +57,12 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
     MetaConfig { db_path, heartbeat: Duration::from_secs(5), session_expiry: Duration::from_secs(30) }
 }
 
-fn call(s: &MetaService, req: MetaRequest) -> MetaResult {
+fn call(s: &Arc<MetaService>, req: MetaRequest) -> MetaResult {
     s.handle_blocking(req)
 }
 
 #[track_caller]
-fn ok(s: &MetaService, req: MetaRequest) -> MetaReply {
+fn ok(s: &Arc<MetaService>, req: MetaRequest) -> MetaReply {
     let shown = format!("{req:?}");
     match call(s, req) {
         Ok(r) => r,
@@ -70,7 +71,7 @@ fn ok(s: &MetaService, req: MetaRequest) -> MetaReply {
 }
 
 #[track_caller]
-fn err(s: &MetaService, req: MetaRequest) -> ErrorCode {
+fn err(s: &Arc<MetaService>, req: MetaRequest) -> ErrorCode {
     let shown = format!("{req:?}");
     match call(s, req) {
         Ok(r) => panic!("{shown} succeeded with {r:?}"),
@@ -95,22 +96,22 @@ fn create_req(parent: InodeId, name: &str, node: NewNode, mode: u32) -> MetaRequ
 }
 
 #[track_caller]
-fn mk(s: &MetaService, parent: InodeId, name: &str, node: NewNode) -> Attr {
+fn mk(s: &Arc<MetaService>, parent: InodeId, name: &str, node: NewNode) -> Attr {
     let mode = if node == NewNode::Dir { 0o755 } else { 0o644 };
     attr(ok(s, create_req(parent, name, node, mode)))
 }
 
 #[track_caller]
-fn get(s: &MetaService, ino: InodeId) -> Attr {
+fn get(s: &Arc<MetaService>, ino: InodeId) -> Attr {
     attr(ok(s, MetaRequest::GetAttr { ino }))
 }
 
 #[track_caller]
-fn lookup(s: &MetaService, parent: InodeId, name: &str) -> Result<Attr, ErrorCode> {
+fn lookup(s: &Arc<MetaService>, parent: InodeId, name: &str) -> Result<Attr, ErrorCode> {
     call(s, MetaRequest::Lookup { parent, name: name.into() }).map(attr).map_err(|e| e.code)
 }
 
-fn hello(s: &MetaService) -> SessionId {
+fn hello(s: &Arc<MetaService>) -> SessionId {
     let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
     match ok(s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }) {
         MetaReply::Welcome { session, heartbeat_ms } => {
@@ -129,20 +130,20 @@ fn ext(file_offset: u64, len: u64, tag: u8, chunk_offset: u64) -> Extent {
     Extent { file_offset, len, chunk: cid(tag), chunk_offset }
 }
 
-fn commit(s: &MetaService, ino: InodeId, extents: Vec<Extent>, min_size: u64) -> Attr {
+fn commit(s: &Arc<MetaService>, ino: InodeId, extents: Vec<Extent>, min_size: u64) -> Attr {
     let chunks = extents.iter().map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()] }).collect();
     attr(ok(s, MetaRequest::CommitWrite { ino, extents, chunks, min_size, mtime: Timestamp { secs: 77, nanos: 5 } }))
 }
 
 /// Refcount of a chunk, or None if absent from the catalogue.
-fn refcount(s: &MetaService, tag: u8) -> Option<u64> {
+fn refcount(s: &Arc<MetaService>, tag: u8) -> Option<u64> {
     match ok(s, MetaRequest::ChunkLocations { ids: vec![cid(tag)] }) {
         MetaReply::Chunks(c) => c.first().map(|c| c.refcount),
         other => panic!("expected Chunks, got {other:?}"),
     }
 }
 
-fn extents(s: &MetaService, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
+fn extents(s: &Arc<MetaService>, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
     match ok(s, MetaRequest::Extents { ino }) {
         MetaReply::Opened { attr, extents } => {
             assert_eq!(attr.ino, ino);
@@ -694,7 +695,7 @@ fn xattrs(b: &dyn Backend) {
     assert_eq!(err(&s, MetaRequest::ListXattr { ino: 9999 }), ErrorCode::NotFound);
 }
 
-fn read_all(s: &MetaService, dir: InodeId, limit: u32) -> Vec<DirEntry> {
+fn read_all(s: &Arc<MetaService>, dir: InodeId, limit: u32) -> Vec<DirEntry> {
     let mut out: Vec<DirEntry> = Vec::new();
     let mut after = 0;
     loop {
@@ -858,6 +859,27 @@ fn session_expiry(b: &dyn Backend) {
     assert_eq!(err(&s, MetaRequest::Heartbeat { session: old }), ErrorCode::NotFound);
     assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound, "the orphan is reclaimed");
     assert_eq!(refcount(&s, 5), Some(0));
+}
+
+fn orphans_are_reaped_after_restart(b: &dyn Backend) {
+    let f = {
+        let s = b.open();
+        let session = hello(&s);
+        let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+        commit(&s, f.ino, vec![ext(0, 10, 6, 0)], 10);
+        ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false });
+        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() });
+        f
+    };
+    // Meta restarts: open records were in memory, the orphan is on disk.
+    let s = b.open();
+    assert_eq!(get(&s, f.ino).nlink, 0);
+    let now_ms = Timestamp::now().secs * 1000;
+    s.expire_sessions_at(now_ms).unwrap();
+    assert_eq!(get(&s, f.ino).nlink, 0, "kept while its opener may still come back");
+    s.expire_sessions_at(now_ms + 40_000).unwrap();
+    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound, "reaped after the grace period");
+    assert_eq!(refcount(&s, 6), Some(0));
 }
 
 fn locks(b: &dyn Backend) {

@@ -4,6 +4,7 @@
 
 mod error;
 mod locks;
+mod opens;
 mod ops;
 mod service;
 mod sqlite;

@@ -2,6 +2,7 @@
 //! so that every backend behaves identically: one function per `MetaRequest`.
 
 use crate::error::MetaError;
+use crate::opens::OpenTable;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
@@ -11,6 +12,7 @@ use proto::meta::{
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
 };
+use std::sync::Arc;
 
 /// Longest name component, as on Linux.
 pub const NAME_MAX: usize = 255;
@@ -24,18 +26,20 @@ const MAX_PAGE: u32 = 100_000;
 const MAX_OFFSET: u64 = i64::MAX as u64;
 
 /// The moment and settings a request runs with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Ctx {
     pub now: Timestamp,
     pub now_ms: i64,
     pub heartbeat_ms: u64,
+    /// Open files per session (in memory, shared with the service).
+    pub opens: Arc<OpenTable>,
 }
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
-    pub fn now(heartbeat_ms: u64) -> Ctx {
+    pub fn now(heartbeat_ms: u64, opens: Arc<OpenTable>) -> Ctx {
         let now = Timestamp::now();
-        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms }
+        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, opens }
     }
 }
 
@@ -48,6 +52,9 @@ pub enum Access {
     },
     /// Served from the in-memory lock table.
     Locks,
+    /// Open without truncation and release: a read plus bookkeeping in the
+    /// in-memory open table (the service applies it).
+    Open,
 }
 
 /// Classifies a request; durable writes are on disk before they are answered.
@@ -69,6 +76,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | Unreferenced { .. }
         | Status => Access::Read,
         GetLock { .. } | SetLock { .. } | ReleaseLocks { .. } => Access::Locks,
+        Open { truncate: false, .. } | Release { .. } => Access::Open,
         CommitWrite { .. } | Compact { .. } | Fallocate { .. } | Sync => Access::Write { durable: true },
         Hello { .. }
         | Heartbeat { .. }
@@ -81,19 +89,29 @@ pub fn access(req: &MetaRequest) -> Access {
         | Rename { .. }
         | SetXattr { .. }
         | RemoveXattr { .. }
-        | Open { .. }
-        | Release { .. }
+        | Open { truncate: true, .. }
         | RegisterNode { .. }
         | ForgetChunks { .. } => Access::Write { durable: false },
     }
 }
 
 /// Runs a read request.
-pub fn read(t: &mut dyn Txn, ctx: Ctx, req: &MetaRequest) -> Result<MetaReply, MetaError> {
+pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     Ok(match req {
         R::Lookup { parent, name } => MetaReply::Attr(lookup(t, *parent, name)?),
         R::GetAttr { ino } => MetaReply::Attr(inode(t, *ino)?.attr),
+        R::Open { ino, session, truncate: false } => {
+            t.get_session(*session)?.ok_or_else(|| unknown_session(*session))?;
+            let attr = inode(t, *ino)?.attr;
+            let extents = t.extents_overlapping(*ino, 0, u64::MAX)?;
+            MetaReply::Opened { attr, extents }
+        }
+        // The service drops the open record; it needs to know whether this is an orphan.
+        R::Release { ino, .. } => match t.get_inode(*ino)? {
+            Some(i) => MetaReply::Attr(i.attr),
+            None => MetaReply::Done,
+        },
         R::ReadLink { ino } => {
             let i = inode(t, *ino)?;
             if i.attr.kind != FileKind::Symlink {
@@ -169,7 +187,7 @@ pub fn read(t: &mut dyn Txn, ctx: Ctx, req: &MetaRequest) -> Result<MetaReply, M
 }
 
 /// Runs a write request inside the caller's transaction.
-pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
+pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     let now = ctx.now;
     Ok(match req {
@@ -181,7 +199,7 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
             MetaReply::Done
         }
         R::Goodbye { session } => {
-            end_session(t, session)?;
+            end_session(t, &ctx.opens, session)?;
             MetaReply::Done
         }
         R::SetAttr { ino, set, caller } => MetaReply::Attr(set_attr(t, now, ino, &set, &caller)?),
@@ -192,7 +210,7 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
                 Some(session) => {
                     t.get_session(session)?.ok_or_else(|| unknown_session(session))?;
                     require_file(&inode(t, attr.ino)?)?;
-                    t.add_open(session, attr.ino)?;
+                    ctx.opens.add(session, attr.ino);
                     let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
                     MetaReply::Opened { attr, extents }
                 }
@@ -200,7 +218,7 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
         }
         R::Link { ino, new_parent, new_name } => MetaReply::Attr(link(t, now, ino, new_parent, &new_name)?),
         R::Unlink { parent, name } => {
-            let (ino, orphaned) = unlink(t, now, parent, &name)?;
+            let (ino, orphaned) = unlink(t, &ctx.opens, now, parent, &name)?;
             MetaReply::Unlinked { ino, orphaned }
         }
         R::Rmdir { parent, name } => {
@@ -208,7 +226,7 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
             MetaReply::Done
         }
         R::Rename { parent, name, new_parent, new_name, mode } => {
-            rename(t, now, parent, &name, new_parent, &new_name, mode)?;
+            rename(t, &ctx.opens, now, parent, &name, new_parent, &new_name, mode)?;
             MetaReply::Done
         }
         R::SetXattr { ino, name, value, mode } => {
@@ -225,22 +243,15 @@ pub fn write(t: &mut dyn Txn, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, M
             t.put_inode(&i)?;
             MetaReply::Done
         }
-        R::Open { ino, session, truncate: trunc } => {
+        R::Open { ino, session, truncate: true } => {
             t.get_session(session)?.ok_or_else(|| unknown_session(session))?;
             let mut i = inode(t, ino)?;
-            if trunc {
-                require_file(&i)?;
-                truncate(t, &mut i, 0, now)?;
-                t.put_inode(&i)?;
-            }
-            t.add_open(session, ino)?;
+            require_file(&i)?;
+            truncate(t, &mut i, 0, now)?;
+            t.put_inode(&i)?;
+            ctx.opens.add(session, ino);
             let extents = t.extents_overlapping(ino, 0, u64::MAX)?;
             MetaReply::Opened { attr: i.attr, extents }
-        }
-        R::Release { ino, session } => {
-            t.remove_open(session, ino)?;
-            reclaim_if_unused(t, ino)?;
-            MetaReply::Done
         }
         R::CommitWrite { ino, extents, chunks, min_size, mtime } => {
             MetaReply::Attr(commit_write(t, now, ino, &extents, &chunks, min_size, mtime)?)
@@ -462,14 +473,14 @@ fn link(
 }
 
 /// Drops one link of a non-directory; returns whether it lives on as an orphan.
-fn drop_link(t: &mut dyn Txn, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
+fn drop_link(t: &mut dyn Txn, opens: &OpenTable, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
     i.attr.nlink = i.attr.nlink.saturating_sub(1);
     i.attr.ctime = now;
     if i.attr.nlink > 0 {
         t.put_inode(&i)?;
         return Ok(false);
     }
-    if t.open_count(i.attr.ino)? > 0 {
+    if opens.count(i.attr.ino) > 0 {
         t.put_inode(&i)?;
         return Ok(true);
     }
@@ -485,9 +496,9 @@ fn destroy(t: &mut dyn Txn, ino: InodeId) -> Result<(), MetaError> {
 }
 
 /// Reclaims an orphan (no links) that no session has open any more.
-fn reclaim_if_unused(t: &mut dyn Txn, ino: InodeId) -> Result<bool, MetaError> {
+pub fn reclaim_if_unused(t: &mut dyn Txn, opens: &OpenTable, ino: InodeId) -> Result<bool, MetaError> {
     match t.get_inode(ino)? {
-        Some(i) if i.attr.nlink == 0 && i.attr.kind != FileKind::Dir && t.open_count(ino)? == 0 => {
+        Some(i) if i.attr.nlink == 0 && i.attr.kind != FileKind::Dir && opens.count(ino) == 0 => {
             destroy(t, ino)?;
             Ok(true)
         }
@@ -495,7 +506,13 @@ fn reclaim_if_unused(t: &mut dyn Txn, ino: InodeId) -> Result<bool, MetaError> {
     }
 }
 
-fn unlink(t: &mut dyn Txn, now: Timestamp, parent: InodeId, name: &[u8]) -> Result<(InodeId, bool), MetaError> {
+fn unlink(
+    t: &mut dyn Txn,
+    opens: &OpenTable,
+    now: Timestamp,
+    parent: InodeId,
+    name: &[u8],
+) -> Result<(InodeId, bool), MetaError> {
     check_name(name)?;
     dir(t, parent)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
@@ -505,7 +522,7 @@ fn unlink(t: &mut dyn Txn, now: Timestamp, parent: InodeId, name: &[u8]) -> Resu
     }
     t.delete_dentry(parent, name)?;
     touch_dir(t, parent, now, 0)?;
-    let orphaned = drop_link(t, now, i)?;
+    let orphaned = drop_link(t, opens, now, i)?;
     Ok((ino, orphaned))
 }
 
@@ -552,8 +569,10 @@ fn reparent(t: &mut dyn Txn, ino: InodeId, parent: InodeId, now: Timestamp) -> R
     t.put_inode(&i)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rename(
     t: &mut dyn Txn,
+    opens: &OpenTable,
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
@@ -622,7 +641,7 @@ fn rename(
             destroy(t, d)?;
             touch_dir(t, new_parent, now, -1)?;
         } else {
-            drop_link(t, now, d_inode)?;
+            drop_link(t, opens, now, d_inode)?;
         }
     }
     t.delete_dentry(parent, name)?;
@@ -822,7 +841,7 @@ fn set_xattr(
     t.put_inode(&i)
 }
 
-fn hello(t: &mut dyn Txn, ctx: Ctx, protocol: u32, info: SessionInfo) -> Result<MetaReply, MetaError> {
+fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo) -> Result<MetaReply, MetaError> {
     if protocol != proto::PROTOCOL_VERSION {
         return Err(MetaError::InvalidArgument(format!(
             "client speaks protocol {protocol}, this meta speaks {}; run the same locus version on both",
@@ -836,26 +855,38 @@ fn hello(t: &mut dyn Txn, ctx: Ctx, protocol: u32, info: SessionInfo) -> Result<
 
 /// Ends a session: drops its open records (reclaiming orphans nobody else has open)
 /// and its row. Locks live in memory and are dropped by the service.
-pub fn end_session(t: &mut dyn Txn, session: SessionId) -> Result<(), MetaError> {
-    for ino in t.remove_session_opens(session)? {
-        reclaim_if_unused(t, ino)?;
+pub fn end_session(t: &mut dyn Txn, opens: &OpenTable, session: SessionId) -> Result<(), MetaError> {
+    for ino in opens.remove_session(session) {
+        reclaim_if_unused(t, opens, ino)?;
     }
     t.delete_session(session)
 }
 
 /// Ends every session silent since before `cutoff_ms`, returning their ids.
-pub fn expire_sessions(t: &mut dyn Txn, cutoff_ms: i64) -> Result<Vec<SessionId>, MetaError> {
+pub fn expire_sessions(t: &mut dyn Txn, opens: &OpenTable, cutoff_ms: i64) -> Result<Vec<SessionId>, MetaError> {
     let mut expired = Vec::new();
     for s in t.list_sessions()? {
         if s.last_seen_ms < cutoff_ms {
-            end_session(t, s.id)?;
+            end_session(t, opens, s.id)?;
             expired.push(s.id);
         }
     }
     Ok(expired)
 }
 
-fn register_node(t: &mut dyn Txn, ctx: Ctx, node: &NodeInfo) -> Result<(), MetaError> {
+/// Reclaims orphans that no session has open: the safety net for a release that
+/// raced with the unlink, and for orphans left from before a restart of meta.
+pub fn reap_orphans(t: &mut dyn Txn, opens: &OpenTable) -> Result<usize, MetaError> {
+    let mut reaped = 0;
+    for ino in t.orphans()? {
+        if reclaim_if_unused(t, opens, ino)? {
+            reaped += 1;
+        }
+    }
+    Ok(reaped)
+}
+
+fn register_node(t: &mut dyn Txn, ctx: &Ctx, node: &NodeInfo) -> Result<(), MetaError> {
     if let Some((old, seen)) = t.get_node(&node.id)?
         && old.store_id != node.store_id
         && ctx.now_ms.saturating_sub(seen) < NODE_CLAIM_WINDOW_MS
@@ -871,7 +902,7 @@ fn register_node(t: &mut dyn Txn, ctx: Ctx, node: &NodeInfo) -> Result<(), MetaE
     t.put_node(node, ctx.now_ms)
 }
 
-fn nodes(t: &mut dyn Txn, ctx: Ctx) -> Result<Vec<NodeInfo>, MetaError> {
+fn nodes(t: &mut dyn Txn, ctx: &Ctx) -> Result<Vec<NodeInfo>, MetaError> {
     Ok(t.list_nodes()?
         .into_iter()
         .map(|(mut n, seen)| {

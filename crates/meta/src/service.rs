@@ -3,6 +3,7 @@
 
 use crate::error::MetaError;
 use crate::locks::LockTable;
+use crate::opens::OpenTable;
 use crate::ops::{self, Access, Ctx};
 use crate::sqlite::SqliteStore;
 use crate::store::{self, MetaStore};
@@ -28,8 +29,13 @@ pub struct MetaConfig {
 pub struct MetaService {
     store: Arc<dyn MetaStore>,
     locks: Mutex<LockTable>,
+    opens: Arc<OpenTable>,
     heartbeat: Duration,
     session_expiry: Duration,
+    /// Orphans are reaped only once every session alive before a restart of meta
+    /// (whose open records were in memory) has had time to expire: this many ms
+    /// after the service started.
+    reap_after_ms: i64,
 }
 
 impl MetaService {
@@ -44,13 +50,15 @@ impl MetaService {
         Arc::new(MetaService {
             store,
             locks: Mutex::new(LockTable::default()),
+            opens: Arc::new(OpenTable::default()),
             heartbeat: config.heartbeat,
             session_expiry: config.session_expiry,
+            reap_after_ms: Ctx::now(0, Arc::default()).now_ms + config.session_expiry.as_millis() as i64,
         })
     }
 
-    /// Starts the session reaper on the current tokio runtime; it stops once the
-    /// service is dropped.
+    /// Starts the session and orphan reaper on the current tokio runtime; it stops
+    /// once the service is dropped.
     pub fn spawn_background(self: &Arc<Self>) {
         let weak: Weak<MetaService> = Arc::downgrade(self);
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
@@ -80,7 +88,7 @@ impl MetaService {
     }
 
     fn ctx(&self) -> Ctx {
-        Ctx::now(self.heartbeat.as_millis() as u64)
+        Ctx::now(self.heartbeat.as_millis() as u64, self.opens.clone())
     }
 
     fn locks(&self) -> std::sync::MutexGuard<'_, LockTable> {
@@ -91,7 +99,15 @@ impl MetaService {
     /// `now_ms`, dropping its locks and open records. Blocking.
     pub(crate) fn expire_sessions_at(&self, now_ms: i64) -> Result<Vec<SessionId>, MetaError> {
         let cutoff = now_ms.saturating_sub(self.session_expiry.as_millis() as i64);
-        let expired = store::write(&*self.store, false, move |t| ops::expire_sessions(t, cutoff))?;
+        let opens = self.opens.clone();
+        let reap = now_ms >= self.reap_after_ms;
+        let expired = store::write(&*self.store, false, move |t| {
+            let expired = ops::expire_sessions(t, &opens, cutoff)?;
+            if reap {
+                ops::reap_orphans(t, &opens)?;
+            }
+            Ok(expired)
+        })?;
         let mut locks = self.locks();
         for s in &expired {
             locks.drop_session(*s);
@@ -99,22 +115,57 @@ impl MetaService {
         Ok(expired)
     }
 
-    /// Answers one request; blocks on the store, so call it off the async runtime.
-    pub(crate) fn handle_blocking(&self, req: MetaRequest) -> MetaResult {
-        self.dispatch(req).map_err(Into::into)
+    /// Answers one request from a blocking context (tests), on a per-thread runtime.
+    #[cfg(test)]
+    pub(crate) fn handle_blocking(self: &Arc<Self>, req: MetaRequest) -> MetaResult {
+        thread_local! {
+            static RT: tokio::runtime::Runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("test runtime");
+        }
+        RT.with(|rt| rt.block_on(self.answer(req))).map_err(Into::into)
     }
 
-    fn dispatch(&self, req: MetaRequest) -> Result<MetaReply, MetaError> {
+    /// Answers one request. Writes are queued to the store's writer and awaited
+    /// without holding a thread; point reads run inline (they take microseconds);
+    /// reads that may scan run on the blocking pool.
+    async fn answer(self: &Arc<Self>, req: MetaRequest) -> Result<MetaReply, MetaError> {
         let ctx = self.ctx();
         match ops::access(&req) {
-            Access::Read => store::read(&*self.store, |t| ops::read(t, ctx, &req)),
             Access::Locks => self.lock_request(req),
+            Access::Read if is_point_read(&req) => store::read(&*self.store, |t| ops::read(t, &ctx, &req)),
+            Access::Read => {
+                let service = self.clone();
+                tokio::task::spawn_blocking(move || store::read(&*service.store, |t| ops::read(t, &ctx, &req)))
+                    .await
+                    .map_err(|e| MetaError::Internal(format!("read task failed: {e}")))?
+            }
+            Access::Open => {
+                // Opening and closing are bookkeeping in memory; only a release that
+                // leaves an orphan unopened costs a transaction (to reclaim it).
+                let reply = store::read(&*self.store, |t| ops::read(t, &ctx, &req))?;
+                match req {
+                    MetaRequest::Open { ino, session, .. } => self.opens.add(session, ino),
+                    MetaRequest::Release { ino, session } => {
+                        let orphan = matches!(&reply, MetaReply::Attr(a) if a.nlink == 0);
+                        if self.opens.remove(session, ino) && orphan && self.opens.count(ino) == 0 {
+                            let opens = self.opens.clone();
+                            store::write_async(self.store.clone(), false, move |t| {
+                                ops::reclaim_if_unused(t, &opens, ino)
+                            })
+                            .await?;
+                        }
+                        return Ok(MetaReply::Done);
+                    }
+                    _ => {}
+                }
+                Ok(reply)
+            }
             Access::Write { durable } => {
                 let goodbye = match req {
                     MetaRequest::Goodbye { session } => Some(session),
                     _ => None,
                 };
-                let reply = store::write(&*self.store, durable, move |t| ops::write(t, ctx, req))?;
+                let reply = store::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req)).await?;
                 if let Some(session) = goodbye {
                     self.locks().drop_session(session);
                 }
@@ -161,15 +212,20 @@ impl net::Service for MetaService {
     type Reply = MetaResult;
 
     async fn handle(self: Arc<Self>, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
-        if ops::access(&req) == Access::Locks {
-            return (self.handle_blocking(req), Bytes::new());
-        }
-        let reply = match tokio::task::spawn_blocking(move || self.handle_blocking(req)).await {
-            Ok(reply) => reply,
-            Err(e) => Err(MetaError::Internal(format!("request task failed: {e}")).into()),
-        };
-        (reply, Bytes::new())
+        (self.answer(req).await.map_err(Into::into), Bytes::new())
     }
+}
+
+/// Reads that touch a handful of rows, cheap enough to run on the async runtime.
+fn is_point_read(req: &MetaRequest) -> bool {
+    matches!(
+        req,
+        MetaRequest::Lookup { .. }
+            | MetaRequest::GetAttr { .. }
+            | MetaRequest::ReadLink { .. }
+            | MetaRequest::GetXattr { .. }
+            | MetaRequest::ListXattr { .. }
+    )
 }
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
-//! The SQLite backend: one database file in WAL mode, a writer thread that
-//! group-commits queued write operations (each inside its own SAVEPOINT), and a small
-//! pool of read connections that read concurrently with the writer.
+//! The SQLite backend: one database file in WAL mode, one write connection that
+//! group-commits queued write operations (each inside its own SAVEPOINT, the caller
+//! that finds it free committing for everyone queued), and a small pool of read
+//! connections that read concurrently with the writer.
 
 use crate::error::MetaError;
-use crate::store::{Counter, DentryRow, Inode, MetaStore, ReadOp, SessionRow, Txn, WriteOp};
+use crate::store::{Counter, DentryRow, Inode, MetaStore, ReadOp, SessionRow, Txn, WriteDone, WriteOp};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, mpsc};
-use std::thread::JoinHandle;
 
-/// The schema version this binary writes and understands.
+/// The schema version this binary writes and understands. The SQL is SQLite's
+/// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
+/// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Most write operations the writer puts into one transaction.
@@ -23,48 +25,53 @@ const READERS: usize = 4;
 /// The schema, kept to plain tables and types that PostgreSQL accepts as well
 /// (BLOB becomes BYTEA there).
 const SCHEMA: &str = "
-CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL) WITHOUT ROWID;
 CREATE TABLE inodes (
-    ino BIGINT PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
+    ino INTEGER PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
     uid BIGINT NOT NULL, gid BIGINT NOT NULL, size BIGINT NOT NULL, nlink BIGINT NOT NULL,
     rdev BIGINT NOT NULL, atime_s BIGINT NOT NULL, atime_ns INTEGER NOT NULL,
     mtime_s BIGINT NOT NULL, mtime_ns INTEGER NOT NULL, ctime_s BIGINT NOT NULL,
     ctime_ns INTEGER NOT NULL, data_version BIGINT NOT NULL, parent BIGINT NOT NULL,
     target BLOB NOT NULL);
-CREATE INDEX inodes_by_nlink ON inodes (nlink);
+CREATE INDEX inodes_orphaned ON inodes (ino) WHERE nlink = 0;
 CREATE TABLE dentries (
     parent BIGINT NOT NULL, name BLOB NOT NULL, ino BIGINT NOT NULL, cookie BIGINT NOT NULL,
-    PRIMARY KEY (parent, name));
+    PRIMARY KEY (parent, name)) WITHOUT ROWID;
 CREATE UNIQUE INDEX dentries_by_cookie ON dentries (parent, cookie);
 CREATE TABLE extents (
     ino BIGINT NOT NULL, file_offset BIGINT NOT NULL, len BIGINT NOT NULL,
-    chunk BLOB NOT NULL, chunk_offset BIGINT NOT NULL, PRIMARY KEY (ino, file_offset));
-CREATE TABLE chunks (id BLOB PRIMARY KEY, size BIGINT NOT NULL, refcount BIGINT NOT NULL);
-CREATE TABLE chunk_nodes (chunk BLOB NOT NULL, node TEXT NOT NULL, PRIMARY KEY (chunk, node));
-CREATE TABLE xattrs (ino BIGINT NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name));
-CREATE TABLE opens (session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, PRIMARY KEY (session, ino));
-CREATE INDEX opens_by_ino ON opens (ino);
+    chunk BLOB NOT NULL, chunk_offset BIGINT NOT NULL, PRIMARY KEY (ino, file_offset)) WITHOUT ROWID;
+CREATE TABLE chunks (id BLOB PRIMARY KEY, size BIGINT NOT NULL, refcount BIGINT NOT NULL) WITHOUT ROWID;
+CREATE TABLE chunk_nodes (chunk BLOB NOT NULL, node TEXT NOT NULL, PRIMARY KEY (chunk, node)) WITHOUT ROWID;
+CREATE TABLE xattrs (
+    ino BIGINT NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name)) WITHOUT ROWID;
 CREATE TABLE sessions (
-    id BIGINT PRIMARY KEY, site TEXT NOT NULL, host TEXT NOT NULL, pid BIGINT NOT NULL,
+    id INTEGER PRIMARY KEY, site TEXT NOT NULL, host TEXT NOT NULL, pid BIGINT NOT NULL,
     purpose TEXT NOT NULL, last_seen BIGINT NOT NULL);
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY, store_id TEXT NOT NULL, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
-    used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, last_seen BIGINT NOT NULL);
+    used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, last_seen BIGINT NOT NULL) WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
 ";
 
 struct Job {
     durable: bool,
     op: WriteOp,
-    reply: mpsc::SyncSender<Result<(), MetaError>>,
+    done: WriteDone,
 }
 
 /// A `MetaStore` in one SQLite file.
 pub struct SqliteStore {
-    jobs: Option<mpsc::Sender<Job>>,
-    writer: Option<JoinHandle<()>>,
+    /// Writes waiting for the next transaction.
+    queue: Mutex<Vec<Job>>,
+    /// The write connection; whoever holds it commits everything queued (group commit).
+    writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn configure(conn: &Connection) -> Result<(), MetaError> {
@@ -72,7 +79,7 @@ fn configure(conn: &Connection) -> Result<(), MetaError> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(MetaError::Internal(format!("SQLite refused WAL mode (got {mode})")));
     }
-    conn.execute_batch("PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;")?;
+    conn.execute_batch("PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000; PRAGMA cache_size=-65536;")?;
     Ok(())
 }
 
@@ -86,24 +93,15 @@ impl SqliteStore {
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
             let r = Connection::open(path)?;
-            r.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=1;")?;
+            r.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=1; PRAGMA cache_size=-16384;")?;
             readers.push(Mutex::new(r));
         }
-        let (tx, rx) = mpsc::channel::<Job>();
-        let writer = std::thread::Builder::new()
-            .name("meta-sqlite-writer".into())
-            .spawn(move || writer_loop(conn, rx))
-            .map_err(|e| MetaError::Internal(format!("cannot start the SQLite writer thread: {e}")))?;
-        Ok(SqliteStore { jobs: Some(tx), writer: Some(writer), readers, next_reader: AtomicUsize::new(0) })
-    }
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        self.jobs.take();
-        if let Some(w) = self.writer.take() {
-            let _ = w.join();
-        }
+        Ok(SqliteStore {
+            queue: Mutex::new(Vec::new()),
+            writer: Mutex::new(conn),
+            readers,
+            next_reader: AtomicUsize::new(0),
+        })
     }
 }
 
@@ -148,19 +146,6 @@ fn init_schema(conn: &mut Connection, path: &str) -> Result<(), MetaError> {
     Ok(())
 }
 
-fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
-    while let Ok(first) = jobs.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
-            }
-        }
-        run_batch(&conn, batch);
-    }
-}
-
 /// Runs a batch in one transaction, each op inside a savepoint, and answers each op
 /// after the single commit.
 fn run_batch(conn: &Connection, batch: Vec<Job>) {
@@ -170,31 +155,44 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
         if durable {
             conn.execute_batch("PRAGMA synchronous=FULL")?;
         }
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut st| st.execute([])).map(drop);
+        run("BEGIN IMMEDIATE")?;
+        // A lone write needs no savepoint: its failure rolls back the whole transaction.
+        let alone = batch.len() == 1;
         for job in batch {
-            conn.execute_batch("SAVEPOINT op")?;
+            if !alone {
+                run("SAVEPOINT op")?;
+            }
             let op = job.op;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(&mut SqlTxn { conn })))
                 .unwrap_or_else(|_| Err(MetaError::Internal("a metadata operation panicked".into())));
-            if result.is_err() {
-                conn.execute_batch("ROLLBACK TO op")?;
+            if alone {
+                if result.is_err() {
+                    run("ROLLBACK")?;
+                    replies.push((job.done, result));
+                    return Ok(());
+                }
+            } else {
+                if result.is_err() {
+                    run("ROLLBACK TO op")?;
+                }
+                run("RELEASE op")?;
             }
-            conn.execute_batch("RELEASE op")?;
-            replies.push((job.reply, result));
+            replies.push((job.done, result));
         }
-        conn.execute_batch("COMMIT")?;
+        run("COMMIT")?;
         Ok(())
     })();
     if let Err(e) = outcome {
         tracing::error!(error = %e, "metadata commit failed");
         let _ = conn.execute_batch("ROLLBACK");
         let msg = e.to_string();
-        for (reply, result) in replies {
-            let _ = reply.send(result.and(Err(MetaError::Internal(format!("commit failed: {msg}")))));
+        for (done, result) in replies {
+            done(result.and(Err(MetaError::Internal(format!("commit failed: {msg}")))));
         }
     } else {
-        for (reply, result) in replies {
-            let _ = reply.send(result);
+        for (done, result) in replies {
+            done(result);
         }
     }
     if durable && let Err(e) = conn.execute_batch("PRAGMA synchronous=NORMAL") {
@@ -203,12 +201,30 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
 }
 
 impl MetaStore for SqliteStore {
-    fn write_op(&self, durable: bool, op: WriteOp) -> Result<(), MetaError> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        let jobs = self.jobs.as_ref().ok_or_else(|| MetaError::Internal("store is closed".into()))?;
-        jobs.send(Job { durable, op, reply })
-            .map_err(|_| MetaError::Internal("SQLite writer thread has stopped".into()))?;
-        answer.recv().map_err(|_| MetaError::Internal("SQLite writer dropped a request".into()))?
+    /// Leader/follower group commit: the caller that finds the write connection free
+    /// commits everything queued, its own write included, in one transaction; callers
+    /// that find it busy leave their write for the current leader. An uncontended
+    /// write thus runs on the caller's thread with no hand-off.
+    fn submit_write(&self, durable: bool, op: WriteOp, done: WriteDone) {
+        lock(&self.queue).push(Job { durable, op, done });
+        loop {
+            let Ok(conn) = self.writer.try_lock() else {
+                // The leader re-checks the queue after it lets go of the connection.
+                return;
+            };
+            let batch: Vec<Job> = {
+                let mut queue = lock(&self.queue);
+                let n = queue.len().min(MAX_BATCH);
+                queue.drain(..n).collect()
+            };
+            if !batch.is_empty() {
+                run_batch(&conn, batch);
+            }
+            drop(conn);
+            if lock(&self.queue).is_empty() {
+                return;
+            }
+        }
     }
 
     fn read_op(&self, op: ReadOp<'_>) -> Result<(), MetaError> {
@@ -584,38 +600,10 @@ impl Txn for SqlTxn<'_> {
         Ok(())
     }
 
-    fn add_open(&mut self, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
-        let mut st = self.conn.prepare_cached(
-            "INSERT INTO opens (session, ino, count) VALUES (?1, ?2, 1)
-             ON CONFLICT (session, ino) DO UPDATE SET count = opens.count + 1",
-        )?;
-        st.execute(params![session as i64, ino as i64])?;
-        Ok(())
-    }
-
-    fn remove_open(&mut self, session: SessionId, ino: InodeId) -> Result<bool, MetaError> {
-        let mut st = self.conn.prepare_cached("UPDATE opens SET count = count - 1 WHERE session = ?1 AND ino = ?2")?;
-        if st.execute(params![session as i64, ino as i64])? == 0 {
-            return Ok(false);
-        }
-        let mut st = self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1 AND ino = ?2 AND count <= 0")?;
-        st.execute(params![session as i64, ino as i64])?;
-        Ok(true)
-    }
-
-    fn open_count(&mut self, ino: InodeId) -> Result<u64, MetaError> {
-        let mut st = self.conn.prepare_cached("SELECT COALESCE(SUM(count), 0) FROM opens WHERE ino = ?1")?;
-        let n: i64 = st.query_row([ino as i64], |r| r.get(0))?;
-        Ok(n.max(0) as u64)
-    }
-
-    fn remove_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
-        let inos = {
-            let mut st = self.conn.prepare_cached("SELECT ino FROM opens WHERE session = ?1")?;
-            st.query_map([session as i64], |r| r.get::<_, i64>(0))?.collect::<Result<Vec<_>, _>>()?
-        };
-        self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1")?.execute([session as i64])?;
-        Ok(inos.into_iter().map(|i| i as u64).collect())
+    fn orphans(&mut self) -> Result<Vec<InodeId>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT ino FROM inodes WHERE nlink = 0 AND kind <> ?1")?;
+        let rows = st.query_map([kind_code(FileKind::Dir)], |r| r.get::<_, i64>(0))?;
+        Ok(rows.map(|r| r.map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
     }
 
     fn put_session(&mut self, s: &SessionRow) -> Result<(), MetaError> {

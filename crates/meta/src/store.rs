@@ -96,12 +96,8 @@ pub trait Txn {
     fn delete_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<bool, MetaError>;
     fn delete_all_xattrs(&mut self, ino: InodeId) -> Result<(), MetaError>;
 
-    fn add_open(&mut self, session: SessionId, ino: InodeId) -> Result<(), MetaError>;
-    /// Drops one open record; returns whether there was one.
-    fn remove_open(&mut self, session: SessionId, ino: InodeId) -> Result<bool, MetaError>;
-    fn open_count(&mut self, ino: InodeId) -> Result<u64, MetaError>;
-    /// Drops every open record of a session, returning the inodes it had open.
-    fn remove_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError>;
+    /// Inodes that have no link left (orphans kept for their openers).
+    fn orphans(&mut self) -> Result<Vec<InodeId>, MetaError>;
 
     fn put_session(&mut self, session: &SessionRow) -> Result<(), MetaError>;
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError>;
@@ -116,37 +112,80 @@ pub trait Txn {
 
 /// One write operation as the store's writer runs it.
 pub type WriteOp = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + Send>;
+/// Called once a write is committed (or failed), from the store's writer.
+pub type WriteDone = Box<dyn FnOnce(Result<(), MetaError>) + Send>;
 /// One read operation.
 pub type ReadOp<'a> = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + 'a>;
 
 /// A transactional backend. Writes may be group-committed with other writes, but each
 /// one is atomic on its own: if it fails, none of its changes survive.
 pub trait MetaStore: Send + Sync {
-    /// Runs `op` in a write transaction and returns once it is committed; with
-    /// `durable` the commit is on disk (fsync) before this returns.
-    fn write_op(&self, durable: bool, op: WriteOp) -> Result<(), MetaError>;
+    /// Queues `op` to run in a write transaction and calls `done` once it is committed
+    /// (with `durable`: on disk) or has failed. Never blocks, so async callers need no
+    /// blocking thread.
+    fn submit_write(&self, durable: bool, op: WriteOp, done: WriteDone);
     /// Runs `op` on a consistent snapshot.
     fn read_op(&self, op: ReadOp<'_>) -> Result<(), MetaError>;
 }
 
-/// Typed convenience over `MetaStore::write_op`.
+/// Typed write that calls `done` with `f`'s result once it is committed.
+fn submit<R: Send + 'static>(
+    store: &dyn MetaStore,
+    durable: bool,
+    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
+    done: impl FnOnce(Result<R, MetaError>) + Send + 'static,
+) {
+    let slot = Arc::new(Mutex::new(None));
+    let out = slot.clone();
+    let op: WriteOp = Box::new(move |t| {
+        let r = f(t)?;
+        *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        Ok(())
+    });
+    store.submit_write(
+        durable,
+        op,
+        Box::new(move |committed| {
+            let r = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            done(
+                committed
+                    .and_then(|()| r.ok_or_else(|| MetaError::Internal("write committed without a result".into()))),
+            )
+        }),
+    );
+}
+
+/// Typed write that blocks until committed (for blocking callers and tests).
 pub fn write<R: Send + 'static>(
     store: &dyn MetaStore,
     durable: bool,
     f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
 ) -> Result<R, MetaError> {
-    let slot = Arc::new(Mutex::new(None));
-    let out = slot.clone();
-    store.write_op(
-        durable,
-        Box::new(move |t| {
-            let r = f(t)?;
-            *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-            Ok(())
-        }),
-    )?;
-    let r = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-    r.ok_or_else(|| MetaError::Internal("write committed without a result".into()))
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    submit(store, durable, f, move |r| {
+        let _ = tx.send(r);
+    });
+    rx.recv().map_err(|_| MetaError::Internal("the store dropped a write".into()))?
+}
+
+/// Typed write for async callers. A plain write may commit on the calling thread
+/// (it takes tens of microseconds); a durable one waits for an fsync, so it is
+/// submitted from the blocking pool.
+pub async fn write_async<R: Send + 'static>(
+    store: Arc<dyn MetaStore>,
+    durable: bool,
+    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
+) -> Result<R, MetaError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let done = move |r| {
+        let _ = tx.send(r);
+    };
+    if durable {
+        tokio::task::spawn_blocking(move || submit(&*store, durable, f, done));
+    } else {
+        submit(&*store, durable, f, done);
+    }
+    rx.await.map_err(|_| MetaError::Internal("the store dropped a write".into()))?
 }
 
 /// Typed convenience over `MetaStore::read_op`.

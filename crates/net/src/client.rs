@@ -1,7 +1,7 @@
 //! The calling side: a pool of connections to one peer, each with a writer task and a
 //! reader task that routes responses back to their callers by request id.
 
-use crate::{NetError, tune, write_frames};
+use crate::{FrameWriter, NetError, tune};
 use bytes::Bytes;
 use proto::frame::{self, FrameKind, HEADER_LEN, Header};
 use serde::{Serialize, de::DeserializeOwned};
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// Answers on their way back: payload and bulk bytes.
 type Answer = (Vec<u8>, Bytes);
@@ -19,13 +19,13 @@ type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Answer>>>>>;
 
 /// One live connection. `pending` becomes `None` when the connection dies.
 struct Conn {
-    outgoing: mpsc::UnboundedSender<(Vec<u8>, Bytes)>,
+    writer: FrameWriter,
     pending: Pending,
 }
 
 impl Conn {
     fn is_alive(&self) -> bool {
-        self.pending.lock().expect("pending lock").is_some() && !self.outgoing.is_closed()
+        self.pending.lock().expect("pending lock").is_some()
     }
 }
 
@@ -98,8 +98,10 @@ impl RpcClient {
                 None => return Err(self.lost("connection closed")),
             };
         }
-        if conn.outgoing.send((bytes, bulk)).is_err() {
-            return Err(self.lost("writer stopped"));
+        if let Err(e) = conn.writer.send(&bytes, &bulk).await {
+            // The stream may hold half a frame now: nobody can use it any more.
+            conn.pending.lock().expect("pending lock").take();
+            return Err(self.lost(&format!("cannot send: {e}")));
         }
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok((payload, bulk))) => Ok((frame::decode(&payload)?, bulk)),
@@ -120,9 +122,7 @@ impl RpcClient {
 
 fn start_conn(stream: TcpStream, addr: String) -> Conn {
     let (mut reader, writer) = stream.into_split();
-    let (outgoing, queue) = mpsc::unbounded_channel::<(Vec<u8>, Bytes)>();
     let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-    tokio::spawn(write_frames(writer, queue));
 
     let routes = pending.clone();
     tokio::spawn(async move {
@@ -154,5 +154,5 @@ fn start_conn(stream: TcpStream, addr: String) -> Conn {
         routes.lock().expect("pending lock").take();
     });
 
-    Conn { outgoing, pending }
+    Conn { writer: FrameWriter::new(writer), pending }
 }

@@ -1,7 +1,7 @@
 //! The answering side: each connection reads requests and runs each in its own task,
 //! so a slow request never holds up the ones behind it.
 
-use crate::{tune, write_frames};
+use crate::{FrameWriter, tune};
 use bytes::Bytes;
 use proto::frame::{self, FrameKind, HEADER_LEN, Header};
 use serde::{Serialize, de::DeserializeOwned};
@@ -9,7 +9,6 @@ use std::future::Future;
 use std::sync::Arc;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 /// A request handler: one typed request (plus its bulk bytes, if any) in, one typed
 /// answer (plus bulk bytes, usually empty) out.
@@ -35,8 +34,7 @@ pub async fn serve<S: Service>(listener: TcpListener, service: Arc<S>) -> std::i
 
 async fn serve_conn<S: Service>(stream: TcpStream, service: Arc<S>) -> Result<(), String> {
     let (mut reader, writer) = stream.into_split();
-    let (outgoing, queue) = mpsc::unbounded_channel::<(Vec<u8>, Bytes)>();
-    tokio::spawn(write_frames(writer, queue));
+    let writer = FrameWriter::new(writer);
     loop {
         let mut head = [0u8; HEADER_LEN];
         reader.read_exact(&mut head).await.map_err(|e| e.to_string())?;
@@ -51,12 +49,14 @@ async fn serve_conn<S: Service>(stream: TcpStream, service: Arc<S>) -> Result<()
         // A malformed request ends the connection: the stream can no longer be trusted.
         let req: S::Request = frame::decode(&payload).map_err(|e| format!("malformed request: {e}"))?;
         let service = service.clone();
-        let outgoing = outgoing.clone();
+        let writer = writer.clone();
         tokio::spawn(async move {
             let (reply, bulk) = service.handle(req, Bytes::from(bulk)).await;
             match frame::encode(FrameKind::Response, header.request_id, &reply, bulk.len()) {
                 Ok(bytes) => {
-                    let _ = outgoing.send((bytes, bulk));
+                    if let Err(e) = writer.send(&bytes, &bulk).await {
+                        tracing::debug!(error = %e, "cannot send a reply");
+                    }
                 }
                 Err(e) => tracing::error!(error = %e, "cannot encode reply"),
             }
