@@ -119,7 +119,22 @@ fn files_directories_links_and_errors() {
     let mut s = String::new();
     open.read_to_string(&mut s).unwrap();
     assert_eq!(s, "still here");
+    assert_eq!(open.metadata().unwrap().nlink(), 0, "fstat of an unlinked open file shows no links");
     drop(open);
+
+    // write(2) moves mtime and ctime, visible through fstat before close.
+    let w = m.join("w");
+    fs::write(&w, b"x").unwrap();
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    let mut wf = OpenOptions::new().write(true).open(&w).unwrap();
+    wf.set_modified(t).unwrap();
+    let before = wf.metadata().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    wf.write_all(b"more").unwrap();
+    let after = wf.metadata().unwrap();
+    assert!(after.mtime() > before.mtime(), "write did not move mtime");
+    assert!((after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()), "write did not move ctime");
+    drop(wf);
 
     // hard links, symlinks, FIFOs
     fs::write(m.join("l1"), b"linked").unwrap();
