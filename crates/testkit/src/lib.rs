@@ -229,3 +229,8 @@ impl Drop for Cluster {
 pub fn can_mount() -> bool {
     Path::new("/dev/fuse").exists() && unsafe { libc::geteuid() } == 0
 }
+
+pub mod netns;
+pub mod wan;
+
+pub use netns::{WanConfig, WanLink};
