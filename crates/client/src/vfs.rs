@@ -752,7 +752,10 @@ impl Vfs {
             }
             let node = candidates[i].clone();
             i += 1;
-            match self.node_call(&node, &NodeRequest::Get { id, offset: 0, len: u64::MAX }, Bytes::new()).await {
+            match self
+                .node_call(&node, &NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false }, Bytes::new())
+                .await
+            {
                 Ok((NodeReply::Data, data)) => {
                     if ChunkId::of(&data) != id {
                         tracing::error!(chunk = %id, %node, "chunk failed its hash check in transit");

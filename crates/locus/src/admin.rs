@@ -81,25 +81,35 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
     println!("meta {}: {} inodes, {} chunks ({})", args.meta, s.inodes, s.chunks, human(s.chunk_bytes));
     println!("\nnodes:");
     println!(
-        "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>6}",
-        "ID", "SITE", "ADDRESS", "USED", "FREE", "CHUNKS", "SEEN"
+        "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>12} {:>6}",
+        "ID", "SITE", "ADDRESS", "USED", "FREE", "CHUNKS", "SITE CACHE", "SEEN"
     );
     let (mut cap, mut used) = (0, 0);
     for n in &s.nodes {
         cap += n.capacity_bytes;
         used += n.used_bytes;
         println!(
-            "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>5}s",
+            "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>12} {:>5}s",
             n.id,
             n.site,
             n.addr,
             human(n.used_bytes),
             human(n.capacity_bytes.saturating_sub(n.used_bytes)),
             n.chunk_count,
+            human(n.cache_bytes),
             n.last_seen_secs
         );
     }
     println!("  total: {} used of {}", human(used), human(cap));
+    if !s.site_rtts.is_empty() {
+        println!(
+            "
+round trips between sites (measured by nodes):"
+        );
+        for (from, to, micros) in &s.site_rtts {
+            println!("  {from:<10} -> {to:<10} {:>9.2} ms", *micros as f64 / 1000.0);
+        }
+    }
     println!("\nsessions:");
     for (id, info, idle) in &s.sessions {
         println!("  #{id:<6} site {:<10} {}:{:<8} {:<30} idle {idle}s", info.site, info.host, info.pid, info.purpose);

@@ -81,6 +81,15 @@ pub struct NodeArgs {
     pub site: String,
     #[arg(long, default_value = "100G", value_parser = parse_size)]
     pub capacity: u64,
+    /// Disk for copies of other sites' chunks cached at this site, e.g. 50G.
+    #[arg(long, default_value = "16G", value_parser = parse_size)]
+    pub cache: u64,
+    /// TCP connections to each node of another site; a chunk travels striped over them.
+    #[arg(long, default_value_t = 8)]
+    pub wan_connections: usize,
+    /// Test failpoint: corrupt this many chunk transfers to other nodes.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub failpoint_corrupt_sends: u64,
 }
 
 #[derive(Args, Debug)]

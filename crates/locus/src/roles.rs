@@ -54,6 +54,12 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
         meta_addr: args.meta.clone(),
         advertise_addr: advertise,
         heartbeat: Duration::from_secs(2),
+        wan: node::WanConfig {
+            cache_bytes: args.cache,
+            connections: args.wan_connections.max(1),
+            ..node::WanConfig::default()
+        },
+        corrupt_sends: args.failpoint_corrupt_sends,
     }
 }
 
@@ -151,6 +157,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         id: Some("local".into()),
         site: "default".into(),
         capacity: args.capacity,
+        cache: 0,
+        wan_connections: 1,
+        failpoint_corrupt_sends: 0,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr);

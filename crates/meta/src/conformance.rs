@@ -42,6 +42,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("orphans_are_reaped_after_restart", orphans_are_reaped_after_restart),
     ("locks", locks),
     ("chunk_catalogue", chunk_catalogue),
+    ("site_round_trips", site_round_trips),
 ];
 
 /// Runs every case, each on a fresh backend made by `fresh`.
@@ -772,6 +773,8 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
         used_bytes: used,
         chunk_count: 3,
         last_seen_secs: 99,
+        site_rtts: vec![("s2".into(), 50_000)],
+        cache_bytes: 0,
     }
 }
 
@@ -944,6 +947,17 @@ fn chunk_catalogue(b: &dyn Backend) {
         }
         other => panic!("expected Chunks, got {other:?}"),
     }
+    // Site caches report the copies they gain and lose.
+    let cached = StoredChunk { id: cid(1), size: 100, nodes: vec![] };
+    ok(&s, MetaRequest::UpdateLocations { node: "b1".into(), added: vec![cached], removed: vec![] });
+    ok(&s, MetaRequest::UpdateLocations { node: "n2".into(), added: vec![], removed: vec![cid(1)] });
+    match ok(&s, MetaRequest::ChunkLocations { ids: vec![cid(1)] }) {
+        MetaReply::Chunks(c) => {
+            assert_eq!(c[0].nodes, vec!["b1".to_string(), "n1".into(), "n3".into()]);
+            assert_eq!(c[0].refcount, 1, "a cached copy is not a reference");
+        }
+        other => panic!("expected Chunks, got {other:?}"),
+    }
     // Paging the catalogue by id.
     let mut seen = Vec::new();
     let mut after = None;
@@ -981,6 +995,22 @@ fn chunk_catalogue(b: &dyn Backend) {
     assert_eq!(refcount(&s, 1), Some(1), "referenced chunks are never forgotten");
     match ok(&s, MetaRequest::Status) {
         MetaReply::Status(st) => assert_eq!((st.chunks, st.chunk_bytes), (5, 100 + 4 * (1 << 20))),
+        other => panic!("expected Status, got {other:?}"),
+    }
+}
+
+fn site_round_trips(b: &dyn Backend) {
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100) });
+    let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
+    far.site = "s2".into();
+    far.site_rtts = vec![("s1".into(), 51_000)];
+    ok(&s, MetaRequest::RegisterNode { node: far });
+    match ok(&s, MetaRequest::Status) {
+        MetaReply::Status(st) => assert_eq!(
+            st.site_rtts,
+            vec![("s1".to_string(), "s2".to_string(), 50_000), ("s2".into(), "s1".into(), 51_000)]
+        ),
         other => panic!("expected Status, got {other:?}"),
     }
 }

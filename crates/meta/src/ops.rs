@@ -91,6 +91,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | RemoveXattr { .. }
         | Open { truncate: true, .. }
         | RegisterNode { .. }
+        | UpdateLocations { .. }
         | ForgetChunks { .. } => Access::Write { durable: false },
     }
 }
@@ -178,6 +179,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
                 inodes: t.count_inodes()?,
                 chunks,
                 chunk_bytes,
+                site_rtts: t.site_rtts()?,
             })
         }
         other => {
@@ -266,6 +268,15 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         }
         R::RegisterNode { node } => {
             register_node(t, ctx, &node)?;
+            MetaReply::Done
+        }
+        R::UpdateLocations { node, added, removed } => {
+            for chunk in &added {
+                t.upsert_chunk(&StoredChunk { nodes: vec![node.clone()], ..chunk.clone() })?;
+            }
+            for id in &removed {
+                t.remove_location(id, &node)?;
+            }
             MetaReply::Done
         }
         R::ForgetChunks { ids } => {

@@ -50,7 +50,11 @@ CREATE TABLE sessions (
     purpose TEXT NOT NULL, last_seen BIGINT NOT NULL);
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY, store_id TEXT NOT NULL, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
-    used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, last_seen BIGINT NOT NULL) WITHOUT ROWID;
+    used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, cache_bytes BIGINT NOT NULL, last_seen BIGINT NOT NULL)
+    WITHOUT ROWID;
+CREATE TABLE site_rtts (
+    from_site TEXT NOT NULL, to_site TEXT NOT NULL, micros BIGINT NOT NULL, PRIMARY KEY (from_site, to_site))
+    WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
 ";
 
@@ -345,8 +349,10 @@ fn node_row(r: &Row<'_>) -> rusqlite::Result<(NodeInfo, i64)> {
             used_bytes: r.get::<_, i64>(5)? as u64,
             chunk_count: r.get::<_, i64>(6)? as u64,
             last_seen_secs: 0,
+            site_rtts: Vec::new(),
+            cache_bytes: r.get::<_, i64>(7)? as u64,
         },
-        r.get(7)?,
+        r.get(8)?,
     ))
 }
 
@@ -559,6 +565,19 @@ impl Txn for SqlTxn<'_> {
         Ok(out)
     }
 
+    fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
+        self.conn
+            .prepare_cached("DELETE FROM chunk_nodes WHERE chunk = ?1 AND node = ?2")?
+            .execute(params![&id.0[..], node])?;
+        Ok(())
+    }
+
+    fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT from_site, to_site, micros FROM site_rtts ORDER BY 1, 2")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError> {
         self.conn.prepare_cached("DELETE FROM chunk_nodes WHERE chunk = ?1")?.execute([&id.0[..]])?;
         self.conn.prepare_cached("DELETE FROM chunks WHERE id = ?1")?.execute([&id.0[..]])?;
@@ -635,10 +654,11 @@ impl Txn for SqlTxn<'_> {
 
     fn put_node(&mut self, n: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {
         let mut st = self.conn.prepare_cached(
-            "INSERT INTO nodes (id, store_id, site, addr, capacity, used, chunk_count, last_seen)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             ON CONFLICT (id) DO UPDATE SET store_id = excluded.store_id, site = excluded.site, addr = excluded.addr, capacity = excluded.capacity,
-             used = excluded.used, chunk_count = excluded.chunk_count, last_seen = excluded.last_seen",
+            "INSERT INTO nodes (id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (id) DO UPDATE SET store_id = excluded.store_id, site = excluded.site, addr = excluded.addr,
+             capacity = excluded.capacity, used = excluded.used, chunk_count = excluded.chunk_count,
+             cache_bytes = excluded.cache_bytes, last_seen = excluded.last_seen",
         )?;
         st.execute(params![
             n.id,
@@ -648,21 +668,29 @@ impl Txn for SqlTxn<'_> {
             n.capacity_bytes as i64,
             n.used_bytes as i64,
             n.chunk_count as i64,
+            n.cache_bytes as i64,
             last_seen_ms
         ])?;
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO site_rtts (from_site, to_site, micros) VALUES (?1, ?2, ?3)
+             ON CONFLICT (from_site, to_site) DO UPDATE SET micros = excluded.micros",
+        )?;
+        for (to, micros) in &n.site_rtts {
+            st.execute(params![n.site, to, *micros as i64])?;
+        }
         Ok(())
     }
 
     fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError> {
         let mut st = self.conn.prepare_cached(
-            "SELECT id, store_id, site, addr, capacity, used, chunk_count, last_seen FROM nodes WHERE id = ?1",
+            "SELECT id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen FROM nodes WHERE id = ?1",
         )?;
         Ok(st.query_row([id], node_row).optional()?)
     }
 
     fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError> {
         let mut st = self.conn.prepare_cached(
-            "SELECT id, store_id, site, addr, capacity, used, chunk_count, last_seen FROM nodes ORDER BY id",
+            "SELECT id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen FROM nodes ORDER BY id",
         )?;
         Ok(st.query_map([], node_row)?.collect::<Result<Vec<_>, _>>()?)
     }

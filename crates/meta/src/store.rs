@@ -86,6 +86,10 @@ pub trait Txn {
     fn get_chunk(&mut self, id: &ChunkId) -> Result<Option<ChunkRecord>, MetaError>;
     fn list_chunks(&mut self, after: Option<&ChunkId>, limit: u32) -> Result<Vec<ChunkRecord>, MetaError>;
     fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError>;
+    /// Forgets that `node` holds a copy of the chunk.
+    fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError>;
+    /// Round trips between sites as nodes last reported them: (from, to, micros).
+    fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError>;
     /// (number of chunks, total bytes) in the catalogue.
     fn chunk_totals(&mut self) -> Result<(u64, u64), MetaError>;
 

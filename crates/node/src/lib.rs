@@ -1,6 +1,12 @@
 //! The site storage daemon: serves chunks from a local `chunk::ChunkStore` over the
-//! data-path protocol (`proto::node`) and announces itself to meta with a periodic
-//! `RegisterNode` heartbeat.
+//! data-path protocol (`proto::node`), fetches chunks its site lacks from other sites
+//! into a site cache (`site`), and announces itself to meta with a periodic
+//! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
+
+mod site;
+
+use site::SiteLink;
+pub use site::WanConfig;
 
 use bytes::Bytes;
 use chunk::{ChunkError, ChunkStore};
@@ -34,6 +40,11 @@ pub struct NodeConfig {
     pub advertise_addr: String,
     /// Interval of the `RegisterNode` heartbeat.
     pub heartbeat: Duration,
+    /// Site cache and transfers from other sites.
+    pub wan: WanConfig,
+    /// Failpoint for tests: flip a byte in this many chunk transfers to other nodes, as
+    /// a faulty network would.
+    pub corrupt_sends: u64,
 }
 
 /// Why a node could not start or stopped serving.
@@ -59,11 +70,15 @@ pub enum NodeError {
 /// slow disks never stall the network tasks.
 pub struct NodeService {
     store: Arc<ChunkStore>,
+    /// Where chunks this node lacks come from; `None` serves only local chunks.
+    site: Option<Arc<SiteLink>>,
+    corrupt_sends: std::sync::atomic::AtomicU64,
 }
 
 impl NodeService {
+    /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService { store }
+        NodeService { store, site: None, corrupt_sends: Default::default() }
     }
 
     async fn blocking<T, F>(&self, work: F) -> Result<T, WireError>
@@ -82,6 +97,14 @@ impl NodeService {
     }
 }
 
+impl NodeService {
+    /// Whether the corruption failpoint fires for this transfer.
+    fn take_corruption(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.corrupt_sends.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
 impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
@@ -89,12 +112,25 @@ impl Service for NodeService {
     async fn handle(self: Arc<Self>, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
         let reply = match req {
             NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
-            NodeRequest::Get { id, offset, len } => {
-                return match self.blocking(move |s| s.get(&id, offset, len)).await {
-                    Ok(data) => (Ok(NodeReply::Data), Bytes::from(data)),
+            NodeRequest::Get { id, offset, len, local_only } => {
+                let local = self.blocking(move |s| s.get(&id, offset, len)).await;
+                let answer = match (local, &self.site) {
+                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound && !local_only => {
+                        site.get(id, offset, len).await
+                    }
+                    (local, _) => local.map(Bytes::from),
+                };
+                return match answer {
+                    Ok(data) if local_only && !data.is_empty() && self.take_corruption() => {
+                        let mut bad = data.to_vec();
+                        bad[0] ^= 0x01;
+                        (Ok(NodeReply::Data), Bytes::from(bad))
+                    }
+                    Ok(data) => (Ok(NodeReply::Data), data),
                     Err(e) => (Err(e), Bytes::new()),
                 };
             }
+            NodeRequest::Ping => Ok(NodeReply::Done),
             NodeRequest::Has { ids } => self.blocking(move |s| s.has(&ids)).await.map(NodeReply::Flags),
             NodeRequest::List { after, limit } => {
                 let limit = limit.min(MAX_LIST) as usize;
@@ -119,22 +155,37 @@ pub async fn run(config: NodeConfig, listener: TcpListener) -> Result<(), NodeEr
         .await
         .map_err(|e| NodeError::Internal(format!("opening the chunk store panicked: {e}")))??;
     let store = Arc::new(store);
-
-    let meta = RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
+    let (cache_dir, cache_cap) = (config.data_dir.join("cache"), config.wan.cache_bytes);
+    let cache = tokio::task::spawn_blocking(move || ChunkStore::open(&cache_dir, cache_cap))
         .await
-        .map_err(|source| NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source })?;
-    register(&meta, &config, &store).await?;
+        .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
+
+    let meta = Arc::new(
+        RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
+            .await
+            .map_err(|source| NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source })?,
+    );
+    let site =
+        Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
+    register(&meta, &config, &store, &site, Vec::new()).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
-    let heartbeat = tokio::spawn(heartbeat_loop(meta, config.clone(), store.clone()));
-    let served = net::serve(listener, Arc::new(NodeService::new(store))).await;
+    let heartbeat = tokio::spawn(heartbeat_loop(meta, config.clone(), store.clone(), site.clone()));
+    let service = NodeService { store, site: Some(site), corrupt_sends: config.corrupt_sends.into() };
+    let served = net::serve(listener, Arc::new(service)).await;
     heartbeat.abort();
     served.map_err(NodeError::Serve)
 }
 
 /// Sends one `RegisterNode` with current stats.
-async fn register(meta: &RpcClient, config: &NodeConfig, store: &ChunkStore) -> Result<(), NodeError> {
+async fn register(
+    meta: &RpcClient,
+    config: &NodeConfig,
+    store: &ChunkStore,
+    site: &SiteLink,
+    site_rtts: Vec<(String, u64)>,
+) -> Result<(), NodeError> {
     let stats = store.stats();
     let node = NodeInfo {
         id: config.id.clone(),
@@ -145,6 +196,8 @@ async fn register(meta: &RpcClient, config: &NodeConfig, store: &ChunkStore) -> 
         used_bytes: stats.used_bytes,
         chunk_count: stats.chunk_count,
         last_seen_secs: 0,
+        site_rtts,
+        cache_bytes: site.cache_bytes(),
     };
     let addr = config.meta_addr.clone();
     match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node }).await {
@@ -157,14 +210,17 @@ async fn register(meta: &RpcClient, config: &NodeConfig, store: &ChunkStore) -> 
 
 /// Repeats the registration every `config.heartbeat`; failures are logged and retried
 /// at the next tick (the client reconnects lazily), never fatal.
-async fn heartbeat_loop(meta: RpcClient, config: NodeConfig, store: Arc<ChunkStore>) {
+async fn heartbeat_loop(meta: Arc<RpcClient>, config: NodeConfig, store: Arc<ChunkStore>, site: Arc<SiteLink>) {
     let mut ticks = tokio::time::interval(config.heartbeat.max(Duration::from_millis(10)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // The first tick is immediate; we just registered.
     let mut failing = false;
     loop {
         ticks.tick().await;
-        match register(&meta, &config, &store).await {
+        site.refresh_peers().await;
+        let rtts = site.measure_rtts().await;
+        site.report_locations().await;
+        match register(&meta, &config, &store, &site, rtts).await {
             Ok(()) if failing => {
                 tracing::info!(meta = %config.meta_addr, "heartbeat to meta succeeds again");
                 failing = false;

@@ -41,7 +41,7 @@ impl Node {
 
     /// A Get, with the bytes that came back as bulk.
     async fn fetch(&self, id: ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, WireError> {
-        let req = NodeRequest::Get { id, offset, len };
+        let req = NodeRequest::Get { id, offset, len, local_only: false };
         let (reply, bulk) = self.client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await.unwrap();
         reply.map(|r| {
             assert_eq!(r, NodeReply::Data);
@@ -88,7 +88,10 @@ async fn put_get_has_list_stats() {
     assert_eq!(n.fetch(id, 990, 100).await, Ok(data[990..].to_vec()));
     assert_eq!(n.fetch(id, 1001, 1).await.unwrap_err().code, ErrorCode::InvalidArgument);
     let missing = ChunkId::of(b"missing");
-    assert_eq!(code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1 }).await), ErrorCode::NotFound);
+    assert_eq!(
+        code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1, local_only: false }).await),
+        ErrorCode::NotFound
+    );
 
     assert_eq!(code(n.send(missing, b"not it".to_vec()).await), ErrorCode::InvalidArgument);
 
@@ -127,7 +130,7 @@ async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
     bytes[0] ^= 0x80;
     std::fs::write(&path, bytes).unwrap();
 
-    let err = n.call(NodeRequest::Get { id: bad, offset: 0, len: 4 }).await.unwrap_err();
+    let err = n.call(NodeRequest::Get { id: bad, offset: 0, len: 4, local_only: false }).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Corrupt);
     assert!(err.message.contains(&bad.to_hex()), "{}", err.message);
     // Same client, same connections: still answering.
@@ -196,6 +199,8 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         meta_addr,
         advertise_addr: "127.0.0.1:1".into(),
         heartbeat: Duration::from_secs(1),
+        wan: node::WanConfig::default(),
+        corrupt_sends: 0,
     }
 }
 

@@ -289,6 +289,13 @@ pub enum MetaRequest {
     ForgetChunks {
         ids: Vec<ChunkId>,
     },
+    /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
+    /// in its site cache, so other sites can find the nearest copy.
+    UpdateLocations {
+        node: NodeId,
+        added: Vec<StoredChunk>,
+        removed: Vec<ChunkId>,
+    },
     Status,
 }
 
@@ -300,6 +307,8 @@ pub struct ClusterStatus {
     pub inodes: u64,
     pub chunks: u64,
     pub chunk_bytes: u64,
+    /// Measured round trips between sites: (from, to, microseconds).
+    pub site_rtts: Vec<(String, String, u64)>,
 }
 
 /// `statfs` numbers in bytes and inodes.

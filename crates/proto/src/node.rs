@@ -18,6 +18,9 @@ pub enum NodeRequest {
         id: ChunkId,
         offset: u64,
         len: u64,
+        /// Serve only what this node holds: set by a node fetching for its site, so
+        /// a miss never turns into a chain of fetches between sites.
+        local_only: bool,
     },
     /// Which of these chunks the node holds (one flag per id, in order).
     Has {
@@ -38,6 +41,8 @@ pub enum NodeRequest {
         min_age_secs: u64,
     },
     Stats,
+    /// Answered at once; nodes time it to measure the round trip between sites.
+    Ping,
 }
 
 /// Disk usage and health counters of one node.

@@ -130,6 +130,10 @@ pub struct NodeInfo {
     pub chunk_count: u64,
     /// Seconds since the node last reported in.
     pub last_seen_secs: u64,
+    /// Round trip this node measured to each other site, in microseconds.
+    pub site_rtts: Vec<(String, u64)>,
+    /// Bytes this node holds as copies cached for its site (not counted in `used_bytes`).
+    pub cache_bytes: u64,
 }
 
 /// A chunk in the catalogue: its size and where it is stored.

@@ -90,7 +90,12 @@ impl Cluster {
     }
 
     pub fn add_node(&mut self, id: &str, site: &str) {
-        let args = vec![
+        self.add_node_with(id, site, &[]);
+    }
+
+    /// Starts a node with extra `locus node` flags (cache size, failpoints, ...).
+    pub fn add_node_with(&mut self, id: &str, site: &str, extra: &[&str]) {
+        let mut args: Vec<String> = vec![
             "node".into(),
             "--listen".into(),
             "127.0.0.1:0".into(),
@@ -103,6 +108,7 @@ impl Cluster {
             "--site".into(),
             site.into(),
         ];
+        args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("{id}.log"));
         self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log));
     }
@@ -112,7 +118,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = self.locus(&["status", "--meta", &self.meta.addr]);
-            let listed = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" default ")).count();
+            let listed = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" 127.0.0.1:")).count();
             if out.status.success() && listed >= n {
                 return;
             }
@@ -123,6 +129,11 @@ impl Cluster {
 
     /// Mounts the namespace at a new directory and returns it.
     pub fn mount(&mut self) -> PathBuf {
+        self.mount_at("default")
+    }
+
+    /// Mounts the namespace as a client of `site`.
+    pub fn mount_at(&mut self, site: &str) -> PathBuf {
         let n = self.mounts.len();
         let mountpoint = self.path().join(format!("mnt{n}"));
         std::fs::create_dir_all(&mountpoint).expect("create mount point");
@@ -133,6 +144,8 @@ impl Cluster {
             self.meta.addr.clone(),
             "--cache".into(),
             "64M".into(),
+            "--site".into(),
+            site.into(),
         ];
         let log = self.path().join(format!("mount{n}.log"));
         let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log);

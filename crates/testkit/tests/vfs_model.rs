@@ -65,6 +65,8 @@ fn env() -> &'static Env {
                 meta_addr: meta_addr.clone(),
                 advertise_addr: listener.local_addr().unwrap().to_string(),
                 heartbeat: Duration::from_secs(1),
+                wan: node::WanConfig::default(),
+                corrupt_sends: 0,
             };
             tokio::spawn(node::run(node, listener));
             meta_addr

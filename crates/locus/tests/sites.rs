@@ -1,0 +1,152 @@
+//! Several sites in one cluster (real processes on loopback, a node per site): data
+//! written at one site is read at another through the reading site's node, which
+//! fetches each chunk once, keeps it in its site cache, fails over between copies and
+//! never serves a chunk that arrived corrupted.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use testkit::Cluster;
+
+/// Meta, plus one node per named site (node id = site name + "0").
+fn sites(names: &[&str], extra: &[(&str, &[&str])]) -> Option<Cluster> {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return None;
+    }
+    let mut c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 0);
+    for site in names {
+        let flags = extra.iter().find(|(s, _)| s == site).map_or(&[][..], |(_, f)| f);
+        c.add_node_with(&format!("{site}0"), site, flags);
+    }
+    c.wait_for_nodes(names.len());
+    Some(c)
+}
+
+/// Pseudo-random bytes (xorshift), so no two chunks are alike and nothing dedupes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn chunk_files(dir: &Path) -> usize {
+    match fs::read_dir(dir) {
+        Err(_) => 0,
+        Ok(entries) => entries
+            .map(|e| {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() { chunk_files(&e.path()) } else { 1 }
+            })
+            .sum(),
+    }
+}
+
+fn cache_dir(c: &Cluster, node: &str) -> PathBuf {
+    c.node_dir(node).join("cache").join("chunks")
+}
+
+#[test]
+fn data_written_at_one_site_is_read_at_another_and_crosses_once() {
+    let Some(mut c) = sites(&["a", "b"], &[]) else { return };
+    let at_a = c.mount_at("a");
+    let data = pattern(13 << 20, 1);
+    fs::write(at_a.join("f"), &data).unwrap();
+    let stored_at_a = chunk_files(&c.node_dir("a0").join("chunks"));
+    assert!(stored_at_a >= 4, "site a stores the file's chunks");
+    assert_eq!(chunk_files(&c.node_dir("b0").join("chunks")), 0, "writes stay at the writer's site");
+
+    let at_b = c.mount_at("b");
+    assert!(fs::read(at_b.join("f")).unwrap() == data, "site b reads what site a wrote");
+    assert_eq!(chunk_files(&cache_dir(&c, "b0")), stored_at_a, "site b cached every chunk once");
+
+    // Site a goes away: a second reader at b is served entirely from b's cache.
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let again = c.mount_at("b");
+    assert!(fs::read(again.join("f")).unwrap() == data, "second reader at b served from the site cache");
+}
+
+#[test]
+fn nodes_measure_round_trips_between_sites() {
+    let Some(c) = sites(&["a", "b"], &[]) else { return };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = c.locus(&["status", "--meta", &c.meta.addr]);
+        let text = String::from_utf8_lossy(&status.stdout).into_owned();
+        if text.contains("a          -> b") && text.contains("b          -> a") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no round trips between sites in status:\n{text}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn the_site_cache_evicts_under_its_cap_and_stays_correct() {
+    let Some(mut c) = sites(&["a", "b"], &[("b", &["--cache", "9M"])]) else { return };
+    let at_a = c.mount_at("a");
+    let files: Vec<Vec<u8>> = (0..4).map(|i| pattern(4 << 20, 10 + i)).collect();
+    for (i, d) in files.iter().enumerate() {
+        fs::write(at_a.join(format!("f{i}")), d).unwrap();
+    }
+    let at_b = c.mount_at("b");
+    for (i, d) in files.iter().enumerate() {
+        assert!(fs::read(at_b.join(format!("f{i}"))).unwrap() == *d, "f{i} read at b");
+        assert!(chunk_files(&cache_dir(&c, "b0")) <= 2, "the cache holds at most 9 MiB of 4 MiB chunks");
+    }
+    // The first file was evicted; a fresh reader fetches it again, correctly.
+    let fresh = c.mount_at("b");
+    assert!(fs::read(fresh.join("f0")).unwrap() == files[0]);
+}
+
+#[test]
+fn a_corrupted_transfer_is_fetched_again_never_served() {
+    let Some(mut c) = sites(&["a", "b"], &[("a", &["--failpoint-corrupt-sends", "2"])]) else { return };
+    let at_a = c.mount_at("a");
+    let data = pattern(3 << 20, 7);
+    fs::write(at_a.join("f"), &data).unwrap();
+    let at_b = c.mount_at("b");
+    assert!(fs::read(at_b.join("f")).unwrap() == data, "the reader gets the right bytes");
+    let log = fs::read_to_string(c.path().join("b0.log")).unwrap();
+    assert!(log.contains("arrived corrupted"), "the failpoint fired and was caught:\n{log}");
+}
+
+#[test]
+fn a_dead_copy_fails_over_to_another_or_errs_in_bounded_time() {
+    let Some(mut c) = sites(&["a", "b", "c"], &[]) else { return };
+    let at_a = c.mount_at("a");
+    let data = pattern(24 << 20, 3);
+    fs::write(at_a.join("f"), &data).unwrap();
+    fs::write(at_a.join("only-at-a"), pattern(1 << 20, 4)).unwrap();
+    // Site c reads the file: its node now holds copies too.
+    let at_c = c.mount_at("c");
+    assert!(fs::read(at_c.join("f")).unwrap() == data);
+    std::thread::sleep(Duration::from_secs(3)); // c's node reports its copies at its heartbeat
+
+    // Site a dies while site b starts reading: b fails over to c's copies.
+    let at_b = c.mount_at("b");
+    let path = at_b.join("f");
+    let reader = std::thread::spawn(move || {
+        let mut f = File::open(path)?;
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).map(|_| got)
+    });
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let got = reader.join().unwrap().expect("b reads through c's copies");
+    assert!(got == data, "never wrong data");
+
+    // A chunk with no live copy anywhere: EIO, and soon.
+    let started = Instant::now();
+    let err = fs::read(at_b.join("only-at-a")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+}

@@ -1,0 +1,392 @@
+//! The site's window on other sites: a chunk a client asks for that this node does
+//! not hold is fetched once from the nearest node that has it — split into stripes
+//! over several connections so distance does not limit throughput — verified, kept in
+//! the site cache (on disk, capped, least recently used out first) and served from
+//! there to every client of the site. Concurrent misses of one chunk share one fetch.
+
+use bytes::Bytes;
+use chunk::{ChunkError, ChunkStore};
+use net::RpcClient;
+use proto::error::{ErrorCode, WireError};
+use proto::meta::{MetaReply, MetaRequest, MetaResult, StoredChunk};
+use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::types::{ChunkId, NodeInfo};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// How a node reaches other sites.
+#[derive(Debug, Clone)]
+pub struct WanConfig {
+    /// Bytes of chunks cached for this site (copies of other sites' chunks).
+    pub cache_bytes: u64,
+    /// TCP connections to each node of another site; stripes of a chunk travel on
+    /// them in parallel.
+    pub connections: usize,
+    /// Smallest stripe a chunk is cut into for a parallel fetch.
+    pub min_stripe: u64,
+    /// How long one stripe may take before the copy counts as failed.
+    pub timeout: Duration,
+}
+
+impl Default for WanConfig {
+    fn default() -> Self {
+        WanConfig { cache_bytes: 16 << 30, connections: 8, min_stripe: 512 << 10, timeout: Duration::from_secs(30) }
+    }
+}
+
+/// Another node as this one sees it.
+struct Peer {
+    info: NodeInfo,
+    client: Option<Arc<RpcClient>>,
+    /// Smoothed round trip, once measured.
+    rtt: Option<Duration>,
+}
+
+/// Least-recently-used order of the cached chunks.
+#[derive(Default)]
+struct Lru {
+    tick: u64,
+    by_id: HashMap<ChunkId, u64>,
+    by_tick: BTreeMap<u64, ChunkId>,
+}
+
+impl Lru {
+    fn touch(&mut self, id: ChunkId) {
+        self.tick += 1;
+        if let Some(old) = self.by_id.insert(id, self.tick) {
+            self.by_tick.remove(&old);
+        }
+        self.by_tick.insert(self.tick, id);
+    }
+
+    fn remove(&mut self, id: &ChunkId) {
+        if let Some(tick) = self.by_id.remove(id) {
+            self.by_tick.remove(&tick);
+        }
+    }
+
+    fn oldest(&self) -> Option<ChunkId> {
+        self.by_tick.values().next().copied()
+    }
+}
+
+/// Counters shown by `locus status` and the benchmarks.
+#[derive(Debug, Default)]
+pub struct WanStats {
+    pub fetched_chunks: std::sync::atomic::AtomicU64,
+    pub fetched_bytes: std::sync::atomic::AtomicU64,
+    pub cache_hits: std::sync::atomic::AtomicU64,
+    pub corrupt_in_transit: std::sync::atomic::AtomicU64,
+}
+
+/// This node's link to the rest of the cluster for chunks it lacks.
+pub struct SiteLink {
+    me: String,
+    site: String,
+    config: WanConfig,
+    meta: Arc<RpcClient>,
+    cache: Arc<ChunkStore>,
+    lru: Mutex<Lru>,
+    peers: RwLock<HashMap<String, Peer>>,
+    fetches: Mutex<HashMap<ChunkId, Arc<OnceCell<Bytes>>>>,
+    /// Location changes not yet reported to meta.
+    pending: Mutex<(Vec<StoredChunk>, Vec<ChunkId>)>,
+    pub stats: WanStats,
+}
+
+fn wire(e: ChunkError) -> WireError {
+    e.into()
+}
+
+impl SiteLink {
+    /// Opens the site cache (a chunk store of its own under `cache_dir`).
+    pub fn open(
+        me: String,
+        site: String,
+        config: WanConfig,
+        meta: Arc<RpcClient>,
+        cache: ChunkStore,
+    ) -> Result<SiteLink, ChunkError> {
+        let mut lru = Lru::default();
+        let mut after = None;
+        loop {
+            let page = cache.list(after, 4096)?;
+            let Some(last) = page.last().copied() else { break };
+            after = Some(last);
+            for id in page {
+                lru.touch(id);
+            }
+        }
+        Ok(SiteLink {
+            me,
+            site,
+            config,
+            meta,
+            cache: Arc::new(cache),
+            lru: Mutex::new(lru),
+            peers: RwLock::default(),
+            fetches: Mutex::default(),
+            pending: Mutex::default(),
+            stats: WanStats::default(),
+        })
+    }
+
+    /// Bytes held in the site cache.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache.stats().used_bytes
+    }
+
+    /// Bytes `[offset, offset + len)` of a chunk this node does not store itself.
+    pub async fn get(&self, id: ChunkId, offset: u64, len: u64) -> Result<Bytes, WireError> {
+        let cache = self.cache.clone();
+        let cached = tokio::task::spawn_blocking(move || cache.get(&id, offset, len))
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("cache task failed: {e}")))?;
+        match cached {
+            Ok(data) => {
+                self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lock(&self.lru).touch(id);
+                return Ok(Bytes::from(data));
+            }
+            Err(ChunkError::NotFound { .. }) => {}
+            Err(ChunkError::Corrupt { .. }) => {
+                // Never served; drop it and fetch a good copy.
+                let _ = self.cache.delete(&[id], Duration::ZERO);
+                lock(&self.lru).remove(&id);
+            }
+            Err(e) => return Err(wire(e)),
+        }
+        let cell = lock(&self.fetches).entry(id).or_default().clone();
+        let fetched = cell.get_or_try_init(|| self.fetch_and_cache(id)).await.cloned();
+        lock(&self.fetches).remove(&id);
+        let data = fetched?;
+        let size = data.len() as u64;
+        if offset > size {
+            return Err(WireError::new(ErrorCode::InvalidArgument, format!("offset {offset} beyond chunk {id}")));
+        }
+        let end = offset + len.min(size - offset);
+        Ok(data.slice(offset as usize..end as usize))
+    }
+
+    async fn fetch_and_cache(&self, id: ChunkId) -> Result<Bytes, WireError> {
+        let res: MetaResult = self
+            .meta
+            .call(&MetaRequest::ChunkLocations { ids: vec![id] })
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?;
+        let Some(record) = (match res? {
+            MetaReply::Chunks(mut c) => c.pop(),
+            other => return Err(WireError::new(ErrorCode::Internal, format!("ChunkLocations answered {other:?}"))),
+        }) else {
+            return Err(WireError::new(ErrorCode::NotFound, format!("chunk {id} is in no catalogue")));
+        };
+        let mut candidates = self.nearest(&record.nodes).await;
+        if candidates.is_empty() {
+            return Err(WireError::new(ErrorCode::NotFound, format!("no other node holds chunk {id}")));
+        }
+        let mut last = WireError::new(ErrorCode::Io, format!("chunk {id}: no copy could be fetched"));
+        // Each copy gets two tries: one corrupt transfer is refetched, never served.
+        candidates = candidates.into_iter().flat_map(|c| [c.clone(), c]).collect();
+        for (node, client) in candidates {
+            match self.fetch_striped(&client, id, record.size).await {
+                Ok(data) if ChunkId::of(&data) == id => {
+                    self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.keep(id, data.clone()).await;
+                    return Ok(data);
+                }
+                Ok(_) => {
+                    self.stats.corrupt_in_transit.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::error!(chunk = %id, %node, "chunk arrived corrupted; fetching it again");
+                    last = WireError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} arrived corrupted"));
+                }
+                Err(e) => {
+                    tracing::warn!(chunk = %id, %node, "fetch failed, trying another copy: {e}");
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Fetches a chunk as parallel stripes on the peer's connections.
+    async fn fetch_striped(&self, client: &Arc<RpcClient>, id: ChunkId, size: u64) -> Result<Bytes, WireError> {
+        let stripes = self.config.connections.max(1) as u64;
+        let stripe = size.div_ceil(stripes).max(self.config.min_stripe).max(1);
+        let offsets: Vec<u64> = if size == 0 { vec![0] } else { (0..size).step_by(stripe as usize).collect() };
+        let parts: Vec<_> = offsets
+            .into_iter()
+            .map(|offset| {
+                let client = client.clone();
+                let req = NodeRequest::Get { id, offset, len: stripe, local_only: true };
+                tokio::spawn(async move { client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await })
+            })
+            .collect();
+        let mut data = Vec::with_capacity(size as usize);
+        for part in parts {
+            let (reply, bytes) = part
+                .await
+                .map_err(|e| WireError::new(ErrorCode::Internal, format!("fetch task failed: {e}")))?
+                .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))?;
+            match reply? {
+                NodeReply::Data => data.extend_from_slice(&bytes),
+                other => return Err(WireError::new(ErrorCode::Internal, format!("Get answered {other:?}"))),
+            }
+        }
+        Ok(Bytes::from(data))
+    }
+
+    /// Stores a fetched chunk in the site cache, evicting the least recently used
+    /// copies to stay under the cap.
+    async fn keep(&self, id: ChunkId, data: Bytes) {
+        let size = data.len() as u64;
+        if size > self.config.cache_bytes {
+            return;
+        }
+        let mut evicted = Vec::new();
+        while self.cache.stats().used_bytes + size > self.config.cache_bytes {
+            let Some(victim) = lock(&self.lru).oldest() else { break };
+            lock(&self.lru).remove(&victim);
+            if let Err(e) = self.cache.delete(&[victim], Duration::ZERO) {
+                tracing::warn!(chunk = %victim, "cannot evict from the site cache: {e}");
+                break;
+            }
+            evicted.push(victim);
+        }
+        let cache = self.cache.clone();
+        let stored = tokio::task::spawn_blocking(move || cache.put(&id, &data)).await;
+        let mut pending = lock(&self.pending);
+        pending.1.extend(evicted);
+        match stored {
+            Ok(Ok(())) => {
+                lock(&self.lru).touch(id);
+                pending.0.push(StoredChunk { id, size, nodes: Vec::new() });
+            }
+            Ok(Err(e)) => tracing::warn!(chunk = %id, "cannot cache a fetched chunk: {e}"),
+            Err(e) => tracing::warn!(chunk = %id, "cache task failed: {e}"),
+        }
+    }
+
+    /// Nodes other than this one among `holders`, nearest first, with a client each.
+    async fn nearest(&self, holders: &[String]) -> Vec<(String, Arc<RpcClient>)> {
+        if holders.iter().any(|h| h != &self.me && !read(&self.peers).contains_key(h)) {
+            self.refresh_peers().await;
+        }
+        let mut ranked: Vec<(bool, Duration, String)> = {
+            let peers = read(&self.peers);
+            holders
+                .iter()
+                .filter(|h| *h != &self.me)
+                .filter_map(|h| {
+                    peers.get(h).map(|p| (p.info.site != self.site, p.rtt.unwrap_or(Duration::MAX), h.clone()))
+                })
+                .collect()
+        };
+        ranked.sort();
+        let mut out = Vec::new();
+        for (_, _, node) in ranked {
+            if let Some(client) = self.client(&node).await {
+                out.push((node, client));
+            }
+        }
+        out
+    }
+
+    async fn client(&self, node: &str) -> Option<Arc<RpcClient>> {
+        let addr = {
+            let peers = read(&self.peers);
+            let peer = peers.get(node)?;
+            if let Some(c) = &peer.client {
+                return Some(c.clone());
+            }
+            peer.info.addr.clone()
+        };
+        match RpcClient::connect(&addr, self.config.connections.max(1), self.config.timeout).await {
+            Ok(c) => {
+                let c = Arc::new(c);
+                if let Some(p) = write(&self.peers).get_mut(node) {
+                    p.client = Some(c.clone());
+                }
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(%node, "cannot reach node: {e}");
+                None
+            }
+        }
+    }
+
+    /// Learns the cluster's nodes from meta.
+    pub async fn refresh_peers(&self) {
+        let res: Result<MetaResult, _> = self.meta.call(&MetaRequest::ListNodes).await;
+        let Ok(Ok(MetaReply::Nodes(list))) = res else { return };
+        let mut peers = write(&self.peers);
+        for info in list.into_iter().filter(|n| n.id != self.me) {
+            match peers.get_mut(&info.id) {
+                Some(p) if p.info.addr == info.addr => p.info = info,
+                _ => {
+                    peers.insert(info.id.clone(), Peer { info, client: None, rtt: None });
+                }
+            }
+        }
+    }
+
+    /// Times a ping to every node of another site; returns the best round trip per site.
+    pub async fn measure_rtts(&self) -> Vec<(String, u64)> {
+        let others: Vec<(String, String)> = read(&self.peers)
+            .values()
+            .filter(|p| p.info.site != self.site && p.info.last_seen_secs < 30)
+            .map(|p| (p.info.id.clone(), p.info.site.clone()))
+            .collect();
+        let mut best: HashMap<String, u64> = HashMap::new();
+        for (node, site) in others {
+            let Some(client) = self.client(&node).await else { continue };
+            let started = Instant::now();
+            let answered =
+                tokio::time::timeout(Duration::from_secs(5), client.call::<_, NodeResult>(&NodeRequest::Ping)).await;
+            if !matches!(answered, Ok(Ok(Ok(_)))) {
+                continue;
+            }
+            let rtt = started.elapsed();
+            if let Some(p) = write(&self.peers).get_mut(&node) {
+                // Smoothed like TCP's SRTT (7/8 old, 1/8 new).
+                p.rtt = Some(p.rtt.map_or(rtt, |old| (old * 7 + rtt) / 8));
+            }
+            let micros = rtt.as_micros() as u64;
+            best.entry(site).and_modify(|b| *b = (*b).min(micros)).or_insert(micros);
+        }
+        let mut out: Vec<(String, u64)> = best.into_iter().collect();
+        out.sort();
+        out
+    }
+
+    /// Reports cached and evicted copies to meta (called from the heartbeat).
+    pub async fn report_locations(&self) {
+        let (added, removed) = std::mem::take(&mut *lock(&self.pending));
+        if added.is_empty() && removed.is_empty() {
+            return;
+        }
+        let req =
+            MetaRequest::UpdateLocations { node: self.me.clone(), added: added.clone(), removed: removed.clone() };
+        if !matches!(self.meta.call::<_, MetaResult>(&req).await, Ok(Ok(_))) {
+            // Keep them for the next heartbeat.
+            let mut pending = lock(&self.pending);
+            pending.0.extend(added);
+            pending.1.extend(removed);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
