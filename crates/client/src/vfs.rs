@@ -36,7 +36,8 @@ pub struct ClientConfig {
     pub chunk_size: u64,
     /// Bytes of whole chunks kept in memory.
     pub cache_bytes: usize,
-    /// Chunks fetched ahead of a sequential reader.
+    /// Most chunks fetched ahead of a sequential reader; the window starts at two and
+    /// doubles while the reader stays sequential (bounded by half the cache).
     pub readahead_chunks: u64,
     /// Chunk uploads in flight at once (write-behind window).
     pub upload_window: usize,
@@ -80,6 +81,10 @@ struct Handle {
     file: Arc<FileState>,
     /// End of the previous read: a read starting here is sequential.
     last_read_end: AtomicU64,
+    /// Current read-ahead window in chunks (adaptive).
+    window: AtomicU64,
+    /// File offset up to which read-ahead was already started.
+    prefetched_to: AtomicU64,
 }
 
 struct DirCursor {
@@ -586,7 +591,12 @@ impl Vfs {
 
     fn new_handle(&self, file: Arc<FileState>) -> FileHandle {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let handle = Arc::new(Handle { file, last_read_end: AtomicU64::new(u64::MAX) });
+        let handle = Arc::new(Handle {
+            file,
+            last_read_end: AtomicU64::new(u64::MAX),
+            window: AtomicU64::new(2),
+            prefetched_to: AtomicU64::new(0),
+        });
         self.handles.lock().expect("handles lock").insert(fh, handle);
         fh
     }
@@ -679,9 +689,19 @@ impl Vfs {
             }
             let sequential = handle.last_read_end.swap(end, Ordering::Relaxed) == offset || offset == 0;
             let ahead = if sequential {
-                let window = self.config.readahead_chunks * self.config.chunk_size;
-                f.extents.segments(end, (end + window).min(f.attr.size))
+                let cs = self.config.chunk_size;
+                let max = self.config.readahead_chunks.min((self.config.cache_bytes as u64 / 2 / cs).max(1));
+                if offset / cs != end.saturating_sub(1) / cs || offset % cs == 0 {
+                    // Crossing into a new chunk: the reader keeps going, widen the window.
+                    let w = handle.window.load(Ordering::Relaxed);
+                    handle.window.store((w * 2).min(max).max(1), Ordering::Relaxed);
+                }
+                let target = (end + handle.window.load(Ordering::Relaxed) * cs).min(f.attr.size);
+                let from = handle.prefetched_to.fetch_max(target, Ordering::Relaxed).max(end);
+                f.extents.segments(from, target.max(from))
             } else {
+                handle.window.store(2, Ordering::Relaxed);
+                handle.prefetched_to.store(0, Ordering::Relaxed);
                 Vec::new()
             };
             (f.extents.segments(offset, end), vec![0u8; (end - offset) as usize], ahead)

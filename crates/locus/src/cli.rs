@@ -11,6 +11,12 @@ pub struct Cli {
     /// TOML file with defaults, e.g. `[node]\nsite = "a"`; command-line flags win.
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// TCP congestion control for every connection (bbr keeps long, lossy paths full).
+    #[arg(long, global = true, default_value = "bbr")]
+    pub tcp_congestion: String,
+    /// Fixed socket buffers, e.g. 32M (about bandwidth x RTT); default: kernel autotuning.
+    #[arg(long, global = true, value_parser = parse_size)]
+    pub socket_buffer: Option<u64>,
     #[command(subcommand)]
     pub command: Command,
 }

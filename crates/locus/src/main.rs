@@ -50,6 +50,10 @@ fn main() -> std::process::ExitCode {
 
 async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
     use cli::Command::*;
+    net::configure(net::Transport {
+        congestion: Some(args.tcp_congestion.clone()).filter(|c| !c.is_empty()),
+        buffer_bytes: args.socket_buffer.map(|b| b as usize),
+    });
     match args.command {
         Up(a) => roles::up(a).await,
         Meta(a) => roles::meta(a).await,

@@ -21,9 +21,60 @@ pub enum NetError {
     Frame(#[from] proto::frame::FrameError),
 }
 
+/// Socket settings for every connection of this process.
+#[derive(Debug, Clone, Default)]
+pub struct Transport {
+    /// TCP congestion control to ask for (e.g. `bbr`, which keeps a long path full
+    /// despite random loss); silently kept at the system default when unavailable.
+    pub congestion: Option<String>,
+    /// Fixed send and receive buffers (bandwidth x RTT); `None` leaves the kernel's
+    /// autotuning in charge, bounded by `net.ipv4.tcp_rmem`/`tcp_wmem`.
+    pub buffer_bytes: Option<usize>,
+}
+
+static TRANSPORT: std::sync::OnceLock<Transport> = std::sync::OnceLock::new();
+
+/// Sets the process's socket settings; the first call wins (the binary calls it once).
+pub fn configure(transport: Transport) {
+    let _ = TRANSPORT.set(transport);
+}
+
 /// Socket options every Locus connection gets.
 fn tune(stream: &tokio::net::TcpStream) {
+    use std::os::fd::AsRawFd;
     let _ = stream.set_nodelay(true);
+    let Some(t) = TRANSPORT.get() else { return };
+    let fd = stream.as_raw_fd();
+    if let Some(cc) = &t.congestion {
+        // SAFETY: fd is a live socket; the option value is a byte string of the given length.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_CONGESTION,
+                cc.as_ptr().cast(),
+                cc.len() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            tracing::debug!(congestion = %cc, "congestion control unavailable: {}", std::io::Error::last_os_error());
+        }
+    }
+    if let Some(bytes) = t.buffer_bytes {
+        let v = bytes.min(i32::MAX as usize) as libc::c_int;
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: as above, with an int option value.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&v as *const libc::c_int).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+    }
 }
 
 /// The sending half of a connection, shared by every task that sends on it. A sender
@@ -48,5 +99,46 @@ impl FrameWriter {
             half.write_all(bulk).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn congestion_control_and_buffers_are_applied() {
+        configure(Transport { congestion: Some("reno".into()), buffer_bytes: Some(1 << 20) });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        tune(&stream);
+        use std::os::fd::AsRawFd;
+        let mut name = [0u8; 16];
+        let mut len = name.len() as libc::socklen_t;
+        // SAFETY: a live socket and a buffer of the stated length.
+        let r = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CONGESTION,
+                name.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        assert!(name.starts_with(b"reno"), "{:?}", String::from_utf8_lossy(&name));
+        let mut buf: libc::c_int = 0;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: as above.
+        unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&mut buf as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert!(buf > 64 << 10, "receive buffer stayed at {buf}");
     }
 }
