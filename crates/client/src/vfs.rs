@@ -691,7 +691,7 @@ impl Vfs {
             let ahead = if sequential {
                 let cs = self.config.chunk_size;
                 let max = self.config.readahead_chunks.min((self.config.cache_bytes as u64 / 2 / cs).max(1));
-                if offset / cs != end.saturating_sub(1) / cs || offset % cs == 0 {
+                if offset / cs != end.saturating_sub(1) / cs || offset.is_multiple_of(cs) {
                     // Crossing into a new chunk: the reader keeps going, widen the window.
                     let w = handle.window.load(Ordering::Relaxed);
                     handle.window.store((w * 2).min(max).max(1), Ordering::Relaxed);
