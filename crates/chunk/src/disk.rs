@@ -61,3 +61,88 @@ pub(crate) fn chunk_files(dir: &Path) -> io::Result<Vec<(ChunkId, u64)>> {
     }
     Ok(out)
 }
+
+/// Group commit for durability: every caller of `sync` returns once a `syncfs` that
+/// began after its call has finished, and one `syncfs` serves everyone waiting. Many
+/// chunks written at once then share a journal commit instead of paying one fsync of
+/// the file and one of its directory each.
+#[derive(Debug)]
+pub(crate) struct GroupSync {
+    /// Any descriptor on the store's file system.
+    fs: File,
+    state: std::sync::Mutex<SyncState>,
+    finished: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// Callers so far.
+    requested: u64,
+    /// Every caller up to this number is covered by a finished sync.
+    covered: u64,
+    running: bool,
+}
+
+impl GroupSync {
+    pub(crate) fn new(dir: &Path) -> io::Result<GroupSync> {
+        Ok(GroupSync { fs: File::open(dir)?, state: Default::default(), finished: std::sync::Condvar::new() })
+    }
+
+    /// Returns once everything written before this call is on disk.
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.requested += 1;
+        let me = s.requested;
+        loop {
+            if s.covered >= me {
+                return Ok(());
+            }
+            if s.running {
+                s = self.finished.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            // Lead a sync for everyone who has asked so far.
+            s.running = true;
+            let target = s.requested;
+            drop(s);
+            // SAFETY: syncfs only reads the descriptor, which `self.fs` keeps open.
+            let rc = unsafe { libc::syncfs(self.fs.as_raw_fd()) };
+            let result = if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+            s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.running = false;
+            if result.is_ok() {
+                s.covered = s.covered.max(target);
+            }
+            self.finished.notify_all();
+            // On failure the others retry with a sync of their own.
+            result?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_sync_serves_concurrent_callers() {
+        let dir = tempfile::tempdir().unwrap();
+        let sync = std::sync::Arc::new(GroupSync::new(dir.path()).unwrap());
+        let threads: Vec<_> = (0..16)
+            .map(|i| {
+                let (sync, path) = (sync.clone(), dir.path().join(format!("f{i}")));
+                std::thread::spawn(move || {
+                    for j in 0..5 {
+                        std::fs::write(&path, [j as u8; 100]).unwrap();
+                        sync.sync().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let s = sync.state.lock().unwrap();
+        assert_eq!((s.requested, s.covered >= s.requested, s.running), (80, true, false));
+    }
+}

@@ -94,6 +94,8 @@ pub struct ChunkStore {
     corrupt_reads: AtomicU64,
     tmp_seq: AtomicU64,
     store_id: String,
+    /// Shared syncs that make puts durable.
+    durable: disk::GroupSync,
     _lock: File,
 }
 
@@ -138,6 +140,7 @@ impl ChunkStore {
             corrupt_reads: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
             store_id,
+            durable: disk::GroupSync::new(dir).map_err(io_err("open", dir))?,
             _lock: lock,
         })
     }
@@ -372,7 +375,8 @@ impl ChunkStore {
         let written = (|| {
             let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             f.write_all(data)?;
-            f.sync_all()
+            // The temp file is durable before it gets its name (shared with other puts).
+            self.durable.sync()
         })();
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
@@ -380,9 +384,9 @@ impl ChunkStore {
         }
 
         let fan = path.parent().unwrap_or(&self.chunks);
-        let created_fan = match fs::create_dir(fan) {
-            Ok(()) => true,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        match fs::create_dir(fan) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
                 return Err(if disk::is_no_space(&e) { no_space(&e) } else { io_err("create", fan)(e) });
@@ -407,10 +411,8 @@ impl ChunkStore {
                 }
             }
         }
-        if created_fan {
-            disk::fsync_dir(&self.chunks).map_err(io_err("fsync", &self.chunks))?;
-        }
-        disk::fsync_dir(fan).map_err(io_err("fsync", fan))
+        // The rename (and a new fan-out directory) is durable before the put returns.
+        self.durable.sync().map_err(io_err("sync", fan))
     }
 }
 
