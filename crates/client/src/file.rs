@@ -100,6 +100,12 @@ impl DirtyBuffer {
         out
     }
 
+    /// Whether any buffered byte falls into `[start, end)`.
+    pub fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.runs.range(..end).next_back().is_some_and(|(s, run)| s + run.len() as u64 > start)
+            || self.runs.range(start..end).next().is_some()
+    }
+
     /// Copies buffered bytes that fall into `[offset, offset + buf.len())` over `buf`.
     pub fn overlay(&self, offset: u64, buf: &mut [u8]) {
         let end = offset + buf.len() as u64;
@@ -155,6 +161,10 @@ mod tests {
                 for b in &mut model[*off as usize..*off as usize + len] { *b = Some(*v); }
             }
             prop_assert_eq!(d.bytes(), model.iter().filter(|b| b.is_some()).count());
+            for (start, end) in [(0u64, 400u64), (0, 1), (150, 160), (399, 400)] {
+                let any = model[start as usize..end as usize].iter().any(|b| b.is_some());
+                prop_assert_eq!(d.overlaps(start, end), any, "overlaps({}, {})", start, end);
+            }
             let mut buf = vec![0u8; 400];
             d.overlay(0, &mut buf);
             for (i, b) in model.iter().enumerate() { prop_assert_eq!(buf[i], b.unwrap_or(0)); }

@@ -679,13 +679,14 @@ impl Vfs {
         Err(last)
     }
 
-    pub async fn read(self: &Arc<Self>, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+    /// Reads up to `size` bytes at `offset` (fewer at the end of the file).
+    pub async fn read(self: &Arc<Self>, fh: FileHandle, offset: u64, size: u32) -> Result<Bytes> {
         let handle = self.handle(fh)?;
-        let (segments, mut out, ahead) = {
+        let (segments, end, ahead) = {
             let f = handle.file.inner.lock().await;
             let end = (offset + size as u64).min(f.attr.size);
             if offset >= end {
-                return Ok(Vec::new());
+                return Ok(Bytes::new());
             }
             let sequential = handle.last_read_end.swap(end, Ordering::Relaxed) == offset || offset == 0;
             let ahead = if sequential {
@@ -704,7 +705,7 @@ impl Vfs {
                 handle.prefetched_to.store(0, Ordering::Relaxed);
                 Vec::new()
             };
-            (f.extents.segments(offset, end), vec![0u8; (end - offset) as usize], ahead)
+            (f.extents.segments(offset, end), end, ahead)
         };
         for seg in ahead {
             if let Segment::Data(e) = seg {
@@ -714,6 +715,8 @@ impl Vfs {
                 });
             }
         }
+        // (file offset, bytes) of every data piece; holes stay zero.
+        let mut pieces = Vec::with_capacity(segments.len());
         for seg in segments {
             if let Segment::Data(e) = seg {
                 let chunk = self.chunk(e.chunk).await?;
@@ -722,13 +725,26 @@ impl Vfs {
                 if to > chunk.len() {
                     return Err(VfsError::new(ErrorCode::Corrupt, format!("extent beyond end of chunk {}", e.chunk)));
                 }
-                let at = (e.file_offset - offset) as usize;
-                out[at..at + e.len as usize].copy_from_slice(&chunk[from..to]);
+                pieces.push((e.file_offset, chunk.slice(from..to)));
             }
         }
+        let f = handle.file.inner.lock().await;
+        if let [(at, only)] = &pieces[..]
+            && *at == offset
+            && only.len() as u64 == end - offset
+            && !f.dirty.overlaps(offset, end)
+        {
+            // The common case: one piece of one chunk, handed out without a copy.
+            return Ok(only.clone());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (at, piece) in &pieces {
+            let at = (at - offset) as usize;
+            out[at..at + piece.len()].copy_from_slice(piece);
+        }
         // Buffered bytes are newer than any extent.
-        handle.file.inner.lock().await.dirty.overlay(offset, &mut out);
-        Ok(out)
+        f.dirty.overlay(offset, &mut out);
+        Ok(Bytes::from(out))
     }
 
     /// A whole chunk: from the upload set, the cache, or a node (one fetch per chunk

@@ -140,13 +140,13 @@ fn start_conn(stream: TcpStream, addr: String) -> Conn {
             if let Err(e) = reader.read_exact(&mut payload).await {
                 break e.to_string();
             }
-            let mut bulk = vec![0u8; header.bulk_len as usize];
-            if let Err(e) = reader.read_exact(&mut bulk).await {
-                break e.to_string();
-            }
+            let bulk = match crate::read_bulk(&mut reader, header.bulk_len as usize).await {
+                Ok(b) => b,
+                Err(e) => break e.to_string(),
+            };
             let waiter = routes.lock().expect("pending lock").as_mut().and_then(|m| m.remove(&header.request_id));
             if let Some(w) = waiter {
-                let _ = w.send((payload, Bytes::from(bulk)));
+                let _ = w.send((payload, bulk));
             }
         };
         tracing::debug!(%addr, %reason, "rpc connection closed");

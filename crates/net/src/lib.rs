@@ -77,6 +77,20 @@ fn tune(stream: &tokio::net::TcpStream) {
     }
 }
 
+/// Reads exactly `len` bulk bytes into fresh, uninitialised memory (no zero-fill pass
+/// over chunk-sized buffers).
+async fn read_bulk<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, len: usize) -> std::io::Result<bytes::Bytes> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = bytes::BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let mut limited = (&mut *reader).take((len - buf.len()) as u64);
+        if limited.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
+}
+
 /// The sending half of a connection, shared by every task that sends on it. A sender
 /// writes its own frame under a lock instead of handing it to a writer task: one task
 /// wake-up less per message, which is most of the cost of a small request.

@@ -44,14 +44,13 @@ async fn serve_conn<S: Service>(stream: TcpStream, service: Arc<S>) -> Result<()
         }
         let mut payload = vec![0u8; header.payload_len as usize];
         reader.read_exact(&mut payload).await.map_err(|e| e.to_string())?;
-        let mut bulk = vec![0u8; header.bulk_len as usize];
-        reader.read_exact(&mut bulk).await.map_err(|e| e.to_string())?;
+        let bulk = crate::read_bulk(&mut reader, header.bulk_len as usize).await.map_err(|e| e.to_string())?;
         // A malformed request ends the connection: the stream can no longer be trusted.
         let req: S::Request = frame::decode(&payload).map_err(|e| format!("malformed request: {e}"))?;
         let service = service.clone();
         let writer = writer.clone();
         tokio::spawn(async move {
-            let (reply, bulk) = service.handle(req, Bytes::from(bulk)).await;
+            let (reply, bulk) = service.handle(req, bulk).await;
             match frame::encode(FrameKind::Response, header.request_id, &reply, bulk.len()) {
                 Ok(bytes) => {
                     if let Err(e) = writer.send(&bytes, &bulk).await {

@@ -156,7 +156,7 @@ async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(ino.size, want.len() as u64);
         let (fh, _) = other.open(ino.ino, OpenOptions::default()).await.unwrap();
         let got = other.read(fh, 0, want.len() as u32 + 10).await.unwrap();
-        prop_assert!(&got == want, "file{i} differs for a second client");
+        prop_assert!(got == want, "file{i} differs for a second client");
         other.release(fh).await.unwrap();
     }
     vfs.shutdown().await;
