@@ -93,6 +93,9 @@ pub struct NodeArgs {
     /// TCP connections to each node of another site; a chunk travels striped over them.
     #[arg(long, default_value_t = 8)]
     pub wan_connections: usize,
+    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    #[arg(long)]
+    pub metrics: Option<String>,
     /// Test failpoint: corrupt this many chunk transfers to other nodes.
     #[arg(long, default_value_t = 0, hide = true)]
     pub failpoint_corrupt_sends: u64,

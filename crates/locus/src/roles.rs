@@ -60,13 +60,17 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             ..node::WanConfig::default()
         },
         corrupt_sends: args.failpoint_corrupt_sends,
+        metrics: None,
     }
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "node").await?;
     let advertise = args.advertise.clone().unwrap_or(listener.local_addr()?.to_string());
-    let config = node_config(&args, advertise);
+    let mut config = node_config(&args, advertise);
+    if let Some(addr) = &args.metrics {
+        config.metrics = Some(bind(addr, "node metrics").await?);
+    }
     println!("locus node listening on {}", config.advertise_addr);
     tracing::info!("node {} (site {}) serving on {}", config.id, config.site, config.advertise_addr);
     tokio::select! {
@@ -160,6 +164,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         cache: 0,
         wan_connections: 1,
         failpoint_corrupt_sends: 0,
+        metrics: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr);

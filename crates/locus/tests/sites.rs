@@ -75,8 +75,16 @@ fn data_written_at_one_site_is_read_at_another_and_crosses_once() {
 }
 
 #[test]
-fn nodes_measure_round_trips_between_sites() {
-    let Some(c) = sites(&["a", "b"], &[]) else { return };
+fn nodes_measure_round_trips_between_sites_and_export_metrics() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics = format!("127.0.0.1:{port}");
+    let Some(c) = sites(&["a", "b"], &[("b", &["--metrics", &metrics])]) else { return };
+    let mut conn = std::net::TcpStream::connect(&metrics).unwrap();
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("locus_wan_fetched_bytes_total{node=\"b0\",site=\"b\"} 0"), "{text}");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let status = c.locus(&["status", "--meta", &c.meta.addr]);

@@ -3,6 +3,7 @@
 //! into a site cache (`site`), and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
 
+mod metrics;
 mod site;
 
 use site::SiteLink;
@@ -27,7 +28,7 @@ pub const MAX_LIST: u32 = 65_536;
 const META_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything a node needs to start; built by the binary from its config.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct NodeConfig {
     /// Identity, unique within the cluster.
     pub id: String,
@@ -45,6 +46,8 @@ pub struct NodeConfig {
     /// Failpoint for tests: flip a byte in this many chunk transfers to other nodes, as
     /// a faulty network would.
     pub corrupt_sends: u64,
+    /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
+    pub metrics: Option<TcpListener>,
 }
 
 /// Why a node could not start or stopped serving.
@@ -149,7 +152,7 @@ impl Service for NodeService {
 
 /// Runs a node until serving fails: opens the store, registers with meta (refusing
 /// to start if meta is unreachable or refuses), heartbeats, and serves `listener`.
-pub async fn run(config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
+pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
     let (dir, capacity) = (config.data_dir.clone(), config.capacity_bytes);
     let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity))
         .await
@@ -171,8 +174,12 @@ pub async fn run(config: NodeConfig, listener: TcpListener) -> Result<(), NodeEr
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
-    let heartbeat = tokio::spawn(heartbeat_loop(meta, config.clone(), store.clone(), site.clone()));
-    let service = NodeService { store, site: Some(site), corrupt_sends: config.corrupt_sends.into() };
+    if let Some(metrics) = config.metrics.take() {
+        tokio::spawn(metrics::serve(metrics, config.id.clone(), config.site.clone(), store.clone(), site.clone()));
+    }
+    let corrupt_sends = config.corrupt_sends;
+    let heartbeat = tokio::spawn(heartbeat_loop(meta, config, store.clone(), site.clone()));
+    let service = NodeService { store, site: Some(site), corrupt_sends: corrupt_sends.into() };
     let served = net::serve(listener, Arc::new(service)).await;
     heartbeat.abort();
     served.map_err(NodeError::Serve)

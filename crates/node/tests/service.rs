@@ -201,6 +201,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         heartbeat: Duration::from_secs(1),
         wan: node::WanConfig::default(),
         corrupt_sends: 0,
+        metrics: None,
     }
 }
 

@@ -67,6 +67,7 @@ fn env() -> &'static Env {
                 heartbeat: Duration::from_secs(1),
                 wan: node::WanConfig::default(),
                 corrupt_sends: 0,
+                metrics: None,
             };
             tokio::spawn(node::run(node, listener));
             meta_addr

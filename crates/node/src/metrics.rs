@@ -1,0 +1,63 @@
+//! A Prometheus text endpoint: `GET /metrics` on the address given with `--metrics`,
+//! answered by hand (one fixed response shape, no HTTP library needed).
+
+use crate::site::SiteLink;
+use chunk::ChunkStore;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The counters as Prometheus exposition text.
+pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink) -> String {
+    let s = store.stats();
+    let w = &link.stats;
+    let labels = format!("node=\"{node}\",site=\"{site}\"");
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}");
+    };
+    gauge("locus_node_capacity_bytes", "Capacity of the chunk store.", s.capacity_bytes);
+    gauge("locus_node_used_bytes", "Bytes of chunks stored.", s.used_bytes);
+    gauge("locus_node_chunks", "Chunks stored.", s.chunk_count);
+    gauge("locus_node_corrupt_reads_total", "Reads refused because a chunk failed its hash.", s.corrupt_reads);
+    gauge("locus_site_cache_bytes", "Bytes of other sites' chunks cached here.", link.cache_bytes());
+    gauge("locus_site_cache_hits_total", "Reads served from the site cache.", w.cache_hits.load(Ordering::Relaxed));
+    gauge(
+        "locus_wan_fetched_chunks_total",
+        "Chunks fetched from other nodes.",
+        w.fetched_chunks.load(Ordering::Relaxed),
+    );
+    gauge("locus_wan_fetched_bytes_total", "Bytes fetched from other nodes.", w.fetched_bytes.load(Ordering::Relaxed));
+    gauge(
+        "locus_wan_corrupt_transfers_total",
+        "Transfers that arrived corrupted and were fetched again.",
+        w.corrupt_in_transit.load(Ordering::Relaxed),
+    );
+    out
+}
+
+/// Serves the metrics until the listener fails; each connection gets one response.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    node: String,
+    site: String,
+    store: Arc<ChunkStore>,
+    link: Arc<SiteLink>,
+) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { return };
+        let body = render(&node, &site, &store, &link);
+        tokio::spawn(async move {
+            // Read (and ignore) the request head; bounded so a slow peer cannot hold memory.
+            let mut head = [0u8; 4096];
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut head)).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
