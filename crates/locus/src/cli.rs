@@ -93,6 +93,9 @@ pub struct NodeArgs {
     /// TCP connections to each node of another site; a chunk travels striped over them.
     #[arg(long, default_value_t = 8)]
     pub wan_connections: usize,
+    /// Connections towards one site, overriding --wan-connections, e.g. `b=16`; repeatable.
+    #[arg(long, value_parser = parse_site_count)]
+    pub wan_connections_to: Vec<(String, usize)>,
     /// Serve Prometheus metrics on this address (`GET /metrics`).
     #[arg(long)]
     pub metrics: Option<String>,
@@ -172,6 +175,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((n * mult as f64) as u64)
 }
 
+/// `SITE=N`.
+pub fn parse_site_count(s: &str) -> Result<(String, usize), String> {
+    let (site, n) = s.split_once('=').ok_or_else(|| format!("{s:?} is not SITE=N"))?;
+    let n: usize = n.parse().map_err(|_| format!("{s:?}: {n:?} is not a number of connections"))?;
+    if site.is_empty() || n == 0 {
+        return Err(format!("{s:?}: need a site name and at least one connection"));
+    }
+    Ok((site.to_string(), n))
+}
+
 /// `90s`, `15m`, `2h` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
@@ -231,5 +244,7 @@ mod tests {
         assert!(parse_size("-1G").is_err());
         assert_eq!(parse_duration("15m"), Ok(std::time::Duration::from_secs(900)));
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_site_count("b=16"), Ok(("b".to_string(), 16)));
+        assert!(parse_site_count("b=0").is_err() && parse_site_count("16").is_err());
     }
 }

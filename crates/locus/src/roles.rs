@@ -57,6 +57,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
         wan: node::WanConfig {
             cache_bytes: args.cache,
             connections: args.wan_connections.max(1),
+            connections_to: args.wan_connections_to.clone(),
             ..node::WanConfig::default()
         },
         corrupt_sends: args.failpoint_corrupt_sends,
@@ -163,6 +164,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         capacity: args.capacity,
         cache: 0,
         wan_connections: 1,
+        wan_connections_to: Vec::new(),
         failpoint_corrupt_sends: 0,
         metrics: None,
     };

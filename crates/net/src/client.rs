@@ -57,6 +57,11 @@ impl RpcClient {
         &self.addr
     }
 
+    /// Connections in the pool: how many transfers can stream side by side.
+    pub fn connections(&self) -> usize {
+        self.slots.len()
+    }
+
     async fn conn(&self, slot: usize) -> Result<Arc<Conn>, NetError> {
         let mut guard = self.slots[slot].lock().await;
         if let Some(c) = guard.as_ref()

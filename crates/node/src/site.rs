@@ -24,6 +24,8 @@ pub struct WanConfig {
     /// TCP connections to each node of another site; stripes of a chunk travel on
     /// them in parallel.
     pub connections: usize,
+    /// Overrides of `connections` for particular sites (site, connections).
+    pub connections_to: Vec<(String, usize)>,
     /// Smallest stripe a chunk is cut into for a parallel fetch.
     pub min_stripe: u64,
     /// How long one stripe may take before the copy counts as failed.
@@ -32,7 +34,20 @@ pub struct WanConfig {
 
 impl Default for WanConfig {
     fn default() -> Self {
-        WanConfig { cache_bytes: 16 << 30, connections: 8, min_stripe: 512 << 10, timeout: Duration::from_secs(30) }
+        WanConfig {
+            cache_bytes: 16 << 30,
+            connections: 8,
+            connections_to: Vec::new(),
+            min_stripe: 512 << 10,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl WanConfig {
+    /// Connections to use towards `site`.
+    pub fn connections_for(&self, site: &str) -> usize {
+        self.connections_to.iter().find(|(s, _)| s == site).map_or(self.connections, |(_, n)| *n).max(1)
     }
 }
 
@@ -213,7 +228,7 @@ impl SiteLink {
 
     /// Fetches a chunk as parallel stripes on the peer's connections.
     async fn fetch_striped(&self, client: &Arc<RpcClient>, id: ChunkId, size: u64) -> Result<Bytes, WireError> {
-        let stripes = self.config.connections.max(1) as u64;
+        let stripes = client.connections() as u64;
         let stripe = size.div_ceil(stripes).max(self.config.min_stripe).max(1);
         let offsets: Vec<u64> = if size == 0 { vec![0] } else { (0..size).step_by(stripe as usize).collect() };
         let parts: Vec<_> = offsets
@@ -295,15 +310,15 @@ impl SiteLink {
     }
 
     async fn client(&self, node: &str) -> Option<Arc<RpcClient>> {
-        let addr = {
+        let (addr, site) = {
             let peers = read(&self.peers);
             let peer = peers.get(node)?;
             if let Some(c) = &peer.client {
                 return Some(c.clone());
             }
-            peer.info.addr.clone()
+            (peer.info.addr.clone(), peer.info.site.clone())
         };
-        match RpcClient::connect(&addr, self.config.connections.max(1), self.config.timeout).await {
+        match RpcClient::connect(&addr, self.config.connections_for(&site), self.config.timeout).await {
             Ok(c) => {
                 let c = Arc::new(c);
                 if let Some(p) = write(&self.peers).get_mut(node) {
