@@ -6,12 +6,15 @@
 //!
 //! ```text
 //! FORMAT                  "locus-chunk-store 1"
+//! STORE_ID                random identity of this store (32 hex digits)
 //! LOCK                    flock'ed by the process that owns the directory
 //! tmp/                    writes in flight; emptied at open
 //! chunks/xx/<64-hex-id>   xx = first byte of the id
 //! ```
 //!
 //! The API is synchronous `std::fs`; async callers run it in `spawn_blocking`.
+
+pub mod cache;
 
 mod disk;
 

@@ -3,7 +3,6 @@
 //! Adapters (FUSE, the CLI) are thin layers over it; all caching and the write path
 //! (buffering, chunking, write-behind) live here.
 
-mod cache;
 mod compact;
 mod error;
 mod file;

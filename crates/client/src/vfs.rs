@@ -4,10 +4,10 @@
 //! flush, fsync and close. Reads resolve extents to chunks, served from the in-flight
 //! set, the chunk cache or a node, with sequential read-ahead.
 
-use crate::cache::ChunkCache;
 use crate::error::VfsError;
 use crate::file::{DirtyBuffer, FileInner, FileState};
 use bytes::Bytes;
+use chunk::cache::ChunkCache;
 use net::RpcClient;
 use proto::error::ErrorCode;
 use proto::extent::{ExtentMap, Segment};
@@ -46,6 +46,9 @@ pub struct ClientConfig {
     pub meta_connections: usize,
     pub node_connections: usize,
     pub timeout: Duration,
+    /// How long answers may be reused without asking meta (as the kernel's attribute
+    /// cache); used for the absence of extended attributes.
+    pub attr_ttl: Duration,
 }
 
 impl Default for ClientConfig {
@@ -62,6 +65,7 @@ impl Default for ClientConfig {
             meta_connections: 2,
             node_connections: 2,
             timeout: Duration::from_secs(60),
+            attr_ttl: Duration::from_secs(1),
         }
     }
 }
@@ -122,6 +126,8 @@ pub struct Vfs {
     /// `data_version` of each file when this client last had it open; an unchanged
     /// version lets the kernel keep its page cache.
     seen_versions: Mutex<HashMap<InodeId, u64>>,
+    /// Extended attributes known to be absent, until when (see `getxattr`).
+    absent_xattrs: Mutex<HashMap<(InodeId, Vec<u8>), std::time::Instant>>,
     /// Queue of the background compaction worker.
     compactor: OnceLock<tokio::sync::mpsc::UnboundedSender<InodeId>>,
 }
@@ -148,6 +154,7 @@ impl Vfs {
             fetches: Mutex::default(),
             seen_versions: Mutex::default(),
             compactor: OnceLock::new(),
+            absent_xattrs: Mutex::default(),
         });
         let _ = vfs.compactor.set(crate::compact::spawn_worker(Arc::downgrade(&vfs)));
         let heartbeat = vfs.hello().await?;
@@ -450,14 +457,37 @@ impl Vfs {
         self.dirs.lock().expect("dirs lock").remove(&dh);
     }
 
+    /// An extended attribute. Absence is remembered for `attr_ttl`: the kernel asks for
+    /// `security.capability` before every write, and that must not cost a round trip
+    /// to meta each time.
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
-        match self.meta_call(MetaRequest::GetXattr { ino, name: name.to_vec() }).await? {
-            MetaReply::Bytes(b) => Ok(b),
-            other => Err(unexpected(&other)),
+        let key = (ino, name.to_vec());
+        if let Some(until) = self.absent_xattrs.lock().expect("xattr lock").get(&key)
+            && *until > std::time::Instant::now()
+        {
+            return Err(VfsError::new(ErrorCode::NoAttribute, "no such extended attribute"));
+        }
+        match self.meta_call(MetaRequest::GetXattr { ino, name: name.to_vec() }).await {
+            Ok(MetaReply::Bytes(b)) => Ok(b),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) if e.code == ErrorCode::NoAttribute => {
+                let mut absent = self.absent_xattrs.lock().expect("xattr lock");
+                if absent.len() > 100_000 {
+                    absent.clear();
+                }
+                absent.insert(key, std::time::Instant::now() + self.config.attr_ttl);
+                Err(e)
+            }
+            Err(e) => Err(e),
         }
     }
 
+    fn forget_absent_xattrs(&self, ino: InodeId) {
+        self.absent_xattrs.lock().expect("xattr lock").retain(|(i, _), _| *i != ino);
+    }
+
     pub async fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        self.forget_absent_xattrs(ino);
         self.meta_done(MetaRequest::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), mode }).await
     }
 
@@ -469,6 +499,7 @@ impl Vfs {
     }
 
     pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
+        self.forget_absent_xattrs(ino);
         self.meta_done(MetaRequest::RemoveXattr { ino, name: name.to_vec() }).await
     }
 

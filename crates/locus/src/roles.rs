@@ -90,6 +90,7 @@ fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTun
         cache_bytes: t.cache as usize,
         readahead_chunks: t.readahead_chunks,
         upload_window: t.upload_window.max(1),
+        attr_ttl: Duration::from_secs_f64(t.attr_ttl.max(0.0)),
         ..client::ClientConfig::default()
     }
 }

@@ -10,12 +10,13 @@ use site::SiteLink;
 pub use site::WanConfig;
 
 use bytes::Bytes;
+use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
 use proto::meta::{MetaRequest, MetaResult};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
-use proto::types::NodeInfo;
+use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,9 @@ use tokio::net::TcpListener;
 
 /// Most ids one `List` answers, so a reply stays far below the frame size limit.
 pub const MAX_LIST: u32 = 65_536;
+
+/// Bytes of recently read chunks a node keeps in memory (see `NodeService::hot`).
+const HOT_BYTES: usize = 128 << 20;
 
 /// How long a call to meta may take before the node gives up on it.
 const META_TIMEOUT: Duration = Duration::from_secs(10);
@@ -73,6 +77,11 @@ pub enum NodeError {
 /// slow disks never stall the network tasks.
 pub struct NodeService {
     store: Arc<ChunkStore>,
+    /// Recently verified whole chunks: the stripes of one chunk that another site
+    /// fetches in parallel cost one disk read and one hash, not one each.
+    hot: ChunkCache,
+    /// Disk reads under way, shared by concurrent requests for the same chunk.
+    loading: std::sync::Mutex<std::collections::HashMap<ChunkId, Arc<tokio::sync::OnceCell<Bytes>>>>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
     corrupt_sends: std::sync::atomic::AtomicU64,
@@ -81,7 +90,43 @@ pub struct NodeService {
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService { store, site: None, corrupt_sends: Default::default() }
+        NodeService::with_site(store, None, 0)
+    }
+
+    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, corrupt_sends: u64) -> Self {
+        NodeService {
+            store,
+            hot: ChunkCache::new(HOT_BYTES),
+            loading: Default::default(),
+            site,
+            corrupt_sends: corrupt_sends.into(),
+        }
+    }
+
+    /// A whole stored chunk, verified, read once however many ask at the same time.
+    async fn verified(&self, id: ChunkId) -> Result<Bytes, WireError> {
+        if let Some(data) = self.hot.get(&id) {
+            return Ok(data);
+        }
+        let cell = self.loading.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().clone();
+        let loaded = cell
+            .get_or_try_init(|| async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await.map(Bytes::from) })
+            .await
+            .cloned();
+        self.loading.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        let data = loaded?;
+        self.hot.insert(id, data.clone());
+        Ok(data)
+    }
+
+    /// Bytes `[offset, offset + len)` of a stored chunk (clipped to its end).
+    async fn stored_range(&self, id: ChunkId, offset: u64, len: u64) -> Result<Bytes, WireError> {
+        let data = self.verified(id).await?;
+        let size = data.len() as u64;
+        if offset > size {
+            return Err(ChunkError::Range { id, offset, size }.into());
+        }
+        Ok(data.slice(offset as usize..(offset + len.min(size - offset)) as usize))
     }
 
     async fn blocking<T, F>(&self, work: F) -> Result<T, WireError>
@@ -116,12 +161,12 @@ impl Service for NodeService {
         let reply = match req {
             NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
             NodeRequest::Get { id, offset, len, local_only } => {
-                let local = self.blocking(move |s| s.get(&id, offset, len)).await;
+                let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
                     (Err(e), Some(site)) if e.code == ErrorCode::NotFound && !local_only => {
                         site.get(id, offset, len).await
                     }
-                    (local, _) => local.map(Bytes::from),
+                    (local, _) => local,
                 };
                 return match answer {
                     Ok(data) if local_only && !data.is_empty() && self.take_corruption() => {
@@ -179,7 +224,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     }
     let corrupt_sends = config.corrupt_sends;
     let heartbeat = tokio::spawn(heartbeat_loop(meta, config, store.clone(), site.clone()));
-    let service = NodeService { store, site: Some(site), corrupt_sends: corrupt_sends.into() };
+    let service = NodeService::with_site(store, Some(site), corrupt_sends);
     let served = net::serve(listener, Arc::new(service)).await;
     heartbeat.abort();
     served.map_err(NodeError::Serve)

@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 /// Whole chunks by id, evicting the least recently used beyond `capacity` bytes.
+#[derive(Debug)]
 pub struct ChunkCache {
     capacity: usize,
     inner: Mutex<Lru>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Lru {
     by_id: HashMap<ChunkId, (Bytes, u64)>,
     by_tick: BTreeMap<u64, ChunkId>,
