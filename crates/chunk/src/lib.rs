@@ -97,8 +97,8 @@ pub struct ChunkStore {
     corrupt_reads: AtomicU64,
     tmp_seq: AtomicU64,
     store_id: String,
-    /// Shared syncs that make puts durable.
-    durable: disk::GroupSync,
+    /// Shared syncs that make puts durable; `None` for a cache.
+    durable: Option<disk::GroupSync>,
     _lock: File,
 }
 
@@ -107,6 +107,17 @@ impl ChunkStore {
     /// of chunks. Fails if another process has it open, if it is not writable, or if
     /// it was written by an unknown or newer format.
     pub fn open(dir: &Path, capacity_bytes: u64) -> Result<ChunkStore, ChunkError> {
+        Self::open_with(dir, capacity_bytes, true)
+    }
+
+    /// Opens a store whose puts are not synced to disk: a cache of chunks that live
+    /// elsewhere, where a copy lost in a crash is fetched again (and a torn one fails
+    /// its hash check like any corrupt chunk).
+    pub fn open_cache(dir: &Path, capacity_bytes: u64) -> Result<ChunkStore, ChunkError> {
+        Self::open_with(dir, capacity_bytes, false)
+    }
+
+    fn open_with(dir: &Path, capacity_bytes: u64, durable: bool) -> Result<ChunkStore, ChunkError> {
         fs::create_dir_all(dir).map_err(io_err("create data directory", dir))?;
         let lock_path = dir.join("LOCK");
         let lock = OpenOptions::new()
@@ -143,7 +154,7 @@ impl ChunkStore {
             corrupt_reads: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
             store_id,
-            durable: disk::GroupSync::new(dir).map_err(io_err("open", dir))?,
+            durable: if durable { Some(disk::GroupSync::new(dir).map_err(io_err("open", dir))?) } else { None },
             _lock: lock,
         })
     }
@@ -303,6 +314,10 @@ impl ChunkStore {
     }
 
     /// The data directory this store was opened on.
+    fn sync(&self) -> io::Result<()> {
+        self.durable.as_ref().map_or(Ok(()), |d| d.sync())
+    }
+
     /// Random identity of this store, stable across restarts.
     pub fn store_id(&self) -> &str {
         &self.store_id
@@ -379,7 +394,7 @@ impl ChunkStore {
             let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             f.write_all(data)?;
             // The temp file is durable before it gets its name (shared with other puts).
-            self.durable.sync()
+            self.sync()
         })();
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
@@ -415,7 +430,7 @@ impl ChunkStore {
             }
         }
         // The rename (and a new fan-out directory) is durable before the put returns.
-        self.durable.sync().map_err(io_err("sync", fan))
+        self.sync().map_err(io_err("sync", fan))
     }
 }
 

@@ -65,6 +65,11 @@ fn data_written_at_one_site_is_read_at_another_and_crosses_once() {
 
     let at_b = c.mount_at("b");
     assert!(fs::read(at_b.join("f")).unwrap() == data, "site b reads what site a wrote");
+    // The copies land on disk just behind the reader.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chunk_files(&cache_dir(&c, "b0")) < stored_at_a && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(chunk_files(&cache_dir(&c, "b0")), stored_at_a, "site b cached every chunk once");
 
     // Site a goes away: a second reader at b is served entirely from b's cache.

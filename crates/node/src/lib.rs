@@ -204,7 +204,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         .map_err(|e| NodeError::Internal(format!("opening the chunk store panicked: {e}")))??;
     let store = Arc::new(store);
     let (cache_dir, cache_cap) = (config.data_dir.join("cache"), config.wan.cache_bytes);
-    let cache = tokio::task::spawn_blocking(move || ChunkStore::open(&cache_dir, cache_cap))
+    let cache = tokio::task::spawn_blocking(move || ChunkStore::open_cache(&cache_dir, cache_cap))
         .await
         .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
 

@@ -5,6 +5,7 @@
 //! there to every client of the site. Concurrent misses of one chunk share one fetch.
 
 use bytes::Bytes;
+use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
@@ -15,6 +16,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
+
+/// Bytes of recently fetched chunks kept in memory.
+const RECENT_BYTES: usize = 256 << 20;
 
 /// How a node reaches other sites.
 #[derive(Debug, Clone)]
@@ -103,6 +107,9 @@ pub struct SiteLink {
     config: WanConfig,
     meta: Arc<RpcClient>,
     cache: Arc<ChunkStore>,
+    /// Chunks fetched lately, in memory: served while their disk copy is being written
+    /// and to the readers that follow right behind.
+    recent: ChunkCache,
     lru: Mutex<Lru>,
     peers: RwLock<HashMap<String, Peer>>,
     fetches: Mutex<HashMap<ChunkId, Arc<OnceCell<Bytes>>>>,
@@ -140,6 +147,7 @@ impl SiteLink {
             config,
             meta,
             cache: Arc::new(cache),
+            recent: ChunkCache::new(RECENT_BYTES),
             lru: Mutex::new(lru),
             peers: RwLock::default(),
             fetches: Mutex::default(),
@@ -154,7 +162,11 @@ impl SiteLink {
     }
 
     /// Bytes `[offset, offset + len)` of a chunk this node does not store itself.
-    pub async fn get(&self, id: ChunkId, offset: u64, len: u64) -> Result<Bytes, WireError> {
+    pub async fn get(self: &Arc<Self>, id: ChunkId, offset: u64, len: u64) -> Result<Bytes, WireError> {
+        if let Some(data) = self.recent.get(&id) {
+            self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return slice(id, data, offset, len);
+        }
         let cache = self.cache.clone();
         let cached = tokio::task::spawn_blocking(move || cache.get(&id, offset, len))
             .await
@@ -176,16 +188,10 @@ impl SiteLink {
         let cell = lock(&self.fetches).entry(id).or_default().clone();
         let fetched = cell.get_or_try_init(|| self.fetch_and_cache(id)).await.cloned();
         lock(&self.fetches).remove(&id);
-        let data = fetched?;
-        let size = data.len() as u64;
-        if offset > size {
-            return Err(WireError::new(ErrorCode::InvalidArgument, format!("offset {offset} beyond chunk {id}")));
-        }
-        let end = offset + len.min(size - offset);
-        Ok(data.slice(offset as usize..end as usize))
+        slice(id, fetched?, offset, len)
     }
 
-    async fn fetch_and_cache(&self, id: ChunkId) -> Result<Bytes, WireError> {
+    async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
         let res: MetaResult = self
             .meta
             .call(&MetaRequest::ChunkLocations { ids: vec![id] })
@@ -209,7 +215,11 @@ impl SiteLink {
                 Ok(data) if ChunkId::of(&data) == id => {
                     self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    self.keep(id, data.clone()).await;
+                    // Serve at once; the copy lands on disk behind the reader (and is in
+                    // memory meanwhile, so nobody fetches it twice).
+                    self.recent.insert(id, data.clone());
+                    let (me, kept) = (self.clone(), data.clone());
+                    tokio::spawn(async move { me.keep(id, kept).await });
                     return Ok(data);
                 }
                 Ok(_) => {
@@ -392,6 +402,15 @@ impl SiteLink {
             pending.1.extend(removed);
         }
     }
+}
+
+/// Bytes `[offset, offset + len)` of a whole chunk, clipped to its end.
+fn slice(id: ChunkId, data: Bytes, offset: u64, len: u64) -> Result<Bytes, WireError> {
+    let size = data.len() as u64;
+    if offset > size {
+        return Err(WireError::new(ErrorCode::InvalidArgument, format!("offset {offset} beyond chunk {id}")));
+    }
+    Ok(data.slice(offset as usize..(offset + len.min(size - offset)) as usize))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
