@@ -7,7 +7,7 @@ mod fs;
 use fuser::{Config, MountOption, Session, SessionACL};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Same defaults as `fuse::MountConfig` in the Locus workspace.
 const THREADS: usize = 2;
@@ -63,6 +63,17 @@ fn run(backing: PathBuf, mountpoint: PathBuf) -> std::io::Result<()> {
             }
             break;
         }
+    }
+    // The request threads only see the end of the session once the kernel drops the connection,
+    // which never happens while another mount namespace still holds a copy of the mount. Give
+    // them a moment, then exit anyway: closing /dev/fuse at exit ends the connection.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !worker.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !worker.is_finished() {
+        eprintln!("passthrough: unmounted; the FUSE connection is still referenced elsewhere, exiting anyway");
+        return Ok(());
     }
     worker.join().map_err(|_| std::io::Error::other("FUSE session thread panicked"))?
 }

@@ -804,6 +804,11 @@ impl Vfs {
                     return Err(last);
                 }
                 asked_meta = true;
+                // Addresses may be stale (a node restarted on another port): learn them
+                // again, then try the placement once more and every recorded copy.
+                self.refresh_nodes().await?;
+                candidates = self.placement(&id);
+                i = 0;
                 if let MetaReply::Chunks(records) =
                     self.meta_call(MetaRequest::ChunkLocations { ids: vec![id] }).await?
                 {

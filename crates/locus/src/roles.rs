@@ -128,6 +128,13 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
         }
         _ = ended_elsewhere => tracing::info!("{} was unmounted", mountpoint.display()),
     }
+    // Let requests still in the kernel's queue finish before the runtime goes away.
+    for _ in 0..50 {
+        if mounted.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     vfs.shutdown().await;
     Ok(())
 }
@@ -170,13 +177,13 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         metrics: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
-    let config = node_config(&node_args, node_addr);
+    let config = node_config(&node_args, node_addr.clone());
     tokio::spawn(async move {
         if let Err(e) = node::run(config, node_listener).await {
             let _ = node_failed_tx.send(e);
         }
     });
-    wait_for_node(&meta_addr, node_failed).await?;
+    wait_for_node(&meta_addr, &node_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
     let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
     println!(
@@ -189,8 +196,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Waits until the embedded node has registered with meta (or failed to).
+/// Waits until the embedded node has registered at `node_addr` (an entry from before a
+/// restart, with an old address, does not count) or failed to.
 async fn wait_for_node(
     meta_addr: &str,
+    node_addr: &str,
     mut failed: tokio::sync::oneshot::Receiver<node::NodeError>,
 ) -> anyhow::Result<()> {
     let meta = net::RpcClient::connect(meta_addr, 1, Duration::from_secs(10)).await?;
@@ -200,7 +210,7 @@ async fn wait_for_node(
         }
         let reply: proto::meta::MetaResult = meta.call(&proto::meta::MetaRequest::ListNodes).await?;
         if let Ok(proto::meta::MetaReply::Nodes(n)) = reply
-            && !n.is_empty()
+            && n.iter().any(|n| n.addr == node_addr)
         {
             return Ok(());
         }

@@ -78,7 +78,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Distinct statements the store prepares; the per-connection cache must hold them all
+/// or statements are re-parsed on every use.
+const STATEMENT_CACHE: usize = 128;
+
 fn configure(conn: &Connection) -> Result<(), MetaError> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(MetaError::Internal(format!("SQLite refused WAL mode (got {mode})")));
@@ -98,6 +103,7 @@ impl SqliteStore {
         for _ in 0..READERS {
             let r = Connection::open(path)?;
             r.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=1; PRAGMA cache_size=-16384;")?;
+            r.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             readers.push(Mutex::new(r));
         }
         Ok(SqliteStore {
