@@ -59,7 +59,7 @@ impl Default for ClientConfig {
             purpose: "client".into(),
             chunk_size: 4 << 20,
             cache_bytes: 512 << 20,
-            readahead_chunks: 8,
+            readahead_chunks: 32,
             upload_window: 16,
             max_dirty_bytes: 64 << 20,
             meta_connections: 2,

@@ -124,8 +124,9 @@ pub struct ClientTuning {
     /// Memory for cached chunks, e.g. 512M.
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     pub cache: u64,
-    /// Chunks read ahead of a sequential reader.
-    #[arg(long, default_value_t = 8)]
+    /// Most chunks read ahead of a sequential reader (the window grows to it). 32 x 4 MiB
+    /// keeps a 1 Gbit/s path full up to ~100 ms (bench/results/wan-seeds-readahead32.md).
+    #[arg(long, default_value_t = 32)]
     pub readahead_chunks: u64,
     /// Chunk uploads in flight at once.
     #[arg(long, default_value_t = 16)]
