@@ -453,16 +453,22 @@ fn read_or_create_store_id(dir: &Path) -> Result<String, ChunkError> {
         .and_then(|mut f| f.read_exact(&mut random))
         .map_err(io_err("read", Path::new("/dev/urandom")))?;
     let id = hex::encode(random);
-    let tmp = dir.join("STORE_ID.tmp");
+    write_small_file(dir, "STORE_ID", &id)?;
+    Ok(id)
+}
+
+/// Writes `dir/name` with one line of `text`, durably and atomically (temp file,
+/// fsync, rename, fsync of the directory).
+fn write_small_file(dir: &Path, name: &str, text: &str) -> Result<(), ChunkError> {
+    let tmp = dir.join(format!("{name}.tmp"));
     let write = || -> io::Result<()> {
         let mut f = File::create(&tmp)?;
-        writeln!(f, "{id}")?;
+        writeln!(f, "{text}")?;
         f.sync_all()?;
-        fs::rename(&tmp, &path)?;
+        fs::rename(&tmp, dir.join(name))?;
         disk::fsync_dir(dir)
     };
-    write().map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })?;
-    Ok(id)
+    write().map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })
 }
 
 fn check_or_write_format(dir: &Path) -> Result<(), ChunkError> {
@@ -483,15 +489,7 @@ fn check_or_write_format(dir: &Path) -> Result<(), ChunkError> {
             ),
         });
     }
-    let tmp = dir.join("FORMAT.tmp");
-    let write = || -> io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        writeln!(f, "{FORMAT_MAGIC} {FORMAT_VERSION}")?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        disk::fsync_dir(dir)
-    };
-    write().map_err(|source| ChunkError::NotWritable { dir: dir.to_path_buf(), source })
+    write_small_file(dir, "FORMAT", &format!("{FORMAT_MAGIC} {FORMAT_VERSION}"))
 }
 
 fn parse_format(path: &Path, text: &str) -> Result<(), ChunkError> {
