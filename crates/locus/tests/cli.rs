@@ -68,35 +68,28 @@ fn mountpoint_missing_or_busy_and_duplicate_node_ids_are_refused() {
     let o = locus(&["mount", m.to_str().unwrap(), "--meta", &c.meta.addr]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("busy"), "{}", stderr(&o));
+    // Starts a node that must fail, returning its error output.
+    let node = |dir: &std::path::Path, id: &str| {
+        let o = locus(&[
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--meta",
+            &c.meta.addr,
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--id",
+            id,
+        ]);
+        assert!(!o.status.success(), "node {id} started");
+        stderr(&o)
+    };
     // A second store claiming node0's id while node0 is alive.
-    let other = c.path().join("impostor");
-    let o = locus(&[
-        "node",
-        "--listen",
-        "127.0.0.1:0",
-        "--meta",
-        &c.meta.addr,
-        "--data-dir",
-        other.to_str().unwrap(),
-        "--id",
-        "node0",
-    ]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("node id \"node0\": another node is already registered"), "{}", stderr(&o));
+    let err = node(&c.path().join("impostor"), "node0");
+    assert!(err.contains("node id \"node0\": another node is already registered"), "{err}");
     // A data directory another node holds.
-    let o = locus(&[
-        "node",
-        "--listen",
-        "127.0.0.1:0",
-        "--meta",
-        &c.meta.addr,
-        "--data-dir",
-        c.node_dir("node0").to_str().unwrap(),
-        "--id",
-        "node9",
-    ]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("in use by another process"), "{}", stderr(&o));
+    let err = node(&c.node_dir("node0"), "node9");
+    assert!(err.contains("in use by another process"), "{err}");
 }
 
 #[test]
