@@ -158,13 +158,15 @@ fn time_set(t: TimeOrNow) -> TimeSet {
     }
 }
 
-fn lock_kind(typ: i32) -> Result<LockKind, Errno> {
-    match typ {
-        libc::F_RDLCK => Ok(LockKind::Read),
-        libc::F_WRLCK => Ok(LockKind::Write),
-        libc::F_UNLCK => Ok(LockKind::Unlock),
-        _ => Err(Errno::EINVAL),
-    }
+/// The lock a getlk/setlk request describes; an unknown lock type is EINVAL.
+fn lock_range(ino: INodeNo, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> Result<LockRange, Errno> {
+    let kind = match typ {
+        libc::F_RDLCK => LockKind::Read,
+        libc::F_WRLCK => LockKind::Write,
+        libc::F_UNLCK => LockKind::Unlock,
+        _ => return Err(Errno::EINVAL),
+    };
+    Ok(LockRange { ino: ino.0, owner: owner.0, start, end, kind, pid })
 }
 
 fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
@@ -554,11 +556,10 @@ impl Filesystem for LocusFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        let kind = match lock_kind(typ) {
-            Ok(k) => k,
+        let lock = match lock_range(ino, owner, start, end, typ, pid) {
+            Ok(l) => l,
             Err(e) => return reply.error(e),
         };
-        let lock = LockRange { ino: ino.0, owner: owner.0, start, end, kind, pid };
         let vfs = self.vfs.clone();
         self.run(reply, async move { vfs.getlk(lock).await }, move |r, conflict| match conflict {
             Some(l) => {
@@ -582,11 +583,10 @@ impl Filesystem for LocusFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let kind = match lock_kind(typ) {
-            Ok(k) => k,
+        let lock = match lock_range(ino, owner, start, end, typ, pid) {
+            Ok(l) => l,
             Err(e) => return reply.error(e),
         };
-        let lock = LockRange { ino: ino.0, owner: owner.0, start, end, kind, pid };
         let vfs = self.vfs.clone();
         self.empty(reply, async move { vfs.setlk(fh.0, lock, sleep).await });
     }
