@@ -5,6 +5,7 @@ use bytes::Bytes;
 use proto::types::ChunkId;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use util::sync::lock;
 
 /// Whole chunks by id, evicting the least recently used beyond `capacity` bytes.
 #[derive(Debug)]
@@ -27,7 +28,7 @@ impl ChunkCache {
     }
 
     pub fn get(&self, id: &ChunkId) -> Option<Bytes> {
-        let mut lru = self.inner.lock().expect("cache lock");
+        let mut lru = lock(&self.inner);
         lru.tick += 1;
         let tick = lru.tick;
         let (data, old) = lru.by_id.get_mut(id).map(|(d, t)| (d.clone(), std::mem::replace(t, tick)))?;
@@ -40,7 +41,7 @@ impl ChunkCache {
         if data.len() > self.capacity {
             return;
         }
-        let mut lru = self.inner.lock().expect("cache lock");
+        let mut lru = lock(&self.inner);
         lru.tick += 1;
         let tick = lru.tick;
         let len = data.len();

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use util::sync::lock;
 
 /// Takes an exclusive, non-blocking `flock` on `file`. `Ok(false)` means another open
 /// file description (another process, or another store in this one) holds it.
@@ -90,7 +91,7 @@ impl GroupSync {
 
     /// Returns once everything written before this call is on disk.
     pub(crate) fn sync(&self) -> io::Result<()> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = lock(&self.state);
         s.requested += 1;
         let me = s.requested;
         loop {
@@ -108,7 +109,7 @@ impl GroupSync {
             // SAFETY: syncfs only reads the descriptor, which `self.fs` keeps open.
             let rc = unsafe { libc::syncfs(self.fs.as_raw_fd()) };
             let result = if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-            s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s = lock(&self.state);
             s.running = false;
             if result.is_ok() {
                 s.covered = s.covered.max(target);

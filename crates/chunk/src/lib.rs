@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
+use util::sync::lock;
 
 /// The format this build writes and understands, as stored in `FORMAT`.
 const FORMAT_VERSION: u32 = 1;
@@ -333,7 +334,7 @@ impl ChunkStore {
 
     fn lock_usage(&self) -> std::sync::MutexGuard<'_, Usage> {
         // The counters stay consistent even if a holder panicked: keep going.
-        self.usage.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.usage)
     }
 
     /// True if an intact copy of `id` is stored; its mtime is then set to now.

@@ -1,17 +1,19 @@
 //! Background compaction: files fragmented by many small overwrites are rewritten into
 //! whole chunks, so reads touch few chunks and the small ones can be collected. Runs as
-//! one worker task per client; it stops when the `Vfs` is dropped. A compaction is
-//! committed only if nobody changed the file meanwhile (meta checks `data_version`).
+//! the client's `compaction` worker. A compaction is committed only if nobody changed
+//! the file meanwhile (meta checks `data_version`).
 
+use crate::data::DataPath;
 use crate::error::VfsError;
-use crate::vfs::Vfs;
+use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
 use proto::extent::{ExtentMap, Segment};
 use proto::meta::{MetaReply, MetaRequest, StoredChunk};
 use proto::types::{ChunkId, Extent, InodeId};
-use std::collections::HashSet;
-use std::sync::{Arc, Weak};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use tokio::sync::mpsc;
+use util::worker::{Step, Worker};
 
 /// Whether a file has many more extents than its size needs.
 pub(crate) fn is_fragmented(extents: &ExtentMap, size: u64, chunk_size: u64) -> bool {
@@ -49,37 +51,76 @@ pub(crate) fn runs_to_rewrite(extents: &ExtentMap, size: u64, chunk_size: u64) -
     out
 }
 
-/// Starts the worker; the sender queues inodes to look at.
-pub(crate) fn spawn_worker(vfs: Weak<Vfs>) -> mpsc::UnboundedSender<InodeId> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<InodeId>();
-    tokio::spawn(async move {
-        let mut seen = HashSet::new();
-        while let Some(ino) = rx.recv().await {
-            seen.insert(ino);
-            while let Ok(more) = rx.try_recv() {
-                seen.insert(more);
-            }
-            for ino in seen.drain() {
-                let Some(vfs) = vfs.upgrade() else { return };
-                match compact(&vfs, ino).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::debug!(ino, runs = n, "compacted"),
-                    Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound) => {}
-                    Err(e) => tracing::warn!(ino, "compaction failed: {e}"),
-                }
-            }
+/// The compaction worker: takes inodes from a queue (files found fragmented on close)
+/// and rewrites them one per step.
+pub(crate) struct Compactor {
+    meta: Arc<MetaLink>,
+    data: Arc<DataPath>,
+    chunk_size: u64,
+    queue: mpsc::UnboundedReceiver<InodeId>,
+    waiting: BTreeSet<InodeId>,
+    compacted: u64,
+}
+
+impl Compactor {
+    /// The worker and the sender that queues inodes for it.
+    pub fn new(meta: Arc<MetaLink>, data: Arc<DataPath>, chunk_size: u64) -> (Self, mpsc::UnboundedSender<InodeId>) {
+        let (tx, queue) = mpsc::unbounded_channel();
+        (Compactor { meta, data, chunk_size, queue, waiting: BTreeSet::new(), compacted: 0 }, tx)
+    }
+}
+
+impl Worker for Compactor {
+    type Error = VfsError;
+
+    fn name(&self) -> String {
+        "compaction".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("{} files compacted, {} queued", self.compacted, self.waiting.len())
+    }
+
+    async fn work(&mut self) -> Result<Step, VfsError> {
+        while let Ok(ino) = self.queue.try_recv() {
+            self.waiting.insert(ino);
         }
-    });
-    tx
+        let Some(ino) = self.waiting.pop_first() else { return Ok(Step::Idle) };
+        match compact(&self.meta, &self.data, self.chunk_size, ino).await {
+            Ok(0) => {}
+            Ok(runs) => {
+                self.compacted += 1;
+                tracing::debug!(ino, runs, "compacted");
+            }
+            // Changed or deleted meanwhile: nothing to do.
+            Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound) => {}
+            Err(e) => return Err(VfsError::new(e.code, format!("compacting inode {ino}: {}", e.context))),
+        }
+        Ok(if self.waiting.is_empty() { Step::Idle } else { Step::Busy })
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        match self.queue.recv().await {
+            Some(ino) => {
+                self.waiting.insert(ino);
+                Step::Busy
+            }
+            None => Step::Done,
+        }
+    }
 }
 
 /// Rewrites the fragmented runs of one file; returns how many runs were merged.
-pub(crate) async fn compact(vfs: &Arc<Vfs>, ino: InodeId) -> Result<usize, VfsError> {
-    let (attr, extents) = match vfs.meta_call(MetaRequest::Extents { ino }).await? {
+pub(crate) async fn compact(
+    meta: &MetaLink,
+    data: &DataPath,
+    chunk_size: u64,
+    ino: InodeId,
+) -> Result<usize, VfsError> {
+    let (attr, extents) = match meta.call(MetaRequest::Extents { ino }).await? {
         MetaReply::Opened { attr, extents } => (attr, ExtentMap::from_extents(extents)),
         other => return Err(VfsError::new(ErrorCode::Internal, format!("Extents answered {other:?}"))),
     };
-    let chunk_size = vfs.chunk_size();
     if !is_fragmented(&extents, attr.size, chunk_size) {
         return Ok(0);
     }
@@ -89,7 +130,7 @@ pub(crate) async fn compact(vfs: &Arc<Vfs>, ino: InodeId) -> Result<usize, VfsEr
     for (start, pieces) in &runs {
         let mut bytes = Vec::new();
         for e in pieces {
-            let chunk = vfs.chunk(e.chunk).await?;
+            let chunk = data.chunk(e.chunk).await?;
             let from = e.chunk_offset as usize;
             let piece = chunk.get(from..from + e.len as usize).ok_or_else(|| {
                 VfsError::new(ErrorCode::Corrupt, format!("extent of inode {ino} beyond the end of chunk {}", e.chunk))
@@ -97,12 +138,12 @@ pub(crate) async fn compact(vfs: &Arc<Vfs>, ino: InodeId) -> Result<usize, VfsEr
             bytes.extend_from_slice(piece);
         }
         let id = ChunkId::of(&bytes);
-        let data = bytes::Bytes::from(bytes);
-        chunks.push(vfs.store_chunk(id, &data).await?);
-        new_extents.push(Extent { file_offset: *start, len: data.len() as u64, chunk: id, chunk_offset: 0 });
+        let bytes = bytes::Bytes::from(bytes);
+        chunks.push(data.store_chunk(id, &bytes).await?);
+        new_extents.push(Extent { file_offset: *start, len: bytes.len() as u64, chunk: id, chunk_offset: 0 });
     }
     let req = MetaRequest::Compact { ino, data_version: attr.data_version, extents: new_extents, chunks };
-    vfs.meta_call(req).await?;
+    meta.call(req).await?;
     Ok(runs.len())
 }
 

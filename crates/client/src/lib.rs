@@ -2,10 +2,17 @@
 //! metadata requests to `locus meta` and chunk transfers to the site's nodes.
 //! Adapters (FUSE, the CLI) are thin layers over it; all caching and the write path
 //! (buffering, chunking, write-behind) live here.
+//!
+//! Layers, each using only the ones below it: `vfs` (the POSIX calls) over `compact`
+//! and `session` (workers) over `data` (nodes, placement, chunk fetch and store) over
+//! `meta_link` (the session at meta).
 
 mod compact;
+mod data;
 mod error;
 mod file;
+mod meta_link;
+mod session;
 mod vfs;
 
 pub use error::VfsError;

@@ -3,19 +3,20 @@
 use crate::cli::{AdminArgs, GcArgs};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use net::RpcClient;
+use net::{NodeDirectory, RpcClient};
 use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 const PAGE: u32 = 1024;
 
 struct Cluster {
     meta: RpcClient,
-    nodes: Vec<(NodeInfo, RpcClient)>,
+    nodes: Vec<(NodeInfo, Arc<RpcClient>)>,
     unreachable: Vec<(NodeInfo, String)>,
 }
 
@@ -27,10 +28,12 @@ impl Cluster {
         let MetaReply::Nodes(infos) = meta_call(&meta, MetaRequest::ListNodes).await? else {
             bail!("meta answered ListNodes with something else");
         };
+        let directory = NodeDirectory::new(Duration::from_secs(60), Box::new(|_| 1));
+        directory.update(infos.clone());
         let mut nodes = Vec::new();
         let mut unreachable = Vec::new();
         for info in infos {
-            match RpcClient::connect(&info.addr, 1, Duration::from_secs(60)).await {
+            match directory.client(&info.id).await {
                 Ok(c) => nodes.push((info, c)),
                 Err(e) => unreachable.push((info, e.to_string())),
             }

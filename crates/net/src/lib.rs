@@ -3,9 +3,11 @@
 //! waits a round trip per request; a pool of connections spreads large transfers.
 
 mod client;
+mod directory;
 mod server;
 
 pub use client::RpcClient;
+pub use directory::{NodeDirectory, PoolSize};
 pub use server::{Service, serve};
 
 /// What can go wrong moving a message.
@@ -17,6 +19,8 @@ pub enum NetError {
     Disconnected { addr: String, reason: String },
     #[error("no answer from {addr} within {secs} s")]
     Timeout { addr: String, secs: u64 },
+    #[error("node {0} is not known to meta")]
+    UnknownNode(String),
     #[error("malformed frame: {0}")]
     Frame(#[from] proto::frame::FrameError),
 }

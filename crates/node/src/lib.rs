@@ -6,8 +6,8 @@
 mod metrics;
 mod site;
 
-use site::SiteLink;
 pub use site::WanConfig;
+use site::{SiteLink, SiteLinkWorker};
 
 use bytes::Bytes;
 use chunk::cache::ChunkCache;
@@ -21,6 +21,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use util::single_flight::SingleFlight;
+use util::worker::{Step, Worker, Workers, every};
 
 /// Most ids one `List` answers, so a reply stays far below the frame size limit.
 pub const MAX_LIST: u32 = 65_536;
@@ -81,7 +83,7 @@ pub struct NodeService {
     /// fetches in parallel cost one disk read and one hash, not one each.
     hot: ChunkCache,
     /// Disk reads under way, shared by concurrent requests for the same chunk.
-    loading: std::sync::Mutex<std::collections::HashMap<ChunkId, Arc<tokio::sync::OnceCell<Bytes>>>>,
+    loading: SingleFlight<ChunkId, Bytes>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
     corrupt_sends: std::sync::atomic::AtomicU64,
@@ -108,13 +110,10 @@ impl NodeService {
         if let Some(data) = self.hot.get(&id) {
             return Ok(data);
         }
-        let cell = self.loading.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().clone();
-        let loaded = cell
-            .get_or_try_init(|| async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await.map(Bytes::from) })
-            .await
-            .cloned();
-        self.loading.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        let data = loaded?;
+        let data = self
+            .loading
+            .run(id, || async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await.map(Bytes::from) })
+            .await?;
         self.hot.insert(id, data.clone());
         Ok(data)
     }
@@ -219,14 +218,18 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
+    let workers = Arc::new(Workers::default());
+    let period = config.heartbeat.max(Duration::from_millis(10));
+    workers.spawn(SiteLinkWorker { link: site.clone(), period, reported: 0 });
     if let Some(metrics) = config.metrics.take() {
-        tokio::spawn(metrics::serve(metrics, config.id.clone(), config.site.clone(), store.clone(), site.clone()));
+        let (id, site_name) = (config.id.clone(), config.site.clone());
+        tokio::spawn(metrics::serve(metrics, id, site_name, store.clone(), site.clone(), workers.clone()));
     }
     let corrupt_sends = config.corrupt_sends;
-    let heartbeat = tokio::spawn(heartbeat_loop(meta, config, store.clone(), site.clone()));
+    workers.spawn(Heartbeat { meta, config, store: store.clone(), site: site.clone(), period, failing: false });
     let service = NodeService::with_site(store, Some(site), corrupt_sends);
     let served = net::serve(listener, Arc::new(service)).await;
-    heartbeat.abort();
+    workers.stop(Duration::from_secs(5)).await;
     served.map_err(NodeError::Serve)
 }
 
@@ -260,28 +263,45 @@ async fn register(
     }
 }
 
-/// Repeats the registration every `config.heartbeat`; failures are logged and retried
-/// at the next tick (the client reconnects lazily), never fatal.
-async fn heartbeat_loop(meta: Arc<RpcClient>, config: NodeConfig, store: Arc<ChunkStore>, site: Arc<SiteLink>) {
-    let mut ticks = tokio::time::interval(config.heartbeat.max(Duration::from_millis(10)));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await; // The first tick is immediate; we just registered.
-    let mut failing = false;
-    loop {
-        ticks.tick().await;
-        site.refresh_peers().await;
-        let rtts = site.measure_rtts().await;
-        site.report_locations().await;
-        match register(&meta, &config, &store, &site, rtts).await {
-            Ok(()) if failing => {
-                tracing::info!(meta = %config.meta_addr, "heartbeat to meta succeeds again");
-                failing = false;
+/// The `heartbeat` worker: repeats the registration every period with current stats;
+/// failures are recorded and retried at the next period (the client reconnects
+/// lazily), never fatal.
+struct Heartbeat {
+    meta: Arc<RpcClient>,
+    config: NodeConfig,
+    store: Arc<ChunkStore>,
+    site: Arc<SiteLink>,
+    period: Duration,
+    failing: bool,
+}
+
+impl Worker for Heartbeat {
+    type Error = NodeError;
+
+    fn name(&self) -> String {
+        "heartbeat".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("registered with meta at {}", self.config.meta_addr)
+    }
+
+    async fn work(&mut self) -> Result<Step, NodeError> {
+        match register(&self.meta, &self.config, &self.store, &self.site, self.site.site_rtts()).await {
+            Ok(()) if self.failing => {
+                tracing::info!(meta = %self.config.meta_addr, "heartbeat to meta succeeds again");
+                self.failing = false;
             }
             Ok(()) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "heartbeat to meta failed; will retry");
-                failing = true;
+                self.failing = true;
+                return Err(e);
             }
         }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(self.period).await
     }
 }

@@ -3,14 +3,16 @@
 
 use crate::site::SiteLink;
 use chunk::ChunkStore;
+use proto::types::{WorkerState, WorkerStatus};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use util::worker::Workers;
 
 /// The counters as Prometheus exposition text.
-pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink) -> String {
+pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink, workers: &Workers) -> String {
     let s = store.stats();
     let w = &link.stats;
     let labels = format!("node=\"{node}\",site=\"{site}\"");
@@ -35,6 +37,22 @@ pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink
         "Transfers that arrived corrupted and were fetched again.",
         w.corrupt_in_transit.load(Ordering::Relaxed),
     );
+    let statuses = workers.statuses();
+    for (name, kind, help, value) in [
+        (
+            "locus_worker_busy",
+            "gauge",
+            "1 while a background worker runs a step.",
+            (|w| u64::from(w.state == WorkerState::Busy)) as fn(&WorkerStatus) -> u64,
+        ),
+        ("locus_worker_steps_total", "counter", "Steps a background worker finished.", |w| w.steps),
+        ("locus_worker_errors_total", "counter", "Steps of a background worker that failed.", |w| w.errors),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for w in &statuses {
+            let _ = writeln!(out, "{name}{{{labels},worker=\"{}\"}} {}", w.name, value(w));
+        }
+    }
     out
 }
 
@@ -45,10 +63,11 @@ pub(crate) async fn serve(
     site: String,
     store: Arc<ChunkStore>,
     link: Arc<SiteLink>,
+    workers: Arc<Workers>,
 ) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { return };
-        let body = render(&node, &site, &store, &link);
+        let body = render(&node, &site, &store, &link, &workers);
         tokio::spawn(async move {
             // Read (and ignore) the request head; bounded so a slow peer cannot hold memory.
             let mut head = [0u8; 4096];

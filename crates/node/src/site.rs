@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
-use net::RpcClient;
+use net::{NodeDirectory, RpcClient};
 use proto::error::{ErrorCode, WireError};
 use proto::meta::{MetaReply, MetaRequest, MetaResult, StoredChunk};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
@@ -15,7 +15,9 @@ use proto::types::{ChunkId, NodeInfo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use tokio::sync::OnceCell;
+use util::single_flight::SingleFlight;
+use util::sync::{lock, read, write};
+use util::worker::{Step, Worker, every};
 
 /// Bytes of recently fetched chunks kept in memory.
 const RECENT_BYTES: usize = 256 << 20;
@@ -53,14 +55,6 @@ impl WanConfig {
     pub fn connections_for(&self, site: &str) -> usize {
         self.connections_to.iter().find(|(s, _)| s == site).map_or(self.connections, |(_, n)| *n).max(1)
     }
-}
-
-/// Another node as this one sees it.
-struct Peer {
-    info: NodeInfo,
-    client: Option<Arc<RpcClient>>,
-    /// Smoothed round trip, once measured.
-    rtt: Option<Duration>,
 }
 
 /// Least-recently-used order of the cached chunks.
@@ -111,8 +105,12 @@ pub struct SiteLink {
     /// and to the readers that follow right behind.
     recent: ChunkCache,
     lru: Mutex<Lru>,
-    peers: RwLock<HashMap<String, Peer>>,
-    fetches: Mutex<HashMap<ChunkId, Arc<OnceCell<Bytes>>>>,
+    peers: NodeDirectory,
+    /// Smoothed round trip to each node of another site, once measured.
+    rtts: RwLock<HashMap<String, Duration>>,
+    /// Best round trip per other site, as last measured (reported in the heartbeat).
+    site_rtts: Mutex<Vec<(String, u64)>>,
+    fetches: SingleFlight<ChunkId, Bytes>,
     /// Location changes not yet reported to meta.
     pending: Mutex<(Vec<StoredChunk>, Vec<ChunkId>)>,
     pub stats: WanStats,
@@ -141,16 +139,20 @@ impl SiteLink {
                 lru.touch(id);
             }
         }
+        let pool_config = config.clone();
+        let pool_size: net::PoolSize = Box::new(move |n: &NodeInfo| pool_config.connections_for(&n.site));
         Ok(SiteLink {
             me,
             site,
+            peers: NodeDirectory::new(config.timeout, pool_size),
             config,
             meta,
             cache: Arc::new(cache),
             recent: ChunkCache::new(RECENT_BYTES),
             lru: Mutex::new(lru),
-            peers: RwLock::default(),
-            fetches: Mutex::default(),
+            rtts: RwLock::default(),
+            site_rtts: Mutex::default(),
+            fetches: SingleFlight::default(),
             pending: Mutex::default(),
             stats: WanStats::default(),
         })
@@ -185,10 +187,8 @@ impl SiteLink {
             }
             Err(e) => return Err(wire(e)),
         }
-        let cell = lock(&self.fetches).entry(id).or_default().clone();
-        let fetched = cell.get_or_try_init(|| self.fetch_and_cache(id)).await.cloned();
-        lock(&self.fetches).remove(&id);
-        slice(id, fetched?, offset, len)
+        let fetched = self.fetches.run(id, || self.fetch_and_cache(id)).await?;
+        slice(id, fetched, offset, len)
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
@@ -296,78 +296,46 @@ impl SiteLink {
 
     /// Nodes other than this one among `holders`, nearest first, with a client each.
     async fn nearest(&self, holders: &[String]) -> Vec<(String, Arc<RpcClient>)> {
-        if holders.iter().any(|h| h != &self.me && !read(&self.peers).contains_key(h)) {
+        if holders.iter().any(|h| h != &self.me && self.peers.get(h).is_none()) {
             self.refresh_peers().await;
         }
         let mut ranked: Vec<(bool, Duration, String)> = {
-            let peers = read(&self.peers);
+            let rtts = read(&self.rtts);
             holders
                 .iter()
                 .filter(|h| *h != &self.me)
                 .filter_map(|h| {
-                    peers.get(h).map(|p| (p.info.site != self.site, p.rtt.unwrap_or(Duration::MAX), h.clone()))
+                    let info = self.peers.get(h)?;
+                    Some((info.site != self.site, rtts.get(h).copied().unwrap_or(Duration::MAX), h.clone()))
                 })
                 .collect()
         };
         ranked.sort();
         let mut out = Vec::new();
         for (_, _, node) in ranked {
-            if let Some(client) = self.client(&node).await {
-                out.push((node, client));
+            match self.peers.client(&node).await {
+                Ok(client) => out.push((node, client)),
+                Err(e) => tracing::warn!(%node, "cannot reach node: {e}"),
             }
         }
         out
-    }
-
-    async fn client(&self, node: &str) -> Option<Arc<RpcClient>> {
-        let (addr, site) = {
-            let peers = read(&self.peers);
-            let peer = peers.get(node)?;
-            if let Some(c) = &peer.client {
-                return Some(c.clone());
-            }
-            (peer.info.addr.clone(), peer.info.site.clone())
-        };
-        match RpcClient::connect(&addr, self.config.connections_for(&site), self.config.timeout).await {
-            Ok(c) => {
-                let c = Arc::new(c);
-                if let Some(p) = write(&self.peers).get_mut(node) {
-                    p.client = Some(c.clone());
-                }
-                Some(c)
-            }
-            Err(e) => {
-                tracing::warn!(%node, "cannot reach node: {e}");
-                None
-            }
-        }
     }
 
     /// Learns the cluster's nodes from meta.
     pub async fn refresh_peers(&self) {
         let res: Result<MetaResult, _> = self.meta.call(&MetaRequest::ListNodes).await;
         let Ok(Ok(MetaReply::Nodes(list))) = res else { return };
-        let mut peers = write(&self.peers);
-        for info in list.into_iter().filter(|n| n.id != self.me) {
-            match peers.get_mut(&info.id) {
-                Some(p) if p.info.addr == info.addr => p.info = info,
-                _ => {
-                    peers.insert(info.id.clone(), Peer { info, client: None, rtt: None });
-                }
-            }
-        }
+        self.peers.update(list.into_iter().filter(|n| n.id != self.me));
     }
 
-    /// Times a ping to every node of another site; returns the best round trip per site.
-    pub async fn measure_rtts(&self) -> Vec<(String, u64)> {
-        let others: Vec<(String, String)> = read(&self.peers)
-            .values()
-            .filter(|p| p.info.site != self.site && p.info.last_seen_secs < 30)
-            .map(|p| (p.info.id.clone(), p.info.site.clone()))
-            .collect();
+    /// Times a ping to every node of another site and keeps the best round trip per
+    /// site for the heartbeat.
+    async fn measure_rtts(&self) {
+        let others: Vec<NodeInfo> =
+            self.peers.all().into_iter().filter(|n| n.site != self.site && n.last_seen_secs < 30).collect();
         let mut best: HashMap<String, u64> = HashMap::new();
-        for (node, site) in others {
-            let Some(client) = self.client(&node).await else { continue };
+        for node in others {
+            let Ok(client) = self.peers.client(&node.id).await else { continue };
             let started = Instant::now();
             let answered =
                 tokio::time::timeout(Duration::from_secs(5), client.call::<_, NodeResult>(&NodeRequest::Ping)).await;
@@ -375,32 +343,71 @@ impl SiteLink {
                 continue;
             }
             let rtt = started.elapsed();
-            if let Some(p) = write(&self.peers).get_mut(&node) {
-                // Smoothed like TCP's SRTT (7/8 old, 1/8 new).
-                p.rtt = Some(p.rtt.map_or(rtt, |old| (old * 7 + rtt) / 8));
-            }
+            // Smoothed like TCP's SRTT (7/8 old, 1/8 new).
+            write(&self.rtts).entry(node.id.clone()).and_modify(|old| *old = (*old * 7 + rtt) / 8).or_insert(rtt);
             let micros = rtt.as_micros() as u64;
-            best.entry(site).and_modify(|b| *b = (*b).min(micros)).or_insert(micros);
+            best.entry(node.site).and_modify(|b| *b = (*b).min(micros)).or_insert(micros);
         }
         let mut out: Vec<(String, u64)> = best.into_iter().collect();
         out.sort();
-        out
+        *lock(&self.site_rtts) = out;
     }
 
-    /// Reports cached and evicted copies to meta (called from the heartbeat).
-    pub async fn report_locations(&self) {
+    /// The best round trip to each other site, as last measured.
+    pub fn site_rtts(&self) -> Vec<(String, u64)> {
+        lock(&self.site_rtts).clone()
+    }
+
+    /// Reports cached and evicted copies to meta; returns how many changes went.
+    async fn report_locations(&self) -> Result<usize, WireError> {
         let (added, removed) = std::mem::take(&mut *lock(&self.pending));
         if added.is_empty() && removed.is_empty() {
-            return;
+            return Ok(0);
         }
+        let count = added.len() + removed.len();
         let req =
             MetaRequest::UpdateLocations { node: self.me.clone(), added: added.clone(), removed: removed.clone() };
-        if !matches!(self.meta.call::<_, MetaResult>(&req).await, Ok(Ok(_))) {
-            // Keep them for the next heartbeat.
-            let mut pending = lock(&self.pending);
-            pending.0.extend(added);
-            pending.1.extend(removed);
-        }
+        let answer = match self.meta.call::<_, MetaResult>(&req).await {
+            Ok(Ok(_)) => return Ok(count),
+            Ok(Err(e)) => e,
+            Err(e) => WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")),
+        };
+        // Keep them for the next round.
+        let mut pending = lock(&self.pending);
+        pending.0.extend(added);
+        pending.1.extend(removed);
+        Err(answer)
+    }
+}
+
+/// The `site-link` worker: at every heartbeat period it learns the nodes from meta,
+/// measures round trips to other sites and reports the site cache's changes.
+pub(crate) struct SiteLinkWorker {
+    pub link: Arc<SiteLink>,
+    pub period: Duration,
+    pub reported: u64,
+}
+
+impl Worker for SiteLinkWorker {
+    type Error = WireError;
+
+    fn name(&self) -> String {
+        "site-link".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("{} peers, {} cache changes reported", self.link.peers.all().len(), self.reported)
+    }
+
+    async fn work(&mut self) -> Result<Step, WireError> {
+        self.link.refresh_peers().await;
+        self.link.measure_rtts().await;
+        self.reported += self.link.report_locations().await? as u64;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(self.period).await
     }
 }
 
@@ -411,16 +418,4 @@ fn slice(id: ChunkId, data: Bytes, offset: u64, len: u64) -> Result<Bytes, WireE
         return Err(WireError::new(ErrorCode::InvalidArgument, format!("offset {offset} beyond chunk {id}")));
     }
     Ok(data.slice(offset as usize..(offset + len.min(size - offset)) as usize))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(|e| e.into_inner())
 }

@@ -152,3 +152,30 @@ pub struct DirEntry {
     pub attr: Attr,
     pub cookie: u64,
 }
+
+/// What a background worker is doing, as `locus status` and the metrics show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Stable name, e.g. `session-expiry` or `compaction`.
+    pub name: String,
+    pub state: WorkerState,
+    /// Work done so far, in the worker's own words ("412 chunks reported").
+    pub progress: String,
+    /// Steps finished since the process started.
+    pub steps: u64,
+    /// Steps that failed since the process started.
+    pub errors: u64,
+    /// The most recent failure and when it happened.
+    pub last_error: Option<(Timestamp, String)>,
+}
+
+/// Where a worker is in its cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerState {
+    /// Doing a step of work.
+    Busy,
+    /// Waiting for work (a timer or a queue).
+    Idle,
+    /// Finished or shut down; it will not run again.
+    Stopped,
+}

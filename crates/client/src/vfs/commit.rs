@@ -1,0 +1,93 @@
+//! Making writes visible and durable: flush, fsync, fallocate, and the commit of
+//! pending extents to meta that they share.
+
+use super::{FileHandle, Result, Vfs};
+use crate::error::VfsError;
+use crate::file::FileInner;
+use proto::error::ErrorCode;
+use proto::extent::ExtentMap;
+use proto::meta::*;
+use proto::types::*;
+use std::sync::Arc;
+use util::sync::lock;
+
+impl Vfs {
+    /// Stores and commits everything written through any handle of the file.
+    pub async fn flush(self: &Arc<Self>, fh: FileHandle, lock_owner: Option<u64>) -> Result<()> {
+        let handle = self.handle(fh)?;
+        let ino = handle.file.ino;
+        let mut f = handle.file.inner.lock().await;
+        let committed = self.commit_locked(ino, &mut f).await.map(|_| ());
+        if let Some(owner) = lock_owner
+            && f.lock_owners.remove(&owner)
+        {
+            let session = self.meta.session();
+            self.meta.done(MetaRequest::ReleaseLocks { session, ino, owner }).await?;
+        }
+        committed
+    }
+
+    /// `flush` plus durability of everything meta acknowledged before.
+    pub async fn fsync(self: &Arc<Self>, fh: FileHandle) -> Result<()> {
+        let handle = self.handle(fh)?;
+        let ino = handle.file.ino;
+        let mut f = handle.file.inner.lock().await;
+        if !self.commit_locked(ino, &mut f).await? {
+            self.sync_meta().await?;
+        }
+        Ok(())
+    }
+
+    /// Cuts buffered data into chunks, waits for every upload and commits the pending
+    /// extents. Returns whether a commit (itself durable) was sent.
+    pub(super) async fn commit_locked(self: &Arc<Self>, ino: InodeId, f: &mut FileInner) -> Result<bool> {
+        for (off, bytes) in f.dirty.take_chunks(self.config.chunk_size, true) {
+            self.start_upload(f, off, bytes).await;
+        }
+        let mut chunks = Vec::new();
+        let mut failure = None;
+        for upload in std::mem::take(&mut f.uploads) {
+            match upload.await {
+                Ok(Ok(c)) => chunks.push(c),
+                Ok(Err(e)) => failure = Some(e),
+                Err(e) => failure = Some(VfsError::new(ErrorCode::Io, format!("upload task failed: {e}"))),
+            }
+        }
+        if let Some(e) = failure {
+            // The data is lost: forget the pending extents so reads show what meta has.
+            f.pending.clear();
+            f.modified = false;
+            if let Ok(MetaReply::Opened { attr, extents }) = self.meta.call(MetaRequest::Extents { ino }).await {
+                f.attr = attr;
+                f.extents = ExtentMap::from_extents(extents);
+            }
+            return Err(VfsError::new(e.code, format!("writing inode {ino}: {}", e.context)));
+        }
+        if f.pending.is_empty() && !f.modified {
+            return Ok(false);
+        }
+        let req = MetaRequest::CommitWrite {
+            ino,
+            extents: std::mem::take(&mut f.pending),
+            chunks,
+            min_size: f.attr.size,
+            mtime: f.attr.mtime,
+        };
+        f.attr = self.meta.attr(req).await?;
+        f.modified = false;
+        lock(&self.seen_versions).insert(ino, f.attr.data_version);
+        Ok(true)
+    }
+
+    pub async fn fallocate(self: &Arc<Self>, fh: FileHandle, offset: u64, len: u64, mode: AllocateMode) -> Result<()> {
+        let handle = self.handle(fh)?;
+        let ino = handle.file.ino;
+        let mut f = handle.file.inner.lock().await;
+        self.commit_locked(ino, &mut f).await?;
+        f.attr = self.meta.attr(MetaRequest::Fallocate { ino, offset, len, mode }).await?;
+        if matches!(mode, AllocateMode::PunchHole | AllocateMode::ZeroRange) {
+            f.extents.punch(offset, offset + len);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,69 @@
+//! Directory listings: a cursor per open directory, filled from meta in large pages
+//! and handed out in whatever amount the caller can take.
+
+use super::{DirCursor, DirHandle, Result, Vfs};
+use crate::error::VfsError;
+use crate::meta_link::unexpected;
+use proto::error::ErrorCode;
+use proto::meta::*;
+use proto::types::*;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use util::sync::lock;
+
+impl Vfs {
+    pub async fn opendir(&self, ino: InodeId) -> Result<DirHandle> {
+        let attr = self.meta.attr(MetaRequest::GetAttr { ino }).await?;
+        if attr.kind != FileKind::Dir {
+            return Err(VfsError::new(ErrorCode::NotDir, format!("opendir of inode {ino}")));
+        }
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let cursor = DirCursor { ino, buffered: VecDeque::new(), after: 0, done: false };
+        lock(&self.dirs).insert(fh, Arc::new(tokio::sync::Mutex::new(cursor)));
+        Ok(fh)
+    }
+
+    /// Next entries after cookie `after` (0 = from the start), fetched from meta in
+    /// large pages and handed out in whatever amount the caller can take.
+    pub async fn readdir(&self, dh: DirHandle, after: u64) -> Result<Vec<DirEntry>> {
+        let cursor = lock(&self.dirs)
+            .get(&dh)
+            .cloned()
+            .ok_or_else(|| VfsError::new(ErrorCode::InvalidArgument, "bad directory handle"))?;
+        let mut c = cursor.lock().await;
+        if after != c.after || c.buffered.is_empty() {
+            // A seek, or the buffer ran dry: (re)fill from `after`.
+            if after != c.after {
+                c.buffered.clear();
+                c.done = false;
+                c.after = after;
+            }
+            if !c.done && c.buffered.is_empty() {
+                let page = match self.meta.call(MetaRequest::ReadDir { ino: c.ino, after, limit: 2048 }).await? {
+                    MetaReply::Entries(e) => e,
+                    other => return Err(unexpected(&other)),
+                };
+                c.done = page.len() < 2048;
+                c.buffered.extend(page);
+            }
+        }
+        Ok(c.buffered.iter().cloned().collect())
+    }
+
+    /// Tells the cursor how far the caller got, so the next `readdir` continues there.
+    pub fn readdir_consumed(&self, dh: DirHandle, last_cookie: u64) {
+        if let Some(cursor) = lock(&self.dirs).get(&dh).cloned()
+            && let Ok(mut c) = cursor.try_lock()
+        {
+            while c.buffered.front().is_some_and(|e| e.cookie <= last_cookie) {
+                c.buffered.pop_front();
+            }
+            c.after = last_cookie;
+        }
+    }
+
+    pub fn releasedir(&self, dh: DirHandle) {
+        lock(&self.dirs).remove(&dh);
+    }
+}

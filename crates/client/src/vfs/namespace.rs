@@ -1,0 +1,123 @@
+//! Namespace calls passed through to meta, with this client's unflushed size and
+//! times laid over the attributes of files it has open.
+
+use super::{Result, Vfs};
+use crate::file::FileState;
+use crate::meta_link::unexpected;
+use proto::meta::*;
+use proto::types::*;
+use std::sync::Arc;
+use util::sync::lock;
+
+impl Vfs {
+    pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        let attr = self.meta.attr(MetaRequest::Lookup { parent, name: name.to_vec() }).await?;
+        Ok(self.local_view(attr).await)
+    }
+
+    /// Attributes, with this client's unflushed size and times if it has the file open.
+    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        // Always ask meta: link counts and ctime change under an open file too
+        // (link, unlink, rename, chmod through another client).
+        let attr = self.meta.attr(MetaRequest::GetAttr { ino }).await?;
+        Ok(self.local_view(attr).await)
+    }
+
+    /// Overlays what this client wrote but has not committed yet: size, mtime and ctime.
+    pub(super) async fn local_view(&self, attr: Attr) -> Attr {
+        match self.open_file(attr.ino) {
+            Some(file) => {
+                let f = file.inner.lock().await;
+                if !f.modified {
+                    return attr;
+                }
+                Attr { size: f.attr.size, mtime: f.attr.mtime, ctime: f.attr.ctime.max(attr.ctime), ..attr }
+            }
+            None => attr,
+        }
+    }
+
+    pub(super) fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
+        lock(&self.files).get(&ino).cloned()
+    }
+
+    pub async fn setattr(self: &Arc<Self>, ino: InodeId, set: SetAttr, caller: Caller) -> Result<Attr> {
+        let Some(file) = self.open_file(ino) else {
+            return self.meta.attr(MetaRequest::SetAttr { ino, set, caller }).await;
+        };
+        // Commit first so pending writes cannot undo a truncate or a time stamp.
+        let mut f = file.inner.lock().await;
+        self.commit_locked(ino, &mut f).await?;
+        let size = set.size;
+        let attr = self.meta.attr(MetaRequest::SetAttr { ino, set, caller }).await?;
+        if let Some(size) = size {
+            f.extents.truncate(size);
+        }
+        f.attr = attr.clone();
+        Ok(attr)
+    }
+
+    pub async fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        node: NewNode,
+        mode: u32,
+        caller: Caller,
+        exclusive: bool,
+    ) -> Result<Attr> {
+        self.meta
+            .attr(MetaRequest::Create { parent, name: name.to_vec(), node, mode, caller, exclusive, open_by: None })
+            .await
+    }
+
+    pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
+        self.meta.attr(MetaRequest::Link { ino, new_parent, new_name: new_name.to_vec() }).await
+    }
+
+    pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+        match self.meta.call(MetaRequest::Unlink { parent, name: name.to_vec() }).await? {
+            MetaReply::Unlinked { ino, .. } => {
+                lock(&self.seen_versions).remove(&ino);
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.meta.done(MetaRequest::Rmdir { parent, name: name.to_vec() }).await
+    }
+
+    pub async fn rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
+        self.meta
+            .done(MetaRequest::Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), mode })
+            .await
+    }
+
+    pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        match self.meta.call(MetaRequest::ReadLink { ino }).await? {
+            MetaReply::Bytes(b) => Ok(b),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn statfs(&self) -> Result<FsStats> {
+        match self.meta.call(MetaRequest::StatFs).await? {
+            MetaReply::StatFs(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Makes every namespace change so far durable at meta (fsyncdir).
+    pub async fn sync_meta(&self) -> Result<()> {
+        self.meta.done(MetaRequest::Sync).await
+    }
+}

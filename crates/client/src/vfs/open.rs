@@ -1,0 +1,174 @@
+//! Open files and their handles: open, create-and-open, release. Every handle of one
+//! file shares one `FileState`; the last release commits and drops it.
+
+use super::{FileHandle, Handle, OpenOptions, Result, Vfs};
+use crate::error::VfsError;
+use crate::file::{DirtyBuffer, FileInner, FileState};
+use crate::meta_link::unexpected;
+use proto::error::ErrorCode;
+use proto::extent::ExtentMap;
+use proto::meta::*;
+use proto::types::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use util::sync::lock;
+
+impl Vfs {
+    /// Opens a file; returns the handle and whether the kernel may keep cached pages
+    /// (nobody changed the file since this client last had it open).
+    pub async fn open(self: &Arc<Self>, ino: InodeId, opts: OpenOptions) -> Result<(FileHandle, bool)> {
+        if let Some(file) = self.open_file(ino) {
+            let mut f = file.inner.lock().await;
+            if f.opens == 0 {
+                // Lost a race with the last release; open afresh below.
+                drop(f);
+                return Box::pin(self.open(ino, opts)).await;
+            }
+            if opts.truncate {
+                self.commit_locked(ino, &mut f).await?;
+                let set = SetAttr { size: Some(0), ..SetAttr::default() };
+                let caller = Caller { uid: f.attr.uid, gid: f.attr.gid };
+                f.attr = self.meta.attr(MetaRequest::SetAttr { ino, set, caller }).await?;
+                f.extents = ExtentMap::default();
+            }
+            f.opens += 1;
+            drop(f);
+            return Ok((self.new_handle(file), true));
+        }
+        let session = self.meta.session();
+        match self.meta.call(MetaRequest::Open { ino, session, truncate: opts.truncate }).await? {
+            MetaReply::Opened { attr, extents } => Ok(self.adopt(session, attr, extents).await),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates a regular file and opens it in one request.
+    pub async fn create_open(
+        self: &Arc<Self>,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+        exclusive: bool,
+        opts: OpenOptions,
+    ) -> Result<(Attr, FileHandle)> {
+        let session = self.meta.session();
+        let req = MetaRequest::Create {
+            parent,
+            name: name.to_vec(),
+            node: NewNode::File,
+            mode,
+            caller,
+            exclusive,
+            open_by: Some(session),
+        };
+        let (attr, extents) = match self.meta.call(req).await? {
+            MetaReply::Opened { attr, extents } => (attr, extents),
+            other => return Err(unexpected(&other)),
+        };
+        let (ino, existed) = (attr.ino, attr.size > 0);
+        let (fh, _) = self.adopt(session, attr, extents).await;
+        if opts.truncate && existed {
+            // Someone else created it first and this open truncates.
+            let attr = self.setattr(ino, SetAttr { size: Some(0), ..SetAttr::default() }, caller).await?;
+            return Ok((attr, fh));
+        }
+        let attr = self.getattr(ino).await?;
+        Ok((attr, fh))
+    }
+
+    /// Makes a file that meta has just recorded as open here a local open file (or
+    /// joins the one another thread made meanwhile).
+    pub(super) async fn adopt(
+        self: &Arc<Self>,
+        session: SessionId,
+        attr: Attr,
+        extents: Vec<Extent>,
+    ) -> (FileHandle, bool) {
+        let ino = attr.ino;
+        let keep_cache = lock(&self.seen_versions).get(&ino) == Some(&attr.data_version);
+        let state = Arc::new(FileState {
+            ino,
+            inner: tokio::sync::Mutex::new(FileInner {
+                attr,
+                extents: ExtentMap::from_extents(extents),
+                dirty: DirtyBuffer::with_run_capacity(self.config.chunk_size as usize),
+                pending: Vec::new(),
+                uploads: Vec::new(),
+                modified: false,
+                opens: 1,
+                lock_owners: HashSet::new(),
+            }),
+        });
+        let raced = {
+            let mut files = lock(&self.files);
+            match files.get(&ino) {
+                Some(existing) => Some(existing.clone()),
+                None => {
+                    files.insert(ino, state.clone());
+                    None
+                }
+            }
+        };
+        let file = match raced {
+            // Another thread opened it meanwhile: share its state, drop our record.
+            Some(existing) => {
+                existing.inner.lock().await.opens += 1;
+                let _ = self.meta.call(MetaRequest::Release { ino, session }).await;
+                existing
+            }
+            None => state,
+        };
+        (self.new_handle(file), keep_cache)
+    }
+
+    pub(super) fn new_handle(&self, file: Arc<FileState>) -> FileHandle {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let handle = Arc::new(Handle {
+            file,
+            last_read_end: AtomicU64::new(u64::MAX),
+            window: AtomicU64::new(2),
+            prefetched_to: AtomicU64::new(0),
+        });
+        lock(&self.handles).insert(fh, handle);
+        fh
+    }
+
+    pub(super) fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>> {
+        lock(&self.handles)
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| VfsError::new(ErrorCode::InvalidArgument, format!("bad file handle {fh}")))
+    }
+
+    pub async fn release(self: &Arc<Self>, fh: FileHandle) -> Result<()> {
+        let handle = lock(&self.handles).remove(&fh);
+        let Some(handle) = handle else {
+            return Err(VfsError::new(ErrorCode::InvalidArgument, format!("bad file handle {fh}")));
+        };
+        let ino = handle.file.ino;
+        let mut f = handle.file.inner.lock().await;
+        let committed = self.commit_locked(ino, &mut f).await;
+        f.opens -= 1;
+        if f.opens == 0 {
+            lock(&self.files).remove(&ino);
+            lock(&self.seen_versions).insert(ino, f.attr.data_version);
+            if crate::compact::is_fragmented(&f.extents, f.attr.size, self.config.chunk_size) {
+                let _ = self.compact_queue.send(ino);
+            }
+            let session = self.meta.session();
+            for owner in f.lock_owners.drain() {
+                let _ = self.meta.call(MetaRequest::ReleaseLocks { session, ino, owner }).await;
+            }
+            drop(f);
+            let vfs = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = vfs.meta.call(MetaRequest::Release { ino, session }).await {
+                    tracing::warn!("release of inode {ino}: {e}");
+                }
+            });
+        }
+        committed.map(|_| ())
+    }
+}

@@ -1,0 +1,80 @@
+//! The read path: extents resolved to chunks, adaptive sequential read-ahead, and
+//! buffered bytes laid over what the chunks hold.
+
+use super::{FileHandle, Result, Vfs};
+use crate::error::VfsError;
+use bytes::Bytes;
+use proto::error::ErrorCode;
+use proto::extent::Segment;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Vfs {
+    /// Reads up to `size` bytes at `offset` (fewer at the end of the file).
+    pub async fn read(self: &Arc<Self>, fh: FileHandle, offset: u64, size: u32) -> Result<Bytes> {
+        let handle = self.handle(fh)?;
+        let (segments, end, ahead) = {
+            let f = handle.file.inner.lock().await;
+            let end = (offset + size as u64).min(f.attr.size);
+            if offset >= end {
+                return Ok(Bytes::new());
+            }
+            let sequential = handle.last_read_end.swap(end, Ordering::Relaxed) == offset || offset == 0;
+            let ahead = if sequential {
+                let cs = self.config.chunk_size;
+                let max = self.config.readahead_chunks.min((self.config.cache_bytes as u64 / 2 / cs).max(1));
+                if offset / cs != end.saturating_sub(1) / cs || offset.is_multiple_of(cs) {
+                    // Crossing into a new chunk: the reader keeps going, widen the window.
+                    let w = handle.window.load(Ordering::Relaxed);
+                    handle.window.store((w * 2).min(max).max(1), Ordering::Relaxed);
+                }
+                let target = (end + handle.window.load(Ordering::Relaxed) * cs).min(f.attr.size);
+                let from = handle.prefetched_to.fetch_max(target, Ordering::Relaxed).max(end);
+                f.extents.segments(from, target.max(from))
+            } else {
+                handle.window.store(2, Ordering::Relaxed);
+                handle.prefetched_to.store(0, Ordering::Relaxed);
+                Vec::new()
+            };
+            (f.extents.segments(offset, end), end, ahead)
+        };
+        for seg in ahead {
+            if let Segment::Data(e) = seg {
+                let vfs = self.clone();
+                tokio::spawn(async move {
+                    let _ = vfs.data.chunk(e.chunk).await;
+                });
+            }
+        }
+        // (file offset, bytes) of every data piece; holes stay zero.
+        let mut pieces = Vec::with_capacity(segments.len());
+        for seg in segments {
+            if let Segment::Data(e) = seg {
+                let chunk = self.data.chunk(e.chunk).await?;
+                let from = e.chunk_offset as usize;
+                let to = from + e.len as usize;
+                if to > chunk.len() {
+                    return Err(VfsError::new(ErrorCode::Corrupt, format!("extent beyond end of chunk {}", e.chunk)));
+                }
+                pieces.push((e.file_offset, chunk.slice(from..to)));
+            }
+        }
+        let f = handle.file.inner.lock().await;
+        if let [(at, only)] = &pieces[..]
+            && *at == offset
+            && only.len() as u64 == end - offset
+            && !f.dirty.overlaps(offset, end)
+        {
+            // The common case: one piece of one chunk, handed out without a copy.
+            return Ok(only.clone());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (at, piece) in &pieces {
+            let at = (at - offset) as usize;
+            out[at..at + piece.len()].copy_from_slice(piece);
+        }
+        // Buffered bytes are newer than any extent.
+        f.dirty.overlay(offset, &mut out);
+        Ok(Bytes::from(out))
+    }
+}

@@ -1,0 +1,46 @@
+//! The write path: bytes buffered per file, cut into chunks at chunk boundaries,
+//! hashed and stored on the site's nodes in the background (write-behind).
+
+use super::{FileHandle, Result, Vfs};
+use crate::file::FileInner;
+use bytes::Bytes;
+use proto::types::*;
+use std::sync::Arc;
+
+impl Vfs {
+    pub async fn write(self: &Arc<Self>, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
+        let handle = self.handle(fh)?;
+        let mut f = handle.file.inner.lock().await;
+        f.dirty.insert(offset, data);
+        f.attr.size = f.attr.size.max(offset + data.len() as u64);
+        // write(2) marks both mtime and ctime for update.
+        let now = Timestamp::now();
+        f.attr.mtime = now;
+        f.attr.ctime = now;
+        f.modified = true;
+        let flush_all = f.dirty.bytes() > self.config.max_dirty_bytes;
+        for (off, bytes) in f.dirty.take_chunks(self.config.chunk_size, flush_all) {
+            self.start_upload(&mut f, off, bytes).await;
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Hashes a piece of written data into a chunk, maps it into the file's view and
+    /// stores it on a node in the background.
+    pub(super) async fn start_upload(self: &Arc<Self>, f: &mut FileInner, offset: u64, bytes: Vec<u8>) {
+        let permit = self.upload_slots.clone().acquire_owned().await.expect("semaphore open");
+        let id = ChunkId::of(&bytes);
+        let extent = Extent { file_offset: offset, len: bytes.len() as u64, chunk: id, chunk_offset: 0 };
+        f.extents.insert(extent);
+        f.pending.push(extent);
+        let data = Bytes::from(bytes);
+        self.data.begin_upload(id, &data);
+        let vfs = self.clone();
+        f.uploads.push(tokio::spawn(async move {
+            let stored = vfs.data.store_chunk(id, &data).await;
+            vfs.data.end_upload(id, stored.is_ok());
+            drop(permit);
+            stored
+        }));
+    }
+}
