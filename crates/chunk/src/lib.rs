@@ -394,6 +394,7 @@ impl ChunkStore {
         let written = (|| {
             let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             f.write_all(data)?;
+            util::crash_point!("chunk-before-sync");
             // The temp file is durable before it gets its name (shared with other puts).
             self.sync()
         })();
@@ -417,6 +418,7 @@ impl ChunkStore {
                 Ok(m) => Some(m.len()),
                 Err(_) => None,
             };
+            util::crash_point!("chunk-before-rename");
             if let Err(e) = fs::rename(&tmp, path) {
                 drop(usage);
                 let _ = fs::remove_file(&tmp);

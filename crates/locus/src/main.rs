@@ -18,6 +18,8 @@ fn tune_allocator() {
 
 fn main() -> std::process::ExitCode {
     tune_allocator();
+    // Test builds only: arms the crash points named in FAILPOINTS (see util::failpoint).
+    let _crash_points = util::failpoint::fail::FailScenario::setup();
     let args = match cli::parse() {
         Ok(args) => args,
         Err(e) => {

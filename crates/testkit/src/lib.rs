@@ -22,13 +22,20 @@ pub struct Cluster {
     pub meta: Proc,
     pub nodes: Vec<Proc>,
     pub mounts: Vec<(PathBuf, Proc)>,
+    /// Crash points armed in meta and the nodes until the next `restart`.
+    failpoints: Option<String>,
 }
 
 /// Starts `bin` with `args` and waits (bounded) for a stdout line starting with
 /// `prefix`; returns the rest of that line.
-fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path) -> Proc {
+/// `failpoints` arms crash points in the new process (see `util::failpoint`).
+fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path, failpoints: Option<&str>) -> Proc {
     let stderr = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log file");
-    let mut child = Command::new(bin)
+    let mut command = Command::new(bin);
+    if let Some(armed) = failpoints {
+        command.env("FAILPOINTS", armed);
+    }
+    let mut child = command
         .args(args)
         .env("LOCUS_LOG", "warn,meta=info,node=info,locus=info")
         .stdin(Stdio::null())
@@ -61,6 +68,12 @@ fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path) -> Proc
 impl Cluster {
     /// Meta plus `nodes` storage nodes, all on 127.0.0.1 with ports picked by the OS.
     pub fn start(bin: &Path, nodes: usize) -> Cluster {
+        Self::start_armed(bin, nodes, None)
+    }
+
+    /// Like `start`, with crash points armed in meta and every node (`FAILPOINTS`
+    /// syntax, e.g. `chunk-before-rename=3*off->return`); `restart` disarms them.
+    pub fn start_armed(bin: &Path, nodes: usize, failpoints: Option<&str>) -> Cluster {
         let dir = tempfile::Builder::new().prefix("locus-test-").tempdir().expect("temp dir");
         let db = dir.path().join("meta.db");
         let args = vec![
@@ -72,8 +85,10 @@ impl Cluster {
             "--session-expiry-secs".into(),
             "6".into(),
         ];
-        let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"));
-        let mut cluster = Cluster { bin: bin.to_path_buf(), dir, meta, nodes: Vec::new(), mounts: Vec::new() };
+        let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
+        let failpoints = failpoints.map(String::from);
+        let mut cluster =
+            Cluster { bin: bin.to_path_buf(), dir, meta, nodes: Vec::new(), mounts: Vec::new(), failpoints };
         for i in 0..nodes {
             cluster.add_node(&format!("node{i}"), "default");
         }
@@ -110,7 +125,7 @@ impl Cluster {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("{id}.log"));
-        self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log));
+        self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log, self.failpoints.as_deref()));
     }
 
     /// Waits until meta lists `n` nodes (bounded).
@@ -148,7 +163,7 @@ impl Cluster {
             site.into(),
         ];
         let log = self.path().join(format!("mount{n}.log"));
-        let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log);
+        let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, None);
         self.mounts.push((mountpoint.clone(), proc));
         mountpoint
     }
@@ -181,13 +196,14 @@ impl Cluster {
     /// Starts meta and every node again with their old arguments and state; node
     /// addresses are re-announced (ports may change).
     pub fn restart(&mut self) {
+        self.failpoints = None;
         let meta_args = self.meta.args.clone();
         // Same port as before, so that restarted nodes and mounts find meta.
         let mut args = meta_args.clone();
         if let Some(i) = args.iter().position(|a| a == "--listen") {
             args[i + 1] = self.meta.addr.clone();
         }
-        self.meta = spawn_and_wait(&self.bin, &args, "locus meta listening on", &self.path().join("meta.log"));
+        self.meta = spawn_and_wait(&self.bin, &args, "locus meta listening on", &self.path().join("meta.log"), None);
         let node_args: Vec<Vec<String>> = self.nodes.iter().map(|p| p.args.clone()).collect();
         self.nodes.clear();
         for mut args in node_args {
@@ -196,7 +212,7 @@ impl Cluster {
             }
             let id = args.iter().position(|a| a == "--id").map(|i| args[i + 1].clone()).unwrap_or_default();
             let log = self.path().join(format!("{id}.log"));
-            self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log));
+            self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log, None));
         }
         self.wait_for_nodes(self.nodes.len());
     }

@@ -1,0 +1,33 @@
+//! Crash points: named places where a test can kill the process, to prove that nothing
+//! acknowledged is lost whatever instant a crash hits. They are compiled in only when
+//! the `fail` crate's `failpoints` feature is on, which only test builds turn on (the
+//! `locus` crate's dev-dependencies); in every other build `crash_point!` is empty.
+//!
+//! A test arms one through the environment of the process it starts, in the `fail`
+//! crate's syntax: `FAILPOINTS="chunk-before-rename=3*off->return"` lets three puts
+//! through and kills the process at the fourth. The binary reads `FAILPOINTS` at start.
+//!
+//! The points, by the step they precede:
+//! - `chunk-before-sync`: a chunk's temp file is written, not yet synced;
+//! - `chunk-before-rename`: the temp file is synced, not yet renamed into place.
+
+pub use fail;
+
+/// Kills the process here if the test configuration arms `$name` (see the module doc).
+#[macro_export]
+macro_rules! crash_point {
+    ($name:literal) => {
+        $crate::failpoint::fail::fail_point!($name, |_| $crate::failpoint::crash($name))
+    };
+}
+
+/// Ends the process at once with SIGKILL, as `kill -9` would: no destructor, no flush,
+/// no reply to anyone.
+pub fn crash(name: &str) -> ! {
+    eprintln!("crash point {name} reached: killing the process");
+    // SAFETY: kill(2) on our own pid with a valid signal number has no memory effects.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    loop {
+        std::thread::park();
+    }
+}
