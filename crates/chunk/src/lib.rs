@@ -172,10 +172,10 @@ impl ChunkStore {
         if self.touch_if_intact(id, &path)? {
             return Ok(());
         }
-        let len = data.len() as u64;
-        self.reserve(id, len)?;
-        let result = self.write_new(id, data, &path);
-        self.lock_usage().reserved -= len;
+        let mut reserved = self.reserve(id, data.len() as u64)?;
+        let result = self.write_new(id, data, &path, &mut reserved);
+        // Whatever `write_new` did not turn into usage is given back.
+        self.lock_usage().reserved -= reserved;
         result
     }
 
@@ -360,7 +360,8 @@ impl ChunkStore {
         Ok(true)
     }
 
-    fn reserve(&self, id: &ChunkId, len: u64) -> Result<(), ChunkError> {
+    /// Counts `len` bytes against the capacity for a put in flight; returns them.
+    fn reserve(&self, id: &ChunkId, len: u64) -> Result<u64, ChunkError> {
         let mut usage = self.lock_usage();
         let would_use = usage.used.saturating_add(usage.reserved).saturating_add(len);
         if would_use > self.capacity {
@@ -377,12 +378,14 @@ impl ChunkStore {
             });
         }
         usage.reserved += len;
-        Ok(())
+        Ok(len)
     }
 
     /// Writes a temp file, fsyncs it, renames it into place and fsyncs the directory.
-    /// On failure the temp file is removed, so nothing half-written stays behind.
-    fn write_new(&self, id: &ChunkId, data: &[u8], path: &Path) -> Result<(), ChunkError> {
+    /// On failure the temp file is removed, so nothing half-written stays behind. The
+    /// reservation becomes usage at the rename, in the same step (so a chunk is never
+    /// counted twice while the final sync runs); `reserved` is left at zero then.
+    fn write_new(&self, id: &ChunkId, data: &[u8], path: &Path, reserved: &mut u64) -> Result<(), ChunkError> {
         let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = self.tmp.join(format!("{}.{}.{seq}", id.to_hex(), std::process::id()));
         let len = data.len() as u64;
@@ -431,6 +434,7 @@ impl ChunkStore {
                     usage.count += 1;
                 }
             }
+            usage.reserved -= std::mem::take(reserved);
         }
         // The rename (and a new fan-out directory) is durable before the put returns.
         self.sync().map_err(io_err("sync", fan))

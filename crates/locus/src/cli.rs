@@ -99,9 +99,13 @@ pub struct NodeArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`).
     #[arg(long)]
     pub metrics: Option<String>,
-    /// Test failpoint: corrupt this many chunk transfers to other nodes.
-    #[arg(long, default_value_t = 0, hide = true)]
-    pub failpoint_corrupt_sends: u64,
+    /// Reclaim unreferenced chunks (of failed writes and deleted files) once the store
+    /// is fuller than this percentage of its capacity.
+    #[arg(long, default_value_t = 90.0)]
+    pub reclaim_above: f64,
+    /// Unreferenced chunks written more recently than this are kept (writes in flight).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub reclaim_grace: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

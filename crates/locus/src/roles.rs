@@ -60,7 +60,11 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             connections_to: args.wan_connections_to.clone(),
             ..node::WanConfig::default()
         },
-        corrupt_sends: args.failpoint_corrupt_sends,
+        reclaim: node::ReclaimConfig {
+            high_water: args.reclaim_above.clamp(0.0, 100.0) / 100.0,
+            grace: args.reclaim_grace,
+            ..node::ReclaimConfig::default()
+        },
         metrics: None,
     }
 }
@@ -173,8 +177,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         cache: 0,
         wan_connections: 1,
         wan_connections_to: Vec::new(),
-        failpoint_corrupt_sends: 0,
         metrics: None,
+        reclaim_above: 90.0,
+        reclaim_grace: Duration::from_secs(300),
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());

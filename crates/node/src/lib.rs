@@ -4,8 +4,11 @@
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
 
 mod metrics;
+mod reclaim;
 mod site;
 
+use reclaim::Reclaim;
+pub use reclaim::ReclaimConfig;
 pub use site::WanConfig;
 use site::{SiteLink, SiteLinkWorker};
 
@@ -49,9 +52,8 @@ pub struct NodeConfig {
     pub heartbeat: Duration,
     /// Site cache and transfers from other sites.
     pub wan: WanConfig,
-    /// Failpoint for tests: flip a byte in this many chunk transfers to other nodes, as
-    /// a faulty network would.
-    pub corrupt_sends: u64,
+    /// When unreferenced chunks are deleted without an operator.
+    pub reclaim: ReclaimConfig,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
 }
@@ -86,23 +88,16 @@ pub struct NodeService {
     loading: SingleFlight<ChunkId, Bytes>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
-    corrupt_sends: std::sync::atomic::AtomicU64,
 }
 
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None, 0)
+        NodeService::with_site(store, None)
     }
 
-    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, corrupt_sends: u64) -> Self {
-        NodeService {
-            store,
-            hot: ChunkCache::new(HOT_BYTES),
-            loading: Default::default(),
-            site,
-            corrupt_sends: corrupt_sends.into(),
-        }
+    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>) -> Self {
+        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -144,12 +139,15 @@ impl NodeService {
     }
 }
 
-impl NodeService {
-    /// Whether the corruption failpoint fires for this transfer.
-    fn take_corruption(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        self.corrupt_sends.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
-    }
+/// Test builds only: the `node-corrupt-send` fail point flips a byte of a chunk sent to
+/// another node, as a faulty network would (`FAILPOINTS="node-corrupt-send=2*return"`).
+fn corrupted_in_transit(data: Bytes) -> Bytes {
+    util::failpoint::fail::fail_point!("node-corrupt-send", |_| {
+        let mut bad = data.to_vec();
+        bad[0] ^= 0x01;
+        Bytes::from(bad)
+    });
+    data
 }
 
 impl Service for NodeService {
@@ -168,11 +166,7 @@ impl Service for NodeService {
                     (local, _) => local,
                 };
                 return match answer {
-                    Ok(data) if local_only && !data.is_empty() && self.take_corruption() => {
-                        let mut bad = data.to_vec();
-                        bad[0] ^= 0x01;
-                        (Ok(NodeReply::Data), Bytes::from(bad))
-                    }
+                    Ok(data) if local_only && !data.is_empty() => (Ok(NodeReply::Data), corrupted_in_transit(data)),
                     Ok(data) => (Ok(NodeReply::Data), data),
                     Err(e) => (Err(e), Bytes::new()),
                 };
@@ -225,9 +219,17 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         let (id, site_name) = (config.id.clone(), config.site.clone());
         tokio::spawn(metrics::serve(metrics, id, site_name, store.clone(), site.clone(), workers.clone()));
     }
-    let corrupt_sends = config.corrupt_sends;
+    let reclaim = Reclaim {
+        meta: meta.clone(),
+        store: store.clone(),
+        config: config.reclaim.clone(),
+        after: None,
+        again_at: None,
+        reclaimed: 0,
+    };
+    workers.spawn(reclaim);
     workers.spawn(Heartbeat { meta, config, store: store.clone(), site: site.clone(), period, failing: false });
-    let service = NodeService::with_site(store, Some(site), corrupt_sends);
+    let service = NodeService::with_site(store, Some(site));
     let served = net::serve(listener, Arc::new(service)).await;
     workers.stop(Duration::from_secs(5)).await;
     served.map_err(NodeError::Serve)

@@ -96,6 +96,12 @@ impl Cluster {
         cluster
     }
 
+    /// Arms fail points (`FAILPOINTS` syntax) in the processes this cluster starts from
+    /// now on, until disarmed with `None` or a `restart`.
+    pub fn arm(&mut self, failpoints: Option<&str>) {
+        self.failpoints = failpoints.map(String::from);
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -108,7 +114,7 @@ impl Cluster {
         self.add_node_with(id, site, &[]);
     }
 
-    /// Starts a node with extra `locus node` flags (cache size, failpoints, ...).
+    /// Starts a node with extra `locus node` flags (cache size, metrics, ...).
     pub fn add_node_with(&mut self, id: &str, site: &str, extra: &[&str]) {
         let mut args: Vec<String> = vec![
             "node".into(),
@@ -133,7 +139,15 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = self.locus(&["status", "--meta", &self.meta.addr]);
-            let listed = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" 127.0.0.1:")).count();
+            // Node rows are the indented lines of the `nodes:` table (meta's own line
+            // carries an address too).
+            let text = String::from_utf8_lossy(&out.stdout);
+            let listed = text
+                .lines()
+                .skip_while(|l| !l.starts_with("nodes:"))
+                .take_while(|l| !l.starts_with("sessions:"))
+                .filter(|l| l.starts_with("  ") && l.contains(" 127.0.0.1:"))
+                .count();
             if out.status.success() && listed >= n {
                 return;
             }
@@ -236,12 +250,31 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Prints the last lines of every process log: what a failing test needs to say.
+    fn print_log_tails(&self) {
+        let Ok(entries) = std::fs::read_dir(self.path()) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(30)..];
+                eprintln!("---- last lines of {} ----\n{}", path.display(), tail.join("\n"));
+            }
+        }
+    }
+}
+
 fn lazy_unmount(m: &Path) {
     let _ = Command::new("umount").arg("-l").arg(m).stderr(Stdio::null()).status();
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_log_tails();
+        }
         while !self.mounts.is_empty() {
             self.unmount(0);
         }

@@ -1,0 +1,71 @@
+//! A full chunk store recovers by itself: chunks of writes that never committed and of
+//! deleted files are reclaimed by the node's `reclaim` worker, with no `locus gc`.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use testkit::Cluster;
+
+/// Pseudo-random bytes, so nothing dedupes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+fn stored_bytes(dir: &Path) -> u64 {
+    match fs::read_dir(dir) {
+        Err(_) => 0,
+        Ok(entries) => entries
+            .map(|e| {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() { stored_bytes(&e.path()) } else { e.metadata().unwrap().len() }
+            })
+            .sum(),
+    }
+}
+
+#[test]
+fn a_full_store_recovers_once_files_are_deleted() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 0);
+    c.add_node_with("n0", "default", &["--capacity", "64M", "--reclaim-grace", "1s"]);
+    c.wait_for_nodes(1);
+    let m = c.mount();
+    write_synced(&m.join("kept"), &pattern(1 << 20, 1)).unwrap();
+    write_synced(&m.join("first"), &pattern(40 << 20, 2)).unwrap();
+    let err = write_synced(&m.join("second"), &pattern(40 << 20, 3)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let chunks = c.node_dir("n0").join("chunks");
+    assert!(stored_bytes(&chunks) > 56 << 20, "the store should be nearly full");
+
+    fs::remove_file(m.join("first")).unwrap();
+    let _ = fs::remove_file(m.join("second"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored_bytes(&chunks) > 8 << 20 {
+        assert!(Instant::now() < deadline, "the store was not reclaimed: {} bytes left", stored_bytes(&chunks));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let again = pattern(48 << 20, 4);
+    write_synced(&m.join("third"), &again).unwrap();
+    assert!(fs::read(m.join("third")).unwrap() == again);
+    assert!(fs::read(m.join("kept")).unwrap() == pattern(1 << 20, 1), "a referenced chunk was reclaimed");
+    let out = c.locus(&["fsck", "--meta", &c.meta.addr]);
+    assert!(out.status.success(), "fsck: {}", String::from_utf8_lossy(&out.stdout));
+}
