@@ -200,7 +200,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         advertise_addr: "127.0.0.1:1".into(),
         heartbeat: Duration::from_secs(1),
         wan: node::WanConfig::default(),
-        corrupt_sends: 0,
+        reclaim: node::ReclaimConfig::default(),
         metrics: None,
     }
 }
