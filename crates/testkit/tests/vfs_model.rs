@@ -66,7 +66,7 @@ fn env() -> &'static Env {
                 advertise_addr: listener.local_addr().unwrap().to_string(),
                 heartbeat: Duration::from_secs(1),
                 wan: node::WanConfig::default(),
-                corrupt_sends: 0,
+                reclaim: node::ReclaimConfig::default(),
                 metrics: None,
             };
             tokio::spawn(node::run(node, listener));
