@@ -10,5 +10,6 @@ pub mod node;
 pub mod placement;
 pub mod types;
 
-/// Version of the RPC protocol; peers refuse a `Hello` from a different major.
+/// Version of the RPC protocol; meta refuses a `Hello` that names any other version
+/// (an exact match: there are no compatible minor versions yet).
 pub const PROTOCOL_VERSION: u32 = 1;
