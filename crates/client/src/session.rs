@@ -6,16 +6,20 @@ use crate::error::VfsError;
 use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
 use proto::meta::MetaRequest;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
-use util::worker::{Step, Worker, every};
+use util::worker::{Step, Worker, Workers, every};
 
-/// Heartbeats at the period meta asked for.
+/// Heartbeats at the period meta asked for, with the client's worker report.
 pub(crate) struct Heartbeat {
     pub meta: Arc<MetaLink>,
     pub data: Arc<DataPath>,
     pub period: Duration,
     pub reopened: u64,
+    /// The client's workers (this one among them), for the report.
+    pub workers: Weak<Workers>,
+    /// What the client is, for `locus status` (its purpose: a mount point or a verb).
+    pub purpose: String,
 }
 
 impl Worker for Heartbeat {
@@ -41,6 +45,10 @@ impl Worker for Heartbeat {
             Ok(_) => {}
         }
         self.data.refresh_nodes().await?;
+        if let Some(workers) = self.workers.upgrade() {
+            let process = format!("session {} ({})", self.meta.session(), self.purpose);
+            self.meta.done(MetaRequest::ReportWorkers { process, workers: workers.statuses() }).await?;
+        }
         Ok(Step::Idle)
     }
 

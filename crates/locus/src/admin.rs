@@ -117,6 +117,27 @@ round trips between sites (measured by nodes):"
     for (id, info, idle) in &s.sessions {
         println!("  #{id:<6} site {:<10} {}:{:<8} {:<30} idle {idle}s", info.site, info.host, info.pid, info.purpose);
     }
+    println!("\nworkers:");
+    println!(
+        "  {:<28} {:<16} {:<8} {:>8} {:>7}  PROGRESS / LAST ERROR",
+        "PROCESS", "WORKER", "STATE", "STEPS", "ERRORS"
+    );
+    for (process, workers) in &s.workers {
+        for w in workers {
+            println!(
+                "  {process:<28} {:<16} {:<8} {:>8} {:>7}  {}",
+                w.name,
+                format!("{:?}", w.state).to_lowercase(),
+                w.steps,
+                w.errors,
+                w.progress
+            );
+            if let Some((at, error)) = &w.last_error {
+                let ago = proto::types::Timestamp::now().secs.saturating_sub(at.secs);
+                println!("  {:<28} {:<16} last error {ago}s ago: {error}", "", "");
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -90,14 +90,25 @@ fn nodes_measure_round_trips_between_sites_and_export_metrics() {
     conn.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains("locus_wan_fetched_bytes_total{node=\"b0\",site=\"b\"} 0"), "{text}");
+    for worker in ["heartbeat", "site-link", "reclaim"] {
+        let steps = format!("locus_worker_steps_total{{node=\"b0\",site=\"b\",worker=\"{worker}\"}}");
+        assert!(text.contains(&steps), "no {worker} worker in the metrics:\n{text}");
+    }
+    let mut c = c;
+    let _mount = c.mount_at("b");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let status = c.locus(&["status", "--meta", &c.meta.addr]);
         let text = String::from_utf8_lossy(&status.stdout).into_owned();
-        if text.contains("a          -> b") && text.contains("b          -> a") {
+        let rtts = text.contains("a          -> b") && text.contains("b          -> a");
+        // Every process reports its workers: meta's own, each node's, the mount's.
+        let workers = ["meta ", "node a0 ", "node b0 ", "session-expiry", "site-link", "reclaim", "compaction"]
+            .iter()
+            .all(|w| text.contains(w));
+        if rtts && workers && text.lines().any(|l| l.contains("session ") && l.contains(" compaction ")) {
             return;
         }
-        assert!(Instant::now() < deadline, "no round trips between sites in status:\n{text}");
+        assert!(Instant::now() < deadline, "round trips or workers missing from status:\n{text}");
         std::thread::sleep(Duration::from_millis(300));
     }
 }

@@ -52,6 +52,8 @@ pub enum Access {
     },
     /// Served from the in-memory lock table.
     Locks,
+    /// Kept in the service's memory (worker reports).
+    Reports,
     /// Open without truncation and release: a read plus bookkeeping in the
     /// in-memory open table (the service applies it).
     Open,
@@ -76,6 +78,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | Unreferenced { .. }
         | Status => Access::Read,
         GetLock { .. } | SetLock { .. } | ReleaseLocks { .. } => Access::Locks,
+        ReportWorkers { .. } => Access::Reports,
         Open { truncate: false, .. } | Release { .. } => Access::Open,
         CommitWrite { .. } | Compact { .. } | Fallocate { .. } | Sync => Access::Write { durable: true },
         Hello { .. }
@@ -180,6 +183,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
                 chunks,
                 chunk_bytes,
                 site_rtts: t.site_rtts()?,
+                // Kept in the service's memory; it fills them in.
+                workers: Vec::new(),
             })
         }
         other => {

@@ -10,9 +10,13 @@ use crate::store::{self, MetaStore};
 use bytes::Bytes;
 use proto::meta::{LockKind, MetaReply, MetaRequest, MetaResult};
 use proto::types::SessionId;
+use proto::types::WorkerStatus;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+use util::sync::lock;
+use util::worker::{Step, Worker, Workers, every};
 
 /// What `locus meta` needs to run; the binary builds it from its config file.
 #[derive(Debug, Clone)]
@@ -32,6 +36,9 @@ pub struct MetaService {
     opens: Arc<OpenTable>,
     heartbeat: Duration,
     session_expiry: Duration,
+    workers: Workers,
+    /// The latest worker report of each other process, and when it came.
+    reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
     /// Orphans are reaped only once every session alive before a restart of meta
     /// (whose open records were in memory) has had time to expire: this many ms
     /// after the service started.
@@ -53,38 +60,29 @@ impl MetaService {
             opens: Arc::new(OpenTable::default()),
             heartbeat: config.heartbeat,
             session_expiry: config.session_expiry,
+            workers: Workers::default(),
+            reports: Mutex::default(),
             reap_after_ms: Ctx::now(0, Arc::default()).now_ms + config.session_expiry.as_millis() as i64,
         })
     }
 
-    /// Starts the session and orphan reaper on the current tokio runtime; it stops
-    /// once the service is dropped.
+    /// Starts meta's workers (session expiry and orphan reaping) on the current tokio
+    /// runtime; they stop once the service is dropped.
     pub fn spawn_background(self: &Arc<Self>) {
-        let weak: Weak<MetaService> = Arc::downgrade(self);
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(service) = weak.upgrade() else {
-                    return;
-                };
-                let result = tokio::task::spawn_blocking(move || {
-                    let ctx = service.ctx();
-                    service.expire_sessions_at(ctx.now_ms)
-                })
-                .await;
-                match result {
-                    Ok(Ok(expired)) if !expired.is_empty() => {
-                        tracing::info!(?expired, "expired silent sessions")
-                    }
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "session expiry failed"),
-                    Err(e) => tracing::warn!(error = %e, "session expiry task failed"),
-                }
-            }
-        });
+        self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
+    }
+
+    /// Meta's own workers and the latest report of every other process still alive.
+    fn worker_reports(&self) -> Vec<(String, Vec<WorkerStatus>)> {
+        let mut out = vec![("meta".to_string(), self.workers.statuses())];
+        let mut reports = lock(&self.reports);
+        reports.retain(|_, (at, _)| at.elapsed() < self.session_expiry);
+        let mut others: Vec<(String, Vec<WorkerStatus>)> =
+            reports.iter().map(|(process, (_, w))| (process.clone(), w.clone())).collect();
+        others.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(others);
+        out
     }
 
     fn ctx(&self) -> Ctx {
@@ -92,7 +90,7 @@ impl MetaService {
     }
 
     fn locks(&self) -> std::sync::MutexGuard<'_, LockTable> {
-        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.locks)
     }
 
     /// Ends every session whose last heartbeat is older than `session_expiry` at
@@ -132,12 +130,27 @@ impl MetaService {
         let ctx = self.ctx();
         match ops::access(&req) {
             Access::Locks => self.lock_request(req),
+            Access::Reports => {
+                if let MetaRequest::ReportWorkers { process, workers } = req {
+                    lock(&self.reports).insert(process, (std::time::Instant::now(), workers));
+                }
+                Ok(MetaReply::Done)
+            }
             Access::Read if is_point_read(&req) => store::read(&*self.store, |t| ops::read(t, &ctx, &req)),
             Access::Read => {
                 let service = self.clone();
-                tokio::task::spawn_blocking(move || store::read(&*service.store, |t| ops::read(t, &ctx, &req)))
-                    .await
-                    .map_err(|e| MetaError::Internal(format!("read task failed: {e}")))?
+                let reply =
+                    tokio::task::spawn_blocking(move || store::read(&*service.store, |t| ops::read(t, &ctx, &req)))
+                        .await
+                        .map_err(|e| MetaError::Internal(format!("read task failed: {e}")))??;
+                Ok(match reply {
+                    // Worker reports live in memory, beside the store.
+                    MetaReply::Status(mut status) => {
+                        status.workers = self.worker_reports();
+                        MetaReply::Status(status)
+                    }
+                    other => other,
+                })
             }
             Access::Open => {
                 // Opening and closing are bookkeeping in memory; only a release that
@@ -204,6 +217,45 @@ impl MetaService {
             }
             other => Err(MetaError::Internal(format!("{other:?} is not a lock request"))),
         }
+    }
+}
+
+/// The `session-expiry` worker: ends sessions that stopped heartbeating (dropping their
+/// locks and open records) and reaps orphans nobody has open any more.
+struct SessionExpiry {
+    service: Weak<MetaService>,
+    period: Duration,
+    expired: u64,
+}
+
+impl Worker for SessionExpiry {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "session-expiry".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("{} silent sessions expired", self.expired)
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        let expired = tokio::task::spawn_blocking(move || {
+            let now_ms = service.ctx().now_ms;
+            service.expire_sessions_at(now_ms)
+        })
+        .await
+        .map_err(|e| MetaError::Internal(format!("session expiry task failed: {e}")))??;
+        if !expired.is_empty() {
+            tracing::info!(?expired, "expired silent sessions");
+            self.expired += expired.len() as u64;
+        }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(self.period).await
     }
 }
 

@@ -228,7 +228,16 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         reclaimed: 0,
     };
     workers.spawn(reclaim);
-    workers.spawn(Heartbeat { meta, config, store: store.clone(), site: site.clone(), period, failing: false });
+    let report = Arc::downgrade(&workers);
+    workers.spawn(Heartbeat {
+        meta,
+        config,
+        store: store.clone(),
+        site: site.clone(),
+        period,
+        failing: false,
+        workers: report,
+    });
     let service = NodeService::with_site(store, Some(site));
     let served = net::serve(listener, Arc::new(service)).await;
     workers.stop(Duration::from_secs(5)).await;
@@ -275,6 +284,8 @@ struct Heartbeat {
     site: Arc<SiteLink>,
     period: Duration,
     failing: bool,
+    /// The node's workers (this one among them), reported with every heartbeat.
+    workers: std::sync::Weak<Workers>,
 }
 
 impl Worker for Heartbeat {
@@ -298,6 +309,16 @@ impl Worker for Heartbeat {
             Err(e) => {
                 self.failing = true;
                 return Err(e);
+            }
+        }
+        if let Some(workers) = self.workers.upgrade() {
+            let process = format!("node {}", self.config.id);
+            let report = MetaRequest::ReportWorkers { process, workers: workers.statuses() };
+            let addr = self.config.meta_addr.clone();
+            match self.meta.call::<_, MetaResult>(&report).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(source)) => return Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
+                Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
             }
         }
         Ok(Step::Idle)

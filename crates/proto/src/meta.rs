@@ -297,6 +297,13 @@ pub enum MetaRequest {
         removed: Vec<ChunkId>,
     },
     Status,
+    /// What a process's background workers are doing, sent with its heartbeat; meta
+    /// keeps the latest report in memory for `locus status`.
+    ReportWorkers {
+        /// The reporting process as status shows it, e.g. `node n1`.
+        process: String,
+        workers: Vec<WorkerStatus>,
+    },
 }
 
 /// Aggregate numbers for `locus status`.
@@ -309,6 +316,8 @@ pub struct ClusterStatus {
     pub chunk_bytes: u64,
     /// Measured round trips between sites: (from, to, microseconds).
     pub site_rtts: Vec<(String, String, u64)>,
+    /// Background workers per process (meta's own and the latest reports).
+    pub workers: Vec<(String, Vec<WorkerStatus>)>,
 }
 
 /// `statfs` numbers in bytes and inodes.

@@ -126,7 +126,7 @@ pub struct Vfs {
     absent_xattrs: Mutex<HashMap<(InodeId, Vec<u8>), std::time::Instant>>,
     /// Files found fragmented on close, for the compaction worker.
     compact_queue: mpsc::UnboundedSender<InodeId>,
-    workers: Workers,
+    workers: Arc<Workers>,
 }
 
 impl Vfs {
@@ -149,8 +149,15 @@ impl Vfs {
             config.timeout,
         ));
         data.refresh_nodes().await?;
-        let workers = Workers::default();
-        workers.spawn(Heartbeat { meta: meta.clone(), data: data.clone(), period, reopened: 0 });
+        let workers = Arc::new(Workers::default());
+        workers.spawn(Heartbeat {
+            meta: meta.clone(),
+            data: data.clone(),
+            period,
+            reopened: 0,
+            workers: Arc::downgrade(&workers),
+            purpose: config.purpose.clone(),
+        });
         let (compactor, compact_queue) = Compactor::new(meta.clone(), data.clone(), config.chunk_size);
         workers.spawn(compactor);
         Ok(Arc::new(Vfs {
