@@ -172,7 +172,9 @@ impl Passthrough {
             let size = libc::off_t::try_from(size).map_err(|_| Errno::EFBIG)?;
             // SAFETY: the handle is a descriptor we opened, and `c` is a valid path.
             check(match fh {
+                // SAFETY: the handle is a descriptor this file system opened and still holds.
                 Some(fh) => unsafe { libc::ftruncate(fh.0 as libc::c_int, size) },
+                // SAFETY: `c` is a NUL-terminated path that outlives the call.
                 None => unsafe { libc::truncate(c.as_ptr(), size) },
             })?;
         }

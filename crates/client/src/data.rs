@@ -180,8 +180,9 @@ impl DataPath {
                 }
                 Ok((other, _)) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),
                 Err(e) => {
-                    // A corrupt or missing copy is not an answer: try the next copy.
-                    last = e;
+                    // A corrupt or missing copy is not an answer: try the next copy. A chunk
+                    // missing on every node is lost data (EIO), not a missing name (ENOENT).
+                    last = if e.code == ErrorCode::NotFound { VfsError::new(ErrorCode::Io, e.context) } else { e };
                 }
             }
         }

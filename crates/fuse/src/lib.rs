@@ -6,9 +6,9 @@
 use client::{OpenOptions, Vfs, VfsError};
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
 };
 use proto::meta::{AllocateMode, LockKind, LockRange, NewNode, RenameMode, SetAttr, TimeSet, XattrMode};
 use proto::types::{Attr, Caller, FileKind, Timestamp};
@@ -610,6 +610,23 @@ impl Filesystem for LocusFs {
         };
         let vfs = self.vfs.clone();
         self.empty(reply, async move { vfs.fallocate(fh.0, offset, length, mode).await });
+    }
+
+    /// No ioctl is implemented: ENOTTY is what a file that has none answers, and
+    /// programs probe (Python's `open()` asks TCGETS) as a matter of course, so
+    /// unlike fuser's default this logs nothing.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 }
 

@@ -24,10 +24,12 @@ fn content(i: u64) -> Vec<u8> {
 }
 
 fn set_lock(f: &File, kind: i32, wait: bool) -> i32 {
+    // SAFETY: flock is a plain C struct for which all zeroes is valid.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = kind as i16;
     fl.l_whence = libc::SEEK_SET as i16;
     let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
+    // SAFETY: `fl` is a valid flock that outlives the call; `f` keeps the descriptor open.
     if unsafe { libc::fcntl(f.as_raw_fd(), cmd, &fl) } == 0 {
         0
     } else {
@@ -67,8 +69,10 @@ fn byte_range_locks_between_mounts() {
     assert_eq!(set_lock(&fb, libc::F_WRLCK, false), libc::EAGAIN);
     assert_eq!(set_lock(&fb, libc::F_RDLCK, false), libc::EAGAIN);
     // F_GETLK on B reports A's lock.
+    // SAFETY: flock is a plain C struct for which all zeroes is valid.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as i16;
+    // SAFETY: `fl` is a valid, writable flock; `fb` keeps the descriptor open.
     assert_eq!(unsafe { libc::fcntl(fb.as_raw_fd(), libc::F_GETLK, &mut fl) }, 0);
     assert_eq!(fl.l_type as i32, libc::F_WRLCK);
     // A blocked F_SETLKW on B is granted once A unlocks.

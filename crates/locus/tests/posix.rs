@@ -31,6 +31,7 @@ fn cstr(p: &Path) -> CString {
 
 fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
     let (a, b) = (cstr(from), cstr(to));
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
     let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
     if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
 }
@@ -148,6 +149,7 @@ fn files_directories_links_and_errors() {
     assert_eq!(fs::read_link(m.join("s")).unwrap(), Path::new("l2"));
     assert_eq!(fs::read(m.join("s")).unwrap(), b"linked");
     let fifo = cstr(&m.join("fifo"));
+    // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     assert!(fs::symlink_metadata(m.join("fifo")).unwrap().file_type().is_fifo());
 
@@ -164,25 +166,34 @@ fn files_directories_links_and_errors() {
     // xattrs
     let p = cstr(&m.join("l2"));
     let (name, value) = (CString::new("user.color").unwrap(), b"blue");
+    // SAFETY: path and name are NUL-terminated; `value` holds the 4 bytes passed.
     let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), 4, libc::XATTR_CREATE) };
     assert_eq!(r, 0);
+    // SAFETY: as above.
     let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), 4, libc::XATTR_CREATE) };
     assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EEXIST)));
     let mut buf = [0u8; 16];
+    // SAFETY: path and name are NUL-terminated; `buf` is writable for the length passed.
     let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!(&buf[..n as usize], b"blue");
+    // SAFETY: as above, with a shorter length.
     let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 2) };
     assert_eq!((n, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ERANGE)));
+    // SAFETY: path and name are NUL-terminated strings that outlive the call.
     assert_eq!(unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) }, 0);
+    // SAFETY: as above.
     let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!((n, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENODATA)));
 
     // statfs and fallocate
+    // SAFETY: statvfs is a plain C struct for which all zeroes is valid.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is NUL-terminated and `st` is a valid, writable statvfs.
     assert_eq!(unsafe { libc::statvfs(cstr(&m).as_ptr(), &mut st) }, 0);
     assert!(st.f_blocks > 0 && st.f_bfree <= st.f_blocks);
     let fa = OpenOptions::new().create(true).truncate(false).write(true).open(m.join("fa")).unwrap();
     use std::os::fd::AsRawFd;
+    // SAFETY: `fa` keeps the descriptor open for the call.
     assert_eq!(unsafe { libc::fallocate(fa.as_raw_fd(), 0, 0, 8192) }, 0);
     assert_eq!(fa.metadata().unwrap().len(), 8192);
 }

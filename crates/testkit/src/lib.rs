@@ -289,10 +289,11 @@ impl Drop for Cluster {
 
 /// Whether this process may mount FUSE file systems (tests skip loudly otherwise).
 pub fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
     Path::new("/dev/fuse").exists() && unsafe { libc::geteuid() } == 0
 }
 
 pub mod netns;
 pub mod wan;
 
-pub use netns::{WanConfig, WanLink};
+pub use netns::{LinkProfile, WanLink};

@@ -61,6 +61,7 @@ pub fn ns_command(ns: &str, prog: impl AsRef<std::ffi::OsStr>) -> Command {
 
 /// Whether this process can create namespaces: root, and `ip netns` works.
 pub fn available() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
     (unsafe { libc::geteuid() }) == 0
         && Command::new("ip")
             .args(["netns", "list"])
@@ -90,6 +91,7 @@ pub fn list_prefix(prefix: &str) -> io::Result<Vec<String>> {
 pub fn delete_ns(ns: &str) -> io::Result<()> {
     if let Ok(pids) = run("ip", &["netns", "pids", ns]) {
         for pid in pids.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            // SAFETY: kill takes plain integers; the pids are the namespace's processes, about to be deleted.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
@@ -139,7 +141,7 @@ pub fn disable_offloads(ns: &str, dev: &str) -> io::Result<()> {
 /// The settings of an emulated WAN. Delay, loss and rate apply to each direction of
 /// every site pair.
 #[derive(Clone, Debug)]
-pub struct WanConfig {
+pub struct LinkProfile {
     /// One-way delay (RTT is twice this).
     pub delay: Duration,
     /// Random loss in percent, per direction.
@@ -156,9 +158,9 @@ pub struct WanConfig {
     pub bin: Option<PathBuf>,
 }
 
-impl Default for WanConfig {
+impl Default for LinkProfile {
     fn default() -> Self {
-        WanConfig {
+        LinkProfile {
             delay: Duration::ZERO,
             loss_pct: 0.0,
             rate_mbit: 1000.0,
@@ -170,7 +172,7 @@ impl Default for WanConfig {
     }
 }
 
-impl WanConfig {
+impl LinkProfile {
     /// The forwarder's `set` arguments for these settings.
     fn set_args(&self) -> Vec<String> {
         let mut a = vec![
@@ -218,7 +220,7 @@ impl WanLink {
     /// with that prefix, and starts the forwarder. The prefix must be unique to the
     /// caller and must not be a prefix of another caller's (stale cleanup deletes
     /// every namespace it starts), e.g. "lwt-echo-" and "lwt-bulk-".
-    pub fn start(prefix: &str, n: usize, cfg: &WanConfig) -> io::Result<WanLink> {
+    pub fn start(prefix: &str, n: usize, cfg: &LinkProfile) -> io::Result<WanLink> {
         if !(2..=200).contains(&n) {
             return Err(other(format!("a WAN needs 2..=200 sites, not {n}")));
         }
@@ -240,7 +242,7 @@ impl WanLink {
         Ok(link)
     }
 
-    fn build(&mut self, cfg: &WanConfig) -> io::Result<()> {
+    fn build(&mut self, cfg: &LinkProfile) -> io::Result<()> {
         let mtu = cfg.mtu.to_string();
         create_ns(&self.wan_ns)?;
         for (i, site) in self.sites.iter().enumerate() {
@@ -286,7 +288,7 @@ impl WanLink {
         self.spawn_forwarder(cfg)
     }
 
-    fn spawn_forwarder(&mut self, cfg: &WanConfig) -> io::Result<()> {
+    fn spawn_forwarder(&mut self, cfg: &LinkProfile) -> io::Result<()> {
         let bin = cfg.bin.clone().unwrap_or_else(locus_wan_bin);
         if !bin.exists() {
             return Err(other(format!(
@@ -357,12 +359,12 @@ impl WanLink {
     }
 
     /// Changes delay/loss/rate/queue for every site pair at run time.
-    pub fn set(&self, cfg: &WanConfig) -> io::Result<String> {
+    pub fn set(&self, cfg: &LinkProfile) -> io::Result<String> {
         self.control(&format!("set {}", cfg.set_args().join(" ")))
     }
 
     /// Changes the settings of one direction only (from site `from` to site `to`).
-    pub fn set_pair(&self, from: usize, to: usize, cfg: &WanConfig) -> io::Result<String> {
+    pub fn set_pair(&self, from: usize, to: usize, cfg: &LinkProfile) -> io::Result<String> {
         self.control(&format!("set from={from} to={to} {}", cfg.set_args().join(" ")))
     }
 
@@ -379,6 +381,7 @@ impl WanLink {
     /// Stops the forwarder and deletes the namespaces (also done on drop).
     pub fn teardown(&mut self) -> io::Result<()> {
         if let Some(mut c) = self.forwarder.take() {
+            // SAFETY: kill takes plain integers; the pid is our child's, not yet reaped (so not reused).
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let deadline = std::time::Instant::now() + Duration::from_secs(3);
             while std::time::Instant::now() < deadline {
@@ -425,6 +428,7 @@ pub fn enter_and_run<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send +
     let file = std::fs::File::open(&path)?;
     let h = std::thread::spawn(move || -> io::Result<T> {
         use std::os::fd::AsRawFd;
+        // SAFETY: setns only reads the descriptor, which `file` keeps open; it changes this thread alone.
         if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(io::Error::last_os_error());
         }

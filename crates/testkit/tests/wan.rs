@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use testkit::netns::{self, WanConfig, WanLink};
+use testkit::netns::{self, LinkProfile, WanLink};
 
 fn usable() -> bool {
     if !netns::available() {
@@ -21,11 +21,11 @@ fn usable() -> bool {
     true
 }
 
-fn config(delay_ms: u64) -> WanConfig {
-    WanConfig {
+fn config(delay_ms: u64) -> LinkProfile {
+    LinkProfile {
         delay: Duration::from_millis(delay_ms),
         bin: Some(PathBuf::from(env!("CARGO_BIN_EXE_locus-wan"))),
-        ..WanConfig::default()
+        ..LinkProfile::default()
     }
 }
 
