@@ -178,7 +178,7 @@ impl Vfs {
             purpose: self.config.purpose.clone(),
         };
         match self.meta_call(MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }).await? {
-            MetaReply::Welcome { session, heartbeat_ms } => {
+            MetaReply::Welcome { session, heartbeat_ms, .. } => {
                 self.session.store(session, Ordering::Relaxed);
                 Ok(Duration::from_millis(heartbeat_ms.max(100)))
             }

@@ -33,13 +33,15 @@ pub struct Ctx {
     pub heartbeat_ms: u64,
     /// Open files per session (in memory, shared with the service).
     pub opens: Arc<OpenTable>,
+    /// The cluster this database was formatted for.
+    pub cluster_id: Arc<str>,
 }
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
-    pub fn now(heartbeat_ms: u64, opens: Arc<OpenTable>) -> Ctx {
+    pub fn now(heartbeat_ms: u64, opens: Arc<OpenTable>, cluster_id: Arc<str>) -> Ctx {
         let now = Timestamp::now();
-        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, opens }
+        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, opens, cluster_id }
     }
 }
 
@@ -266,9 +268,9 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.next_id(Counter::Sync)?;
             MetaReply::Done
         }
-        R::RegisterNode { node } => {
-            register_node(t, ctx, &node)?;
-            MetaReply::Done
+        R::RegisterNode { node, cluster_id } => {
+            register_node(t, ctx, &node, cluster_id.as_deref())?;
+            MetaReply::Registered { cluster_id: ctx.cluster_id.to_string() }
         }
         R::UpdateLocations { node, added, removed } => {
             for chunk in &added {
@@ -861,7 +863,7 @@ fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo) -> Result
     }
     let id = t.next_id(Counter::Session)?;
     t.put_session(&SessionRow { id, info, last_seen_ms: ctx.now_ms })?;
-    Ok(MetaReply::Welcome { session: id, heartbeat_ms: ctx.heartbeat_ms })
+    Ok(MetaReply::Welcome { session: id, heartbeat_ms: ctx.heartbeat_ms, cluster_id: ctx.cluster_id.to_string() })
 }
 
 /// Ends a session: drops its open records (reclaiming orphans nobody else has open)
@@ -897,7 +899,16 @@ pub fn reap_orphans(t: &mut dyn Txn, opens: &OpenTable) -> Result<usize, MetaErr
     Ok(reaped)
 }
 
-fn register_node(t: &mut dyn Txn, ctx: &Ctx, node: &NodeInfo) -> Result<(), MetaError> {
+fn register_node(t: &mut dyn Txn, ctx: &Ctx, node: &NodeInfo, cluster_id: Option<&str>) -> Result<(), MetaError> {
+    if let Some(theirs) = cluster_id
+        && theirs != &*ctx.cluster_id
+    {
+        return Err(MetaError::WrongCluster(format!(
+            "node {} at {} belongs to cluster {theirs}, this meta serves cluster {}; point the node at its own \
+             meta (or give it a fresh data directory to join this cluster)",
+            node.id, node.addr, ctx.cluster_id
+        )));
+    }
     if let Some((old, seen)) = t.get_node(&node.id)?
         && old.store_id != node.store_id
         && ctx.now_ms.saturating_sub(seen) < NODE_CLAIM_WINDOW_MS

@@ -3,9 +3,11 @@
 //! into a site cache (`site`), and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
 
+mod cluster;
 mod metrics;
 mod site;
 
+use cluster::Membership;
 use site::SiteLink;
 pub use site::WanConfig;
 
@@ -14,7 +16,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{MetaRequest, MetaResult};
+use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -65,6 +67,11 @@ pub enum NodeError {
         "meta at {addr} refused node id {id:?}: another node is already registered under that id; give this node a unique id"
     )]
     DuplicateId { addr: String, id: String },
+    #[error(
+        "meta at {addr} serves cluster {theirs}, but this node belongs to cluster {ours} (recorded in {file}); \
+         point the node at its own cluster's meta, or give it a fresh data directory to join this one"
+    )]
+    WrongCluster { addr: String, ours: String, theirs: String, file: String },
     #[error("meta at {addr} refused to register node {id:?}: {source}")]
     Refused { addr: String, id: String, source: WireError },
     #[error("serving chunks stopped: {0}")]
@@ -215,7 +222,8 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     );
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
-    register(&meta, &config, &store, &site, Vec::new()).await?;
+    let membership = Arc::new(Membership::load(&config.data_dir)?);
+    register(&meta, &config, &membership, &store, &site, Vec::new()).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
@@ -223,17 +231,19 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         tokio::spawn(metrics::serve(metrics, config.id.clone(), config.site.clone(), store.clone(), site.clone()));
     }
     let corrupt_sends = config.corrupt_sends;
-    let heartbeat = tokio::spawn(heartbeat_loop(meta, config, store.clone(), site.clone()));
+    let heartbeat = tokio::spawn(heartbeat_loop(meta, config, membership, store.clone(), site.clone()));
     let service = NodeService::with_site(store, Some(site), corrupt_sends);
     let served = net::serve(listener, Arc::new(service)).await;
     heartbeat.abort();
     served.map_err(NodeError::Serve)
 }
 
-/// Sends one `RegisterNode` with current stats.
+/// Sends one `RegisterNode` with current stats and checks (or, the first time, adopts)
+/// the cluster meta answers with.
 async fn register(
     meta: &RpcClient,
     config: &NodeConfig,
+    membership: &Membership,
     store: &ChunkStore,
     site: &SiteLink,
     site_rtts: Vec<(String, u64)>,
@@ -252,8 +262,9 @@ async fn register(
         cache_bytes: site.cache_bytes(),
     };
     let addr = config.meta_addr.clone();
-    match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node }).await {
-        Ok(Ok(_)) => Ok(()),
+    match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node, cluster_id: membership.id() }).await {
+        Ok(Ok(MetaReply::Registered { cluster_id })) => membership.confirm(&addr, &cluster_id),
+        Ok(Ok(other)) => Err(NodeError::Internal(format!("meta answered RegisterNode with {other:?}"))),
         Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId { addr, id: config.id.clone() }),
         Ok(Err(source)) => Err(NodeError::Refused { addr, id: config.id.clone(), source }),
         Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
@@ -262,7 +273,13 @@ async fn register(
 
 /// Repeats the registration every `config.heartbeat`; failures are logged and retried
 /// at the next tick (the client reconnects lazily), never fatal.
-async fn heartbeat_loop(meta: Arc<RpcClient>, config: NodeConfig, store: Arc<ChunkStore>, site: Arc<SiteLink>) {
+async fn heartbeat_loop(
+    meta: Arc<RpcClient>,
+    config: NodeConfig,
+    membership: Arc<Membership>,
+    store: Arc<ChunkStore>,
+    site: Arc<SiteLink>,
+) {
     let mut ticks = tokio::time::interval(config.heartbeat.max(Duration::from_millis(10)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // The first tick is immediate; we just registered.
@@ -272,7 +289,7 @@ async fn heartbeat_loop(meta: Arc<RpcClient>, config: NodeConfig, store: Arc<Chu
         site.refresh_peers().await;
         let rtts = site.measure_rtts().await;
         site.report_locations().await;
-        match register(&meta, &config, &store, &site, rtts).await {
+        match register(&meta, &config, &membership, &store, &site, rtts).await {
             Ok(()) if failing => {
                 tracing::info!(meta = %config.meta_addr, "heartbeat to meta succeeds again");
                 failing = false;
