@@ -154,3 +154,16 @@ fn gc_refuses_to_empty_the_nodes_and_dry_run_deletes_nothing() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("120 unreferenced chunks older than 0s deleted"), "{out}");
 }
+
+#[test]
+fn up_refuses_a_data_directory_that_lost_its_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
+    std::fs::create_dir_all(data.join("chunks")).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let o = locus(&["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
+    assert!(!o.status.success(), "up started a new namespace next to old chunks");
+    let err = stderr(&o);
+    assert!(err.contains("meta.db does not exist") && err.contains("--init"), "{err}");
+    assert!(!data.join("meta.db").exists());
+}
