@@ -79,22 +79,24 @@ fn a_damaged_database_is_refused() {
     assert!(err.contains("is damaged") && err.contains("restore it from a backup"), "{err}");
 }
 
+/// The cluster id a node recorded in `data_dir`. It writes it right after meta
+/// accepted it, so wait for that (bounded).
+fn recorded_cluster(data_dir: &Path) -> String {
+    let file = data_dir.join("CLUSTER");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(id) = std::fs::read_to_string(&file) {
+            return id.trim().to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "{} was never written", file.display());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_node_of_another_cluster_is_refused() {
     let mut a = Cluster::start(bin(), 2);
-    // A node records the id right after meta accepted it: wait for that (bounded).
-    let recorded = |n: &str| {
-        let file = a.node_dir(n).join("CLUSTER");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            if let Ok(id) = std::fs::read_to_string(&file) {
-                return id.trim().to_string();
-            }
-            assert!(std::time::Instant::now() < deadline, "{} was never written", file.display());
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
-    let ids = [recorded("node0"), recorded("node1")];
+    let ids = [recorded_cluster(&a.node_dir("node0")), recorded_cluster(&a.node_dir("node1"))];
     assert_eq!(ids[0], ids[1], "both nodes joined the one cluster");
     assert!(ids[0].len() == 32 && ids[0].chars().all(|c| c.is_ascii_hexdigit()), "{}", ids[0]);
 
@@ -166,4 +168,58 @@ fn up_refuses_a_data_directory_that_lost_its_database() {
     let err = stderr(&o);
     assert!(err.contains("meta.db does not exist") && err.contains("--init"), "{err}");
     assert!(!data.join("meta.db").exists());
+}
+
+/// Runs `locus up` until it has mounted (bounded), returning the child.
+fn up(mnt: &Path, data: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = Command::new(bin())
+        .args(["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("locus mounted on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
+        let _ = child.kill();
+        panic!("locus up did not mount within 30 s");
+    }
+    child
+}
+
+/// Stops `locus up` as Ctrl-C would and waits for it (bounded by its own unmount).
+fn stop(mut child: std::process::Child, mnt: &Path) {
+    // SAFETY: kill only sends a signal to the pid of a child we spawned and still own.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    child.wait().unwrap();
+    let _ = Command::new("umount").arg("-l").arg(mnt).stderr(Stdio::null()).status();
+}
+
+#[test]
+fn up_formats_a_new_data_directory_once_and_reuses_it() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let first = up(&mnt, &data);
+    std::fs::write(mnt.join("kept"), b"still here").unwrap();
+    let cluster = recorded_cluster(&data.join("chunks"));
+    stop(first, &mnt);
+    let second = up(&mnt, &data);
+    let content = std::fs::read(mnt.join("kept"));
+    stop(second, &mnt);
+    assert_eq!(content.unwrap(), b"still here", "the second start used the same namespace");
+    assert_eq!(recorded_cluster(&data.join("chunks")), cluster);
 }
