@@ -97,6 +97,12 @@ struct SqlConn {
 }
 
 impl SqlConn {
+    fn chunk_record(&self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT node FROM chunk_nodes WHERE chunk = ?1 ORDER BY node")?;
+        let nodes = st.query_map([&id.0[..]], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
+    }
+
     fn run(&self, sql: &str) -> Result<(), MetaError> {
         self.conn.prepare_cached(sql)?.execute([])?;
         Ok(())
@@ -416,14 +422,6 @@ fn session_row(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
         info: SessionInfo { site: r.get(1)?, host: r.get(2)?, pid: r.get::<_, i64>(3)? as u32, purpose: r.get(4)? },
         last_seen_ms: r.get(5)?,
     })
-}
-
-impl SqlConn {
-    fn chunk_record(&self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
-        let mut st = self.conn.prepare_cached("SELECT node FROM chunk_nodes WHERE chunk = ?1 ORDER BY node")?;
-        let nodes = st.query_map([&id.0[..]], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
-    }
 }
 
 impl Txn for SqlConn {
