@@ -31,7 +31,7 @@ impl MetaLink {
     pub async fn hello(&self) -> Result<Duration> {
         let req = MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: self.info.clone() };
         match self.call(req).await? {
-            MetaReply::Welcome { session, heartbeat_ms } => {
+            MetaReply::Welcome { session, heartbeat_ms, .. } => {
                 self.session.store(session, Ordering::Relaxed);
                 Ok(Duration::from_millis(heartbeat_ms.max(100)))
             }

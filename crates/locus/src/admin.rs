@@ -245,6 +245,11 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// gc refuses (without `--force`) when more than this share of the stored chunks, and
+/// at least `SUSPICIOUS_MIN` of them, are unreferenced: the catalogue looks empty.
+const SUSPICIOUS_SHARE: f64 = 0.9;
+const SUSPICIOUS_MIN: u64 = 100;
+
 pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let cluster = Cluster::connect(&args.meta).await?;
     if !cluster.unreachable.is_empty() {
@@ -253,10 +258,13 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             cluster.unreachable.iter().map(|(n, _)| &n.id).collect::<Vec<_>>()
         );
     }
+    // 1. Find the unreferenced chunks of every node, deleting nothing yet.
     let total: u64 = cluster.nodes.iter().map(|(n, _)| n.chunk_count).sum();
     let bar = progress(total, "scanning");
-    let (mut scanned, mut deleted) = (0u64, 0u64);
+    let mut scanned = 0u64;
+    let mut garbage: Vec<Vec<ChunkId>> = Vec::with_capacity(cluster.nodes.len());
     for (info, node) in &cluster.nodes {
+        let mut found = Vec::new();
         let mut after = None;
         loop {
             let NodeReply::Ids(ids) = node_call(node, NodeRequest::List { after, limit: PAGE }).await? else {
@@ -266,28 +274,50 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             after = Some(last);
             scanned += ids.len() as u64;
             let full_page = ids.len() as u32 == PAGE;
-            let MetaReply::ChunkIds(garbage) = meta_call(&cluster.meta, MetaRequest::Unreferenced { ids }).await?
+            let MetaReply::ChunkIds(unreferenced) = meta_call(&cluster.meta, MetaRequest::Unreferenced { ids }).await?
             else {
                 bail!("meta answered Unreferenced with something else");
             };
-            if !garbage.is_empty() {
-                let req = NodeRequest::Delete { ids: garbage.clone(), min_age_secs: args.min_age.as_secs() };
-                let NodeReply::Count(n) = node_call(node, req).await? else {
-                    bail!("node {} answered Delete with something else", info.id);
-                };
-                deleted += n;
-                meta_call(&cluster.meta, MetaRequest::ForgetChunks { ids: garbage }).await?;
-            }
+            found.extend(unreferenced);
             bar.set_position(scanned);
             if !full_page {
                 break;
             }
         }
+        garbage.push(found);
     }
     bar.finish_and_clear();
-    println!(
-        "gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {}s deleted",
-        args.min_age.as_secs()
-    );
+    let unreferenced: u64 = garbage.iter().map(|g| g.len() as u64).sum();
+    let age = args.min_age.as_secs();
+    if args.dry_run {
+        for ((info, _), ids) in cluster.nodes.iter().zip(&garbage) {
+            for id in ids {
+                println!("would delete (if older than {age}s): node {} chunk {id}", info.id);
+            }
+        }
+        println!("gc --dry-run: {scanned} chunks scanned, {unreferenced} unreferenced; nothing deleted");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !args.force && unreferenced >= SUSPICIOUS_MIN && unreferenced as f64 > SUSPICIOUS_SHARE * scanned as f64 {
+        bail!(
+            "gc refuses to delete {unreferenced} of the {scanned} chunks stored on the nodes: meta's catalogue \
+             references almost none of them, which is what a wrong or newly created metadata database looks \
+             like. Check that meta runs on this cluster's database, list the candidates with `locus gc \
+             --dry-run`, and only if you really removed nearly everything run `locus gc --force`"
+        );
+    }
+    // 2. Delete them, page by page, and let meta forget what is gone.
+    let mut deleted = 0u64;
+    for ((info, node), ids) in cluster.nodes.iter().zip(garbage) {
+        for page in ids.chunks(PAGE as usize) {
+            let req = NodeRequest::Delete { ids: page.to_vec(), min_age_secs: age };
+            let NodeReply::Count(n) = node_call(node, req).await? else {
+                bail!("node {} answered Delete with something else", info.id);
+            };
+            deleted += n;
+            meta_call(&cluster.meta, MetaRequest::ForgetChunks { ids: page.to_vec() }).await?;
+        }
+    }
+    println!("gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {age}s deleted");
     Ok(ExitCode::SUCCESS)
 }

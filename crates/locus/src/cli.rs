@@ -60,9 +60,13 @@ pub struct UpArgs {
 pub struct MetaArgs {
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// SQLite database file.
+    /// Metadata database: `sqlite:///path/meta.db` or a bare path to a SQLite file.
     #[arg(long, default_value = "locus-meta.db")]
-    pub db: PathBuf,
+    pub db: String,
+    /// Format a new cluster if the database is missing or empty; without it meta
+    /// refuses to start on a database it did not format.
+    #[arg(long)]
+    pub init: bool,
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
@@ -153,6 +157,13 @@ pub struct GcArgs {
     /// Only chunks stored longer ago than this are deleted (protects writes in flight).
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub min_age: std::time::Duration,
+    /// Show what would be deleted, delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Delete even when nearly every stored chunk is unreferenced (which is what a
+    /// wrong or new metadata database looks like, so gc refuses that by default).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `10G`, `512M`, `4k` or plain bytes.

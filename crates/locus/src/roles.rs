@@ -20,12 +20,19 @@ fn expand_home(p: &str) -> PathBuf {
     }
 }
 
-/// Starts meta on `listener`; returns the address clients use.
-async fn start_meta(listener: TcpListener, db: &Path, session_expiry: Duration) -> anyhow::Result<String> {
+/// Starts meta on `listener` over the database at `db_url` (formatting a new one with
+/// `init`); returns the address clients use.
+async fn start_meta(
+    listener: TcpListener,
+    db_url: &str,
+    init: bool,
+    session_expiry: Duration,
+) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
-    let config = meta::MetaConfig { db_path: db.to_path_buf(), heartbeat: Duration::from_secs(2), session_expiry };
-    let service = meta::MetaService::open_sqlite(&config)
-        .with_context(|| format!("cannot open the metadata database {}", db.display()))?;
+    let config =
+        meta::MetaConfig { db_url: db_url.to_string(), init, heartbeat: Duration::from_secs(2), session_expiry };
+    let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
+    tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
     tokio::spawn(async move {
         if let Err(e) = net::serve(listener, service).await {
@@ -37,10 +44,10 @@ async fn start_meta(listener: TcpListener, db: &Path, session_expiry: Duration) 
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
-    let addr = start_meta(listener, &args.db, Duration::from_secs(args.session_expiry_secs)).await?;
+    let addr = start_meta(listener, &args.db, args.init, Duration::from_secs(args.session_expiry_secs)).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
-    tracing::info!("meta serving on {addr} with database {}", args.db.display());
+    tracing::info!("meta serving on {addr} with database {}", args.db);
     wait_for_signal().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -156,21 +163,25 @@ pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
 pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let data_dir = expand_home(&args.data_dir);
+    let (db, chunks) = (data_dir.join("meta.db"), data_dir.join("chunks"));
+    // A new data directory formats a new cluster; one that has chunks but lost its
+    // database is refused by meta rather than silently given an empty namespace.
+    let init = !db.exists() && !chunks.exists();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let probe = data_dir.join(".write-test");
     std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
     let _ = std::fs::remove_file(probe);
 
-    let meta_addr =
-        start_meta(bind(&args.meta_listen, "meta").await?, &data_dir.join("meta.db"), Duration::from_secs(30)).await?;
+    let db_url = db.display().to_string();
+    let meta_addr = start_meta(bind(&args.meta_listen, "meta").await?, &db_url, init, Duration::from_secs(30)).await?;
     let node_listener = bind("127.0.0.1:0", "node").await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
         advertise: None,
         meta: meta_addr.clone(),
-        data_dir: data_dir.join("chunks"),
+        data_dir: chunks,
         id: Some("local".into()),
         site: "default".into(),
         capacity: args.capacity,

@@ -39,6 +39,31 @@ pub enum MetaError {
     SchemaTooNew { path: String, found: i64, supported: i64 },
     #[error("metadata database {path} has unknown schema version {found}")]
     SchemaUnknown { path: String, found: i64 },
+    #[error(
+        "metadata database {path} {reason}: meta serves only a database it formatted. If this \
+         is a new cluster, start meta with --init (`locus meta --init`; `locus up` does it for a \
+         new data directory); otherwise check the --db path"
+    )]
+    NotFormatted { path: String, reason: String },
+    #[error(
+        "metadata database {path} is in use by another locus meta (it holds {path}.lock); \
+         stop that one first"
+    )]
+    InUse { path: String },
+    #[error(
+        "metadata database {path} is damaged (integrity check: {detail}); meta refuses to serve \
+         it: restore it from a backup"
+    )]
+    Damaged { path: String, detail: String },
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error(
+        "cannot open metadata database {url:?}: {reason}; supported: sqlite:///path/to/meta.db \
+         or a bare path"
+    )]
+    UnsupportedUrl { url: String, reason: String },
+    #[error("{0}")]
+    WrongCluster(String),
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -61,7 +86,12 @@ impl MetaError {
             MetaError::Range(_) => ErrorCode::Range,
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
             MetaError::Stale(_) => ErrorCode::Stale,
-            MetaError::Db(_) => ErrorCode::Io,
+            MetaError::Db(_) | MetaError::Io { .. } => ErrorCode::Io,
+            MetaError::NotFormatted { .. }
+            | MetaError::InUse { .. }
+            | MetaError::Damaged { .. }
+            | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
+            MetaError::WrongCluster(_) => ErrorCode::NotPermitted,
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Internal(_) => ErrorCode::Internal,

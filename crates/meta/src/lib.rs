@@ -1,7 +1,9 @@
 //! The metadata service of Locus: namespace, extents, chunk catalogue, sessions and
-//! byte-range locks. POSIX rules live once in `ops` above the small `MetaStore`
-//! backend trait; SQLite is the first backend.
+//! byte-range locks. POSIX rules live once in `ops` and group commit and the read pool
+//! once in `engine`, above the row-level backend traits of `store`; SQLite is the first
+//! backend, chosen by URL in `open_store`.
 
+mod engine;
 mod error;
 mod locks;
 mod opens;
@@ -10,8 +12,10 @@ mod service;
 mod sqlite;
 mod store;
 
-#[cfg(test)]
-mod conformance;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 
+pub use engine::{Store, open_store};
 pub use error::MetaError;
 pub use service::{MetaConfig, MetaService};
+pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

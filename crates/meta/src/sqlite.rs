@@ -1,24 +1,23 @@
-//! The SQLite backend: one database file in WAL mode, one write connection that
-//! group-commits queued write operations (each inside its own SAVEPOINT, the caller
-//! that finds it free committing for everyone queued), and a small pool of read
-//! connections that read concurrently with the writer.
+//! The SQLite backend: one database file in WAL mode with one write connection and a
+//! few read connections that read alongside it (the shared `engine` group-commits on
+//! the writer and runs the readers on their own threads). Opening checks the file
+//! before anything else: it must be a Locus database (or `init` was asked for), not
+//! damaged (`PRAGMA quick_check`), and not in use by another meta (an exclusive lock).
 
 use crate::error::MetaError;
-use crate::store::{Counter, DentryRow, Inode, MetaStore, ReadOp, SessionRow, Txn, WriteDone, WriteOp};
+use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
-use std::path::Path;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
-/// Most write operations the writer puts into one transaction.
-const MAX_BATCH: usize = 512;
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
 
@@ -56,31 +55,185 @@ CREATE TABLE site_rtts (
     from_site TEXT NOT NULL, to_site TEXT NOT NULL, micros BIGINT NOT NULL, PRIMARY KEY (from_site, to_site))
     WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
+CREATE TABLE cluster (id TEXT NOT NULL);
 ";
 
-struct Job {
-    durable: bool,
-    op: WriteOp,
-    done: WriteDone,
+/// Upgrades from each older schema version to the next one, in order: entry `i`
+/// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
+const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster];
+
+/// One schema upgrade step, run on the writer inside the opening transaction.
+type Migration = fn(&Connection) -> Result<(), MetaError>;
+
+/// Version 1 -> 2: a database written before clusters had an identity is adopted
+/// (it is this cluster's own database, not a foreign one) and given a new cluster id.
+fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch("CREATE TABLE cluster (id TEXT NOT NULL)")?;
+    conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    Ok(())
 }
 
-/// A `MetaStore` in one SQLite file.
-pub struct SqliteStore {
-    /// Writes waiting for the next transaction.
-    queue: Mutex<Vec<Job>>,
-    /// The write connection; whoever holds it commits everything queued (group commit).
-    writer: Mutex<Connection>,
-    readers: Vec<Mutex<Connection>>,
-    next_reader: AtomicUsize,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// A random cluster id: 128 bits from the kernel, in hex.
+fn new_cluster_id() -> Result<String, MetaError> {
+    let mut bytes = [0u8; 16];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom for a cluster id: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Distinct statements the store prepares; the per-connection cache must hold them all
 /// or statements are re-parsed on every use.
 const STATEMENT_CACHE: usize = 128;
+
+/// One SQLite connection; `Txn` runs on whatever transaction is open on it.
+struct SqlConn {
+    conn: Connection,
+    /// The open write transaction asked for `synchronous=FULL`, to undo at its end.
+    durable: bool,
+    /// Held by the writer only: the exclusive lock on `<db>.lock`, released on drop
+    /// (after the connection, fields drop in order).
+    _lock: Option<File>,
+}
+
+impl SqlConn {
+    fn chunk_record(&self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT node FROM chunk_nodes WHERE chunk = ?1 ORDER BY node")?;
+        let nodes = st.query_map([&id.0[..]], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
+    }
+
+    fn run(&self, sql: &str) -> Result<(), MetaError> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    }
+
+    /// Back to `synchronous=NORMAL` after a durable transaction ends.
+    fn end_durable(&mut self) {
+        if std::mem::take(&mut self.durable)
+            && let Err(e) = self.conn.execute_batch("PRAGMA synchronous=NORMAL")
+        {
+            tracing::warn!(error = %e, "cannot restore synchronous=NORMAL");
+        }
+    }
+}
+
+impl WriteConn for SqlConn {
+    fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
+        if durable {
+            self.durable = true;
+            self.conn.execute_batch("PRAGMA synchronous=FULL")?;
+        }
+        self.run("BEGIN IMMEDIATE")
+    }
+
+    fn savepoint(&mut self) -> Result<(), MetaError> {
+        self.run("SAVEPOINT op")
+    }
+
+    fn rollback_to_savepoint(&mut self) -> Result<(), MetaError> {
+        self.run("ROLLBACK TO op")?;
+        self.run("RELEASE op")
+    }
+
+    fn release_savepoint(&mut self) -> Result<(), MetaError> {
+        self.run("RELEASE op")
+    }
+
+    fn commit(&mut self) -> Result<(), MetaError> {
+        let r = self.run("COMMIT");
+        if r.is_ok() {
+            self.end_durable();
+        }
+        r
+    }
+
+    fn rollback(&mut self) -> Result<(), MetaError> {
+        let r = if self.conn.is_autocommit() { Ok(()) } else { self.run("ROLLBACK") };
+        self.end_durable();
+        r
+    }
+
+    fn txn(&mut self) -> &mut dyn Txn {
+        self
+    }
+}
+
+impl ReadConn for SqlConn {
+    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        self.run("BEGIN DEFERRED")?;
+        let r = op(self);
+        // A read changes nothing: ending it either way only releases the snapshot.
+        let end = self.run(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        r.and(end)
+    }
+}
+
+/// Opens the SQLite database at `path` for the shared engine. Without `init` the file
+/// must already hold a Locus database; with it, a missing or empty file is formatted
+/// with a new cluster id. An older schema is upgraded in place.
+pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
+    let shown = path.display().to_string();
+    let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.clone(), reason: reason.into() };
+    let exists = path.exists();
+    if !exists && !init {
+        return Err(not_formatted("does not exist"));
+    }
+    let lock = take_lock(path)?;
+    let flags = if exists { OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE } else { OpenFlags::default() };
+    let conn = Connection::open_with_flags(path, flags)?;
+    check_integrity(&conn, &shown)?;
+    let tables: i64 = conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'", [], |r| r.get(0))?;
+    if tables == 0 && !init {
+        return Err(not_formatted("is empty"));
+    }
+    let mut writer = SqlConn { conn, durable: false, _lock: Some(lock) };
+    configure(&writer.conn)?;
+    init_schema(&mut writer, &shown, tables == 0)?;
+    let cluster_id: String = writer.conn.query_row("SELECT id FROM cluster", [], |r| r.get(0))?;
+    let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
+    for _ in 0..READERS {
+        let r = Connection::open(path)?;
+        r.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=1; PRAGMA cache_size=-16384;")?;
+        r.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        readers.push(Box::new(SqlConn { conn: r, durable: false, _lock: None }));
+    }
+    Ok(Backend { cluster_id, writer: Box::new(writer), readers })
+}
+
+/// The lock file beside the database (`<db>.lock`), flock'ed for as long as meta runs.
+/// A separate file, because closing any descriptor of the database itself would drop
+/// SQLite's own POSIX locks on it.
+fn take_lock(path: &Path) -> Result<File, MetaError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file =
+        File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| MetaError::Io {
+            what: format!("cannot open the lock file {}", lock_path.display()),
+            source: e,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(MetaError::InUse { path: path.display().to_string() }),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(MetaError::Io { what: format!("cannot lock {}", lock_path.display()), source: e })
+        }
+    }
+}
+
+/// Refuses a damaged file: `PRAGMA quick_check` must answer exactly "ok".
+fn check_integrity(conn: &Connection, path: &str) -> Result<(), MetaError> {
+    let damaged = |detail: String| MetaError::Damaged { path: path.into(), detail };
+    let rows = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| damaged(e.to_string()))?;
+    if rows != ["ok"] {
+        return Err(damaged(rows.into_iter().take(5).collect::<Vec<_>>().join("; ")));
+    }
+    Ok(())
+}
 
 fn configure(conn: &Connection) -> Result<(), MetaError> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
@@ -92,174 +245,75 @@ fn configure(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
-impl SqliteStore {
-    /// Opens (creating if absent) the database at `path`, checking its schema version.
-    pub fn open(path: &Path) -> Result<SqliteStore, MetaError> {
-        let shown = path.display().to_string();
-        let mut conn = Connection::open(path)?;
-        configure(&conn)?;
-        init_schema(&mut conn, &shown)?;
-        let mut readers = Vec::with_capacity(READERS);
-        for _ in 0..READERS {
-            let r = Connection::open(path)?;
-            r.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=1; PRAGMA cache_size=-16384;")?;
-            r.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-            readers.push(Mutex::new(r));
+/// Formats an empty database (`fresh`) or checks and upgrades an existing one, all in
+/// one transaction: a failed migration leaves the file as it was.
+fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<(), MetaError> {
+    w.begin(false)?;
+    let r = (|| {
+        if fresh {
+            return format(w);
         }
-        Ok(SqliteStore {
-            queue: Mutex::new(Vec::new()),
-            writer: Mutex::new(conn),
-            readers,
-            next_reader: AtomicUsize::new(0),
-        })
-    }
-}
-
-fn init_schema(conn: &mut Connection, path: &str) -> Result<(), MetaError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute_batch("CREATE TABLE IF NOT EXISTS meta_version (version BIGINT NOT NULL)")?;
-    let found: Option<i64> = tx.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?;
-    match found {
-        None => {
-            tx.execute_batch(SCHEMA)?;
-            tx.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
-            let now = Timestamp::now();
-            let root = Inode {
-                attr: Attr {
-                    ino: ROOT_INODE,
-                    kind: FileKind::Dir,
-                    mode: 0o755,
-                    uid: 0,
-                    gid: 0,
-                    size: 4096,
-                    nlink: 2,
-                    rdev: 0,
-                    atime: now,
-                    mtime: now,
-                    ctime: now,
-                    data_version: 0,
-                },
-                parent: ROOT_INODE,
-                target: Vec::new(),
-            };
-            SqlTxn { conn: &tx }.put_inode(&root)?;
+        let has_version: i64 = w.conn.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'",
+            [],
+            |r| r.get(0),
+        )?;
+        if has_version == 0 {
+            return Err(MetaError::NotFormatted {
+                path: path.into(),
+                reason: "is not a Locus metadata database".into(),
+            });
         }
-        Some(v) if v == SCHEMA_VERSION => {}
-        Some(v) if v > SCHEMA_VERSION => {
-            return Err(MetaError::SchemaTooNew { path: path.into(), found: v, supported: SCHEMA_VERSION });
+        let found: Option<i64> = w.conn.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?;
+        let found = found.ok_or_else(|| MetaError::SchemaUnknown { path: path.into(), found: 0 })?;
+        if found > SCHEMA_VERSION {
+            return Err(MetaError::SchemaTooNew { path: path.into(), found, supported: SCHEMA_VERSION });
         }
-        Some(v) => {
-            return Err(MetaError::SchemaUnknown { path: path.into(), found: v });
+        if found < 1 {
+            return Err(MetaError::SchemaUnknown { path: path.into(), found });
         }
-    }
-    tx.commit()?;
-    Ok(())
-}
-
-/// Runs a batch in one transaction, each op inside a savepoint, and answers each op
-/// after the single commit.
-fn run_batch(conn: &Connection, batch: Vec<Job>) {
-    let durable = batch.iter().any(|j| j.durable);
-    let mut replies = Vec::with_capacity(batch.len());
-    let outcome = (|| -> Result<(), MetaError> {
-        if durable {
-            conn.execute_batch("PRAGMA synchronous=FULL")?;
+        for (from, migrate) in MIGRATIONS.iter().enumerate().skip(found as usize - 1) {
+            migrate(&w.conn)?;
+            tracing::info!(path, from = from + 1, to = from + 2, "upgraded the metadata schema");
         }
-        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut st| st.execute([])).map(drop);
-        run("BEGIN IMMEDIATE")?;
-        // A lone write needs no savepoint: its failure rolls back the whole transaction.
-        let alone = batch.len() == 1;
-        for job in batch {
-            if !alone {
-                run("SAVEPOINT op")?;
-            }
-            let op = job.op;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(&mut SqlTxn { conn })))
-                .unwrap_or_else(|_| Err(MetaError::Internal("a metadata operation panicked".into())));
-            if alone {
-                if result.is_err() {
-                    run("ROLLBACK")?;
-                    replies.push((job.done, result));
-                    return Ok(());
-                }
-            } else {
-                if result.is_err() {
-                    run("ROLLBACK TO op")?;
-                }
-                run("RELEASE op")?;
-            }
-            replies.push((job.done, result));
-        }
-        run("COMMIT")?;
+        w.conn.execute("UPDATE meta_version SET version = ?1", [SCHEMA_VERSION])?;
         Ok(())
     })();
-    if let Err(e) = outcome {
-        tracing::error!(error = %e, "metadata commit failed");
-        let _ = conn.execute_batch("ROLLBACK");
-        let msg = e.to_string();
-        for (done, result) in replies {
-            done(result.and(Err(MetaError::Internal(format!("commit failed: {msg}")))));
+    match r {
+        Ok(()) => w.commit(),
+        Err(e) => {
+            let _ = w.rollback();
+            Err(e)
         }
-    } else {
-        for (done, result) in replies {
-            done(result);
-        }
-    }
-    if durable && let Err(e) = conn.execute_batch("PRAGMA synchronous=NORMAL") {
-        tracing::warn!(error = %e, "cannot restore synchronous=NORMAL");
     }
 }
 
-impl MetaStore for SqliteStore {
-    /// Leader/follower group commit: the caller that finds the write connection free
-    /// commits everything queued, its own write included, in one transaction; callers
-    /// that find it busy leave their write for the current leader. An uncontended
-    /// write thus runs on the caller's thread with no hand-off.
-    fn submit_write(&self, durable: bool, op: WriteOp, done: WriteDone) {
-        lock(&self.queue).push(Job { durable, op, done });
-        loop {
-            let Ok(conn) = self.writer.try_lock() else {
-                // The leader re-checks the queue after it lets go of the connection.
-                return;
-            };
-            let batch: Vec<Job> = {
-                let mut queue = lock(&self.queue);
-                let n = queue.len().min(MAX_BATCH);
-                queue.drain(..n).collect()
-            };
-            if !batch.is_empty() {
-                run_batch(&conn, batch);
-            }
-            drop(conn);
-            if lock(&self.queue).is_empty() {
-                return;
-            }
-        }
-    }
-
-    fn read_op(&self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
-        let mut guard = None;
-        for i in 0..self.readers.len() {
-            if let Ok(g) = self.readers[(start + i) % self.readers.len()].try_lock() {
-                guard = Some(g);
-                break;
-            }
-        }
-        let conn = match guard {
-            Some(g) => g,
-            None => self.readers[start % self.readers.len()].lock().unwrap_or_else(|e| e.into_inner()),
-        };
-        let tx = rusqlite::Transaction::new_unchecked(&conn, TransactionBehavior::Deferred)?;
-        op(&mut SqlTxn { conn: &tx })?;
-        tx.commit()?;
-        Ok(())
-    }
-}
-
-/// `Txn` over one SQLite connection with an open transaction.
-struct SqlTxn<'a> {
-    conn: &'a Connection,
+/// Creates the schema, the root directory and a new cluster id.
+fn format(w: &mut SqlConn) -> Result<(), MetaError> {
+    w.conn.execute_batch("CREATE TABLE meta_version (version BIGINT NOT NULL)")?;
+    w.conn.execute_batch(SCHEMA)?;
+    w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
+    w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    let now = Timestamp::now();
+    let root = Inode {
+        attr: Attr {
+            ino: ROOT_INODE,
+            kind: FileKind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 4096,
+            nlink: 2,
+            rdev: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            data_version: 0,
+        },
+        parent: ROOT_INODE,
+        target: Vec::new(),
+    };
+    w.put_inode(&root)
 }
 
 /// Offsets are stored as BIGINT; files never exceed `i64::MAX` (POSIX `off_t`).
@@ -370,15 +424,7 @@ fn session_row(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
     })
 }
 
-impl SqlTxn<'_> {
-    fn chunk_record(&self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
-        let mut st = self.conn.prepare_cached("SELECT node FROM chunk_nodes WHERE chunk = ?1 ORDER BY node")?;
-        let nodes = st.query_map([&id.0[..]], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
-    }
-}
-
-impl Txn for SqlTxn<'_> {
+impl Txn for SqlConn {
     fn next_id(&mut self, counter: Counter) -> Result<u64, MetaError> {
         let mut st =
             self.conn.prepare_cached("UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value")?;
@@ -705,29 +751,150 @@ impl Txn for SqlTxn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conformance::test_config;
+    use crate::service::{MetaConfig, MetaService};
+    use proto::meta::{MetaReply, MetaRequest};
+    use proto::types::ROOT_INODE;
+
+    fn temp_db() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        (dir, path)
+    }
 
     #[test]
     fn refuses_a_newer_schema() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("meta.db");
-        drop(SqliteStore::open(&path).unwrap());
+        let (_dir, path) = temp_db();
+        drop(open(&path, true).unwrap());
         {
             let conn = Connection::open(&path).unwrap();
             conn.execute("UPDATE meta_version SET version = ?1", [SCHEMA_VERSION + 1]).unwrap();
         }
-        let err = SqliteStore::open(&path).err().expect("a newer schema must be refused");
+        let err = open(&path, false).err().expect("a newer schema must be refused");
         assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
         assert!(err.to_string().contains("newer"), "{err}");
     }
 
     #[test]
-    fn reopen_keeps_the_version_row_single() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("meta.db");
-        drop(SqliteStore::open(&path).unwrap());
-        drop(SqliteStore::open(&path).unwrap());
+    fn reopen_keeps_the_version_row_and_the_cluster_id() {
+        let (_dir, path) = temp_db();
+        let first = open(&path, true).unwrap().cluster_id;
+        let second = open(&path, false).unwrap().cluster_id;
+        assert_eq!(first, second);
         let conn = Connection::open(&path).unwrap();
         let n: i64 = conn.query_row("SELECT COUNT(*) FROM meta_version", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn a_missing_or_empty_file_needs_init() {
+        let (_dir, path) = temp_db();
+        let err = open(&path, false).err().expect("a missing database must be refused");
+        assert!(matches!(err, MetaError::NotFormatted { .. }) && err.to_string().contains("--init"), "{err}");
+        assert!(!path.exists(), "refusing creates nothing");
+        File::create(&path).unwrap();
+        let err = open(&path, false).err().expect("an empty database must be refused");
+        assert!(err.to_string().contains("is empty") && err.to_string().contains("--init"), "{err}");
+        let formatted = open(&path, true).unwrap();
+        assert_eq!(formatted.cluster_id.len(), 32);
+        drop(formatted);
+        let other = temp_db();
+        assert_ne!(open(&other.1, true).unwrap().cluster_id, open(&path, false).unwrap().cluster_id);
+    }
+
+    #[test]
+    fn a_foreign_database_is_refused_even_with_init() {
+        let (_dir, path) = temp_db();
+        Connection::open(&path).unwrap().execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        let err = open(&path, true).err().expect("a foreign database must be refused");
+        assert!(err.to_string().contains("not a Locus metadata database"), "{err}");
+    }
+
+    #[test]
+    fn a_second_opener_is_refused() {
+        let (_dir, path) = temp_db();
+        let first = open(&path, true).unwrap();
+        let err = open(&path, false).err().expect("a second opener must be refused");
+        assert!(matches!(err, MetaError::InUse { .. }) && err.to_string().contains("in use"), "{err}");
+        drop(first);
+        open(&path, false).unwrap();
+    }
+
+    #[test]
+    fn zeroed_pages_are_refused() {
+        let (_dir, path) = temp_db();
+        {
+            let s = MetaService::open(&test_config(path.clone())).unwrap();
+            for i in 0..300 {
+                let name = format!("file-with-a-longish-name-{i}").into_bytes();
+                let req = MetaRequest::Create {
+                    parent: ROOT_INODE,
+                    name,
+                    node: proto::meta::NewNode::File,
+                    mode: 0o644,
+                    caller: proto::types::Caller { uid: 0, gid: 0 },
+                    exclusive: true,
+                    open_by: None,
+                };
+                s.handle_blocking(req).unwrap();
+            }
+        }
+        // Fold the WAL into the file, then zero pages 2..6 (page 1 holds the header).
+        Connection::open(&path).unwrap().execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 6 * 4096, "{} bytes", bytes.len());
+        bytes[4096..6 * 4096].fill(0);
+        std::fs::write(&path, bytes).unwrap();
+        let err = open(&path, false).err().expect("a damaged database must be refused");
+        assert!(matches!(err, MetaError::Damaged { .. }) && err.to_string().contains("damaged"), "{err}");
+    }
+
+    /// Opens the committed schema-1 fixture (see tests/fixtures/README.md): it is
+    /// adopted (given a cluster id) in place and reads back whole.
+    #[test]
+    fn a_version_1_database_is_upgraded_in_place() {
+        let (_dir, path) = temp_db();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/schema-v1.db");
+        std::fs::copy(fixture, &path).unwrap();
+        let s = MetaService::open(&MetaConfig { init: false, ..test_config(path.clone()) }).unwrap();
+        assert_eq!(s.cluster_id().len(), 32);
+        let ask = |req| s.handle_blocking(req).unwrap();
+        let attr = |r: MetaReply| match r {
+            MetaReply::Attr(a) => a,
+            other => panic!("expected Attr, got {other:?}"),
+        };
+        let docs = attr(ask(MetaRequest::Lookup { parent: ROOT_INODE, name: b"docs".to_vec() }));
+        assert_eq!(docs.kind, FileKind::Dir);
+        let a = attr(ask(MetaRequest::Lookup { parent: docs.ino, name: b"a.txt".to_vec() }));
+        assert_eq!(a.size, 150);
+        let MetaReply::Extents(extents) = ask(MetaRequest::ListExtents { after: None, limit: 10 }) else {
+            panic!("expected extents")
+        };
+        let shape: Vec<_> = extents
+            .iter()
+            .filter(|(ino, _)| *ino == a.ino)
+            .map(|(_, e)| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset))
+            .collect();
+        assert_eq!(shape, vec![(0, 100, 1, 0), (100, 50, 2, 10)]);
+        let colour = ask(MetaRequest::GetXattr { ino: a.ino, name: b"user.colour".to_vec() });
+        assert_eq!(colour, MetaReply::Bytes(b"blue".to_vec()));
+        let sub = attr(ask(MetaRequest::Lookup { parent: docs.ino, name: b"sub".to_vec() }));
+        let b = attr(ask(MetaRequest::Lookup { parent: sub.ino, name: b"b.bin".to_vec() }));
+        assert_eq!(b.size, 4096);
+        let link = attr(ask(MetaRequest::Lookup { parent: ROOT_INODE, name: b"link".to_vec() }));
+        assert_eq!(ask(MetaRequest::ReadLink { ino: link.ino }), MetaReply::Bytes(b"docs/a.txt".to_vec()));
+        let MetaReply::Nodes(nodes) = ask(MetaRequest::ListNodes) else { panic!("expected nodes") };
+        assert_eq!(nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["n1"]);
+        let MetaReply::Chunks(chunks) = ask(MetaRequest::ListChunks { after: None, limit: 10 }) else {
+            panic!("expected chunks")
+        };
+        assert_eq!(chunks.iter().map(|c| c.refcount).collect::<Vec<_>>(), [1, 1, 1]);
+        let cluster = s.cluster_id().to_string();
+        drop(s);
+        let conn = Connection::open(&path).unwrap();
+        let v: i64 = conn.query_row("SELECT version FROM meta_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let kept: String = conn.query_row("SELECT id FROM cluster", [], |r| r.get(0)).unwrap();
+        assert_eq!(kept, cluster, "adopted once, kept");
     }
 }

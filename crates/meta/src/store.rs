@@ -1,10 +1,10 @@
-//! The backend seam: a transactional store of rows (`MetaStore`, `Txn`) that every
-//! database implements once, so the POSIX logic in `ops` is written only once.
+//! The backend seam: row operations inside a transaction (`Txn`) and the connections
+//! that run them (`WriteConn`, `ReadConn`); a database implements only these, and the
+//! shared `engine` and `ops` are written once above them.
 
 use crate::error::MetaError;
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
-use std::sync::{Arc, Mutex};
 
 /// An inode row: the attributes plus what only meta needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,90 +114,41 @@ pub trait Txn {
     fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError>;
 }
 
-/// One write operation as the store's writer runs it.
-pub type WriteOp = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + Send>;
-/// Called once a write is committed (or failed), from the store's writer.
-pub type WriteDone = Box<dyn FnOnce(Result<(), MetaError>) + Send>;
-/// One read operation.
+/// A backend's one write connection, driven by the shared group commit in `engine`.
+/// Between `begin` and `commit` (or `rollback`) `txn` runs row operations inside it.
+pub trait WriteConn: Send {
+    /// Starts a write transaction; with `durable`, its commit is on disk when it returns.
+    fn begin(&mut self, durable: bool) -> Result<(), MetaError>;
+    /// Marks a point the transaction can return to (one level; never nested).
+    fn savepoint(&mut self) -> Result<(), MetaError>;
+    /// Undoes everything since `savepoint` and forgets it.
+    fn rollback_to_savepoint(&mut self) -> Result<(), MetaError>;
+    /// Keeps everything since `savepoint` and forgets it.
+    fn release_savepoint(&mut self) -> Result<(), MetaError>;
+    /// Commits the transaction.
+    fn commit(&mut self) -> Result<(), MetaError>;
+    /// Abandons the transaction (also after a failed `commit`).
+    fn rollback(&mut self) -> Result<(), MetaError>;
+    /// The row operations, inside the open transaction.
+    fn txn(&mut self) -> &mut dyn Txn;
+}
+
+/// One read operation, run on a consistent snapshot.
 pub type ReadOp<'a> = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + 'a>;
 
-/// A transactional backend. Writes may be group-committed with other writes, but each
-/// one is atomic on its own: if it fails, none of its changes survive.
-pub trait MetaStore: Send + Sync {
-    /// Queues `op` to run in a write transaction and calls `done` once it is committed
-    /// (with `durable`: on disk) or has failed. Never blocks, so async callers need no
-    /// blocking thread.
-    fn submit_write(&self, durable: bool, op: WriteOp, done: WriteDone);
+/// A backend's read connection; the shared read pool gives each one its own thread.
+pub trait ReadConn: Send {
     /// Runs `op` on a consistent snapshot.
-    fn read_op(&self, op: ReadOp<'_>) -> Result<(), MetaError>;
+    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError>;
 }
 
-/// Typed write that calls `done` with `f`'s result once it is committed.
-fn submit<R: Send + 'static>(
-    store: &dyn MetaStore,
-    durable: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
-    done: impl FnOnce(Result<R, MetaError>) + Send + 'static,
-) {
-    let slot = Arc::new(Mutex::new(None));
-    let out = slot.clone();
-    let op: WriteOp = Box::new(move |t| {
-        let r = f(t)?;
-        *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        Ok(())
-    });
-    store.submit_write(
-        durable,
-        op,
-        Box::new(move |committed| {
-            let r = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-            done(
-                committed
-                    .and_then(|()| r.ok_or_else(|| MetaError::Internal("write committed without a result".into()))),
-            )
-        }),
-    );
-}
-
-/// Typed write that blocks until committed (for blocking callers and tests).
-pub fn write<R: Send + 'static>(
-    store: &dyn MetaStore,
-    durable: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
-) -> Result<R, MetaError> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    submit(store, durable, f, move |r| {
-        let _ = tx.send(r);
-    });
-    rx.recv().map_err(|_| MetaError::Internal("the store dropped a write".into()))?
-}
-
-/// Typed write for async callers. A plain write may commit on the calling thread
-/// (it takes tens of microseconds); a durable one waits for an fsync, so it is
-/// submitted from the blocking pool.
-pub async fn write_async<R: Send + 'static>(
-    store: Arc<dyn MetaStore>,
-    durable: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
-) -> Result<R, MetaError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let done = move |r| {
-        let _ = tx.send(r);
-    };
-    if durable {
-        tokio::task::spawn_blocking(move || submit(&*store, durable, f, done));
-    } else {
-        submit(&*store, durable, f, done);
-    }
-    rx.await.map_err(|_| MetaError::Internal("the store dropped a write".into()))?
-}
-
-/// Typed convenience over `MetaStore::read_op`.
-pub fn read<R>(store: &dyn MetaStore, f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
-    let mut slot = None;
-    store.read_op(Box::new(|t| {
-        slot = Some(f(t)?);
-        Ok(())
-    }))?;
-    slot.ok_or_else(|| MetaError::Internal("read finished without a result".into()))
+/// What a backend hands to the shared engine: its write connection and its read
+/// connections (how many readers run at once is the backend's choice).
+pub struct Backend {
+    /// The identity the database was formatted with; fixed for its lifetime.
+    pub cluster_id: String,
+    /// The single write connection; the engine serialises and group-commits writes on it.
+    pub writer: Box<dyn WriteConn>,
+    /// Read connections, one thread each.
+    pub readers: Vec<Box<dyn ReadConn>>,
 }

@@ -3,10 +3,12 @@
 //! into a site cache (`site`), and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
 
+mod cluster;
 mod metrics;
 mod reclaim;
 mod site;
 
+use cluster::Membership;
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
 pub use site::WanConfig;
@@ -17,7 +19,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{MetaRequest, MetaResult};
+use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -69,6 +71,11 @@ pub enum NodeError {
         "meta at {addr} refused node id {id:?}: another node is already registered under that id; give this node a unique id"
     )]
     DuplicateId { addr: String, id: String },
+    #[error(
+        "meta at {addr} serves cluster {theirs}, but this node belongs to cluster {ours} (recorded in {file}); \
+         point the node at its own cluster's meta, or give it a fresh data directory to join this one"
+    )]
+    WrongCluster { addr: String, ours: String, theirs: String, file: String },
     #[error("meta at {addr} refused to register node {id:?}: {source}")]
     Refused { addr: String, id: String, source: WireError },
     #[error("serving chunks stopped: {0}")]
@@ -208,7 +215,8 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     );
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
-    register(&meta, &config, &store, &site, Vec::new()).await?;
+    let membership = Arc::new(Membership::load(&config.data_dir)?);
+    register(&meta, &config, &membership, &store, &site, Vec::new()).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
@@ -232,6 +240,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     workers.spawn(Heartbeat {
         meta,
         config,
+        membership,
         store: store.clone(),
         site: site.clone(),
         period,
@@ -244,10 +253,12 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     served.map_err(NodeError::Serve)
 }
 
-/// Sends one `RegisterNode` with current stats.
+/// Sends one `RegisterNode` with current stats and checks (or, the first time, adopts)
+/// the cluster meta answers with.
 async fn register(
     meta: &RpcClient,
     config: &NodeConfig,
+    membership: &Membership,
     store: &ChunkStore,
     site: &SiteLink,
     site_rtts: Vec<(String, u64)>,
@@ -266,8 +277,9 @@ async fn register(
         cache_bytes: site.cache_bytes(),
     };
     let addr = config.meta_addr.clone();
-    match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node }).await {
-        Ok(Ok(_)) => Ok(()),
+    match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node, cluster_id: membership.id() }).await {
+        Ok(Ok(MetaReply::Registered { cluster_id })) => membership.confirm(&addr, &cluster_id),
+        Ok(Ok(other)) => Err(NodeError::Internal(format!("meta answered RegisterNode with {other:?}"))),
         Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId { addr, id: config.id.clone() }),
         Ok(Err(source)) => Err(NodeError::Refused { addr, id: config.id.clone(), source }),
         Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
@@ -280,6 +292,7 @@ async fn register(
 struct Heartbeat {
     meta: Arc<RpcClient>,
     config: NodeConfig,
+    membership: Arc<Membership>,
     store: Arc<ChunkStore>,
     site: Arc<SiteLink>,
     period: Duration,
@@ -300,7 +313,8 @@ impl Worker for Heartbeat {
     }
 
     async fn work(&mut self) -> Result<Step, NodeError> {
-        match register(&self.meta, &self.config, &self.store, &self.site, self.site.site_rtts()).await {
+        let rtts = self.site.site_rtts();
+        match register(&self.meta, &self.config, &self.membership, &self.store, &self.site, rtts).await {
             Ok(()) if self.failing => {
                 tracing::info!(meta = %self.config.meta_addr, "heartbeat to meta succeeds again");
                 self.failing = false;

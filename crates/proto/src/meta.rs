@@ -262,9 +262,13 @@ pub enum MetaRequest {
         owner: u64,
     },
 
-    /// A node announces itself and its capacity; repeated as its heartbeat.
+    /// A node announces itself and its capacity; repeated as its heartbeat. Answered
+    /// with `Registered`.
     RegisterNode {
         node: NodeInfo,
+        /// The cluster the node belongs to; `None` before its first registration
+        /// (it then adopts the id meta answers with).
+        cluster_id: Option<String>,
     },
     ListNodes,
     /// Where these chunks are stored, for readers and fsck.
@@ -334,6 +338,12 @@ pub enum MetaReply {
     Welcome {
         session: SessionId,
         heartbeat_ms: u64,
+        /// The cluster this meta serves, created when its database was formatted.
+        cluster_id: String,
+    },
+    /// RegisterNode: the cluster the node now belongs to.
+    Registered {
+        cluster_id: String,
     },
     Done,
     Attr(Attr),

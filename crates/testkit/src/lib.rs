@@ -82,6 +82,7 @@ impl Cluster {
             "127.0.0.1:0".into(),
             "--db".into(),
             db.display().to_string(),
+            "--init".into(),
             "--session-expiry-secs".into(),
             "6".into(),
         ];

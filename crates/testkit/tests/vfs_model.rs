@@ -47,11 +47,12 @@ fn env() -> &'static Env {
         let dir = tempfile::tempdir().unwrap();
         let meta_addr = rt.block_on(async {
             let config = meta::MetaConfig {
-                db_path: dir.path().join("meta.db"),
+                db_url: dir.path().join("meta.db").display().to_string(),
+                init: true,
                 heartbeat: Duration::from_secs(2),
                 session_expiry: Duration::from_secs(30),
             };
-            let service = meta::MetaService::open_sqlite(&config).unwrap();
+            let service = meta::MetaService::open(&config).unwrap();
             service.spawn_background();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let meta_addr = listener.local_addr().unwrap().to_string();

@@ -1,7 +1,7 @@
-//! The conformance suite every `MetaStore` backend must pass: it drives a
-//! `MetaService` over the backend through `MetaRequest`s and checks POSIX results,
-//! error codes and exact chunk refcounts.
+//! The cases of the conformance suite, one public function each; `conformance_tests!`
+//! turns each into a `#[test]` for a backend.
 
+use super::Factory;
 use crate::service::{MetaConfig, MetaService};
 use proto::error::ErrorCode;
 use proto::meta::*;
@@ -9,53 +9,14 @@ use proto::types::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A backend under test: opens a service over the same underlying database each time.
-pub trait Backend {
-    fn open(&self) -> Arc<MetaService>;
-}
-
-/// One conformance case.
-pub type Case = fn(&dyn Backend);
-
-/// Every case, by name.
-pub const CASES: &[(&str, Case)] = &[
-    ("root_and_create", root_and_create),
-    ("names_are_checked", names_are_checked),
-    ("setgid_inheritance", setgid_inheritance),
-    ("hard_links", hard_links),
-    ("unlink_orphan_release", unlink_orphan_release),
-    ("rmdir", rmdir),
-    ("rename_replace", rename_replace),
-    ("rename_noreplace_exchange", rename_noreplace_exchange),
-    ("rename_dirs", rename_dirs),
-    ("setattr_truncate", setattr_truncate),
-    ("commit_write_splits", commit_write_splits),
-    ("compact_checks_the_version", compact_checks_the_version),
-    ("fallocate", fallocate),
-    ("open_truncate_and_sync", open_truncate_and_sync),
-    ("xattrs", xattrs),
-    ("readdir_paging", readdir_paging),
-    ("persistence", persistence),
-    ("nodes", nodes),
-    ("sessions", sessions),
-    ("session_expiry", session_expiry),
-    ("orphans_are_reaped_after_restart", orphans_are_reaped_after_restart),
-    ("locks", locks),
-    ("chunk_catalogue", chunk_catalogue),
-    ("site_round_trips", site_round_trips),
-];
-
-/// Runs every case, each on a fresh backend made by `fresh`.
-pub fn run_all(fresh: &dyn Fn() -> Box<dyn Backend>) {
-    for (name, case) in CASES {
-        eprintln!("conformance: {name}");
-        let backend = fresh();
-        case(&*backend);
-    }
-}
-
+/// The settings every case runs with, over the SQLite file `db_path` (formatted if new).
 pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
-    MetaConfig { db_path, heartbeat: Duration::from_secs(5), session_expiry: Duration::from_secs(30) }
+    MetaConfig {
+        db_url: db_path.display().to_string(),
+        init: true,
+        heartbeat: Duration::from_secs(5),
+        session_expiry: Duration::from_secs(30),
+    }
 }
 
 fn call(s: &Arc<MetaService>, req: MetaRequest) -> MetaResult {
@@ -115,7 +76,7 @@ fn lookup(s: &Arc<MetaService>, parent: InodeId, name: &str) -> Result<Attr, Err
 fn hello(s: &Arc<MetaService>) -> SessionId {
     let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
     match ok(s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }) {
-        MetaReply::Welcome { session, heartbeat_ms } => {
+        MetaReply::Welcome { session, heartbeat_ms, .. } => {
             assert_eq!(heartbeat_ms, 5000);
             session
         }
@@ -154,7 +115,8 @@ fn extents(s: &Arc<MetaService>, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
     }
 }
 
-fn root_and_create(b: &dyn Backend) {
+/// Conformance case `root_and_create`.
+pub fn root_and_create(b: &dyn Factory) {
     let s = b.open();
     let root = get(&s, ROOT_INODE);
     assert_eq!((root.kind, root.mode, root.uid, root.gid, root.nlink), (FileKind::Dir, 0o755, 0, 0, 2));
@@ -222,7 +184,8 @@ fn root_and_create(b: &dyn Backend) {
     assert_eq!(err(&s, MetaRequest::GetAttr { ino: 9999 }), ErrorCode::NotFound);
 }
 
-fn names_are_checked(b: &dyn Backend) {
+/// Conformance case `names_are_checked`.
+pub fn names_are_checked(b: &dyn Factory) {
     let s = b.open();
     for bad in ["", ".", "..", "a/b"] {
         assert_eq!(err(&s, create_req(ROOT_INODE, bad, NewNode::File, 0o644)), ErrorCode::InvalidArgument, "{bad:?}");
@@ -236,7 +199,8 @@ fn names_are_checked(b: &dyn Backend) {
     assert_eq!(f.mode, 0o644);
 }
 
-fn setgid_inheritance(b: &dyn Backend) {
+/// Conformance case `setgid_inheritance`.
+pub fn setgid_inheritance(b: &dyn Factory) {
     let s = b.open();
     let d = mk(&s, ROOT_INODE, "shared", NewNode::Dir);
     ok(
@@ -259,7 +223,8 @@ fn setgid_inheritance(b: &dyn Backend) {
     assert_eq!(plain.gid, 100);
 }
 
-fn hard_links(b: &dyn Backend) {
+/// Conformance case `hard_links`.
+pub fn hard_links(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
@@ -287,7 +252,8 @@ fn hard_links(b: &dyn Backend) {
     assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound);
 }
 
-fn unlink_orphan_release(b: &dyn Backend) {
+/// Conformance case `unlink_orphan_release`.
+pub fn unlink_orphan_release(b: &dyn Factory) {
     let s = b.open();
     let session = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
@@ -367,7 +333,8 @@ fn unlink_orphan_release(b: &dyn Backend) {
     assert_eq!(get(&s, d.ino).nlink, 2);
 }
 
-fn rmdir(b: &dyn Backend) {
+/// Conformance case `rmdir`.
+pub fn rmdir(b: &dyn Factory) {
     let s = b.open();
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     let e = mk(&s, d.ino, "e", NewNode::Dir);
@@ -389,7 +356,8 @@ fn rename_req(parent: InodeId, name: &str, new_parent: InodeId, new_name: &str, 
     MetaRequest::Rename { parent, name: name.into(), new_parent, new_name: new_name.into(), mode }
 }
 
-fn rename_replace(b: &dyn Backend) {
+/// Conformance case `rename_replace`.
+pub fn rename_replace(b: &dyn Factory) {
     let s = b.open();
     let a = mk(&s, ROOT_INODE, "a", NewNode::File);
     let t = mk(&s, ROOT_INODE, "t", NewNode::File);
@@ -422,7 +390,8 @@ fn rename_replace(b: &dyn Backend) {
     assert_eq!(err(&s, rename_req(ROOT_INODE, "o", a.ino, "x", RenameMode::Replace)), ErrorCode::NotDir);
 }
 
-fn rename_noreplace_exchange(b: &dyn Backend) {
+/// Conformance case `rename_noreplace_exchange`.
+pub fn rename_noreplace_exchange(b: &dyn Factory) {
     let s = b.open();
     let a = mk(&s, ROOT_INODE, "a", NewNode::File);
     let bb = mk(&s, ROOT_INODE, "b", NewNode::File);
@@ -454,7 +423,8 @@ fn rename_noreplace_exchange(b: &dyn Backend) {
     assert_eq!(lookup(&s, dir.ino, "inner").map(|x| x.ino), Ok(inner.ino));
 }
 
-fn rename_dirs(b: &dyn Backend) {
+/// Conformance case `rename_dirs`.
+pub fn rename_dirs(b: &dyn Factory) {
     let s = b.open();
     let a = mk(&s, ROOT_INODE, "a", NewNode::Dir);
     let sub = mk(&s, a.ino, "sub", NewNode::Dir);
@@ -486,7 +456,8 @@ fn rename_dirs(b: &dyn Backend) {
     assert_eq!(get(&s, f.ino).nlink, 1);
 }
 
-fn setattr_truncate(b: &dyn Backend) {
+/// Conformance case `setattr_truncate`.
+pub fn setattr_truncate(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0), ext(100, 100, 2, 0)], 200);
@@ -522,7 +493,8 @@ fn setattr_truncate(b: &dyn Backend) {
     );
 }
 
-fn commit_write_splits(b: &dyn Backend) {
+/// Conformance case `commit_write_splits`.
+pub fn commit_write_splits(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let a = commit(&s, f.ino, vec![ext(0, 100, 1, 1000)], 100);
@@ -576,7 +548,8 @@ fn commit_write_splits(b: &dyn Backend) {
     assert_eq!(refcount(&s, 4), Some(2));
 }
 
-fn compact_checks_the_version(b: &dyn Backend) {
+/// Conformance case `compact_checks_the_version`.
+pub fn compact_checks_the_version(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 10, 3, 0)], 30);
@@ -605,7 +578,8 @@ fn compact_checks_the_version(b: &dyn Backend) {
     assert_eq!(err(&s, beyond), ErrorCode::InvalidArgument);
 }
 
-fn fallocate(b: &dyn Backend) {
+/// Conformance case `fallocate`.
+pub fn fallocate(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
@@ -626,7 +600,8 @@ fn fallocate(b: &dyn Backend) {
     );
 }
 
-fn open_truncate_and_sync(b: &dyn Backend) {
+/// Conformance case `open_truncate_and_sync`.
+pub fn open_truncate_and_sync(b: &dyn Factory) {
     let s = b.open();
     let session = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
@@ -651,7 +626,8 @@ fn open_truncate_and_sync(b: &dyn Backend) {
     assert_eq!(ok(&s, MetaRequest::Sync), MetaReply::Done);
 }
 
-fn xattrs(b: &dyn Backend) {
+/// Conformance case `xattrs`.
+pub fn xattrs(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let set = |name: &str, value: &[u8], mode| MetaRequest::SetXattr {
@@ -712,7 +688,8 @@ fn read_all(s: &Arc<MetaService>, dir: InodeId, limit: u32) -> Vec<DirEntry> {
     out
 }
 
-fn readdir_paging(b: &dyn Backend) {
+/// Conformance case `readdir_paging`.
+pub fn readdir_paging(b: &dyn Factory) {
     let s = b.open();
     let d = mk(&s, ROOT_INODE, "big", NewNode::Dir);
     for i in 0..1000 {
@@ -740,7 +717,8 @@ fn readdir_paging(b: &dyn Backend) {
     assert_eq!(read_all(&s, mk(&s, ROOT_INODE, "empty", NewNode::Dir).ino, 10).len(), 0);
 }
 
-fn persistence(b: &dyn Backend) {
+/// Conformance case `persistence`.
+pub fn persistence(b: &dyn Factory) {
     let (f, d) = {
         let s = b.open();
         let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
@@ -778,18 +756,20 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
     }
 }
 
-fn nodes(b: &dyn Backend) {
+/// Conformance case `nodes`.
+pub fn nodes(b: &dyn Factory) {
     let s = b.open();
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100) });
-    ok(&s, MetaRequest::RegisterNode { node: node("n2", "10.0.0.2:7000", 2000, 300) });
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150) });
-    let e = call(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.9:7000", 1000, 150) }).unwrap_err();
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
+    ok(&s, MetaRequest::RegisterNode { node: node("n2", "10.0.0.2:7000", 2000, 300), cluster_id: None });
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None });
+    let e = call(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.9:7000", 1000, 150), cluster_id: None })
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::Exists);
     assert!(e.message.contains("claim id n1"), "{}", e.message);
     // The same store restarted on a new address takes its id over at once.
     let restarted = NodeInfo { addr: "10.0.0.1:7001".into(), ..node("n1", "10.0.0.1:7000", 1000, 150) };
-    ok(&s, MetaRequest::RegisterNode { node: restarted });
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150) });
+    ok(&s, MetaRequest::RegisterNode { node: restarted, cluster_id: None });
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None });
     match ok(&s, MetaRequest::ListNodes) {
         MetaReply::Nodes(n) => {
             assert_eq!(n.len(), 2);
@@ -807,7 +787,8 @@ fn nodes(b: &dyn Backend) {
     );
 }
 
-fn sessions(b: &dyn Backend) {
+/// Conformance case `sessions`.
+pub fn sessions(b: &dyn Factory) {
     let s = b.open();
     let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "status".into() };
     let e = call(&s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION + 1, session: info }).unwrap_err();
@@ -835,7 +816,8 @@ fn lock(ino: InodeId, owner: u64, start: u64, end: u64, kind: LockKind) -> LockR
     LockRange { ino, owner, start, end, kind, pid: 42 }
 }
 
-fn session_expiry(b: &dyn Backend) {
+/// Conformance case `session_expiry`.
+pub fn session_expiry(b: &dyn Factory) {
     let s = b.open();
     let old = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
@@ -864,7 +846,8 @@ fn session_expiry(b: &dyn Backend) {
     assert_eq!(refcount(&s, 5), Some(0));
 }
 
-fn orphans_are_reaped_after_restart(b: &dyn Backend) {
+/// Conformance case `orphans_are_reaped_after_restart`.
+pub fn orphans_are_reaped_after_restart(b: &dyn Factory) {
     let f = {
         let s = b.open();
         let session = hello(&s);
@@ -885,7 +868,8 @@ fn orphans_are_reaped_after_restart(b: &dyn Backend) {
     assert_eq!(refcount(&s, 6), Some(0));
 }
 
-fn locks(b: &dyn Backend) {
+/// Conformance case `locks`.
+pub fn locks(b: &dyn Factory) {
     let s = b.open();
     let (a, c) = (hello(&s), hello(&s));
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
@@ -918,7 +902,8 @@ fn locks(b: &dyn Backend) {
     ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 5, LockKind::Write) });
 }
 
-fn chunk_catalogue(b: &dyn Backend) {
+/// Conformance case `chunk_catalogue`.
+pub fn chunk_catalogue(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
@@ -999,13 +984,14 @@ fn chunk_catalogue(b: &dyn Backend) {
     }
 }
 
-fn site_round_trips(b: &dyn Backend) {
+/// Conformance case `site_round_trips`.
+pub fn site_round_trips(b: &dyn Factory) {
     let s = b.open();
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100) });
+    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
     let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
     far.site = "s2".into();
     far.site_rtts = vec![("s1".into(), 51_000)];
-    ok(&s, MetaRequest::RegisterNode { node: far });
+    ok(&s, MetaRequest::RegisterNode { node: far, cluster_id: None });
     match ok(&s, MetaRequest::Status) {
         MetaReply::Status(st) => assert_eq!(
             st.site_rtts,
@@ -1015,18 +1001,30 @@ fn site_round_trips(b: &dyn Backend) {
     }
 }
 
-/// The SQLite backend on a real file in a temporary directory.
-struct SqliteBackend {
-    dir: tempfile::TempDir,
-}
-
-impl Backend for SqliteBackend {
-    fn open(&self) -> Arc<MetaService> {
-        MetaService::open_sqlite(&test_config(self.dir.path().join("meta.db"))).expect("open sqlite")
-    }
-}
-
-#[test]
-fn sqlite_passes_conformance() {
-    run_all(&|| Box::new(SqliteBackend { dir: tempfile::tempdir().expect("tempdir") }));
+/// Conformance case `cluster_identity`.
+pub fn cluster_identity(b: &dyn Factory) {
+    let s = b.open();
+    let id = match ok(
+        &s,
+        MetaRequest::Hello {
+            protocol: proto::PROTOCOL_VERSION,
+            session: SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "id".into() },
+        },
+    ) {
+        MetaReply::Welcome { cluster_id, .. } => cluster_id,
+        other => panic!("expected Welcome, got {other:?}"),
+    };
+    assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
+    let first = MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None };
+    assert_eq!(ok(&s, first), MetaReply::Registered { cluster_id: id.clone() });
+    let again =
+        MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: Some(id.clone()) };
+    assert_eq!(ok(&s, again), MetaReply::Registered { cluster_id: id.clone() });
+    let foreign =
+        MetaRequest::RegisterNode { node: node("n2", "10.0.0.2:7000", 1000, 100), cluster_id: Some("f".repeat(32)) };
+    let e = call(&s, foreign).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotPermitted);
+    assert!(e.message.contains(&"f".repeat(32)) && e.message.contains(&id), "{}", e.message);
+    drop(s);
+    assert_eq!(b.open().cluster_id(), id, "the id is kept across restarts");
 }

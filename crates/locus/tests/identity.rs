@@ -1,0 +1,225 @@
+//! A cluster has an identity, and meta, nodes and gc refuse what is not theirs: a
+//! database meta did not format, a damaged or already-used one, a node of another
+//! cluster, a gc that would empty the nodes. Real processes, no FUSE needed.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use testkit::Cluster;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_locus"))
+}
+
+/// Runs `locus args` to completion (commands expected to fail exit at once).
+fn locus(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Starts `locus meta` on `db` and asserts it refuses, returning its error output.
+fn refused_meta(db: &str) -> String {
+    let o = locus(&["meta", "--listen", "127.0.0.1:0", "--db", db]);
+    assert!(!o.status.success(), "meta started on {db}");
+    stderr(&o)
+}
+
+#[test]
+fn meta_refuses_a_database_it_did_not_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("wrong/path/meta.db");
+    let err = refused_meta(missing.to_str().unwrap());
+    assert!(err.contains("does not exist") && err.contains("--init"), "{err}");
+    assert!(!missing.exists());
+
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let err = refused_meta(&format!("sqlite://{}", empty.display()));
+    assert!(err.contains("is empty") && err.contains("--init"), "{err}");
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "refusing leaves the file alone");
+
+    let err = refused_meta("postgres://db.example/locus");
+    assert!(err.contains("not built yet") && err.contains("sqlite://"), "{err}");
+    let err = refused_meta("mysql://db.example/locus");
+    assert!(err.contains("unknown scheme") && err.contains("sqlite://"), "{err}");
+}
+
+#[test]
+fn a_second_meta_on_the_same_database_is_refused() {
+    let c = Cluster::start(bin(), 0);
+    let db = c.path().join("meta.db");
+    let err = refused_meta(db.to_str().unwrap());
+    assert!(err.contains("in use by another locus meta"), "{err}");
+}
+
+#[test]
+fn a_damaged_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("meta.db");
+    {
+        let config = meta::MetaConfig {
+            db_url: db.display().to_string(),
+            init: true,
+            heartbeat: std::time::Duration::from_secs(2),
+            session_expiry: std::time::Duration::from_secs(30),
+        };
+        // A new database already has a page per table and index.
+        drop(meta::MetaService::open(&config).unwrap());
+        // Closing the last connection folds the WAL into the file.
+    }
+    assert!(!dir.path().join("meta.db-wal").exists(), "the WAL was not checkpointed");
+    let mut bytes = std::fs::read(&db).unwrap();
+    assert!(bytes.len() >= 8 * 4096, "{} bytes", bytes.len());
+    // Four zeroed pages after the header page.
+    bytes[4096..5 * 4096].fill(0);
+    std::fs::write(&db, bytes).unwrap();
+    let err = refused_meta(db.to_str().unwrap());
+    assert!(err.contains("is damaged") && err.contains("restore it from a backup"), "{err}");
+}
+
+/// The cluster id a node recorded in `data_dir`. It writes it right after meta
+/// accepted it, so wait for that (bounded).
+fn recorded_cluster(data_dir: &Path) -> String {
+    let file = data_dir.join("CLUSTER");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(id) = std::fs::read_to_string(&file) {
+            return id.trim().to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "{} was never written", file.display());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_node_of_another_cluster_is_refused() {
+    let mut a = Cluster::start(bin(), 2);
+    let ids = [recorded_cluster(&a.node_dir("node0")), recorded_cluster(&a.node_dir("node1"))];
+    assert_eq!(ids[0], ids[1], "both nodes joined the one cluster");
+    assert!(ids[0].len() == 32 && ids[0].chars().all(|c| c.is_ascii_hexdigit()), "{}", ids[0]);
+
+    // Cluster A stops; its node's data directory is pointed at cluster B's meta.
+    a.kill_all();
+    let b = Cluster::start(bin(), 0);
+    let stray = a.node_dir("node0");
+    let o = locus(&[
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--meta",
+        &b.meta.addr,
+        "--data-dir",
+        stray.to_str().unwrap(),
+        "--id",
+        "stray",
+    ]);
+    assert!(!o.status.success(), "a node of cluster A registered with cluster B");
+    let err = stderr(&o);
+    assert!(err.contains(&format!("belongs to cluster {}", ids[0])), "{err}");
+}
+
+#[test]
+fn gc_refuses_to_empty_the_nodes_and_dry_run_deletes_nothing() {
+    let c = Cluster::start(bin(), 1);
+    // 120 chunks on the node that the catalogue knows nothing about.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let node = net::RpcClient::connect(&c.nodes[0].addr, 1, std::time::Duration::from_secs(10)).await.unwrap();
+        for i in 0..120u32 {
+            let data = format!("stray chunk {i}").into_bytes();
+            let req = proto::node::NodeRequest::Put { id: proto::types::ChunkId::of(&data) };
+            let (r, _): (proto::node::NodeResult, _) = node.call_bulk(&req, bytes::Bytes::from(data)).await.unwrap();
+            r.unwrap();
+        }
+    });
+    let stored = || std::fs::read_dir(c.node_dir("node0").join("chunks")).unwrap().count();
+    let before = stored();
+
+    let o = c.locus(&["gc", "--meta", &c.meta.addr, "--min-age", "0s"]);
+    assert!(!o.status.success(), "gc deleted from nodes full of unreferenced chunks");
+    let err = stderr(&o);
+    assert!(err.contains("refuses to delete 120 of the 120") && err.contains("--force"), "{err}");
+    assert!(err.contains("--dry-run"), "{err}");
+    assert_eq!(stored(), before);
+
+    let o = c.locus(&["gc", "--meta", &c.meta.addr, "--min-age", "0s", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().filter(|l| l.starts_with("would delete")).count(), 120, "{out}");
+    assert!(out.contains("nothing deleted"), "{out}");
+    assert_eq!(stored(), before);
+
+    let o = c.locus(&["gc", "--meta", &c.meta.addr, "--min-age", "0s", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("120 unreferenced chunks older than 0s deleted"), "{out}");
+}
+
+#[test]
+fn up_refuses_a_data_directory_that_lost_its_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
+    std::fs::create_dir_all(data.join("chunks")).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let o = locus(&["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
+    assert!(!o.status.success(), "up started a new namespace next to old chunks");
+    let err = stderr(&o);
+    assert!(err.contains("meta.db does not exist") && err.contains("--init"), "{err}");
+    assert!(!data.join("meta.db").exists());
+}
+
+/// Runs `locus up` until it has mounted (bounded), returning the child.
+fn up(mnt: &Path, data: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = Command::new(bin())
+        .args(["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("locus mounted on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
+        let _ = child.kill();
+        panic!("locus up did not mount within 30 s");
+    }
+    child
+}
+
+/// Stops `locus up` as Ctrl-C would and waits for it (bounded by its own unmount).
+fn stop(mut child: std::process::Child, mnt: &Path) {
+    // SAFETY: kill only sends a signal to the pid of a child we spawned and still own.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    child.wait().unwrap();
+    let _ = Command::new("umount").arg("-l").arg(mnt).stderr(Stdio::null()).status();
+}
+
+#[test]
+fn up_formats_a_new_data_directory_once_and_reuses_it() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let first = up(&mnt, &data);
+    std::fs::write(mnt.join("kept"), b"still here").unwrap();
+    let cluster = recorded_cluster(&data.join("chunks"));
+    stop(first, &mnt);
+    let second = up(&mnt, &data);
+    let content = std::fs::read(mnt.join("kept"));
+    stop(second, &mnt);
+    assert_eq!(content.unwrap(), b"still here", "the second start used the same namespace");
+    assert_eq!(recorded_cluster(&data.join("chunks")), cluster);
+}

@@ -1,0 +1,134 @@
+//! File data mapping: extents, committed writes, compaction, truncation and fallocate.
+
+use super::*;
+
+/// Removes `[start, end)` from a file's extents, keeping the clipped pieces; chunk
+/// refcounts follow the number of extent rows that reference each chunk.
+pub(super) fn punch(t: &mut dyn Txn, ino: InodeId, start: u64, end: u64) -> Result<(), MetaError> {
+    for old in t.extents_overlapping(ino, start, end)? {
+        t.delete_extent(ino, old.file_offset)?;
+        t.adjust_refcount(&old.chunk, -1)?;
+        for piece in clip(&old, start, end) {
+            t.insert_extent(ino, &piece)?;
+            t.adjust_refcount(&piece.chunk, 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets a file's size, dropping data beyond it; the caller stores the inode.
+pub(super) fn truncate(t: &mut dyn Txn, i: &mut Inode, size: u64, now: Timestamp) -> Result<(), MetaError> {
+    if size > MAX_OFFSET {
+        return Err(MetaError::InvalidArgument(format!("size {size} exceeds the largest file size")));
+    }
+    punch(t, i.attr.ino, size, u64::MAX)?;
+    i.attr.size = size;
+    i.attr.data_version += 1;
+    i.attr.mtime = now;
+    i.attr.ctime = now;
+    Ok(())
+}
+
+pub(super) fn end_of(offset: u64, len: u64) -> Result<u64, MetaError> {
+    offset
+        .checked_add(len)
+        .filter(|e| *e <= MAX_OFFSET)
+        .ok_or_else(|| MetaError::InvalidArgument(format!("range {offset}+{len} exceeds the largest file size")))
+}
+
+pub(super) fn commit_write(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    ino: InodeId,
+    extents: &[Extent],
+    chunks: &[StoredChunk],
+    min_size: u64,
+    mtime: Timestamp,
+) -> Result<Attr, MetaError> {
+    let mut i = inode(t, ino)?;
+    require_file(&i)?;
+    if min_size > MAX_OFFSET {
+        return Err(MetaError::InvalidArgument(format!("size {min_size} exceeds the largest file size")));
+    }
+    map_extents(t, ino, extents, chunks)?;
+    i.attr.size = i.attr.size.max(min_size);
+    i.attr.mtime = mtime;
+    i.attr.ctime = now;
+    i.attr.data_version += 1;
+    t.put_inode(&i)?;
+    Ok(i.attr)
+}
+
+/// Maps `extents` (later ones win) over whatever the file had there, recording their
+/// chunks in the catalogue; refcounts stay equal to the number of extent rows.
+pub(super) fn map_extents(
+    t: &mut dyn Txn,
+    ino: InodeId,
+    extents: &[Extent],
+    chunks: &[StoredChunk],
+) -> Result<(), MetaError> {
+    for c in chunks {
+        t.upsert_chunk(c)?;
+    }
+    for e in extents {
+        let end = end_of(e.file_offset, e.len)?;
+        if e.len == 0 {
+            continue;
+        }
+        punch(t, ino, e.file_offset, end)?;
+        t.insert_extent(ino, e)?;
+        t.adjust_refcount(&e.chunk, 1)?;
+    }
+    Ok(())
+}
+
+/// Replaces fragmented extents by ones with the same bytes, only if nobody changed the
+/// file since the compactor read it (`data_version`); content and times stay as they are.
+pub(super) fn compact(
+    t: &mut dyn Txn,
+    ino: InodeId,
+    data_version: u64,
+    extents: &[Extent],
+    chunks: &[StoredChunk],
+) -> Result<Attr, MetaError> {
+    let i = inode(t, ino)?;
+    require_file(&i)?;
+    if i.attr.data_version != data_version {
+        return Err(MetaError::Stale(format!(
+            "inode {ino} changed (version {} -> {}) while it was being compacted",
+            data_version, i.attr.data_version
+        )));
+    }
+    if extents.iter().any(|e| e.end() > i.attr.size) {
+        return Err(MetaError::InvalidArgument(format!("compaction of inode {ino} reaches beyond its size")));
+    }
+    map_extents(t, ino, extents, chunks)?;
+    Ok(i.attr)
+}
+
+pub(super) fn fallocate(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    ino: InodeId,
+    offset: u64,
+    len: u64,
+    mode: AllocateMode,
+) -> Result<Attr, MetaError> {
+    let mut i = inode(t, ino)?;
+    require_file(&i)?;
+    let end = end_of(offset, len)?;
+    match mode {
+        AllocateMode::KeepSize => return Ok(i.attr),
+        AllocateMode::Extend => i.attr.size = i.attr.size.max(end),
+        AllocateMode::PunchHole => punch(t, ino, offset, end)?,
+        AllocateMode::ZeroRange => {
+            punch(t, ino, offset, end)?;
+            i.attr.size = i.attr.size.max(end);
+        }
+    }
+    i.attr.data_version += 1;
+    i.attr.mtime = now;
+    i.attr.ctime = now;
+    t.put_inode(&i)?;
+    Ok(i.attr)
+}

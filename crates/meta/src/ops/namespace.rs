@@ -1,0 +1,377 @@
+//! Namespace rules: names, directories, links, renames, attributes and xattrs.
+
+use super::*;
+
+/// Loads a directory, adjusts its link count, stamps mtime/ctime and stores it.
+pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_delta: i64) -> Result<(), MetaError> {
+    let mut d = inode(t, ino)?;
+    d.attr.nlink = (i64::from(d.attr.nlink) + nlink_delta).max(0) as u32;
+    d.attr.mtime = now;
+    d.attr.ctime = now;
+    t.put_inode(&d)
+}
+
+pub(super) fn lookup(t: &mut dyn Txn, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
+    let p = dir(t, parent)?;
+    match name {
+        b"." => return Ok(p.attr),
+        b".." => return Ok(inode(t, p.parent)?.attr),
+        _ => check_name(name)?,
+    }
+    let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
+    Ok(inode(t, ino)?.attr)
+}
+
+pub(super) fn read_dir(t: &mut dyn Txn, ino: InodeId, after: u64, limit: u32) -> Result<Vec<DirEntry>, MetaError> {
+    dir(t, ino)?;
+    let rows = t.list_dentries(ino, after, page(limit))?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        match t.get_inode(row.ino)? {
+            Some(child) => out.push(DirEntry { name: row.name, attr: child.attr, cookie: row.cookie }),
+            None => tracing::warn!(dir = ino, child = row.ino, "directory entry points at a missing inode"),
+        }
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn create(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    parent: InodeId,
+    name: &[u8],
+    node: NewNode,
+    mode: u32,
+    caller: &Caller,
+    exclusive: bool,
+) -> Result<Attr, MetaError> {
+    check_name(name)?;
+    let p = dir(t, parent)?;
+    if let Some(existing) = t.get_dentry(parent, name)? {
+        let e = inode(t, existing)?;
+        if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
+            return Ok(e.attr);
+        }
+        return Err(MetaError::Exists(show(name)));
+    }
+    let (kind, rdev, target) = match node {
+        NewNode::File => (FileKind::File, 0, Vec::new()),
+        NewNode::Dir => (FileKind::Dir, 0, Vec::new()),
+        NewNode::Symlink { target } => {
+            if target.is_empty() || target.len() > 4096 {
+                return Err(MetaError::InvalidArgument(format!("symlink target of {} bytes", target.len())));
+            }
+            (FileKind::Symlink, 0, target)
+        }
+        NewNode::Special { kind: FileKind::Dir | FileKind::Symlink, .. } => {
+            return Err(MetaError::InvalidArgument("mknod cannot make directories or symlinks".into()));
+        }
+        NewNode::Special { kind, rdev } => (kind, rdev, Vec::new()),
+    };
+    let mut mode = mode & 0o7777;
+    let gid = if p.attr.mode & 0o2000 != 0 {
+        if kind == FileKind::Dir {
+            mode |= 0o2000;
+        }
+        p.attr.gid
+    } else {
+        caller.gid
+    };
+    let ino = t.next_id(Counter::Inode)?;
+    let is_dir = kind == FileKind::Dir;
+    let size = match kind {
+        FileKind::Dir => 4096,
+        FileKind::Symlink => target.len() as u64,
+        _ => 0,
+    };
+    let new = Inode {
+        attr: Attr {
+            ino,
+            kind,
+            mode,
+            uid: caller.uid,
+            gid,
+            size,
+            nlink: if is_dir { 2 } else { 1 },
+            rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            data_version: 0,
+        },
+        parent,
+        target,
+    };
+    t.put_inode(&new)?;
+    let cookie = t.next_id(Counter::Cookie)?;
+    t.put_dentry(parent, name, ino, cookie)?;
+    touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
+    Ok(new.attr)
+}
+
+pub(super) fn link(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    ino: InodeId,
+    new_parent: InodeId,
+    new_name: &[u8],
+) -> Result<Attr, MetaError> {
+    check_name(new_name)?;
+    dir(t, new_parent)?;
+    let mut i = inode(t, ino)?;
+    if i.attr.kind == FileKind::Dir {
+        return Err(MetaError::NotPermitted(format!("hard link to directory inode {ino}")));
+    }
+    if i.attr.nlink == 0 {
+        return Err(MetaError::NotFound(format!("inode {ino} (already unlinked)")));
+    }
+    if t.get_dentry(new_parent, new_name)?.is_some() {
+        return Err(MetaError::Exists(show(new_name)));
+    }
+    i.attr.nlink = i.attr.nlink.saturating_add(1);
+    i.attr.ctime = now;
+    t.put_inode(&i)?;
+    let cookie = t.next_id(Counter::Cookie)?;
+    t.put_dentry(new_parent, new_name, ino, cookie)?;
+    touch_dir(t, new_parent, now, 0)?;
+    Ok(i.attr)
+}
+
+/// Drops one link of a non-directory; returns whether it lives on as an orphan.
+pub(super) fn drop_link(t: &mut dyn Txn, opens: &OpenTable, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
+    i.attr.nlink = i.attr.nlink.saturating_sub(1);
+    i.attr.ctime = now;
+    if i.attr.nlink > 0 {
+        t.put_inode(&i)?;
+        return Ok(false);
+    }
+    if opens.count(i.attr.ino) > 0 {
+        t.put_inode(&i)?;
+        return Ok(true);
+    }
+    destroy(t, i.attr.ino)?;
+    Ok(false)
+}
+
+pub(super) fn unlink(
+    t: &mut dyn Txn,
+    opens: &OpenTable,
+    now: Timestamp,
+    parent: InodeId,
+    name: &[u8],
+) -> Result<(InodeId, bool), MetaError> {
+    check_name(name)?;
+    dir(t, parent)?;
+    let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
+    let i = inode(t, ino)?;
+    if i.attr.kind == FileKind::Dir {
+        return Err(MetaError::IsDir(show(name)));
+    }
+    t.delete_dentry(parent, name)?;
+    touch_dir(t, parent, now, 0)?;
+    let orphaned = drop_link(t, opens, now, i)?;
+    Ok((ino, orphaned))
+}
+
+pub(super) fn is_empty_dir(t: &mut dyn Txn, ino: InodeId) -> Result<bool, MetaError> {
+    Ok(t.list_dentries(ino, 0, 1)?.is_empty())
+}
+
+pub(super) fn rmdir(t: &mut dyn Txn, now: Timestamp, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+    check_name(name)?;
+    dir(t, parent)?;
+    let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
+    let i = inode(t, ino)?;
+    if i.attr.kind != FileKind::Dir {
+        return Err(MetaError::NotDir(show(name)));
+    }
+    if !is_empty_dir(t, ino)? {
+        return Err(MetaError::NotEmpty(show(name)));
+    }
+    t.delete_dentry(parent, name)?;
+    destroy(t, ino)?;
+    touch_dir(t, parent, now, -1)
+}
+
+/// Refuses to move directory `moving` under `dest` if `dest` lies inside it.
+pub(super) fn ensure_not_within(t: &mut dyn Txn, dest: InodeId, moving: InodeId) -> Result<(), MetaError> {
+    let mut cur = dest;
+    for _ in 0..1_000_000 {
+        if cur == moving {
+            return Err(MetaError::InvalidArgument(format!("cannot move directory {moving} into its own subtree")));
+        }
+        if cur == ROOT_INODE {
+            return Ok(());
+        }
+        cur = inode(t, cur)?.parent;
+    }
+    Err(MetaError::Corrupt(format!("parent chain of inode {dest} does not reach the root")))
+}
+
+/// Points an inode at its new parent directory and stamps its ctime.
+pub(super) fn reparent(t: &mut dyn Txn, ino: InodeId, parent: InodeId, now: Timestamp) -> Result<(), MetaError> {
+    let mut i = inode(t, ino)?;
+    i.parent = parent;
+    i.attr.ctime = now;
+    t.put_inode(&i)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rename(
+    t: &mut dyn Txn,
+    opens: &OpenTable,
+    now: Timestamp,
+    parent: InodeId,
+    name: &[u8],
+    new_parent: InodeId,
+    new_name: &[u8],
+    mode: RenameMode,
+) -> Result<(), MetaError> {
+    check_name(name)?;
+    check_name(new_name)?;
+    dir(t, parent)?;
+    dir(t, new_parent)?;
+    let src = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
+    let dst = t.get_dentry(new_parent, new_name)?;
+    if parent == new_parent && name == new_name {
+        return match mode {
+            RenameMode::NoReplace => Err(MetaError::Exists(show(new_name))),
+            _ => Ok(()),
+        };
+    }
+    let src_dir = inode(t, src)?.attr.kind == FileKind::Dir;
+    if mode == RenameMode::NoReplace && dst.is_some() {
+        return Err(MetaError::Exists(show(new_name)));
+    }
+    if src_dir {
+        ensure_not_within(t, new_parent, src)?;
+    }
+    if mode == RenameMode::Exchange {
+        let dst = dst.ok_or_else(|| MetaError::NotFound(show(new_name)))?;
+        if dst == src {
+            return Ok(());
+        }
+        let dst_dir = inode(t, dst)?.attr.kind == FileKind::Dir;
+        if dst_dir {
+            ensure_not_within(t, parent, dst)?;
+        }
+        t.delete_dentry(parent, name)?;
+        t.delete_dentry(new_parent, new_name)?;
+        let c1 = t.next_id(Counter::Cookie)?;
+        t.put_dentry(parent, name, dst, c1)?;
+        let c2 = t.next_id(Counter::Cookie)?;
+        t.put_dentry(new_parent, new_name, src, c2)?;
+        reparent(t, src, new_parent, now)?;
+        reparent(t, dst, parent, now)?;
+        let moved = if parent == new_parent { 0 } else { i64::from(src_dir) - i64::from(dst_dir) };
+        touch_dir(t, parent, now, -moved)?;
+        touch_dir(t, new_parent, now, moved)?;
+        return Ok(());
+    }
+    if let Some(d) = dst {
+        if d == src {
+            // Two names of one inode: POSIX says do nothing.
+            return Ok(());
+        }
+        let d_inode = inode(t, d)?;
+        let dst_dir = d_inode.attr.kind == FileKind::Dir;
+        match (src_dir, dst_dir) {
+            (true, false) => return Err(MetaError::NotDir(show(new_name))),
+            (false, true) => return Err(MetaError::IsDir(show(new_name))),
+            (true, true) if !is_empty_dir(t, d)? => {
+                return Err(MetaError::NotEmpty(show(new_name)));
+            }
+            _ => {}
+        }
+        t.delete_dentry(new_parent, new_name)?;
+        if dst_dir {
+            destroy(t, d)?;
+            touch_dir(t, new_parent, now, -1)?;
+        } else {
+            drop_link(t, opens, now, d_inode)?;
+        }
+    }
+    t.delete_dentry(parent, name)?;
+    let cookie = t.next_id(Counter::Cookie)?;
+    t.put_dentry(new_parent, new_name, src, cookie)?;
+    reparent(t, src, new_parent, now)?;
+    let moved = i64::from(src_dir && parent != new_parent);
+    touch_dir(t, parent, now, -moved)?;
+    touch_dir(t, new_parent, now, moved)
+}
+
+pub(super) fn time_of(set: TimeSet, now: Timestamp) -> Timestamp {
+    match set {
+        TimeSet::Now => now,
+        TimeSet::At(ts) => ts,
+    }
+}
+
+pub(super) fn set_attr(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    ino: InodeId,
+    set: &SetAttr,
+    _caller: &Caller,
+) -> Result<Attr, MetaError> {
+    let mut i = inode(t, ino)?;
+    if let Some(size) = set.size {
+        require_file(&i)?;
+        truncate(t, &mut i, size, now)?;
+    }
+    if let Some(mode) = set.mode {
+        i.attr.mode = mode & 0o7777;
+    }
+    if let Some(uid) = set.uid {
+        i.attr.uid = uid;
+    }
+    if let Some(gid) = set.gid {
+        i.attr.gid = gid;
+    }
+    if let Some(a) = set.atime {
+        i.attr.atime = time_of(a, now);
+    }
+    if let Some(m) = set.mtime {
+        i.attr.mtime = time_of(m, now);
+    }
+    i.attr.ctime = now;
+    t.put_inode(&i)?;
+    Ok(i.attr)
+}
+
+pub(super) fn set_xattr(
+    t: &mut dyn Txn,
+    now: Timestamp,
+    ino: InodeId,
+    name: &[u8],
+    value: &[u8],
+    mode: XattrMode,
+) -> Result<(), MetaError> {
+    check_xattr_name(name)?;
+    if value.len() > XATTR_VALUE_MAX {
+        return Err(MetaError::InvalidArgument(format!(
+            "attribute value of {} bytes exceeds {XATTR_VALUE_MAX}",
+            value.len()
+        )));
+    }
+    let mut i = inode(t, ino)?;
+    let present = t.get_xattr(ino, name)?.is_some();
+    match mode {
+        XattrMode::Create if present => {
+            return Err(MetaError::Exists(format!("extended attribute {}", show(name))));
+        }
+        XattrMode::Replace if !present => return Err(MetaError::NoAttribute(show(name))),
+        _ => {}
+    }
+    t.set_xattr(ino, name, value)?;
+    i.attr.ctime = now;
+    t.put_inode(&i)
+}
+
+/// Removes an inode with everything hanging off it, releasing its chunk references.
+pub(super) fn destroy(t: &mut dyn Txn, ino: InodeId) -> Result<(), MetaError> {
+    punch(t, ino, 0, u64::MAX)?;
+    t.delete_all_xattrs(ino)?;
+    t.delete_inode(ino)
+}
