@@ -313,6 +313,8 @@ pub struct ClusterStatus {
     pub chunk_bytes: u64,
     /// Measured round trips between sites: (from, to, microseconds).
     pub site_rtts: Vec<(String, String, u64)>,
+    /// The cluster this meta serves.
+    pub cluster_id: String,
 }
 
 /// `statfs` numbers in bytes and inodes.

@@ -194,6 +194,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
                 chunks,
                 chunk_bytes,
                 site_rtts: t.site_rtts()?,
+                cluster_id: ctx.cluster_id.to_string(),
             })
         }
         other => {
