@@ -81,7 +81,14 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let MetaReply::Status(s) = meta_call(&meta, MetaRequest::Status).await? else {
         bail!("meta answered Status with something else");
     };
-    println!("meta {}: {} inodes, {} chunks ({})", args.meta, s.inodes, s.chunks, human(s.chunk_bytes));
+    println!(
+        "meta {} (cluster {}): {} inodes, {} chunks ({})",
+        args.meta,
+        s.cluster_id,
+        s.inodes,
+        s.chunks,
+        human(s.chunk_bytes)
+    );
     println!("\nnodes:");
     println!(
         "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>12} {:>6}",

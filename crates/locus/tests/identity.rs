@@ -98,6 +98,8 @@ fn a_node_of_another_cluster_is_refused() {
     let mut a = Cluster::start(bin(), 2);
     let ids = [recorded_cluster(&a.node_dir("node0")), recorded_cluster(&a.node_dir("node1"))];
     assert_eq!(ids[0], ids[1], "both nodes joined the one cluster");
+    let status = String::from_utf8_lossy(&a.locus(&["status", "--meta", &a.meta.addr]).stdout).into_owned();
+    assert!(status.contains(&format!("(cluster {})", ids[0])), "{status}");
     assert!(ids[0].len() == 32 && ids[0].chars().all(|c| c.is_ascii_hexdigit()), "{}", ids[0]);
 
     // Cluster A stops; its node's data directory is pointed at cluster B's meta.

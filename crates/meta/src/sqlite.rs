@@ -201,6 +201,10 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
     Ok(Backend { cluster_id, writer: Box::new(writer), readers })
 }
 
+/// How long opening waits for the lock: a meta that is still shutting down (or a
+/// store whose last in-flight write is still returning) lets go within this.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The lock file beside the database (`<db>.lock`), flock'ed for as long as meta runs.
 /// A separate file, because closing any descriptor of the database itself would drop
 /// SQLite's own POSIX locks on it.
@@ -213,11 +217,19 @@ fn take_lock(path: &Path) -> Result<File, MetaError> {
             what: format!("cannot open the lock file {}", lock_path.display()),
             source: e,
         })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(MetaError::InUse { path: path.display().to_string() }),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(MetaError::Io { what: format!("cannot lock {}", lock_path.display()), source: e })
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(MetaError::InUse { path: path.display().to_string() });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(MetaError::Io { what: format!("cannot lock {}", lock_path.display()), source: e });
+            }
         }
     }
 }

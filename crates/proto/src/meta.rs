@@ -322,6 +322,8 @@ pub struct ClusterStatus {
     pub site_rtts: Vec<(String, String, u64)>,
     /// Background workers per process (meta's own and the latest reports).
     pub workers: Vec<(String, Vec<WorkerStatus>)>,
+    /// The cluster this meta serves.
+    pub cluster_id: String,
 }
 
 /// `statfs` numbers in bytes and inodes.

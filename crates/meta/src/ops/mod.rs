@@ -199,6 +199,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
                 site_rtts: t.site_rtts()?,
                 // Kept in the service's memory; it fills them in.
                 workers: Vec::new(),
+                cluster_id: ctx.cluster_id.to_string(),
             })
         }
         other => {
