@@ -1,4 +1,4 @@
-//! Crash points (`util::failpoint`): a process killed at each named instant of the
+//! Crash points (`util::failpoint`): a node or meta killed at each named instant of the
 //! write path loses nothing that was acknowledged, and fsck is clean afterwards.
 
 use std::fs::{self, File};
@@ -30,9 +30,16 @@ fn write_until_failure(dir: &Path, limit: u64) -> Vec<u64> {
     acked
 }
 
-/// Arms `point` in the node to fire at its `after + 1`-th pass, writes until the node
-/// dies there, then restarts the cluster and checks every acknowledged file.
-fn node_crash_loses_nothing_acknowledged(point: &str, after: u32) {
+/// Which process a crash point kills.
+#[derive(Clone, Copy, Debug)]
+enum Victim {
+    Meta,
+    Node,
+}
+
+/// Arms `point` to fire at its `after + 1`-th pass, writes until the process dies
+/// there, then restarts the cluster and checks every acknowledged file.
+fn crash_loses_nothing_acknowledged(point: &str, after: u32, victim: Victim) {
     if !testkit::can_mount() {
         eprintln!("SKIPPED: needs root and /dev/fuse");
         return;
@@ -45,14 +52,18 @@ fn node_crash_loses_nothing_acknowledged(point: &str, after: u32) {
     assert!(!acked.is_empty() && acked.len() < 100, "{point}: {} files acknowledged", acked.len());
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(s) = c.nodes[0].child.try_wait().unwrap() {
+        let child = match victim {
+            Victim::Meta => &mut c.meta.child,
+            Victim::Node => &mut c.nodes[0].child,
+        };
+        if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "{point}: the node did not die at its crash point");
+        assert!(Instant::now() < deadline, "{point}: the {victim:?} process did not die at its crash point");
         std::thread::sleep(Duration::from_millis(50));
     };
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "{point}: node ended with {status:?}");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{point}: {victim:?} ended with {status:?}");
 
     c.kill_all();
     c.restart();
@@ -67,10 +78,20 @@ fn node_crash_loses_nothing_acknowledged(point: &str, after: u32) {
 
 #[test]
 fn node_killed_before_a_chunk_sync() {
-    node_crash_loses_nothing_acknowledged("chunk-before-sync", 7);
+    crash_loses_nothing_acknowledged("chunk-before-sync", 7, Victim::Node);
 }
 
 #[test]
 fn node_killed_before_a_chunk_rename() {
-    node_crash_loses_nothing_acknowledged("chunk-before-rename", 7);
+    crash_loses_nothing_acknowledged("chunk-before-rename", 7, Victim::Node);
+}
+
+#[test]
+fn meta_killed_before_a_commit() {
+    crash_loses_nothing_acknowledged("meta-before-commit", 30, Victim::Meta);
+}
+
+#[test]
+fn meta_killed_after_a_commit_before_the_reply() {
+    crash_loses_nothing_acknowledged("meta-after-commit", 30, Victim::Meta);
 }

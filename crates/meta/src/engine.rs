@@ -5,8 +5,9 @@
 use crate::error::MetaError;
 use crate::store::{Backend, ReadConn, Txn, WriteConn};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use util::sync::lock;
 
 /// Most write operations put into one transaction.
 const MAX_BATCH: usize = 512;
@@ -34,10 +35,6 @@ pub struct Store {
     /// Reads waiting for a reader thread; `None` once the store shuts down.
     reads: Option<mpsc::Sender<ReadJob>>,
     readers: Vec<JoinHandle<()>>,
-}
-
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Store {
@@ -170,6 +167,7 @@ fn run_batch(conn: &mut dyn WriteConn, batch: Vec<Job>) {
             }
             replies.push((job.done, result));
         }
+        util::crash_point!("meta-before-commit");
         conn.commit()
     })();
     if let Err(e) = outcome {
@@ -182,6 +180,7 @@ fn run_batch(conn: &mut dyn WriteConn, batch: Vec<Job>) {
             done(result.and(Err(MetaError::Internal(format!("commit failed: {msg}")))));
         }
     } else {
+        util::crash_point!("meta-after-commit");
         for (done, result) in replies {
             done(result);
         }

@@ -14,7 +14,7 @@ pub struct OpenTable {
 
 impl OpenTable {
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<InodeId, HashMap<SessionId, u32>>> {
-        self.by_ino.lock().unwrap_or_else(|e| e.into_inner())
+        util::sync::lock(&self.by_ino)
     }
 
     pub fn add(&self, session: SessionId, ino: InodeId) {

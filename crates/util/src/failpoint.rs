@@ -9,7 +9,9 @@
 //!
 //! The points, by the step they precede:
 //! - `chunk-before-sync`: a chunk's temp file is written, not yet synced;
-//! - `chunk-before-rename`: the temp file is synced, not yet renamed into place.
+//! - `chunk-before-rename`: the temp file is synced, not yet renamed into place;
+//! - `meta-before-commit`: a batch of metadata writes is applied, not yet committed;
+//! - `meta-after-commit`: the batch is committed, nobody has been answered yet.
 
 pub use fail;
 
