@@ -72,13 +72,14 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 }
 
 pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
-    let meta = RpcClient::connect(&args.meta, 1, Duration::from_secs(30))
+    let addr = crate::local::meta_addr(args.meta.as_deref());
+    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
         .await
-        .with_context(|| format!("meta at {} is unreachable", args.meta))?;
+        .with_context(|| format!("meta at {addr} is unreachable"))?;
     let MetaReply::Status(s) = meta_call(&meta, MetaRequest::Status).await? else {
         bail!("meta answered Status with something else");
     };
-    println!("meta {}: {} inodes, {} chunks ({})", args.meta, s.inodes, s.chunks, human(s.chunk_bytes));
+    println!("meta {addr}: {} inodes, {} chunks ({})", s.inodes, s.chunks, human(s.chunk_bytes));
     println!("\nnodes:");
     println!(
         "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>12} {:>6}",
@@ -118,7 +119,7 @@ round trips between sites (measured by nodes):"
 }
 
 pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
-    let cluster = Cluster::connect(&args.meta).await?;
+    let cluster = Cluster::connect(&crate::local::meta_addr(args.meta.as_deref())).await?;
     let mut damage: Vec<String> = Vec::new();
     for (n, e) in &cluster.unreachable {
         damage.push(format!("node {} at {} is unreachable: {e}", n.id, n.addr));
@@ -222,7 +223,7 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
-    let cluster = Cluster::connect(&args.meta).await?;
+    let cluster = Cluster::connect(&crate::local::meta_addr(args.meta.as_deref())).await?;
     if !cluster.unreachable.is_empty() {
         bail!(
             "gc needs every node; unreachable: {:?}",

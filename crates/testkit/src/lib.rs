@@ -27,15 +27,22 @@ pub struct Cluster {
 /// Starts `bin` with `args` and waits (bounded) for a stdout line starting with
 /// `prefix`; returns the rest of that line.
 fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path) -> Proc {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).env("LOCUS_LOG", "warn,meta=info,node=info,locus=info");
+    spawn_command(cmd, prefix, log)
+}
+
+/// Starts `cmd` (its stderr appended to `log`) and waits (bounded) for a stdout line
+/// starting with `prefix`; the rest of that line is the returned `Proc`'s `addr`.
+pub fn spawn_command(mut cmd: Command, prefix: &str, log: &Path) -> Proc {
     let stderr = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log file");
-    let mut child = Command::new(bin)
-        .args(args)
-        .env("LOCUS_LOG", "warn,meta=info,node=info,locus=info")
+    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", cmd.get_program().to_string_lossy()));
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     let prefix = prefix.to_string();
@@ -49,13 +56,19 @@ fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path) -> Proc
         }
     });
     match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(addr) => Proc { child, addr, args: args.to_vec() },
+        Ok(addr) => Proc { child, addr, args },
         Err(_) => {
             let _ = child.kill();
             let log = std::fs::read_to_string(log).unwrap_or_default();
             panic!("`locus {}` did not start within 30 s; its log:\n{log}", args.join(" "));
         }
     }
+}
+
+/// A free TCP port on 127.0.0.1 (for tests that must pass fixed ports; the OS picks it).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local address").to_string()
 }
 
 impl Cluster {
