@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 /// A role process and the address it announced.
 pub struct Proc {
+    /// The running process.
     pub child: Child,
+    /// What it announced on stdout after the ready prefix (its address, for roles).
     pub addr: String,
     args: Vec<String>,
 }
@@ -18,9 +20,13 @@ pub struct Proc {
 /// A cluster of real processes sharing one temporary directory.
 pub struct Cluster {
     bin: PathBuf,
+    /// Every process's state and logs (`meta.log`, `node0.log`, `mount0.log`, ...).
     pub dir: tempfile::TempDir,
+    /// The metadata service.
     pub meta: Proc,
+    /// The storage nodes, in start order.
     pub nodes: Vec<Proc>,
+    /// Mount points and their `locus mount` processes.
     pub mounts: Vec<(PathBuf, Proc)>,
 }
 
@@ -94,14 +100,17 @@ impl Cluster {
         cluster
     }
 
+    /// The cluster's temporary directory.
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
 
+    /// Data directory of node `id`.
     pub fn node_dir(&self, id: &str) -> PathBuf {
         self.path().join(format!("{id}-chunks"))
     }
 
+    /// Starts one more node, `id`, at `site`.
     pub fn add_node(&mut self, id: &str, site: &str) {
         self.add_node_with(id, site, &[]);
     }
