@@ -151,6 +151,7 @@ fn clear_dead_mount(path: &Path) -> anyhow::Result<()> {
 /// process has its cwd or a file in it) is detached lazily on a signal, and that is
 /// an error: the processes inside lose their files.
 async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyhow::Result<()> {
+    let mut stop = StopSignals::new()?;
     let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
     let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
         .with_context(|| format!("cannot mount on {} (is fuse available, and are you root?)", mountpoint.display()))?;
@@ -162,7 +163,7 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
     };
     let mut failure = None;
     tokio::select! {
-        _ = wait_for_signal() => {
+        _ = stop.recv() => {
             tracing::info!("unmounting {}", mountpoint.display());
             if let Err(busy) = mounted.unmount() {
                 let mp = mountpoint.display();
@@ -276,16 +277,35 @@ async fn wait_for_node(
     bail!("the storage node did not register with meta within 10 s")
 }
 
+/// SIGINT and SIGTERM, caught from the moment this is created: a signal that arrives
+/// before the first wait (say, right after "mounted" is printed) is not lost and does
+/// not kill the process.
+struct StopSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+        let term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+        Ok(StopSignals { int, term })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
 async fn wait_for_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
+    match StopSignals::new() {
+        Ok(mut stop) => stop.recv().await,
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
-            return;
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -33,7 +33,9 @@ impl UpEnv {
         let dir = tempfile::Builder::new().prefix("locus-up-").tempdir().expect("temp dir");
         fs::create_dir_all(dir.path().join("home")).unwrap();
         fs::create_dir_all(dir.path().join("mnt")).unwrap();
-        UpEnv { dir, meta: testkit::free_addr(), node: testkit::free_addr() }
+        let meta = testkit::free_addr();
+        let node = std::iter::repeat_with(testkit::free_addr).find(|a| *a != meta).unwrap();
+        UpEnv { dir, meta, node }
     }
 
     fn mnt(&self) -> PathBuf {
@@ -190,7 +192,15 @@ fn a_chunk_lost_on_every_node_reads_as_eio() {
     let m = c.mount();
     let mut f = File::create(m.join("f")).unwrap();
     f.write_all(&[7u8; 100_000]).unwrap();
-    f.sync_all().unwrap();
+    if let Err(e) = f.sync_all() {
+        let log = |name: &str| fs::read_to_string(c.path().join(name)).unwrap_or_default();
+        panic!(
+            "fsync: {e}\nmount log:\n{}\nnode log:\n{}\nmeta log:\n{}",
+            log("mount0.log"),
+            log("node0.log"),
+            log("meta.log")
+        );
+    }
     drop(f);
     c.kill_all();
     let mut removed = 0;

@@ -140,7 +140,9 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = self.locus(&["status", "--meta", &self.meta.addr]);
-            let listed = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" 127.0.0.1:")).count();
+            // Node rows are indented; the first line ("meta 127.0.0.1:...") is not a node.
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let listed = stdout.lines().filter(|l| l.starts_with("  ") && l.contains(" 127.0.0.1:")).count();
             if out.status.success() && listed >= n {
                 return;
             }
