@@ -50,17 +50,39 @@ pub struct Mounted {
 }
 
 impl Mounted {
+    /// Unmounts; fails with EBUSY while a process uses the mount (see [`detach`]).
     pub fn unmount(&mut self) -> std::io::Result<()> {
         self.unmounter.unmount()
     }
 
+    /// Whether the session ended (unmounted here or by someone else).
     pub fn is_finished(&self) -> bool {
         self.session.is_finished()
     }
 
+    /// Waits for the session to end and returns how it ended.
     pub fn wait(self) -> std::io::Result<()> {
         self.session.join().map_err(|_| std::io::Error::other("FUSE session thread panicked"))?
     }
+}
+
+/// Detaches the mount at `mountpoint` lazily (MNT_DETACH): it leaves the namespace at
+/// once and the kernel lets go of it when its last user does. This is how a busy mount
+/// is stopped and how a dead one (its daemon gone: "Transport endpoint is not
+/// connected") is cleared. Without root it asks `fusermount3 -u -z`.
+pub fn detach(mountpoint: &Path) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("mount point path contains a NUL byte"))?;
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EPERM) {
+        return Err(err);
+    }
+    let status = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).status()?;
+    if status.success() { Ok(()) } else { Err(std::io::Error::other(format!("fusermount3 -u -z failed: {status}"))) }
 }
 
 /// Mounts `vfs` at `mountpoint`; requests run on `rt`.

@@ -75,15 +75,15 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 }
 
 pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
-    let meta = RpcClient::connect(&args.meta, 1, Duration::from_secs(30))
+    let addr = crate::local::meta_addr(args.meta.as_deref());
+    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
         .await
-        .with_context(|| format!("meta at {} is unreachable", args.meta))?;
+        .with_context(|| format!("meta at {addr} is unreachable"))?;
     let MetaReply::Status(s) = meta_call(&meta, MetaRequest::Status).await? else {
         bail!("meta answered Status with something else");
     };
     println!(
-        "meta {} (cluster {}): {} inodes, {} chunks ({})",
-        args.meta,
+        "meta {addr} (cluster {}): {} inodes, {} chunks ({})",
         s.cluster_id,
         s.inodes,
         s.chunks,
@@ -149,7 +149,7 @@ round trips between sites (measured by nodes):"
 }
 
 pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
-    let cluster = Cluster::connect(&args.meta).await?;
+    let cluster = Cluster::connect(&crate::local::meta_addr(args.meta.as_deref())).await?;
     let mut damage: Vec<String> = Vec::new();
     for (n, e) in &cluster.unreachable {
         damage.push(format!("node {} at {} is unreachable: {e}", n.id, n.addr));
@@ -258,7 +258,7 @@ const SUSPICIOUS_SHARE: f64 = 0.9;
 const SUSPICIOUS_MIN: u64 = 100;
 
 pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
-    let cluster = Cluster::connect(&args.meta).await?;
+    let cluster = Cluster::connect(&crate::local::meta_addr(args.meta.as_deref())).await?;
     if !cluster.unreachable.is_empty() {
         bail!(
             "gc needs every node; unreachable: {:?}",

@@ -49,9 +49,12 @@ pub struct UpArgs {
     /// Capacity offered by the embedded node, e.g. 10G.
     #[arg(long, default_value = "100G", value_parser = parse_size)]
     pub capacity: u64,
-    /// Address meta listens on (port 0 picks a free one).
-    #[arg(long, default_value = "127.0.0.1:0")]
+    /// Address meta listens on; `status`, `fsck` and `gc` find it without flags.
+    #[arg(long, default_value = "127.0.0.1:7070")]
     pub meta_listen: String,
+    /// Address the embedded storage node listens on.
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    pub node_listen: String,
     #[command(flatten)]
     pub tuning: ClientTuning,
 }
@@ -146,14 +149,16 @@ pub struct ClientTuning {
 
 #[derive(Args, Debug)]
 pub struct AdminArgs {
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    pub meta: String,
+    /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+    #[arg(long)]
+    pub meta: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct GcArgs {
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    pub meta: String,
+    /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+    #[arg(long)]
+    pub meta: Option<String>,
     /// Only chunks stored longer ago than this are deleted (protects writes in flight).
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub min_age: std::time::Duration,

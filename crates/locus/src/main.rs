@@ -3,6 +3,7 @@
 
 mod admin;
 mod cli;
+mod local;
 mod roles;
 
 /// Keeps chunk-sized buffers (MiBs) in the heap and the heap from being trimmed, so a
@@ -23,7 +24,7 @@ fn main() -> std::process::ExitCode {
     let args = match cli::parse() {
         Ok(args) => args,
         Err(e) => {
-            eprintln!("locus: {e:#}");
+            eprintln!("locus: {}", report(&e));
             return std::process::ExitCode::from(2);
         }
     };
@@ -44,10 +45,27 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(run(args)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("locus: {e:#}");
+            eprintln!("locus: {}", report(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each message once: library errors often
+/// repeat their source's message in their own, and the chain would say it twice.
+fn report(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if line.contains(&msg) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&msg);
+    }
+    line
 }
 
 async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {

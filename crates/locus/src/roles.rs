@@ -1,7 +1,8 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
 use crate::cli::{ClientTuning, MetaArgs, MountArgs, NodeArgs, UpArgs};
-use anyhow::{Context, bail};
+use crate::local::LocalCluster;
+use anyhow::{Context, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -9,7 +10,17 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("{what} cannot listen on {addr}"))
+    bind_flag(addr, what, None).await
+}
+
+/// Binds `addr`; when the address is taken, the error names the `flag` that changes it.
+async fn bind_flag(addr: &str, what: &str, flag: Option<&str>) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| match flag {
+        Some(flag) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow!(
+            "{what} cannot listen on {addr}: the port is taken (another `locus up`?); choose another address with {flag}"
+        ),
+        _ => anyhow!(e).context(format!("{what} cannot listen on {addr}")),
+    })
 }
 
 /// Resolves `~/` against $HOME.
@@ -106,9 +117,20 @@ fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTun
     }
 }
 
-/// Refuses a missing, non-directory or already mounted mount point up front.
+/// Refuses a missing, non-directory or already mounted mount point up front, and
+/// clears a dead mount a stopped Locus left behind.
 fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
-    let meta = std::fs::metadata(path).with_context(|| format!("mount point {} does not exist", path.display()))?;
+    let meta = match std::fs::metadata(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            clear_dead_mount(path)?;
+            std::fs::metadata(path)
+        }
+        other => other,
+    };
+    let meta = meta.map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => anyhow!("mount point {} does not exist", path.display()),
+        _ => anyhow!(e).context(format!("cannot use mount point {}", path.display())),
+    })?;
     if !meta.is_dir() {
         bail!("mount point {} is not a directory", path.display());
     }
@@ -120,7 +142,27 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(canonical)
 }
 
+/// A mount whose process died stays behind and answers every access with ENOTCONN
+/// ("Transport endpoint is not connected"); detach it, or say which command does.
+fn clear_dead_mount(path: &Path) -> anyhow::Result<()> {
+    match fuse::detach(path) {
+        Ok(()) => {
+            tracing::warn!("{}: cleared a dead mount left by a Locus process that stopped", path.display());
+            Ok(())
+        }
+        Err(e) => bail!(
+            "mount point {0} holds a dead mount (transport endpoint is not connected) that could not be cleared \
+             ({e}); run `fusermount3 -u -z {0}` (or `umount -l {0}`) and start again",
+            path.display()
+        ),
+    }
+}
+
+/// Serves the mount until a signal or an unmount from outside. A busy mount (a
+/// process has its cwd or a file in it) is detached lazily on a signal, and that is
+/// an error: the processes inside lose their files.
 async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyhow::Result<()> {
+    let mut stop = StopSignals::new()?;
     let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
     let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
         .with_context(|| format!("cannot mount on {} (is fuse available, and are you root?)", mountpoint.display()))?;
@@ -130,24 +172,34 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
+    let mut failure = None;
     tokio::select! {
-        _ = wait_for_signal() => {
+        _ = stop.recv() => {
             tracing::info!("unmounting {}", mountpoint.display());
-            if let Err(e) = mounted.unmount() {
-                tracing::warn!("unmount failed: {e}; try `fusermount3 -u {}`", mountpoint.display());
+            if let Err(busy) = mounted.unmount() {
+                let mp = mountpoint.display();
+                failure = Some(match fuse::detach(mountpoint) {
+                    Ok(()) => anyhow!(
+                        "{mp} was busy ({busy}): detached it lazily; processes still using it get errors"
+                    ),
+                    Err(e) => anyhow!(
+                        "{mp} is busy ({busy}) and could not be detached ({e}); run `umount -l {mp}`"
+                    ),
+                });
             }
         }
         _ = ended_elsewhere => tracing::info!("{} was unmounted", mountpoint.display()),
     }
-    // Let requests still in the kernel's queue finish before the runtime goes away.
+    // Let requests still in the kernel's queue finish before the runtime goes away
+    // (a detached busy mount stays in use: no point waiting for it).
     for _ in 0..50 {
-        if mounted.is_finished() {
+        if failure.is_some() || mounted.is_finished() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     vfs.shutdown().await;
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
@@ -173,9 +225,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
     let _ = std::fs::remove_file(probe);
 
+    // Both ports first: a taken port is reported before anything starts.
+    let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
+    let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
-    let meta_addr = start_meta(bind(&args.meta_listen, "meta").await?, &db_url, init, Duration::from_secs(30)).await?;
-    let node_listener = bind("127.0.0.1:0", "node").await?;
+    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30)).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
@@ -203,11 +257,16 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let purpose = format!("mount {}", mountpoint.display());
     let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
     println!(
-        "locus: meta {meta_addr}, data in {}, mounted on {}; Ctrl-C to stop",
+        "locus: meta {meta_addr}, node {node_addr}, data in {}, mounted on {}; Ctrl-C to stop",
         data_dir.display(),
         mountpoint.display()
     );
-    serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
+    let record =
+        LocalCluster { meta: meta_addr, node: node_addr, mountpoint: mountpoint.clone(), pid: std::process::id() };
+    record.save(&data_dir)?;
+    let served = serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await;
+    record.remove(&data_dir);
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -235,16 +294,35 @@ async fn wait_for_node(
     bail!("the storage node did not register with meta within 10 s")
 }
 
+/// SIGINT and SIGTERM, caught from the moment this is created: a signal that arrives
+/// before the first wait (say, right after "mounted" is printed) is not lost and does
+/// not kill the process.
+struct StopSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+        let term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+        Ok(StopSignals { int, term })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
 async fn wait_for_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
+    match StopSignals::new() {
+        Ok(mut stop) => stop.recv().await,
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
-            return;
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 /// A role process and the address it announced.
 pub struct Proc {
+    /// The running process.
     pub child: Child,
+    /// What it announced on stdout after the ready prefix (its address, for roles).
     pub addr: String,
     args: Vec<String>,
 }
@@ -18,9 +20,13 @@ pub struct Proc {
 /// A cluster of real processes sharing one temporary directory.
 pub struct Cluster {
     bin: PathBuf,
+    /// Every process's state and logs (`meta.log`, `node0.log`, `mount0.log`, ...).
     pub dir: tempfile::TempDir,
+    /// The metadata service.
     pub meta: Proc,
+    /// The storage nodes, in start order.
     pub nodes: Vec<Proc>,
+    /// Mount points and their `locus mount` processes.
     pub mounts: Vec<(PathBuf, Proc)>,
     /// Crash points armed in meta and the nodes until the next `restart`.
     failpoints: Option<String>,
@@ -30,19 +36,25 @@ pub struct Cluster {
 /// `prefix`; returns the rest of that line.
 /// `failpoints` arms crash points in the new process (see `util::failpoint`).
 fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path, failpoints: Option<&str>) -> Proc {
-    let stderr = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log file");
-    let mut command = Command::new(bin);
+    let mut cmd = Command::new(bin);
+    cmd.args(args).env("LOCUS_LOG", "warn,meta=info,node=info,locus=info");
     if let Some(armed) = failpoints {
-        command.env("FAILPOINTS", armed);
+        cmd.env("FAILPOINTS", armed);
     }
-    let mut child = command
-        .args(args)
-        .env("LOCUS_LOG", "warn,meta=info,node=info,locus=info")
+    spawn_command(cmd, prefix, log)
+}
+
+/// Starts `cmd` (its stderr appended to `log`) and waits (bounded) for a stdout line
+/// starting with `prefix`; the rest of that line is the returned `Proc`'s `addr`.
+pub fn spawn_command(mut cmd: Command, prefix: &str, log: &Path) -> Proc {
+    let stderr = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log file");
+    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", cmd.get_program().to_string_lossy()));
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     let prefix = prefix.to_string();
@@ -56,13 +68,19 @@ fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path, failpoi
         }
     });
     match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(addr) => Proc { child, addr, args: args.to_vec() },
+        Ok(addr) => Proc { child, addr, args },
         Err(_) => {
             let _ = child.kill();
             let log = std::fs::read_to_string(log).unwrap_or_default();
             panic!("`locus {}` did not start within 30 s; its log:\n{log}", args.join(" "));
         }
     }
+}
+
+/// A free TCP port on 127.0.0.1 (for tests that must pass fixed ports; the OS picks it).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local address").to_string()
 }
 
 impl Cluster {
@@ -103,14 +121,17 @@ impl Cluster {
         self.failpoints = failpoints.map(String::from);
     }
 
+    /// The cluster's temporary directory.
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
 
+    /// Data directory of node `id`.
     pub fn node_dir(&self, id: &str) -> PathBuf {
         self.path().join(format!("{id}-chunks"))
     }
 
+    /// Starts one more node, `id`, at `site`.
     pub fn add_node(&mut self, id: &str, site: &str) {
         self.add_node_with(id, site, &[]);
     }
