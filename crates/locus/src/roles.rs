@@ -27,11 +27,7 @@ async fn start_meta(listener: TcpListener, db: &Path, session_expiry: Duration) 
     let service = meta::MetaService::open_sqlite(&config)
         .with_context(|| format!("cannot open the metadata database {}", db.display()))?;
     service.spawn_background();
-    tokio::spawn(async move {
-        if let Err(e) = net::serve(listener, service).await {
-            tracing::error!("meta stopped serving: {e}");
-        }
-    });
+    tokio::spawn(net::serve(listener, service));
     Ok(addr)
 }
 
@@ -91,6 +87,7 @@ fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTun
         readahead_chunks: t.readahead_chunks,
         upload_window: t.upload_window.max(1),
         attr_ttl: Duration::from_secs_f64(t.attr_ttl.max(0.0)),
+        timeout: t.rpc_timeout,
         ..client::ClientConfig::default()
     }
 }

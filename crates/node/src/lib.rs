@@ -67,8 +67,6 @@ pub enum NodeError {
     DuplicateId { addr: String, id: String },
     #[error("meta at {addr} refused to register node {id:?}: {source}")]
     Refused { addr: String, id: String, source: WireError },
-    #[error("serving chunks stopped: {0}")]
-    Serve(#[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -157,7 +155,7 @@ impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
 
-    async fn handle(self: Arc<Self>, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+    async fn handle(self: Arc<Self>, _peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
         let reply = match req {
             NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
             NodeRequest::Get { id, offset, len, local_only } => {
@@ -195,7 +193,7 @@ impl Service for NodeService {
     }
 }
 
-/// Runs a node until serving fails: opens the store, registers with meta (refusing
+/// Runs a node until its task is dropped: opens the store, registers with meta (refusing
 /// to start if meta is unreachable or refuses), heartbeats, and serves `listener`.
 pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
     let (dir, capacity) = (config.data_dir.clone(), config.capacity_bytes);
@@ -223,11 +221,10 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         tokio::spawn(metrics::serve(metrics, config.id.clone(), config.site.clone(), store.clone(), site.clone()));
     }
     let corrupt_sends = config.corrupt_sends;
-    let heartbeat = tokio::spawn(heartbeat_loop(meta, config, store.clone(), site.clone()));
+    tokio::spawn(heartbeat_loop(meta, config, store.clone(), site.clone()));
     let service = NodeService::with_site(store, Some(site), corrupt_sends);
-    let served = net::serve(listener, Arc::new(service)).await;
-    heartbeat.abort();
-    served.map_err(NodeError::Serve)
+    // Serving never stops by itself (a failing accept is retried).
+    match net::serve(listener, Arc::new(service)).await {}
 }
 
 /// Sends one `RegisterNode` with current stats.

@@ -61,6 +61,11 @@ fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path) -> Proc
 impl Cluster {
     /// Meta plus `nodes` storage nodes, all on 127.0.0.1 with ports picked by the OS.
     pub fn start(bin: &Path, nodes: usize) -> Cluster {
+        Self::start_with(bin, nodes, &[])
+    }
+
+    /// Like `start`, with extra `locus meta` flags (short timeouts, ...).
+    pub fn start_with(bin: &Path, nodes: usize, meta_extra: &[&str]) -> Cluster {
         let dir = tempfile::Builder::new().prefix("locus-test-").tempdir().expect("temp dir");
         let db = dir.path().join("meta.db");
         let args = vec![
@@ -72,6 +77,7 @@ impl Cluster {
             "--session-expiry-secs".into(),
             "6".into(),
         ];
+        let args: Vec<String> = args.into_iter().chain(meta_extra.iter().map(|s| s.to_string())).collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"));
         let mut cluster = Cluster { bin: bin.to_path_buf(), dir, meta, nodes: Vec::new(), mounts: Vec::new() };
         for i in 0..nodes {
@@ -134,10 +140,15 @@ impl Cluster {
 
     /// Mounts the namespace as a client of `site`.
     pub fn mount_at(&mut self, site: &str) -> PathBuf {
+        self.mount_with(site, &[])
+    }
+
+    /// Mounts the namespace as a client of `site` with extra `locus mount` flags.
+    pub fn mount_with(&mut self, site: &str, extra: &[&str]) -> PathBuf {
         let n = self.mounts.len();
         let mountpoint = self.path().join(format!("mnt{n}"));
         std::fs::create_dir_all(&mountpoint).expect("create mount point");
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "mount".into(),
             mountpoint.display().to_string(),
             "--meta".into(),
@@ -147,6 +158,7 @@ impl Cluster {
             "--site".into(),
             site.into(),
         ];
+        args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("mount{n}.log"));
         let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log);
         self.mounts.push((mountpoint.clone(), proc));
