@@ -20,6 +20,9 @@ pub struct Cli {
     /// A server closes a connection with nothing in flight for this long, e.g. 10m.
     #[arg(long, global = true, default_value = "10m", value_parser = parse_duration)]
     pub idle_timeout: std::time::Duration,
+    /// A server closes a connection whose started frame is not complete within this.
+    #[arg(long, global = true, default_value = "60s", value_parser = parse_duration)]
+    pub frame_timeout: std::time::Duration,
     #[command(subcommand)]
     pub command: Command,
 }

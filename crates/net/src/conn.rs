@@ -54,12 +54,46 @@ fn now_ms() -> u64 {
 #[derive(Clone)]
 pub(crate) struct Budget {
     pub(crate) conn: Arc<Semaphore>,
-    pub(crate) global: Option<Arc<Semaphore>>,
+    pub(crate) global: Option<Arc<Shared>>,
+}
+
+/// The byte budget every connection of one server shares.
+pub(crate) struct Shared {
+    pub(crate) bytes: Semaphore,
+    pub(crate) total: usize,
+    /// Set when buffered bytes passed `PEAK`: the allocator then holds that much
+    /// freed memory once they drain (see `server::trim_after_peaks`).
+    pub(crate) peaked: AtomicBool,
+}
+
+/// Buffered bytes above which memory is given back to the system once they drain.
+pub(crate) const PEAK: usize = 64 << 20;
+
+impl Shared {
+    pub(crate) fn new(total: usize) -> Self {
+        Shared { bytes: Semaphore::new(total), total, peaked: AtomicBool::new(false) }
+    }
+
+    /// Bytes charged now.
+    pub(crate) fn in_use(&self) -> usize {
+        self.total.saturating_sub(self.bytes.available_permits())
+    }
 }
 
 /// Bytes charged to a budget; returned when dropped.
 #[derive(Default)]
-pub(crate) struct Charge(Vec<OwnedSemaphorePermit>);
+pub(crate) struct Charge {
+    conn: Vec<OwnedSemaphorePermit>,
+    global: Vec<(Arc<Shared>, usize)>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        for (shared, n) in self.global.drain(..) {
+            shared.bytes.add_permits(n);
+        }
+    }
+}
 
 impl Budget {
     async fn charge(&self, bytes: usize, into: &mut Charge) {
@@ -68,12 +102,17 @@ impl Budget {
             return;
         }
         if let Some(global) = &self.global
-            && let Ok(p) = global.clone().acquire_many_owned(n).await
+            && let Ok(p) = global.bytes.acquire_many(n).await
         {
-            into.0.push(p);
+            // Returned to the semaphore when the charge drops (below).
+            p.forget();
+            into.global.push((global.clone(), n as usize));
+            if global.in_use() > PEAK {
+                global.peaked.store(true, Ordering::Relaxed);
+            }
         }
         if let Ok(p) = self.conn.clone().acquire_many_owned(n).await {
-            into.0.push(p);
+            into.conn.push(p);
         }
     }
 }
@@ -156,13 +195,20 @@ impl Conn {
     pub(crate) async fn send(&self, frame: &[u8], bulk: &[u8]) -> Result<(), NetError> {
         use tokio::io::AsyncWriteExt;
         let write = async {
-            let mut half = self.writer.lock().await;
-            let Some(half) = half.as_mut() else {
+            let mut guard = self.writer.lock().await;
+            // A connection closed while this sender waited lets go of its socket here.
+            if !self.is_alive() {
+                guard.take();
+            }
+            let Some(half) = guard.as_mut() else {
                 return Err(std::io::Error::from(std::io::ErrorKind::NotConnected));
             };
             half.write_all(frame).await?;
             if !bulk.is_empty() {
                 half.write_all(bulk).await?;
+            }
+            if !self.is_alive() {
+                guard.take();
             }
             Ok(())
         };

@@ -73,8 +73,8 @@ impl Default for Limits {
         Limits {
             max_connections: 4096,
             max_in_flight: 256,
-            conn_buffer_bytes: 256 << 20,
-            total_buffer_bytes: 1 << 30,
+            conn_buffer_bytes: 128 << 20,
+            total_buffer_bytes: 512 << 20,
             idle_timeout: Duration::from_secs(600),
             frame_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(60),

@@ -2,7 +2,7 @@
 //! so a slow request never holds up the ones behind it. What a connection may hold is
 //! bounded by `Limits`; the accept loop outlives running out of file descriptors.
 
-use crate::conn::{Budget, Conn, Handler, ReaderRules, Work, encode_answer};
+use crate::conn::{Budget, Conn, Handler, PEAK, ReaderRules, Shared, Work, encode_answer};
 use crate::{Limits, MAX_FRAME, NetError, tune};
 use bytes::Bytes;
 use proto::frame;
@@ -137,7 +137,7 @@ struct Entry {
 struct Server {
     limits: Limits,
     conns: Mutex<HashMap<u64, Entry>>,
-    buffered: Arc<Semaphore>,
+    buffered: Arc<Shared>,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -193,6 +193,30 @@ impl Server {
     }
 }
 
+/// Gives freed memory back to the system once a peak of buffered request bytes has
+/// drained. glibc keeps freed heap memory (and the binary raises its trim threshold
+/// so chunk buffers are reused): measured on meta, 64 connections each sending a
+/// 16 MiB frame left RSS at 905 MB after they closed, and 1.2 GB after a second
+/// round; `malloc_trim` after the drain brings it back to its size before the flood.
+async fn trim_after_peaks(shared: std::sync::Weak<Shared>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(shared) = shared.upgrade() else { return };
+        if shared.in_use() < PEAK / 4 && shared.peaked.swap(false, Ordering::Relaxed) {
+            trim();
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim() {
+    // SAFETY: malloc_trim only returns free pages of the allocator to the system.
+    unsafe { libc::malloc_trim(0) };
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim() {}
+
 /// Serves `service` on `listener` with the limits set by `set_limits` (or the
 /// defaults). Never returns: a failing accept is logged and retried.
 pub async fn serve<S: Service>(listener: TcpListener, service: Arc<S>) -> Infallible {
@@ -203,25 +227,24 @@ pub async fn serve<S: Service>(listener: TcpListener, service: Arc<S>) -> Infall
 /// concurrently. Running out of file descriptors closes the connection idle the
 /// longest and backs off (logged once per episode); this loop never stops by itself.
 pub async fn serve_with<S: Service>(listener: TcpListener, service: Arc<S>, limits: Limits) -> Infallible {
-    let buffered = Arc::new(Semaphore::new(limits.total_buffer_bytes.max(MAX_FRAME)));
+    let buffered = Arc::new(Shared::new(limits.total_buffer_bytes.max(MAX_FRAME)));
+    tokio::spawn(trim_after_peaks(Arc::downgrade(&buffered)));
     let server = Arc::new(Server { limits, conns: Mutex::default(), buffered });
     let mut backoff: Option<Duration> = None;
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         match listener.accept().await {
             Ok((stream, addr)) => {
-                if backoff.take().is_some() {
-                    tracing::info!("accepting connections again");
-                }
+                backoff = None;
                 server.admit(stream, addr, &service);
             }
             Err(e) => {
-                let delay = match backoff {
-                    None => {
-                        tracing::warn!("cannot accept a connection ({e}); closing idle connections and retrying");
-                        Duration::from_millis(10)
-                    }
-                    Some(d) => (d * 2).min(Duration::from_secs(1)),
-                };
+                // Once per episode, not once per failed accept.
+                if warned.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    tracing::warn!("cannot accept a connection ({e}); closing idle connections and retrying");
+                    warned = Some(std::time::Instant::now());
+                }
+                let delay = backoff.map_or(Duration::from_millis(10), |d| (d * 2).min(Duration::from_secs(1)));
                 backoff = Some(delay);
                 if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
                     let mut conns = server.conns.lock().expect("connections lock");
