@@ -22,8 +22,11 @@ const PUSH_IN_FLIGHT: usize = 64;
 /// Answers the requests a server pushes on a client's connections (leases,
 /// invalidations, progress).
 pub trait PushHandler: Send + Sync + 'static {
+    /// What the server pushes.
     type Request: DeserializeOwned + Send + 'static;
+    /// What the client answers.
     type Reply: Serialize + Send + 'static;
+    /// Answers one pushed request; runs in its own task, beside the client's calls.
     fn handle(self: Arc<Self>, req: Self::Request, bulk: Bytes) -> impl Future<Output = (Self::Reply, Bytes)> + Send;
 }
 

@@ -67,7 +67,7 @@ pub(crate) struct Shared {
 }
 
 /// Buffered bytes above which memory is given back to the system once they drain.
-pub(crate) const PEAK: usize = 64 << 20;
+pub(crate) const PEAK: usize = 128 << 20;
 
 impl Shared {
     pub(crate) fn new(total: usize) -> Self {
@@ -142,6 +142,8 @@ pub(crate) struct Conn {
     send_timeout: Duration,
     last_active_ms: AtomicU64,
     closed: AtomicBool,
+    /// Set when the connection was closed because the peer stopped taking bytes.
+    hung: AtomicBool,
     reader: OnceLock<tokio::task::AbortHandle>,
 }
 
@@ -156,6 +158,7 @@ impl Conn {
             send_timeout,
             last_active_ms: AtomicU64::new(now_ms()),
             closed: AtomicBool::new(false),
+            hung: AtomicBool::new(false),
             reader: OnceLock::new(),
         })
     }
@@ -190,38 +193,44 @@ impl Conn {
         }
     }
 
-    /// Writes one whole frame within the send deadline; a failed or late write leaves
-    /// half a frame on the stream, so it ends the connection.
+    /// Writes one whole frame; the peer must take some of it every `send_timeout`
+    /// (a slow link may take longer in total, a hung peer may not). A failed or late
+    /// write leaves half a frame on the stream, so it ends the connection.
     pub(crate) async fn send(&self, frame: &[u8], bulk: &[u8]) -> Result<(), NetError> {
-        use tokio::io::AsyncWriteExt;
-        let write = async {
-            let mut guard = self.writer.lock().await;
-            // A connection closed while this sender waited lets go of its socket here.
+        // Waiting for the lock is bounded by the holder's own progress deadline.
+        let mut guard = self.writer.lock().await;
+        // A connection closed while this sender waited lets go of its socket here.
+        if !self.is_alive() {
+            guard.take();
+        }
+        let Some(half) = guard.as_mut() else {
+            return Err(self.lost("connection closed"));
+        };
+        let mut failure = None;
+        for part in [frame, bulk] {
+            if let Err(e) = write_progressing(half, part, self.send_timeout).await {
+                failure = Some(e);
+                break;
+            }
+        }
+        let Some(e) = failure else {
             if !self.is_alive() {
                 guard.take();
             }
-            let Some(half) = guard.as_mut() else {
-                return Err(std::io::Error::from(std::io::ErrorKind::NotConnected));
-            };
-            half.write_all(frame).await?;
-            if !bulk.is_empty() {
-                half.write_all(bulk).await?;
-            }
-            if !self.is_alive() {
-                guard.take();
-            }
-            Ok(())
+            self.touch();
+            return Ok(());
         };
-        let result = match tokio::time::timeout(self.send_timeout, write).await {
-            Ok(Ok(())) => {
-                self.touch();
-                return Ok(());
+        let error = match e {
+            None => {
+                self.hung.store(true, Ordering::Release);
+                NetError::Timeout { addr: self.addr.clone(), what: "send", after: self.send_timeout }
             }
-            Ok(Err(e)) => NetError::Disconnected { addr: self.addr.clone(), reason: format!("cannot send: {e}") },
-            Err(_) => NetError::Timeout { addr: self.addr.clone(), what: "send", after: self.send_timeout },
+            Some(e) => self.lost(&format!("cannot send: {e}")),
         };
+        guard.take();
+        drop(guard);
         self.close();
-        Err(result)
+        Err(error)
     }
 
     /// Sends a request and waits up to `timeout` for its answer.
@@ -257,7 +266,11 @@ impl Conn {
         }
     }
 
+    /// The error for a call on a dead connection: a timeout if it died of one.
     fn lost(&self, reason: &str) -> NetError {
+        if self.hung.load(Ordering::Acquire) {
+            return NetError::Timeout { addr: self.addr.clone(), what: "send", after: self.send_timeout };
+        }
         NetError::Disconnected { addr: self.addr.clone(), reason: reason.to_string() }
     }
 
@@ -278,6 +291,25 @@ impl Conn {
         });
         let _ = self.reader.set(task.abort_handle());
     }
+}
+
+/// Writes all of `buf`, each write making progress within `limit`; `Err(None)` is a
+/// peer that took nothing for `limit`.
+async fn write_progressing(
+    half: &mut OwnedWriteHalf,
+    mut buf: &[u8],
+    limit: Duration,
+) -> Result<(), Option<std::io::Error>> {
+    use tokio::io::AsyncWriteExt;
+    while !buf.is_empty() {
+        match tokio::time::timeout(limit, half.write(buf)).await {
+            Err(_) => return Err(None),
+            Ok(Ok(0)) => return Err(Some(std::io::ErrorKind::WriteZero.into())),
+            Ok(Ok(n)) => buf = &buf[n..],
+            Ok(Err(e)) => return Err(Some(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Why a reader stopped.
@@ -384,8 +416,9 @@ async fn wait_first_byte(
     }
 }
 
-/// Reads `len` bytes into memory that grows as they arrive (never more than twice
-/// what has arrived plus one step), charging each growth to the budget first.
+/// Reads `len` bytes into memory that grows as they arrive (never more than four
+/// times what has arrived plus one step: quadrupling keeps the copies of a growing
+/// 4 MiB chunk to a third of its size), charging each growth to the budget first.
 async fn read_growing(
     reader: &mut OwnedReadHalf,
     len: usize,
@@ -396,7 +429,7 @@ async fn read_growing(
     let mut buf: Vec<u8> = Vec::new();
     while buf.len() < len {
         if buf.len() == buf.capacity() {
-            let grow = (len - buf.len()).min(buf.len().max(STEP));
+            let grow = (len - buf.len()).min((3 * buf.len()).max(STEP));
             budget.charge(grow, charge).await;
             buf.reserve_exact(grow);
         }

@@ -29,6 +29,7 @@ pub enum NetError {
     /// or too slow.
     #[error("{what} to {addr} timed out after {after:?}")]
     Timeout { addr: String, what: &'static str, after: Duration },
+    /// The peer sent bytes that are not a valid frame or message.
     #[error("malformed frame: {0}")]
     Frame(#[from] proto::frame::FrameError),
 }

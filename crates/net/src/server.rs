@@ -21,8 +21,11 @@ use tokio::sync::Semaphore;
 /// A request handler: one typed request (plus its bulk bytes, if any) in, one typed
 /// answer (plus bulk bytes, usually empty) out, told which peer asks.
 pub trait Service: Send + Sync + 'static {
+    /// What clients send.
     type Request: DeserializeOwned + Send + 'static;
+    /// What the service answers.
     type Reply: Serialize + Send + 'static;
+    /// Answers one request from `peer`; runs in its own task.
     fn handle(
         self: Arc<Self>,
         peer: Peer,
