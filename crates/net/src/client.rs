@@ -34,7 +34,7 @@ pub trait PushHandler: Send + Sync + 'static {
 struct Push<H>(Arc<H>);
 
 impl<H: PushHandler> Handler for Push<H> {
-    fn start(&self, _conn: &Arc<Conn>, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError> {
+    fn start(&self, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError> {
         let req: H::Request = frame::decode(payload)?;
         let handler = self.0.clone();
         Ok(Box::pin(async move {

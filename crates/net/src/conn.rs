@@ -29,7 +29,7 @@ pub(crate) type Work = Pin<Box<dyn Future<Output = Encoded> + Send>>;
 pub(crate) trait Handler: Send + Sync + 'static {
     /// Decodes the request (an error ends the connection: the stream can no longer
     /// be trusted) and returns the work that answers it with id `request_id`.
-    fn start(&self, conn: &Arc<Conn>, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError>;
+    fn start(&self, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError>;
 }
 
 /// Encodes an answer, or logs why it cannot be (the caller then times out).
@@ -104,7 +104,7 @@ impl Budget {
         if let Some(global) = &self.global
             && let Ok(p) = global.bytes.acquire_many(n).await
         {
-            // Returned to the semaphore when the charge drops (below).
+            // `Charge::drop` gives these permits back.
             p.forget();
             into.global.push((global.clone(), n as usize));
             if global.in_use() > PEAK {
@@ -357,7 +357,7 @@ async fn read_loop(
                 let Some(handler) = &handler else {
                     return "the peer sent a request and this end answers none".into();
                 };
-                let work = match handler.start(conn, header.request_id, &payload, bulk) {
+                let work = match handler.start(header.request_id, &payload, bulk) {
                     Ok(work) => work,
                     Err(e) => return format!("malformed request: {e}"),
                 };

@@ -120,7 +120,7 @@ struct ServiceHandler<S> {
 }
 
 impl<S: Service> Handler for ServiceHandler<S> {
-    fn start(&self, _conn: &Arc<Conn>, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError> {
+    fn start(&self, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError> {
         let req: S::Request = frame::decode(payload)?;
         let (service, peer) = (self.service.clone(), self.peer.clone());
         Ok(Box::pin(async move {
