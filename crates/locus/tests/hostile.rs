@@ -239,12 +239,12 @@ fn exits_within(child: &mut std::process::Child, within: Duration, what: &str) -
     }
 }
 
-/// A node stopped by SIGSTOP while an application writes through the mount: with
-/// `--rpc-timeout 3s` the writer gets an error (EIO or ETIMEDOUT) in bounded time, and
-/// a writer killed meanwhile is gone at once. The old client waited for sends without
+/// A node stopped by SIGSTOP while applications write and read through mounts: with
+/// `--rpc-timeout 3s` the writer and the reader get an error (EIO or ETIMEDOUT) in
+/// bounded time, and a writer killed meanwhile is gone at once. The old client waited for sends without
 /// any deadline: dd sat unkillable in D state for as long as the node was stopped.
 #[test]
-fn a_stopped_node_fails_the_writer_in_bounded_time() {
+fn a_stopped_node_fails_writers_and_readers_in_bounded_time() {
     if !testkit::can_mount() {
         eprintln!("SKIPPED: needs root and /dev/fuse");
         return;
@@ -256,6 +256,13 @@ fn a_stopped_node_fails_the_writer_in_bounded_time() {
         let mut f = std::fs::File::create(mnt.join("before")).unwrap();
         f.write_all(b"the node works").is_ok() && f.sync_all().is_ok()
     });
+    let data: Vec<u8> = (0..(6 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    let mut f = std::fs::File::create(mnt.join("data")).unwrap();
+    f.write_all(&data).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    // A second mount has none of it cached: its reads must go to the node.
+    let reader = c.mount_with("default", &["--rpc-timeout", "3s"]);
     let node = c.nodes[0].child.id();
     // SAFETY: stops a child process of this test; `Resume` continues it.
     unsafe { libc::kill(node as libc::pid_t, libc::SIGSTOP) };
@@ -283,8 +290,18 @@ fn a_stopped_node_fails_the_writer_in_bounded_time() {
     killed.kill().unwrap();
     exits_within(&mut killed, Duration::from_secs(15), "a SIGKILLed dd");
 
+    let started = Instant::now();
+    let mut cat =
+        Command::new("cat").arg(reader.join("data")).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let status = exits_within(&mut cat, Duration::from_secs(40), "cat reading from a stopped node");
+    let mut err = String::new();
+    cat.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "cat read a file whose only copy is on a stopped node");
+    assert!(err.contains("Input/output error") || err.contains("Connection timed out"), "cat said: {err}");
+    eprintln!("cat failed after {:?}: {}", started.elapsed(), err.trim());
+
     drop(_resume);
-    let data: Vec<u8> = (0..(6 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    assert_eq!(std::fs::read(reader.join("data")).unwrap(), data);
     std::fs::write(mnt.join("after"), &data).unwrap();
     assert_eq!(std::fs::read(mnt.join("after")).unwrap(), data);
 }
