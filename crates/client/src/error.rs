@@ -29,7 +29,7 @@ impl VfsError {
             InvalidArgument => libc::EINVAL,
             NameTooLong => libc::ENAMETOOLONG,
             NoSpace => libc::ENOSPC,
-            Io | Corrupt | Internal => libc::EIO,
+            Io | Corrupt | Internal | Unreachable => libc::EIO,
             Stale => libc::ESTALE,
             WouldBlock => libc::EAGAIN,
             NoAttribute => libc::ENODATA,
@@ -38,6 +38,7 @@ impl VfsError {
             Busy => libc::EBUSY,
             Unsupported => libc::EOPNOTSUPP,
             TooManyLinks => libc::EMLINK,
+            TimedOut => libc::ETIMEDOUT,
         }
     }
 }
@@ -48,8 +49,11 @@ impl From<WireError> for VfsError {
     }
 }
 
+/// A hung peer is `TimedOut` (ETIMEDOUT, as an NFS `softerr` mount reports it), a
+/// dead or unreachable one `Unreachable` (EIO): the caller can tell "try again later"
+/// from "gone".
 impl From<net::NetError> for VfsError {
     fn from(e: net::NetError) -> Self {
-        VfsError { code: ErrorCode::Io, context: e.to_string() }
+        VfsError { code: e.code(), context: e.to_string() }
     }
 }

@@ -109,8 +109,15 @@ pub fn mount(vfs: Arc<Vfs>, rt: Handle, mountpoint: &Path, config: &MountConfig)
     Ok(Mounted { unmounter, session })
 }
 
-fn errno(e: &VfsError) -> Errno {
-    tracing::debug!("{e}");
+/// The errno for a failed `op`. Failures of the system itself (a dead or hung peer,
+/// corruption, a broken invariant) are logged as warnings naming the operation; the
+/// everyday answers (ENOENT, EEXIST, ...) only at debug level.
+fn errno(op: &str, e: &VfsError) -> Errno {
+    use proto::error::ErrorCode::*;
+    match e.code {
+        Io | Corrupt | Internal | TimedOut | Unreachable => tracing::warn!(op, code = ?e.code, "{op} failed: {e}"),
+        _ => tracing::debug!(op, code = ?e.code, "{op}: {e}"),
+    }
     Errno::from_i32(e.errno())
 }
 
@@ -205,8 +212,9 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
 }
 
 impl LocusFs {
-    /// Runs `work` on the runtime; `finish` turns its result into a reply.
-    fn run<T, F, R>(&self, reply: R, work: F, finish: impl FnOnce(R, T) + Send + 'static)
+    /// Runs `work` on the runtime; `finish` turns its result into a reply. `op` names
+    /// the operation in the error log.
+    fn run<T, F, R>(&self, op: &'static str, reply: R, work: F, finish: impl FnOnce(R, T) + Send + 'static)
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, VfsError>> + Send + 'static,
@@ -215,22 +223,28 @@ impl LocusFs {
         self.rt.spawn(async move {
             match work.await {
                 Ok(v) => finish(reply, v),
-                Err(e) => reply.fail(errno(&e)),
+                Err(e) => reply.fail(errno(op, &e)),
             }
         });
     }
 
     fn entry(
         &self,
+        op: &'static str,
         reply: ReplyEntry,
         work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static,
     ) {
         let ttl = self.ttl;
-        self.run(reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
+        self.run(op, reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
     }
 
-    fn empty(&self, reply: ReplyEmpty, work: impl std::future::Future<Output = Result<(), VfsError>> + Send + 'static) {
-        self.run(reply, work, |r, ()| r.ok());
+    fn empty(
+        &self,
+        op: &'static str,
+        reply: ReplyEmpty,
+        work: impl std::future::Future<Output = Result<(), VfsError>> + Send + 'static,
+    ) {
+        self.run(op, reply, work, |r, ()| r.ok());
     }
 }
 
@@ -273,12 +287,12 @@ impl Filesystem for LocusFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.entry(reply, async move { vfs.lookup(parent.0, &n).await });
+        self.entry("lookup", reply, async move { vfs.lookup(parent.0, &n).await });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (vfs, ttl) = (self.vfs.clone(), self.ttl);
-        self.run(reply, async move { vfs.getattr(ino.0).await }, move |r, a| r.attr(&ttl, &file_attr(&a)));
+        self.run("getattr", reply, async move { vfs.getattr(ino.0).await }, move |r, a| r.attr(&ttl, &file_attr(&a)));
     }
 
     fn setattr(
@@ -308,12 +322,14 @@ impl Filesystem for LocusFs {
             mtime: mtime.map(time_set),
         };
         let (vfs, ttl, who) = (self.vfs.clone(), self.ttl, caller(req));
-        self.run(reply, async move { vfs.setattr(ino.0, set, who).await }, move |r, a| r.attr(&ttl, &file_attr(&a)));
+        self.run("setattr", reply, async move { vfs.setattr(ino.0, set, who).await }, move |r, a| {
+            r.attr(&ttl, &file_attr(&a))
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let vfs = self.vfs.clone();
-        self.run(reply, async move { vfs.readlink(ino.0).await }, |r, t| r.data(&t));
+        self.run("readlink", reply, async move { vfs.readlink(ino.0).await }, |r, t| r.data(&t));
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
@@ -322,28 +338,32 @@ impl Filesystem for LocusFs {
             Err(e) => return reply.error(e),
         };
         let (vfs, n, who) = (self.vfs.clone(), name(n), caller(req));
-        self.entry(reply, async move { vfs.create(parent.0, &n, node, mode & 0o7777, who, true).await });
+        self.entry("mknod", reply, async move { vfs.create(parent.0, &n, node, mode & 0o7777, who, true).await });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         let (vfs, n, who) = (self.vfs.clone(), name(n), caller(req));
-        self.entry(reply, async move { vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, who, true).await });
+        self.entry(
+            "mkdir",
+            reply,
+            async move { vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, who, true).await },
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.empty(reply, async move { vfs.unlink(parent.0, &n).await });
+        self.empty("unlink", reply, async move { vfs.unlink(parent.0, &n).await });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.empty(reply, async move { vfs.rmdir(parent.0, &n).await });
+        self.empty("rmdir", reply, async move { vfs.rmdir(parent.0, &n).await });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
         let node = NewNode::Symlink { target: target.as_os_str().as_bytes().to_vec() };
         let (vfs, n, who) = (self.vfs.clone(), name(link), caller(req));
-        self.entry(reply, async move { vfs.create(parent.0, &n, node, 0o777, who, true).await });
+        self.entry("symlink", reply, async move { vfs.create(parent.0, &n, node, 0o777, who, true).await });
     }
 
     fn rename(
@@ -366,18 +386,18 @@ impl Filesystem for LocusFs {
             return reply.error(Errno::EINVAL);
         };
         let (vfs, n, nn) = (self.vfs.clone(), name(n), name(newname));
-        self.empty(reply, async move { vfs.rename(parent.0, &n, newparent.0, &nn, mode).await });
+        self.empty("rename", reply, async move { vfs.rename(parent.0, &n, newparent.0, &nn, mode).await });
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let (vfs, nn) = (self.vfs.clone(), name(newname));
-        self.entry(reply, async move { vfs.link(ino.0, newparent.0, &nn).await });
+        self.entry("link", reply, async move { vfs.link(ino.0, newparent.0, &nn).await });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let opts = OpenOptions { truncate: flags.0 & libc::O_TRUNC != 0 };
         let (vfs, notifier) = (self.vfs.clone(), self.notifier.clone());
-        self.run(reply, async move { vfs.open(ino.0, opts).await }, move |r, (fh, keep)| {
+        self.run("open", reply, async move { vfs.open(ino.0, opts).await }, move |r, (fh, keep)| {
             let flags = if keep {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
@@ -403,7 +423,7 @@ impl Filesystem for LocusFs {
         reply: ReplyData,
     ) {
         let vfs = self.vfs.clone();
-        self.run(reply, async move { vfs.read(fh.0, offset, size).await }, |r, d| r.data(&d));
+        self.run("read", reply, async move { vfs.read(fh.0, offset, size).await }, |r, d| r.data(&d));
     }
 
     fn write(
@@ -419,12 +439,12 @@ impl Filesystem for LocusFs {
         reply: ReplyWrite,
     ) {
         let (vfs, data) = (self.vfs.clone(), data.to_vec());
-        self.run(reply, async move { vfs.write(fh.0, offset, &data).await }, |r, n| r.written(n));
+        self.run("write", reply, async move { vfs.write(fh.0, offset, &data).await }, |r, n| r.written(n));
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
         let vfs = self.vfs.clone();
-        self.empty(reply, async move { vfs.flush(fh.0, Some(owner.0)).await });
+        self.empty("flush", reply, async move { vfs.flush(fh.0, Some(owner.0)).await });
     }
 
     fn release(
@@ -438,17 +458,19 @@ impl Filesystem for LocusFs {
         reply: ReplyEmpty,
     ) {
         let vfs = self.vfs.clone();
-        self.empty(reply, async move { vfs.release(fh.0).await });
+        self.empty("release", reply, async move { vfs.release(fh.0).await });
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let vfs = self.vfs.clone();
-        self.empty(reply, async move { vfs.fsync(fh.0).await });
+        self.empty("fsync", reply, async move { vfs.fsync(fh.0).await });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let vfs = self.vfs.clone();
-        self.run(reply, async move { vfs.opendir(ino.0).await }, |r, dh| r.opened(FileHandle(dh), FopenFlags::empty()));
+        self.run("opendir", reply, async move { vfs.opendir(ino.0).await }, |r, dh| {
+            r.opened(FileHandle(dh), FopenFlags::empty())
+        });
     }
 
     /// Offsets: 1 is ".", 2 is "..", and an entry with cookie c sits at c + 2.
@@ -464,7 +486,7 @@ impl Filesystem for LocusFs {
             let after = offset.saturating_sub(2);
             let entries = match vfs.readdir(fh.0, after).await {
                 Ok(e) => e,
-                Err(e) => return reply.error(errno(&e)),
+                Err(e) => return reply.error(errno("readdir", &e)),
             };
             let mut last = after;
             for e in entries {
@@ -487,12 +509,12 @@ impl Filesystem for LocusFs {
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let vfs = self.vfs.clone();
-        self.empty(reply, async move { vfs.sync_meta().await });
+        self.empty("fsyncdir", reply, async move { vfs.sync_meta().await });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let vfs = self.vfs.clone();
-        self.run(reply, async move { vfs.statfs().await }, |r, s| {
+        self.run("statfs", reply, async move { vfs.statfs().await }, |r, s| {
             const BLOCK: u64 = 4096;
             let blocks = s.capacity_bytes / BLOCK;
             let free = s.capacity_bytes.saturating_sub(s.used_bytes) / BLOCK;
@@ -517,17 +539,17 @@ impl Filesystem for LocusFs {
             _ => return reply.error(Errno::EINVAL),
         };
         let (vfs, n, value) = (self.vfs.clone(), name(n), value.to_vec());
-        self.empty(reply, async move { vfs.setxattr(ino.0, &n, &value, mode).await });
+        self.empty("setxattr", reply, async move { vfs.setxattr(ino.0, &n, &value, mode).await });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.run(reply, async move { vfs.getxattr(ino.0, &n).await }, move |r, v| sized(r, size, &v));
+        self.run("getxattr", reply, async move { vfs.getxattr(ino.0, &n).await }, move |r, v| sized(r, size, &v));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let vfs = self.vfs.clone();
-        self.run(reply, async move { vfs.listxattr(ino.0).await }, move |r, names| {
+        self.run("listxattr", reply, async move { vfs.listxattr(ino.0).await }, move |r, names| {
             let mut buf = Vec::new();
             for n in names {
                 buf.extend_from_slice(&n);
@@ -539,7 +561,7 @@ impl Filesystem for LocusFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.empty(reply, async move { vfs.removexattr(ino.0, &n).await });
+        self.empty("removexattr", reply, async move { vfs.removexattr(ino.0, &n).await });
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -561,7 +583,7 @@ impl Filesystem for LocusFs {
         let opts = OpenOptions { truncate: flags & libc::O_TRUNC != 0 };
         let (vfs, n, who, ttl) = (self.vfs.clone(), name(n), caller(req), self.ttl);
         let work = async move { vfs.create_open(parent.0, &n, mode & 0o7777, who, exclusive, opts).await };
-        self.run(reply, work, move |r, (attr, fh)| {
+        self.run("create", reply, work, move |r, (attr, fh)| {
             r.created(&ttl, &file_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::empty())
         });
     }
@@ -583,7 +605,7 @@ impl Filesystem for LocusFs {
             Err(e) => return reply.error(e),
         };
         let vfs = self.vfs.clone();
-        self.run(reply, async move { vfs.getlk(lock).await }, move |r, conflict| match conflict {
+        self.run("getlk", reply, async move { vfs.getlk(lock).await }, move |r, conflict| match conflict {
             Some(l) => {
                 let typ = if l.kind == LockKind::Read { libc::F_RDLCK } else { libc::F_WRLCK };
                 r.locked(l.start, l.end, typ, l.pid)
@@ -610,7 +632,7 @@ impl Filesystem for LocusFs {
             Err(e) => return reply.error(e),
         };
         let vfs = self.vfs.clone();
-        self.empty(reply, async move { vfs.setlk(fh.0, lock, sleep).await });
+        self.empty("setlk", reply, async move { vfs.setlk(fh.0, lock, sleep).await });
     }
 
     fn fallocate(
@@ -631,7 +653,7 @@ impl Filesystem for LocusFs {
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
         let vfs = self.vfs.clone();
-        self.empty(reply, async move { vfs.fallocate(fh.0, offset, length, mode).await });
+        self.empty("fallocate", reply, async move { vfs.fallocate(fh.0, offset, length, mode).await });
     }
 
     /// No ioctl is implemented: ENOTTY is what a file that has none answers, and

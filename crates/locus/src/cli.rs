@@ -17,6 +17,12 @@ pub struct Cli {
     /// Fixed socket buffers, e.g. 32M (about bandwidth x RTT); default: kernel autotuning.
     #[arg(long, global = true, value_parser = parse_size)]
     pub socket_buffer: Option<u64>,
+    /// A server closes a connection with nothing in flight for this long, e.g. 10m.
+    #[arg(long, global = true, default_value = "10m", value_parser = parse_duration)]
+    pub idle_timeout: std::time::Duration,
+    /// A server closes a connection whose started frame is not complete within this.
+    #[arg(long, global = true, default_value = "60s", value_parser = parse_duration)]
+    pub frame_timeout: std::time::Duration,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -145,6 +151,10 @@ pub struct ClientTuning {
     /// Seconds the kernel may cache names and attributes.
     #[arg(long, default_value_t = 1.0)]
     pub attr_ttl: f64,
+    /// Longest wait for meta or a node (each connect, send, answer); a hung peer
+    /// fails the operation (ETIMEDOUT) after it, e.g. 60s.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub rpc_timeout: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

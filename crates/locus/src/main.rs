@@ -74,6 +74,11 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         congestion: Some(args.tcp_congestion.clone()).filter(|c| !c.is_empty()),
         buffer_bytes: args.socket_buffer.map(|b| b as usize),
     });
+    net::set_limits(net::Limits {
+        idle_timeout: args.idle_timeout,
+        frame_timeout: args.frame_timeout,
+        ..net::Limits::default()
+    });
     match args.command {
         Up(a) => roles::up(a).await,
         Meta(a) => roles::meta(a).await,

@@ -45,11 +45,7 @@ async fn start_meta(
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
-    tokio::spawn(async move {
-        if let Err(e) = net::serve(listener, service).await {
-            tracing::error!("meta stopped serving: {e}");
-        }
-    });
+    tokio::spawn(net::serve(listener, service));
     Ok(addr)
 }
 
@@ -113,6 +109,7 @@ fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTun
         readahead_chunks: t.readahead_chunks,
         upload_window: t.upload_window.max(1),
         attr_ttl: Duration::from_secs_f64(t.attr_ttl.max(0.0)),
+        timeout: t.rpc_timeout,
         ..client::ClientConfig::default()
     }
 }

@@ -262,8 +262,13 @@ impl net::Service for MetaService {
     type Request = MetaRequest;
     type Reply = MetaResult;
 
-    async fn handle(self: Arc<Self>, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
-        (self.answer(req).await.map_err(Into::into), Bytes::new())
+    /// A session's `Welcome` binds that session to the connection it came on.
+    async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
+        let result = self.answer(req).await;
+        if let Ok(MetaReply::Welcome { session, .. }) = &result {
+            peer.set_session(*session);
+        }
+        (result.map_err(Into::into), Bytes::new())
     }
 }
 

@@ -1,58 +1,97 @@
-//! The calling side: a pool of connections to one peer, each with a writer task and a
-//! reader task that routes responses back to their callers by request id.
+//! The calling side: a pool of connections to one peer. Each call writes its own
+//! frame under the connection's lock (no writer task to wake) and a reader task per
+//! connection routes answers back to their callers by request id, and runs the
+//! requests the server pushes through the client's `PushHandler`, if it has one.
 
-use crate::{FrameWriter, NetError, tune};
+use crate::conn::{Budget, Conn, Handler, ReaderRules, Work, encode_answer};
+use crate::{MAX_FRAME, NetError, tune};
 use bytes::Bytes;
-use proto::frame::{self, FrameKind, HEADER_LEN, Header};
+use proto::frame;
 use serde::{Serialize, de::DeserializeOwned};
-use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::Semaphore;
 
-/// Answers on their way back: payload and bulk bytes.
-type Answer = (Vec<u8>, Bytes);
-type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Answer>>>>>;
+/// Pushed requests a client answers at once per connection; the server's pushes
+/// wait (backpressure) beyond it.
+const PUSH_IN_FLIGHT: usize = 64;
 
-/// One live connection. `pending` becomes `None` when the connection dies.
-struct Conn {
-    writer: FrameWriter,
-    pending: Pending,
+/// Answers the requests a server pushes on a client's connections (leases,
+/// invalidations, progress).
+pub trait PushHandler: Send + Sync + 'static {
+    /// What the server pushes.
+    type Request: DeserializeOwned + Send + 'static;
+    /// What the client answers.
+    type Reply: Serialize + Send + 'static;
+    /// Answers one pushed request; runs in its own task, beside the client's calls.
+    fn handle(self: Arc<Self>, req: Self::Request, bulk: Bytes) -> impl Future<Output = (Self::Reply, Bytes)> + Send;
 }
 
-impl Conn {
-    fn is_alive(&self) -> bool {
-        self.pending.lock().expect("pending lock").is_some()
+/// A `PushHandler` behind the connection's type-erased handler.
+struct Push<H>(Arc<H>);
+
+impl<H: PushHandler> Handler for Push<H> {
+    fn start(&self, request_id: u64, payload: &[u8], bulk: Bytes) -> Result<Work, NetError> {
+        let req: H::Request = frame::decode(payload)?;
+        let handler = self.0.clone();
+        Ok(Box::pin(async move {
+            let (reply, bulk) = handler.handle(req, bulk).await;
+            encode_answer(request_id, &reply, bulk)
+        }))
     }
 }
 
 /// A pool of pipelined connections to one peer that reconnects lazily after a failure.
+/// Every connect, send and wait for an answer is bounded by the client's timeout.
 pub struct RpcClient {
     addr: String,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     next_slot: AtomicUsize,
-    next_id: AtomicU64,
     timeout: Duration,
+    push: Option<Arc<dyn Handler>>,
 }
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 impl RpcClient {
     /// A client with `connections` sockets to `addr`; the first is opened now so a
-    /// wrong address fails here, the rest on first use.
+    /// wrong address fails here, the rest on first use. `timeout` bounds each connect,
+    /// send and wait for an answer.
     pub async fn connect(addr: &str, connections: usize, timeout: Duration) -> Result<Self, NetError> {
+        Self::open(addr, connections, timeout, None).await
+    }
+
+    /// Like `connect`, and every connection answers the server's pushes with `push`.
+    pub async fn connect_with_push<H: PushHandler>(
+        addr: &str,
+        connections: usize,
+        timeout: Duration,
+        push: Arc<H>,
+    ) -> Result<Self, NetError> {
+        Self::open(addr, connections, timeout, Some(Arc::new(Push(push)))).await
+    }
+
+    async fn open(
+        addr: &str,
+        connections: usize,
+        timeout: Duration,
+        push: Option<Arc<dyn Handler>>,
+    ) -> Result<Self, NetError> {
         let client = RpcClient {
             addr: addr.to_string(),
             slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
-            next_id: AtomicU64::new(1),
             timeout,
+            push,
         };
         client.conn(0).await?;
         Ok(client)
     }
 
+    /// The peer's address.
     pub fn addr(&self) -> &str {
         &self.addr
     }
@@ -69,11 +108,22 @@ impl RpcClient {
         {
             return Ok(c.clone());
         }
-        let stream = TcpStream::connect(&self.addr)
-            .await
-            .map_err(|source| NetError::Connect { addr: self.addr.clone(), source })?;
+        let stream = match tokio::time::timeout(self.timeout, TcpStream::connect(&self.addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(source)) => return Err(NetError::Connect { addr: self.addr.clone(), source }),
+            Err(_) => return Err(NetError::Timeout { addr: self.addr.clone(), what: "connect", after: self.timeout }),
+        };
         tune(&stream);
-        let conn = Arc::new(start_conn(stream, self.addr.clone()));
+        let (reader, writer) = stream.into_split();
+        let conn = Conn::new(NEXT_CONN.fetch_add(1, Ordering::Relaxed), self.addr.clone(), writer, self.timeout);
+        let rules = ReaderRules {
+            in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
+            in_flight_max: PUSH_IN_FLIGHT,
+            budget: Budget { conn: Arc::new(Semaphore::new(2 * MAX_FRAME)), global: None },
+            idle: None,
+            frame: self.timeout,
+        };
+        conn.start_reader(reader, rules, self.push.clone(), || {});
         *guard = Some(conn.clone());
         Ok(conn)
     }
@@ -93,71 +143,17 @@ impl RpcClient {
     ) -> Result<(Resp, Bytes), NetError> {
         let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let conn = self.conn(slot).await?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let bytes = frame::encode(FrameKind::Request, id, req, bulk.len())?;
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut pending = conn.pending.lock().expect("pending lock");
-            match pending.as_mut() {
-                Some(map) => map.insert(id, tx),
-                None => return Err(self.lost("connection closed")),
-            };
-        }
-        if let Err(e) = conn.writer.send(&bytes, &bulk).await {
-            // The stream may hold half a frame now: nobody can use it any more.
-            conn.pending.lock().expect("pending lock").take();
-            return Err(self.lost(&format!("cannot send: {e}")));
-        }
-        match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok((payload, bulk))) => Ok((frame::decode(&payload)?, bulk)),
-            Ok(Err(_)) => Err(self.lost("peer closed the connection")),
-            Err(_) => {
-                if let Some(map) = conn.pending.lock().expect("pending lock").as_mut() {
-                    map.remove(&id);
-                }
-                Err(NetError::Timeout { addr: self.addr.clone(), secs: self.timeout.as_secs() })
-            }
-        }
-    }
-
-    fn lost(&self, reason: &str) -> NetError {
-        NetError::Disconnected { addr: self.addr.clone(), reason: reason.to_string() }
+        conn.call_bulk(req, bulk, self.timeout).await
     }
 }
 
-fn start_conn(stream: TcpStream, addr: String) -> Conn {
-    let (mut reader, writer) = stream.into_split();
-    let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-
-    let routes = pending.clone();
-    tokio::spawn(async move {
-        let reason = loop {
-            let mut head = [0u8; HEADER_LEN];
-            if let Err(e) = reader.read_exact(&mut head).await {
-                break e.to_string();
+impl Drop for RpcClient {
+    /// The readers hold their connections; closing them here ends their tasks.
+    fn drop(&mut self) {
+        for slot in &mut self.slots {
+            if let Some(c) = slot.get_mut().take() {
+                c.close();
             }
-            let header = match Header::decode(&head) {
-                Ok(h) if h.kind == FrameKind::Response => h,
-                Ok(_) => break "peer sent a request on a client connection".to_string(),
-                Err(e) => break e.to_string(),
-            };
-            let mut payload = vec![0u8; header.payload_len as usize];
-            if let Err(e) = reader.read_exact(&mut payload).await {
-                break e.to_string();
-            }
-            let bulk = match crate::read_bulk(&mut reader, header.bulk_len as usize).await {
-                Ok(b) => b,
-                Err(e) => break e.to_string(),
-            };
-            let waiter = routes.lock().expect("pending lock").as_mut().and_then(|m| m.remove(&header.request_id));
-            if let Some(w) = waiter {
-                let _ = w.send((payload, bulk));
-            }
-        };
-        tracing::debug!(%addr, %reason, "rpc connection closed");
-        // Dropping the senders wakes every waiter with an error.
-        routes.lock().expect("pending lock").take();
-    });
-
-    Conn { writer: FrameWriter::new(writer), pending }
+        }
+    }
 }

@@ -1,28 +1,104 @@
 //! Connections between Locus processes: a multiplexed, pipelined RPC over TCP. Many
 //! requests share one connection and are answered in any order, so a caller never
 //! waits a round trip per request; a pool of connections spreads large transfers.
+//! Either end may ask: a server can push requests to a client on the client's own
+//! connection. Every resource a peer can make the other end hold is bounded
+//! (`Limits`), and every wait on a peer has a deadline.
 
 mod client;
+mod conn;
 mod directory;
 mod server;
 
-pub use client::RpcClient;
+pub use client::{PushHandler, RpcClient};
 pub use directory::{NodeDirectory, PoolSize};
-pub use server::{Service, serve};
+pub use server::{ConnHandle, Peer, Service, serve, serve_with};
 
-/// What can go wrong moving a message.
+use proto::error::ErrorCode;
+use std::time::Duration;
+
+/// What can go wrong moving a message. A peer that does not answer in time
+/// (`Timeout`) is told apart from one that is gone (`Connect`, `Disconnected`).
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    /// The peer refused the connection or cannot be reached.
     #[error("cannot connect to {addr}: {source}")]
     Connect { addr: String, source: std::io::Error },
+    /// The connection broke; the peer may or may not have acted on the request.
     #[error("connection to {addr} lost: {reason}")]
     Disconnected { addr: String, reason: String },
-    #[error("no answer from {addr} within {secs} s")]
-    Timeout { addr: String, secs: u64 },
+    /// The peer did not complete `what` (connect, send or answer) in time: it is hung
+    /// or too slow.
+    #[error("{what} to {addr} timed out after {after:?}")]
+    Timeout { addr: String, what: &'static str, after: Duration },
+    /// The peer sent bytes that are not a valid frame or message.
+    /// A node id that meta has not told this process about.
     #[error("node {0} is not known to meta")]
     UnknownNode(String),
     #[error("malformed frame: {0}")]
     Frame(#[from] proto::frame::FrameError),
+}
+
+impl NetError {
+    /// The code a caller reports: `TimedOut` for a hung peer, `Unreachable` for a dead
+    /// one, `Internal` for a frame that does not decode.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            NetError::Timeout { .. } => ErrorCode::TimedOut,
+            NetError::Connect { .. } | NetError::Disconnected { .. } | NetError::UnknownNode(_) => {
+                ErrorCode::Unreachable
+            }
+            NetError::Frame(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// What one peer, and all peers together, may make a server hold. The defaults suit
+/// a production meta or node; tests shorten the times.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open connections; at the cap, the connection idle the longest is closed for a
+    /// new one (or the new one is refused when none is idle).
+    pub max_connections: usize,
+    /// Requests read but not yet answered, per connection; beyond it the server stops
+    /// reading that connection until answers drain (backpressure).
+    pub max_in_flight: usize,
+    /// Request bytes buffered per connection (at least one largest frame).
+    pub conn_buffer_bytes: usize,
+    /// Request bytes buffered over all connections (at least one largest frame).
+    pub total_buffer_bytes: usize,
+    /// A connection with nothing in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// A frame whose first byte arrived must be complete within this time (slow peers).
+    pub frame_timeout: Duration,
+    /// An answer or push must be written within this time, or the connection is
+    /// closed (a peer that never reads cannot pile answers up).
+    pub send_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 4096,
+            max_in_flight: 256,
+            conn_buffer_bytes: 128 << 20,
+            total_buffer_bytes: 512 << 20,
+            idle_timeout: Duration::from_secs(600),
+            frame_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The largest frame a peer may send: every buffer cap holds at least one.
+pub(crate) const MAX_FRAME: usize = proto::frame::MAX_PAYLOAD as usize + proto::frame::MAX_BULK as usize;
+
+static LIMITS: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
+
+/// Sets the limits `serve` applies in this process; the first call wins (the binary
+/// calls it once).
+pub fn set_limits(limits: Limits) {
+    let _ = LIMITS.set(limits);
 }
 
 /// Socket settings for every connection of this process.
@@ -78,45 +154,6 @@ fn tune(stream: &tokio::net::TcpStream) {
                 );
             }
         }
-    }
-}
-
-/// Reads exactly `len` bulk bytes into fresh, uninitialised memory (no zero-fill pass
-/// over chunk-sized buffers).
-async fn read_bulk<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, len: usize) -> std::io::Result<bytes::Bytes> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = bytes::BytesMut::with_capacity(len);
-    while buf.len() < len {
-        let mut limited = (&mut *reader).take((len - buf.len()) as u64);
-        if limited.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-    Ok(buf.freeze())
-}
-
-/// The sending half of a connection, shared by every task that sends on it. A sender
-/// writes its own frame under a lock instead of handing it to a writer task: one task
-/// wake-up less per message, which is most of the cost of a small request.
-#[derive(Clone)]
-struct FrameWriter {
-    half: std::sync::Arc<tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>>,
-}
-
-impl FrameWriter {
-    fn new(half: tokio::net::tcp::OwnedWriteHalf) -> Self {
-        FrameWriter { half: std::sync::Arc::new(tokio::sync::Mutex::new(half)) }
-    }
-
-    /// Writes header and payload, then the bulk bytes, as one uninterrupted frame.
-    async fn send(&self, frame: &[u8], bulk: &[u8]) -> std::io::Result<()> {
-        use tokio::io::AsyncWriteExt;
-        let mut half = self.half.lock().await;
-        half.write_all(frame).await?;
-        if !bulk.is_empty() {
-            half.write_all(bulk).await?;
-        }
-        Ok(())
     }
 }
 

@@ -78,8 +78,6 @@ pub enum NodeError {
     WrongCluster { addr: String, ours: String, theirs: String, file: String },
     #[error("meta at {addr} refused to register node {id:?}: {source}")]
     Refused { addr: String, id: String, source: WireError },
-    #[error("serving chunks stopped: {0}")]
-    Serve(#[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -161,7 +159,7 @@ impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
 
-    async fn handle(self: Arc<Self>, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+    async fn handle(self: Arc<Self>, _peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
         let reply = match req {
             NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
             NodeRequest::Get { id, offset, len, local_only } => {
@@ -195,7 +193,7 @@ impl Service for NodeService {
     }
 }
 
-/// Runs a node until serving fails: opens the store, registers with meta (refusing
+/// Runs a node until its task is dropped: opens the store, registers with meta (refusing
 /// to start if meta is unreachable or refuses), heartbeats, and serves `listener`.
 pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
     let (dir, capacity) = (config.data_dir.clone(), config.capacity_bytes);
@@ -248,9 +246,9 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         workers: report,
     });
     let service = NodeService::with_site(store, Some(site));
-    let served = net::serve(listener, Arc::new(service)).await;
-    workers.stop(Duration::from_secs(5)).await;
-    served.map_err(NodeError::Serve)
+    // Serving never stops by itself (a failing accept is retried); the workers stop
+    // when this future is dropped at shutdown.
+    match net::serve(listener, Arc::new(service)).await {}
 }
 
 /// Sends one `RegisterNode` with current stats and checks (or, the first time, adopts)

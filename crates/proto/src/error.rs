@@ -30,6 +30,12 @@ pub enum ErrorCode {
     TooManyLinks,
     /// Protocol misuse or an invariant broken on the server.
     Internal,
+    // New codes go last: the wire carries a variant's index.
+    /// A peer did not answer in time: it is hung, overloaded or behind a dead link
+    /// (ETIMEDOUT).
+    TimedOut,
+    /// A peer refused the connection or the connection broke (EIO).
+    Unreachable,
 }
 
 /// The error half of every RPC reply.

@@ -86,12 +86,21 @@ pub fn free_addr() -> String {
 impl Cluster {
     /// Meta plus `nodes` storage nodes, all on 127.0.0.1 with ports picked by the OS.
     pub fn start(bin: &Path, nodes: usize) -> Cluster {
-        Self::start_armed(bin, nodes, None)
+        Self::launch(bin, nodes, &[], None)
+    }
+
+    /// Like `start`, with extra `locus meta` flags (short timeouts, ...).
+    pub fn start_with(bin: &Path, nodes: usize, meta_extra: &[&str]) -> Cluster {
+        Self::launch(bin, nodes, meta_extra, None)
     }
 
     /// Like `start`, with crash points armed in meta and every node (`FAILPOINTS`
     /// syntax, e.g. `chunk-before-rename=3*off->return`); `restart` disarms them.
     pub fn start_armed(bin: &Path, nodes: usize, failpoints: Option<&str>) -> Cluster {
+        Self::launch(bin, nodes, &[], failpoints)
+    }
+
+    fn launch(bin: &Path, nodes: usize, meta_extra: &[&str], failpoints: Option<&str>) -> Cluster {
         let dir = tempfile::Builder::new().prefix("locus-test-").tempdir().expect("temp dir");
         let db = dir.path().join("meta.db");
         let args = vec![
@@ -104,6 +113,7 @@ impl Cluster {
             "--session-expiry-secs".into(),
             "6".into(),
         ];
+        let args: Vec<String> = args.into_iter().chain(meta_extra.iter().map(|s| s.to_string())).collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
         let failpoints = failpoints.map(String::from);
         let mut cluster =
@@ -185,10 +195,15 @@ impl Cluster {
 
     /// Mounts the namespace as a client of `site`.
     pub fn mount_at(&mut self, site: &str) -> PathBuf {
+        self.mount_with(site, &[])
+    }
+
+    /// Mounts the namespace as a client of `site` with extra `locus mount` flags.
+    pub fn mount_with(&mut self, site: &str, extra: &[&str]) -> PathBuf {
         let n = self.mounts.len();
         let mountpoint = self.path().join(format!("mnt{n}"));
         std::fs::create_dir_all(&mountpoint).expect("create mount point");
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "mount".into(),
             mountpoint.display().to_string(),
             "--meta".into(),
@@ -198,6 +213,7 @@ impl Cluster {
             "--site".into(),
             site.into(),
         ];
+        args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("mount{n}.log"));
         let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, None);
         self.mounts.push((mountpoint.clone(), proc));
