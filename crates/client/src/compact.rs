@@ -8,7 +8,7 @@ use crate::error::VfsError;
 use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
 use proto::extent::{ExtentMap, Segment};
-use proto::meta::{MetaReply, MetaRequest, StoredChunk};
+use proto::meta::{Compact, Extents, Opened, StoredChunk};
 use proto::types::{ChunkId, Extent, InodeId};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -117,10 +117,8 @@ pub(crate) async fn compact(
     chunk_size: u64,
     ino: InodeId,
 ) -> Result<usize, VfsError> {
-    let (attr, extents) = match meta.call(MetaRequest::Extents { ino }).await? {
-        MetaReply::Opened { attr, extents } => (attr, ExtentMap::from_extents(extents)),
-        other => return Err(VfsError::new(ErrorCode::Internal, format!("Extents answered {other:?}"))),
-    };
+    let Opened { attr, extents } = meta.call(Extents { ino }).await?;
+    let extents = ExtentMap::from_extents(extents);
     if !is_fragmented(&extents, attr.size, chunk_size) {
         return Ok(0);
     }
@@ -142,7 +140,7 @@ pub(crate) async fn compact(
         chunks.push(data.store_chunk(id, &bytes).await?);
         new_extents.push(Extent { file_offset: *start, len: bytes.len() as u64, chunk: id, chunk_offset: 0 });
     }
-    let req = MetaRequest::Compact { ino, data_version: attr.data_version, extents: new_extents, chunks };
+    let req = Compact { ino, data_version: attr.data_version, extents: new_extents, chunks };
     meta.call(req).await?;
     Ok(runs.len())
 }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use chunk::cache::ChunkCache;
 use net::NodeDirectory;
 use proto::error::ErrorCode;
-use proto::meta::{MetaReply, MetaRequest, StoredChunk};
+use proto::meta::{ChunkLocations, ListNodes, StoredChunk};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::placement::rendezvous;
 use proto::types::{ChunkId, NodeInfo};
@@ -58,9 +58,7 @@ impl DataPath {
     /// Learns the nodes from meta; this site's live nodes become the placement set
     /// (every live node if the site has none).
     pub async fn refresh_nodes(&self) -> Result<()> {
-        let MetaReply::Nodes(list) = self.meta.call(MetaRequest::ListNodes).await? else {
-            return Err(VfsError::new(ErrorCode::Internal, "ListNodes: unexpected reply"));
-        };
+        let list = self.meta.call(ListNodes {}).await?;
         let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30).collect();
         let mine: Vec<&NodeInfo> = live.iter().copied().filter(|n| n.site == self.site).collect();
         let chosen = if mine.is_empty() { &live } else { &mine };
@@ -152,13 +150,10 @@ impl DataPath {
                 self.refresh_nodes().await?;
                 candidates = self.placement(&id);
                 i = 0;
-                if let MetaReply::Chunks(records) =
-                    self.meta.call(MetaRequest::ChunkLocations { ids: vec![id] }).await?
-                {
-                    for node in records.into_iter().flat_map(|r| r.nodes) {
-                        if !candidates.contains(&node) {
-                            candidates.push(node);
-                        }
+                let records = self.meta.call(ChunkLocations { ids: vec![id] }).await?;
+                for node in records.into_iter().flat_map(|r| r.nodes) {
+                    if !candidates.contains(&node) {
+                        candidates.push(node);
                     }
                 }
                 if i == candidates.len() {

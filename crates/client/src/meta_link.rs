@@ -4,8 +4,8 @@
 use crate::error::VfsError;
 use net::RpcClient;
 use proto::error::ErrorCode;
-use proto::meta::{MetaReply, MetaRequest, MetaResult, SessionInfo};
-use proto::types::{Attr, SessionId};
+use proto::meta::{Hello, MetaMessage, SessionInfo};
+use proto::types::SessionId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -29,14 +29,9 @@ impl MetaLink {
 
     /// Opens a (new) session; returns how often meta wants a heartbeat.
     pub async fn hello(&self) -> Result<Duration> {
-        let req = MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: self.info.clone() };
-        match self.call(req).await? {
-            MetaReply::Welcome { session, heartbeat_ms, .. } => {
-                self.session.store(session, Ordering::Relaxed);
-                Ok(Duration::from_millis(heartbeat_ms.max(100)))
-            }
-            other => Err(unexpected(&other)),
-        }
+        let welcome = self.call(Hello { protocol: proto::PROTOCOL_VERSION, session: self.info.clone() }).await?;
+        self.session.store(welcome.session, Ordering::Relaxed);
+        Ok(Duration::from_millis(welcome.heartbeat_ms.max(100)))
     }
 
     /// The session meta gave this client.
@@ -44,29 +39,8 @@ impl MetaLink {
         self.session.load(Ordering::Relaxed)
     }
 
-    pub async fn call(&self, req: MetaRequest) -> Result<MetaReply> {
-        let res: MetaResult = self.rpc.call(&req).await?;
-        Ok(res?)
+    /// Sends one request and returns its typed answer.
+    pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
+        Ok(self.rpc.ask(msg).await??)
     }
-
-    /// A request answered with attributes.
-    pub async fn attr(&self, req: MetaRequest) -> Result<Attr> {
-        match self.call(req).await? {
-            MetaReply::Attr(a) => Ok(a),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// A request answered with `Done`.
-    pub async fn done(&self, req: MetaRequest) -> Result<()> {
-        match self.call(req).await? {
-            MetaReply::Done => Ok(()),
-            other => Err(unexpected(&other)),
-        }
-    }
-}
-
-/// Meta answered with a variant the request does not call for.
-pub(crate) fn unexpected(reply: &MetaReply) -> VfsError {
-    VfsError::new(ErrorCode::Internal, format!("meta answered with an unexpected {reply:?}"))
 }

@@ -5,13 +5,13 @@ use crate::data::DataPath;
 use crate::error::VfsError;
 use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
-use proto::meta::MetaRequest;
+use proto::meta::{Heartbeat, ReportWorkers};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use util::worker::{Step, Worker, Workers, every};
 
 /// Heartbeats at the period meta asked for, with the client's worker report.
-pub(crate) struct Heartbeat {
+pub(crate) struct SessionKeeper {
     pub meta: Arc<MetaLink>,
     pub data: Arc<DataPath>,
     pub period: Duration,
@@ -22,7 +22,7 @@ pub(crate) struct Heartbeat {
     pub purpose: String,
 }
 
-impl Worker for Heartbeat {
+impl Worker for SessionKeeper {
     type Error = VfsError;
 
     fn name(&self) -> String {
@@ -35,7 +35,7 @@ impl Worker for Heartbeat {
 
     async fn work(&mut self) -> Result<Step, VfsError> {
         let session = self.meta.session();
-        match self.meta.call(MetaRequest::Heartbeat { session }).await {
+        match self.meta.call(Heartbeat { session }).await {
             Err(e) if e.code == ErrorCode::NotFound => {
                 tracing::warn!("session {session} expired at meta; opening a new one (locks were lost)");
                 self.period = self.meta.hello().await?;
@@ -47,7 +47,7 @@ impl Worker for Heartbeat {
         self.data.refresh_nodes().await?;
         if let Some(workers) = self.workers.upgrade() {
             let process = format!("session {} ({})", self.meta.session(), self.purpose);
-            self.meta.done(MetaRequest::ReportWorkers { process, workers: workers.statuses() }).await?;
+            self.meta.call(ReportWorkers { process, workers: workers.statuses() }).await?;
         }
         Ok(Step::Idle)
     }

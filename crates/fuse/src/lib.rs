@@ -10,7 +10,7 @@ use fuser::{
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
 };
-use proto::meta::{AllocateMode, LockKind, LockRange, NewNode, RenameMode, SetAttr, TimeSet, XattrMode};
+use proto::meta::{AllocateMode, AttrChanges, LockKind, LockRange, NewNode, RenameMode, TimeSet, XattrMode};
 use proto::types::{Attr, Caller, FileKind, Timestamp};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -313,7 +313,7 @@ impl Filesystem for LocusFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
+        let set = AttrChanges {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,

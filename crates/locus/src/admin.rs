@@ -4,7 +4,7 @@ use crate::cli::{AdminArgs, GcArgs};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use net::{NodeDirectory, RpcClient};
-use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::meta::*;
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{HashMap, HashSet};
@@ -25,9 +25,7 @@ impl Cluster {
         let meta = RpcClient::connect(meta_addr, 1, Duration::from_secs(60))
             .await
             .with_context(|| format!("meta at {meta_addr} is unreachable"))?;
-        let MetaReply::Nodes(infos) = meta_call(&meta, MetaRequest::ListNodes).await? else {
-            bail!("meta answered ListNodes with something else");
-        };
+        let infos = meta_call(&meta, ListNodes {}).await?;
         let directory = NodeDirectory::new(Duration::from_secs(60), Box::new(|_| 1));
         directory.update(infos.clone());
         let mut nodes = Vec::new();
@@ -42,9 +40,8 @@ impl Cluster {
     }
 }
 
-async fn meta_call(meta: &RpcClient, req: MetaRequest) -> anyhow::Result<MetaReply> {
-    let res: MetaResult = meta.call(&req).await?;
-    Ok(res?)
+async fn meta_call<M: MetaMessage>(meta: &RpcClient, msg: M) -> anyhow::Result<M::Response> {
+    Ok(meta.ask(msg).await??)
 }
 
 async fn node_call(node: &RpcClient, req: NodeRequest) -> anyhow::Result<NodeReply> {
@@ -79,9 +76,7 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
         .await
         .with_context(|| format!("meta at {addr} is unreachable"))?;
-    let MetaReply::Status(s) = meta_call(&meta, MetaRequest::Status).await? else {
-        bail!("meta answered Status with something else");
-    };
+    let s = meta_call(&meta, Status {}).await?;
     println!(
         "meta {addr} (cluster {}): {} inodes, {} chunks ({})",
         s.cluster_id,
@@ -162,19 +157,12 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let spinner = ProgressBar::new_spinner();
     spinner.set_message("reading extents");
     loop {
-        let MetaReply::Extents(page) =
-            meta_call(&cluster.meta, MetaRequest::ListExtents { after, limit: PAGE }).await?
-        else {
-            bail!("meta answered ListExtents with something else");
-        };
+        let page = meta_call(&cluster.meta, ListExtents { after, limit: PAGE }).await?;
         let Some(last) = page.last() else { break };
         after = Some((last.0, last.1.file_offset));
         let ids: Vec<ChunkId> = page.iter().map(|(_, e)| e.chunk).filter(|id| !referenced.contains_key(id)).collect();
         if !ids.is_empty() {
-            let MetaReply::Chunks(records) = meta_call(&cluster.meta, MetaRequest::ChunkLocations { ids }).await?
-            else {
-                bail!("meta answered ChunkLocations with something else");
-            };
+            let records = meta_call(&cluster.meta, ChunkLocations { ids }).await?;
             for r in records {
                 referenced.insert(r.id, (r.size, r.nodes));
             }
@@ -281,10 +269,7 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             after = Some(last);
             scanned += ids.len() as u64;
             let full_page = ids.len() as u32 == PAGE;
-            let MetaReply::ChunkIds(unreferenced) = meta_call(&cluster.meta, MetaRequest::Unreferenced { ids }).await?
-            else {
-                bail!("meta answered Unreferenced with something else");
-            };
+            let unreferenced = meta_call(&cluster.meta, Unreferenced { ids }).await?;
             found.extend(unreferenced);
             bar.set_position(scanned);
             if !full_page {
@@ -322,7 +307,7 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                 bail!("node {} answered Delete with something else", info.id);
             };
             deleted += n;
-            meta_call(&cluster.meta, MetaRequest::ForgetChunks { ids: page.to_vec() }).await?;
+            meta_call(&cluster.meta, ForgetChunks { ids: page.to_vec() }).await?;
         }
     }
     println!("gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {age}s deleted");

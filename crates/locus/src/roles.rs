@@ -280,9 +280,8 @@ async fn wait_for_node(
         if let Ok(e) = failed.try_recv() {
             return Err(anyhow::Error::new(e).context("the storage node did not start"));
         }
-        let reply: proto::meta::MetaResult = meta.call(&proto::meta::MetaRequest::ListNodes).await?;
-        if let Ok(proto::meta::MetaReply::Nodes(n)) = reply
-            && n.iter().any(|n| n.addr == node_addr)
+        if let Ok(nodes) = meta.ask(proto::meta::ListNodes {}).await?
+            && nodes.iter().any(|n| n.addr == node_addr)
         {
             return Ok(());
         }

@@ -136,12 +136,13 @@ impl MetaService {
         let ctx = self.ctx();
         match ops::access(&req) {
             Access::Locks => self.lock_request(req),
-            Access::Reports => {
-                if let MetaRequest::ReportWorkers { process, workers } = req {
-                    lock(&self.reports).insert(process, (std::time::Instant::now(), workers));
-                }
-                Ok(MetaReply::Done)
-            }
+            Access::Reports => match req {
+                MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
+                    lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
+                    Ok(())
+                }),
+                other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
+            },
             Access::Read => Ok(match engine::read_async(&self.store, move |t| ops::read(t, &ctx, &req)).await? {
                 // Worker reports live in memory, beside the store.
                 MetaReply::Status(mut status) => {
@@ -150,31 +151,34 @@ impl MetaService {
                 }
                 other => other,
             }),
-            Access::Open => {
-                // Opening and closing are bookkeeping in memory; only a release that
-                // leaves an orphan unopened costs a transaction (to reclaim it).
-                let (reply, req) =
-                    engine::read_async(&self.store, move |t| Ok((ops::read(t, &ctx, &req)?, req))).await?;
-                match req {
-                    MetaRequest::Open { ino, session, .. } => self.opens.add(session, ino),
-                    MetaRequest::Release { ino, session } => {
-                        let orphan = matches!(&reply, MetaReply::Attr(a) if a.nlink == 0);
-                        if self.opens.remove(session, ino) && orphan && self.opens.count(ino) == 0 {
-                            let opens = self.opens.clone();
-                            engine::write_async(self.store.clone(), false, move |t| {
-                                ops::reclaim_if_unused(t, &opens, ino)
-                            })
+            // Opening and closing are bookkeeping in memory; only a release that leaves
+            // an orphan unopened costs a transaction (to reclaim it).
+            Access::Open => match req {
+                MetaRequest::Release(m) => {
+                    let ino = m.ino;
+                    let orphan = engine::read_async(&self.store, move |t| {
+                        Ok(t.get_inode(ino)?.is_some_and(|i| i.attr.nlink == 0))
+                    })
+                    .await?;
+                    if self.opens.remove(m.session, ino) && orphan && self.opens.count(ino) == 0 {
+                        let opens = self.opens.clone();
+                        engine::write_async(self.store.clone(), false, move |t| ops::reclaim_if_unused(t, &opens, ino))
                             .await?;
-                        }
-                        return Ok(MetaReply::Done);
                     }
-                    _ => {}
+                    ops::serve(m, |_| Ok(()))
                 }
-                Ok(reply)
-            }
+                open => {
+                    let (reply, open) =
+                        engine::read_async(&self.store, move |t| Ok((ops::read(t, &ctx, &open)?, open))).await?;
+                    if let MetaRequest::Open(m) = open {
+                        self.opens.add(m.session, m.ino);
+                    }
+                    Ok(reply)
+                }
+            },
             Access::Write { durable } => {
-                let goodbye = match req {
-                    MetaRequest::Goodbye { session } => Some(session),
+                let goodbye = match &req {
+                    MetaRequest::Goodbye(m) => Some(m.session),
                     _ => None,
                 };
                 let reply = engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req)).await?;
@@ -195,25 +199,24 @@ impl MetaService {
             }
         };
         match req {
-            MetaRequest::GetLock { session, lock } => {
-                valid(lock.start, lock.end)?;
-                Ok(MetaReply::Lock(self.locks().get(session, &lock)))
-            }
-            MetaRequest::SetLock { session, lock } => {
-                valid(lock.start, lock.end)?;
-                self.locks().set(session, &lock).map_err(|held| {
+            MetaRequest::GetLock(m) => ops::serve(m, |m| {
+                valid(m.lock.start, m.lock.end)?;
+                Ok(self.locks().get(m.session, &m.lock))
+            }),
+            MetaRequest::SetLock(m) => ops::serve(m, |m| {
+                valid(m.lock.start, m.lock.end)?;
+                self.locks().set(m.session, &m.lock).map_err(|held| {
                     let kind = if held.kind == LockKind::Write { "write" } else { "read" };
                     MetaError::WouldBlock(format!(
                         "inode {} bytes {}..={} hold a {kind} lock of pid {}",
                         held.ino, held.start, held.end, held.pid
                     ))
-                })?;
-                Ok(MetaReply::Done)
-            }
-            MetaRequest::ReleaseLocks { session, ino, owner } => {
-                self.locks().release(session, ino, owner);
-                Ok(MetaReply::Done)
-            }
+                })
+            }),
+            MetaRequest::ReleaseLocks(m) => ops::serve(m, |m| {
+                self.locks().release(m.session, m.ino, m.owner);
+                Ok(())
+            }),
             other => Err(MetaError::Internal(format!("{other:?} is not a lock request"))),
         }
     }
@@ -265,8 +268,8 @@ impl net::Service for MetaService {
     /// A session's `Welcome` binds that session to the connection it came on.
     async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
         let result = self.answer(req).await;
-        if let Ok(MetaReply::Welcome { session, .. }) = &result {
-            peer.set_session(*session);
+        if let Ok(MetaReply::Welcome(welcome)) = &result {
+            peer.set_session(welcome.session);
         }
         (result.map_err(Into::into), Bytes::new())
     }
@@ -276,19 +279,19 @@ impl net::Service for MetaService {
 mod tests {
     use super::*;
     use crate::conformance::test_config;
+    use proto::meta::*;
     use proto::meta::{NewNode, SessionInfo};
     use proto::types::{Attr, Caller, ROOT_INODE};
 
     fn create(parent: u64, name: String) -> MetaRequest {
-        MetaRequest::Create {
+        MetaRequest::Create(Create {
             parent,
             name: name.into_bytes(),
             node: NewNode::File,
             mode: 0o644,
             caller: Caller { uid: 1, gid: 1 },
             exclusive: true,
-            open_by: None,
-        }
+        })
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,17 +307,17 @@ mod tests {
 
         let info = SessionInfo { site: "s".into(), host: "h".into(), pid: 9, purpose: "test".into() };
         let hello: MetaResult =
-            client.call(&MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }).await.unwrap();
-        let Ok(MetaReply::Welcome { heartbeat_ms: 5000, cluster_id, .. }) = hello else { panic!("{hello:?}") };
+            client.call(&MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })).await.unwrap();
+        let Ok(MetaReply::Welcome(Welcome { heartbeat_ms: 5000, cluster_id, .. })) = hello else { panic!("{hello:?}") };
         assert_eq!(cluster_id, cluster);
 
         let made: MetaResult = client.call(&create(ROOT_INODE, "one".into())).await.unwrap();
         let Ok(MetaReply::Attr(one)) = made else { panic!("create failed: {made:?}") };
         let found: MetaResult =
-            client.call(&MetaRequest::Lookup { parent: ROOT_INODE, name: b"one".to_vec() }).await.unwrap();
+            client.call(&MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"one".to_vec() })).await.unwrap();
         assert_eq!(found, Ok(MetaReply::Attr(one)));
         let missing: MetaResult =
-            client.call(&MetaRequest::Lookup { parent: ROOT_INODE, name: b"two".to_vec() }).await.unwrap();
+            client.call(&MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"two".to_vec() })).await.unwrap();
         assert_eq!(missing.map_err(|e| e.code), Err(proto::error::ErrorCode::NotFound));
 
         // Many concurrent creates: the writer group-commits them.
@@ -341,10 +344,10 @@ mod tests {
         inos.sort();
         inos.dedup();
         assert_eq!(inos.len(), 1000);
-        let root: MetaResult = client.call(&MetaRequest::GetAttr { ino: ROOT_INODE }).await.unwrap();
+        let root: MetaResult = client.call(&MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await.unwrap();
         let Ok(MetaReply::Attr(Attr { nlink: 2, .. })) = root else { panic!("{root:?}") };
         let listed: MetaResult =
-            client.call(&MetaRequest::ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 }).await.unwrap();
+            client.call(&MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })).await.unwrap();
         let Ok(MetaReply::Entries(entries)) = listed else { panic!("{listed:?}") };
         assert_eq!(entries.len(), 1001);
     }
@@ -392,7 +395,7 @@ mod tests {
                     let service = service.clone();
                     tokio::spawn(async move {
                         for _ in 0..per_task {
-                            let r = service.answer(MetaRequest::GetAttr { ino: ROOT_INODE }).await;
+                            let r = service.answer(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await;
                             assert!(r.is_ok(), "{r:?}");
                         }
                     })

@@ -765,6 +765,7 @@ mod tests {
     use super::*;
     use crate::conformance::test_config;
     use crate::service::{MetaConfig, MetaService};
+    use proto::meta::*;
     use proto::meta::{MetaReply, MetaRequest};
     use proto::types::ROOT_INODE;
 
@@ -839,15 +840,14 @@ mod tests {
             let s = MetaService::open(&test_config(path.clone())).unwrap();
             for i in 0..300 {
                 let name = format!("file-with-a-longish-name-{i}").into_bytes();
-                let req = MetaRequest::Create {
+                let req = MetaRequest::Create(Create {
                     parent: ROOT_INODE,
                     name,
                     node: proto::meta::NewNode::File,
                     mode: 0o644,
                     caller: proto::types::Caller { uid: 0, gid: 0 },
                     exclusive: true,
-                    open_by: None,
-                };
+                });
                 s.handle_blocking(req).unwrap();
             }
         }
@@ -875,11 +875,11 @@ mod tests {
             MetaReply::Attr(a) => a,
             other => panic!("expected Attr, got {other:?}"),
         };
-        let docs = attr(ask(MetaRequest::Lookup { parent: ROOT_INODE, name: b"docs".to_vec() }));
+        let docs = attr(ask(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"docs".to_vec() })));
         assert_eq!(docs.kind, FileKind::Dir);
-        let a = attr(ask(MetaRequest::Lookup { parent: docs.ino, name: b"a.txt".to_vec() }));
+        let a = attr(ask(MetaRequest::Lookup(Lookup { parent: docs.ino, name: b"a.txt".to_vec() })));
         assert_eq!(a.size, 150);
-        let MetaReply::Extents(extents) = ask(MetaRequest::ListExtents { after: None, limit: 10 }) else {
+        let MetaReply::Extents(extents) = ask(MetaRequest::ListExtents(ListExtents { after: None, limit: 10 })) else {
             panic!("expected extents")
         };
         let shape: Vec<_> = extents
@@ -888,16 +888,16 @@ mod tests {
             .map(|(_, e)| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset))
             .collect();
         assert_eq!(shape, vec![(0, 100, 1, 0), (100, 50, 2, 10)]);
-        let colour = ask(MetaRequest::GetXattr { ino: a.ino, name: b"user.colour".to_vec() });
+        let colour = ask(MetaRequest::GetXattr(GetXattr { ino: a.ino, name: b"user.colour".to_vec() }));
         assert_eq!(colour, MetaReply::Bytes(b"blue".to_vec()));
-        let sub = attr(ask(MetaRequest::Lookup { parent: docs.ino, name: b"sub".to_vec() }));
-        let b = attr(ask(MetaRequest::Lookup { parent: sub.ino, name: b"b.bin".to_vec() }));
+        let sub = attr(ask(MetaRequest::Lookup(Lookup { parent: docs.ino, name: b"sub".to_vec() })));
+        let b = attr(ask(MetaRequest::Lookup(Lookup { parent: sub.ino, name: b"b.bin".to_vec() })));
         assert_eq!(b.size, 4096);
-        let link = attr(ask(MetaRequest::Lookup { parent: ROOT_INODE, name: b"link".to_vec() }));
-        assert_eq!(ask(MetaRequest::ReadLink { ino: link.ino }), MetaReply::Bytes(b"docs/a.txt".to_vec()));
-        let MetaReply::Nodes(nodes) = ask(MetaRequest::ListNodes) else { panic!("expected nodes") };
+        let link = attr(ask(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"link".to_vec() })));
+        assert_eq!(ask(MetaRequest::ReadLink(ReadLink { ino: link.ino })), MetaReply::Bytes(b"docs/a.txt".to_vec()));
+        let MetaReply::Nodes(nodes) = ask(MetaRequest::ListNodes(ListNodes {})) else { panic!("expected nodes") };
         assert_eq!(nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["n1"]);
-        let MetaReply::Chunks(chunks) = ask(MetaRequest::ListChunks { after: None, limit: 10 }) else {
+        let MetaReply::Chunks(chunks) = ask(MetaRequest::ListChunks(ListChunks { after: None, limit: 10 })) else {
             panic!("expected chunks")
         };
         assert_eq!(chunks.iter().map(|c| c.refcount).collect::<Vec<_>>(), [1, 1, 1]);

@@ -6,6 +6,7 @@
 use crate::conn::{Budget, Conn, Handler, ReaderRules, Work, encode_answer};
 use crate::{MAX_FRAME, NetError, tune};
 use bytes::Bytes;
+use proto::error::WireError;
 use proto::frame;
 use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
@@ -132,6 +133,13 @@ impl RpcClient {
     /// pipelined on the pool's connections.
     pub async fn call<Req: Serialize, Resp: DeserializeOwned>(&self, req: &Req) -> Result<Resp, NetError> {
         Ok(self.call_bulk(req, Bytes::new()).await?.0)
+    }
+
+    /// Sends a typed request and returns its typed answer: the outer error is the
+    /// transport's, the inner one the peer's refusal.
+    pub async fn ask<C: proto::Call>(&self, req: C) -> Result<Result<C::Output, WireError>, NetError> {
+        let answer: C::Answer = self.call(&req.into_wire()).await?;
+        Ok(C::output(answer))
     }
 
     /// Like `call`, with bulk bytes (chunk data) sent after the request and returned

@@ -19,7 +19,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::meta::{RegisterNode, Registered, ReportWorkers};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -235,7 +235,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     };
     workers.spawn(reclaim);
     let report = Arc::downgrade(&workers);
-    workers.spawn(Heartbeat {
+    workers.spawn(Registration {
         meta,
         config,
         membership,
@@ -275,9 +275,8 @@ async fn register(
         cache_bytes: site.cache_bytes(),
     };
     let addr = config.meta_addr.clone();
-    match meta.call::<_, MetaResult>(&MetaRequest::RegisterNode { node, cluster_id: membership.id() }).await {
-        Ok(Ok(MetaReply::Registered { cluster_id })) => membership.confirm(&addr, &cluster_id),
-        Ok(Ok(other)) => Err(NodeError::Internal(format!("meta answered RegisterNode with {other:?}"))),
+    match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {
+        Ok(Ok(Registered { cluster_id })) => membership.confirm(&addr, &cluster_id),
         Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId { addr, id: config.id.clone() }),
         Ok(Err(source)) => Err(NodeError::Refused { addr, id: config.id.clone(), source }),
         Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
@@ -287,7 +286,7 @@ async fn register(
 /// The `heartbeat` worker: repeats the registration every period with current stats;
 /// failures are recorded and retried at the next period (the client reconnects
 /// lazily), never fatal.
-struct Heartbeat {
+struct Registration {
     meta: Arc<RpcClient>,
     config: NodeConfig,
     membership: Arc<Membership>,
@@ -299,7 +298,7 @@ struct Heartbeat {
     workers: std::sync::Weak<Workers>,
 }
 
-impl Worker for Heartbeat {
+impl Worker for Registration {
     type Error = NodeError;
 
     fn name(&self) -> String {
@@ -325,9 +324,9 @@ impl Worker for Heartbeat {
         }
         if let Some(workers) = self.workers.upgrade() {
             let process = format!("node {}", self.config.id);
-            let report = MetaRequest::ReportWorkers { process, workers: workers.statuses() };
+            let report = ReportWorkers { process, workers: workers.statuses() };
             let addr = self.config.meta_addr.clone();
-            match self.meta.call::<_, MetaResult>(&report).await {
+            match self.meta.ask(report).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(source)) => return Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
                 Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),

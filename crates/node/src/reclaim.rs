@@ -8,7 +8,7 @@
 use chunk::ChunkStore;
 use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::meta::{ForgetChunks, MetaMessage, Unreferenced};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use util::worker::{Step, Worker, every};
@@ -47,10 +47,8 @@ pub(crate) struct Reclaim {
 }
 
 impl Reclaim {
-    async fn meta_call(&self, req: MetaRequest) -> Result<MetaReply, WireError> {
-        let answer: MetaResult =
-            self.meta.call(&req).await.map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?;
-        answer
+    async fn meta_call<M: MetaMessage>(&self, msg: M) -> Result<M::Response, WireError> {
+        self.meta.ask(msg).await.map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?
     }
 
     fn above_high_water(&self) -> bool {
@@ -87,9 +85,7 @@ impl Worker for Reclaim {
             return Ok(Step::Idle);
         };
         self.after = if ids.len() == PAGE { Some(last) } else { None };
-        let MetaReply::ChunkIds(garbage) = self.meta_call(MetaRequest::Unreferenced { ids }).await? else {
-            return Err(WireError::new(ErrorCode::Internal, "meta answered Unreferenced with something else"));
-        };
+        let garbage = self.meta_call(Unreferenced { ids }).await?;
         if !garbage.is_empty() {
             let (store, ids, grace) = (self.store.clone(), garbage.clone(), self.config.grace);
             let deleted = tokio::task::spawn_blocking(move || store.delete(&ids, grace))
@@ -102,7 +98,7 @@ impl Worker for Reclaim {
                 self.again_at = Some(Instant::now() + self.config.grace);
             }
             self.reclaimed += deleted;
-            self.meta_call(MetaRequest::ForgetChunks { ids: garbage }).await?;
+            self.meta_call(ForgetChunks { ids: garbage }).await?;
         }
         Ok(if self.after.is_some() { Step::Busy } else { Step::Idle })
     }

@@ -9,7 +9,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NodeDirectory, RpcClient};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{MetaReply, MetaRequest, MetaResult, StoredChunk};
+use proto::meta::{ChunkLocations, ListNodes, StoredChunk, UpdateLocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{BTreeMap, HashMap};
@@ -192,15 +192,12 @@ impl SiteLink {
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
-        let res: MetaResult = self
+        let mut records = self
             .meta
-            .call(&MetaRequest::ChunkLocations { ids: vec![id] })
+            .ask(ChunkLocations { ids: vec![id] })
             .await
-            .map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?;
-        let Some(record) = (match res? {
-            MetaReply::Chunks(mut c) => c.pop(),
-            other => return Err(WireError::new(ErrorCode::Internal, format!("ChunkLocations answered {other:?}"))),
-        }) else {
+            .map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))??;
+        let Some(record) = records.pop() else {
             return Err(WireError::new(ErrorCode::NotFound, format!("chunk {id} is in no catalogue")));
         };
         let mut candidates = self.nearest(&record.nodes).await;
@@ -323,8 +320,7 @@ impl SiteLink {
 
     /// Learns the cluster's nodes from meta.
     pub async fn refresh_peers(&self) {
-        let res: Result<MetaResult, _> = self.meta.call(&MetaRequest::ListNodes).await;
-        let Ok(Ok(MetaReply::Nodes(list))) = res else { return };
+        let Ok(Ok(list)) = self.meta.ask(ListNodes {}).await else { return };
         self.peers.update(list.into_iter().filter(|n| n.id != self.me));
     }
 
@@ -365,9 +361,8 @@ impl SiteLink {
             return Ok(0);
         }
         let count = added.len() + removed.len();
-        let req =
-            MetaRequest::UpdateLocations { node: self.me.clone(), added: added.clone(), removed: removed.clone() };
-        let answer = match self.meta.call::<_, MetaResult>(&req).await {
+        let req = UpdateLocations { node: self.me.clone(), added: added.clone(), removed: removed.clone() };
+        let answer = match self.meta.ask(req).await {
             Ok(Ok(_)) => return Ok(count),
             Ok(Err(e)) => e,
             Err(e) => WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")),

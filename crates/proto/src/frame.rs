@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let req = MetaRequest::GetAttr { ino: 7 };
+        let req = MetaRequest::GetAttr(crate::meta::GetAttr { ino: 7 });
         let bytes = encode(FrameKind::Request, 42, &req, 0).unwrap();
         let h = Header::decode(bytes[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(h.request_id, 42);
@@ -125,26 +125,25 @@ mod tests {
         use crate::types::*;
         let ext = Extent { file_offset: 5, len: 9, chunk: ChunkId([3; 32]), chunk_offset: 1 };
         let reqs = [
-            MetaRequest::Create {
+            MetaRequest::Create(Create {
                 parent: 1,
                 name: b"name".to_vec(),
                 node: NewNode::Symlink { target: b"t".to_vec() },
                 mode: 0o755,
                 caller: Caller { uid: 1, gid: 2 },
                 exclusive: true,
-                open_by: None,
-            },
-            MetaRequest::CommitWrite {
+            }),
+            MetaRequest::CommitWrite(CommitWrite {
                 ino: 9,
                 extents: vec![ext, ext],
                 chunks: vec![StoredChunk { id: ChunkId([1; 32]), size: 10, nodes: vec!["n".into()] }],
                 min_size: 14,
                 mtime: Timestamp::now(),
-            },
-            MetaRequest::SetLock {
+            }),
+            MetaRequest::SetLock(SetLock {
                 session: 4,
                 lock: LockRange { ino: 1, owner: 2, start: 0, end: u64::MAX, kind: LockKind::Write, pid: 7 },
-            },
+            }),
         ];
         let mut out: Vec<Vec<u8>> = reqs.iter().map(|r| encode(FrameKind::Request, 1, r, 0).unwrap()).collect();
         let put = NodeRequest::Put { id: ChunkId([2; 32]) };

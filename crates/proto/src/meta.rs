@@ -24,7 +24,7 @@ pub enum TimeSet {
 
 /// Fields of `setattr`; `None` leaves a field alone. A `size` truncates or extends.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SetAttr {
+pub struct AttrChanges {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
@@ -110,35 +110,87 @@ pub enum AllocateMode {
     ZeroRange,
 }
 
-/// Requests to `locus meta`. Names (`name`) are single path components in raw bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MetaRequest {
+/// A request to meta and the type of its answer, so the compiler checks that a caller
+/// gets what the handler returns (the shape of Garage's `Message` with its `Response`).
+pub trait MetaMessage: Into<MetaRequest> {
+    /// What a successful answer carries.
+    type Response: Into<MetaReply> + TryFrom<MetaReply, Error = MetaReply>;
+}
+
+impl<M: MetaMessage> crate::Call for M {
+    type Wire = MetaRequest;
+    type Answer = MetaResult;
+    type Output = M::Response;
+
+    fn into_wire(self) -> MetaRequest {
+        self.into()
+    }
+
+    fn output(answer: MetaResult) -> Result<M::Response, WireError> {
+        M::Response::try_from(answer?).map_err(|other| {
+            WireError::new(crate::error::ErrorCode::Internal, format!("meta answered with an unexpected {other:?}"))
+        })
+    }
+}
+
+/// The one table of requests: each becomes a struct, a variant of `MetaRequest` and a
+/// `MetaMessage` with its answer type.
+macro_rules! meta_requests {
+    ($( $(#[$doc:meta])* $name:ident { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? } => $resp:ty; )*) => {
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+            pub struct $name { $( $(#[$fdoc])* pub $field: $ty, )* }
+
+            impl From<$name> for MetaRequest {
+                fn from(r: $name) -> Self {
+                    MetaRequest::$name(r)
+                }
+            }
+
+            impl MetaMessage for $name {
+                type Response = $resp;
+            }
+        )*
+
+        /// Every request to `locus meta` as it travels. Names (`name`) are single path
+        /// components in raw bytes.
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum MetaRequest {
+            $( $(#[$doc])* $name($name), )*
+        }
+    };
+}
+
+meta_requests! {
     /// First request on every connection.
     Hello {
         protocol: u32,
         session: SessionInfo,
-    },
+    } => Welcome;
     /// Keeps a session (its locks and open files) alive.
     Heartbeat {
         session: SessionId,
-    },
+    } => ();
     /// Ends a session, dropping its locks and open-file records.
     Goodbye {
         session: SessionId,
-    },
-
+    } => ();
+    /// The attributes of `name` in directory `parent`.
     Lookup {
         parent: InodeId,
         name: Vec<u8>,
-    },
+    } => Attr;
+    /// The attributes of an inode.
     GetAttr {
         ino: InodeId,
-    },
+    } => Attr;
+    /// chmod, chown, truncate, utimens: the fields of `set` that are `Some`.
     SetAttr {
         ino: InodeId,
-        set: SetAttr,
+        set: AttrChanges,
         caller: Caller,
-    },
+    } => Attr;
     /// mknod/mkdir/symlink/create. `mode` is final (umask already applied).
     /// With `exclusive` false an existing regular file is returned instead of `Exists`.
     Create {
@@ -148,77 +200,92 @@ pub enum MetaRequest {
         mode: u32,
         caller: Caller,
         exclusive: bool,
-        /// Also record the new file as open by this session (create + open in one
-        /// request); the answer is then `Opened`.
-        open_by: Option<SessionId>,
-    },
+    } => Attr;
+    /// `Create` of a regular file that also records it as open by `session` (create and
+    /// open in one request).
+    CreateOpen {
+        parent: InodeId,
+        name: Vec<u8>,
+        node: NewNode,
+        mode: u32,
+        caller: Caller,
+        exclusive: bool,
+        session: SessionId,
+    } => Opened;
+    /// A new name for an existing inode (hard link).
     Link {
         ino: InodeId,
         new_parent: InodeId,
         new_name: Vec<u8>,
-    },
+    } => Attr;
     /// Removes a non-directory name. An inode whose last link goes while a session
     /// has it open lives on as an orphan until `Release`.
     Unlink {
         parent: InodeId,
         name: Vec<u8>,
-    },
+    } => Unlinked;
+    /// Removes an empty directory.
     Rmdir {
         parent: InodeId,
         name: Vec<u8>,
-    },
+    } => ();
+    /// `rename(2)` in any of its modes.
     Rename {
         parent: InodeId,
         name: Vec<u8>,
         new_parent: InodeId,
         new_name: Vec<u8>,
         mode: RenameMode,
-    },
+    } => ();
+    /// A symlink's target.
     ReadLink {
         ino: InodeId,
-    },
+    } => Vec<u8>;
     /// Entries with cookie greater than `after`, in cookie order, at most `limit`.
     ReadDir {
         ino: InodeId,
         after: u64,
         limit: u32,
-    },
-
+    } => Vec<DirEntry>;
+    /// One extended attribute's value.
     GetXattr {
         ino: InodeId,
         name: Vec<u8>,
-    },
+    } => Vec<u8>;
+    /// Sets an extended attribute (create or replace as `mode` says).
     SetXattr {
         ino: InodeId,
         name: Vec<u8>,
         value: Vec<u8>,
         mode: XattrMode,
-    },
+    } => ();
+    /// The names of an inode's extended attributes.
     ListXattr {
         ino: InodeId,
-    },
+    } => Vec<Vec<u8>>;
+    /// Removes an extended attribute.
     RemoveXattr {
         ino: InodeId,
         name: Vec<u8>,
-    },
-    StatFs,
-
+    } => ();
+    /// Capacity, usage and inode count for `statfs(2)`.
+    StatFs {} => FsStats;
     /// Records that `session` has `ino` open and returns its attributes and extents
     /// (close-to-open: the open sees every close that finished before it).
     Open {
         ino: InodeId,
         session: SessionId,
         truncate: bool,
-    },
+    } => Opened;
     /// Drops one open record; reclaims an orphan nobody has open any more.
     Release {
         ino: InodeId,
         session: SessionId,
-    },
+    } => ();
     /// Current extents of a file (for readers that hold it open).
     Extents {
         ino: InodeId,
-    },
+    } => Opened;
     /// Atomically maps the given extents into the file (later ones win), records where
     /// their chunks are stored, and raises the size to at least `min_size`.
     CommitWrite {
@@ -227,13 +294,14 @@ pub enum MetaRequest {
         chunks: Vec<StoredChunk>,
         min_size: u64,
         mtime: Timestamp,
-    },
+    } => Attr;
+    /// `fallocate(2)` in one of the modes Locus supports.
     Fallocate {
         ino: InodeId,
         offset: u64,
         len: u64,
         mode: AllocateMode,
-    },
+    } => Attr;
     /// Swaps fragmented extents for ones holding the same bytes in fewer chunks; refused
     /// (`Stale`) if the file's `data_version` is no longer the one the compactor read.
     Compact {
@@ -241,27 +309,25 @@ pub enum MetaRequest {
         data_version: u64,
         extents: Vec<Extent>,
         chunks: Vec<StoredChunk>,
-    },
+    } => Attr;
     /// Makes every change acknowledged so far durable on meta's disk (fsync, fsyncdir).
-    Sync,
-
+    SyncAll {} => ();
     /// F_GETLK: the first conflicting lock, if any.
     GetLock {
         session: SessionId,
         lock: LockRange,
-    },
+    } => Option<LockRange>;
     /// F_SETLK: `WouldBlock` on conflict (blocking callers retry).
     SetLock {
         session: SessionId,
         lock: LockRange,
-    },
+    } => ();
     /// Drops every lock `owner` of `session` holds on `ino` (close).
     ReleaseLocks {
         session: SessionId,
         ino: InodeId,
         owner: u64,
-    },
-
+    } => ();
     /// A node announces itself and its capacity; repeated as its heartbeat. Answered
     /// with `Registered`.
     RegisterNode {
@@ -269,45 +335,47 @@ pub enum MetaRequest {
         /// The cluster the node belongs to; `None` before its first registration
         /// (it then adopts the id meta answers with).
         cluster_id: Option<String>,
-    },
-    ListNodes,
+    } => Registered;
+    /// Every registered node with its last report.
+    ListNodes {} => Vec<NodeInfo>;
     /// Where these chunks are stored, for readers and fsck.
     ChunkLocations {
         ids: Vec<ChunkId>,
-    },
+    } => Vec<ChunkRecord>;
     /// Catalogue page after `after` (exclusive), for fsck and gc.
     ListChunks {
         after: Option<ChunkId>,
         limit: u32,
-    },
+    } => Vec<ChunkRecord>;
     /// Every extent, paged by (inode, offset), for fsck.
     ListExtents {
         after: Option<(InodeId, u64)>,
         limit: u32,
-    },
+    } => Vec<(InodeId, Extent)>;
     /// Of these chunk ids, the ones no extent references (gc candidates).
     Unreferenced {
         ids: Vec<ChunkId>,
-    },
+    } => Vec<ChunkId>;
     /// Removes catalogue entries of chunks gc deleted; refuses referenced ones.
     ForgetChunks {
         ids: Vec<ChunkId>,
-    },
+    } => ();
     /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
     /// in its site cache, so other sites can find the nearest copy.
     UpdateLocations {
         node: NodeId,
         added: Vec<StoredChunk>,
         removed: Vec<ChunkId>,
-    },
-    Status,
+    } => ();
+    /// Everything `locus status` shows.
+    Status {} => ClusterStatus;
     /// What a process's background workers are doing, sent with its heartbeat; meta
     /// keeps the latest report in memory for `locus status`.
     ReportWorkers {
         /// The reporting process as status shows it, e.g. `node n1`.
         process: String,
         workers: Vec<WorkerStatus>,
-    },
+    } => ();
 }
 
 /// Aggregate numbers for `locus status`.
@@ -334,40 +402,99 @@ pub struct FsStats {
     pub inodes: u64,
 }
 
-/// Successful answers from meta; which variant answers which request is fixed.
+/// `Hello`'s answer: the session this client now has.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MetaReply {
-    Welcome {
-        session: SessionId,
-        heartbeat_ms: u64,
-        /// The cluster this meta serves, created when its database was formatted.
-        cluster_id: String,
-    },
-    /// RegisterNode: the cluster the node now belongs to.
-    Registered {
-        cluster_id: String,
-    },
-    Done,
+pub struct Welcome {
+    pub session: SessionId,
+    pub heartbeat_ms: u64,
+    /// The cluster this meta serves, created when its database was formatted.
+    pub cluster_id: String,
+}
+
+/// `RegisterNode`'s answer: the cluster the node now belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered {
+    pub cluster_id: String,
+}
+
+/// `Unlink`'s answer: the inode and whether it lives on as an orphan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unlinked {
+    pub ino: InodeId,
+    pub orphaned: bool,
+}
+
+/// A file as an open sees it: attributes and extents at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    pub attr: Attr,
+    pub extents: Vec<Extent>,
+}
+
+/// Every answer type as one enum on the wire, each variant convertible to and from its
+/// type (a variant per distinct answer type).
+macro_rules! meta_replies {
+    ($( $(#[$doc:meta])* $variant:ident($ty:ty), )*) => {
+        /// Successful answers from meta; `MetaMessage::Response` says which one a request gets.
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum MetaReply {
+            /// The request was carried out; nothing to return.
+            Done,
+            $( $(#[$doc])* $variant($ty), )*
+        }
+
+        $(
+            impl From<$ty> for MetaReply {
+                fn from(v: $ty) -> Self {
+                    MetaReply::$variant(v)
+                }
+            }
+
+            impl TryFrom<MetaReply> for $ty {
+                type Error = MetaReply;
+                fn try_from(r: MetaReply) -> Result<Self, MetaReply> {
+                    match r {
+                        MetaReply::$variant(v) => Ok(v),
+                        other => Err(other),
+                    }
+                }
+            }
+        )*
+    };
+}
+
+meta_replies! {
+    Welcome(Welcome),
+    Registered(Registered),
     Attr(Attr),
-    /// Unlink: the inode and whether it lives on as an orphan.
-    Unlinked {
-        ino: InodeId,
-        orphaned: bool,
-    },
+    Unlinked(Unlinked),
     Bytes(Vec<u8>),
     Names(Vec<Vec<u8>>),
     Entries(Vec<DirEntry>),
     StatFs(FsStats),
-    Opened {
-        attr: Attr,
-        extents: Vec<Extent>,
-    },
+    Opened(Opened),
     Lock(Option<LockRange>),
     Nodes(Vec<NodeInfo>),
     Chunks(Vec<ChunkRecord>),
     Extents(Vec<(InodeId, Extent)>),
     ChunkIds(Vec<ChunkId>),
     Status(ClusterStatus),
+}
+
+impl From<()> for MetaReply {
+    fn from((): ()) -> Self {
+        MetaReply::Done
+    }
+}
+
+impl TryFrom<MetaReply> for () {
+    type Error = MetaReply;
+    fn try_from(r: MetaReply) -> Result<(), MetaReply> {
+        match r {
+            MetaReply::Done => Ok(()),
+            other => Err(other),
+        }
+    }
 }
 
 /// The payload of every meta response frame.

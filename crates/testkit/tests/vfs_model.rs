@@ -5,7 +5,7 @@
 
 use client::{ClientConfig, OpenOptions, Vfs};
 use proptest::prelude::*;
-use proto::meta::{NewNode, SetAttr};
+use proto::meta::{AttrChanges, NewNode};
 use proto::types::{Caller, ROOT_INODE};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -120,7 +120,7 @@ async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Truncate { file, size } => {
                 let ino = vfs.lookup(dir.ino, &name(file)).await.unwrap().ino;
-                vfs.setattr(ino, SetAttr { size: Some(size), ..SetAttr::default() }, ROOT).await.unwrap();
+                vfs.setattr(ino, AttrChanges { size: Some(size), ..AttrChanges::default() }, ROOT).await.unwrap();
                 model.get_mut(&file).unwrap().resize(size as usize, 0);
             }
             Op::Rename { from, to } if from != to => {
@@ -213,9 +213,5 @@ fn fragmented_files_are_compacted_in_the_background() {
 }
 
 async fn extent_count(meta: &net::RpcClient, ino: u64) -> usize {
-    let r: proto::meta::MetaResult = meta.call(&proto::meta::MetaRequest::Extents { ino }).await.unwrap();
-    match r.unwrap() {
-        proto::meta::MetaReply::Opened { extents, .. } => extents.len(),
-        other => panic!("{other:?}"),
-    }
+    meta.ask(proto::meta::Extents { ino }).await.unwrap().unwrap().extents.len()
 }

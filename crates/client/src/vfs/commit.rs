@@ -22,7 +22,7 @@ impl Vfs {
             && f.lock_owners.remove(&owner)
         {
             let session = self.meta.session();
-            self.meta.done(MetaRequest::ReleaseLocks { session, ino, owner }).await?;
+            self.meta.call(ReleaseLocks { session, ino, owner }).await?;
         }
         committed
     }
@@ -57,7 +57,7 @@ impl Vfs {
             // The data is lost: forget the pending extents so reads show what meta has.
             f.pending.clear();
             f.modified = false;
-            if let Ok(MetaReply::Opened { attr, extents }) = self.meta.call(MetaRequest::Extents { ino }).await {
+            if let Ok(Opened { attr, extents }) = self.meta.call(Extents { ino }).await {
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);
             }
@@ -66,14 +66,14 @@ impl Vfs {
         if f.pending.is_empty() && !f.modified {
             return Ok(false);
         }
-        let req = MetaRequest::CommitWrite {
+        let req = CommitWrite {
             ino,
             extents: std::mem::take(&mut f.pending),
             chunks,
             min_size: f.attr.size,
             mtime: f.attr.mtime,
         };
-        f.attr = self.meta.attr(req).await?;
+        f.attr = self.meta.call(req).await?;
         f.modified = false;
         lock(&self.seen_versions).insert(ino, f.attr.data_version);
         Ok(true)
@@ -84,7 +84,7 @@ impl Vfs {
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
         self.commit_locked(ino, &mut f).await?;
-        f.attr = self.meta.attr(MetaRequest::Fallocate { ino, offset, len, mode }).await?;
+        f.attr = self.meta.call(Fallocate { ino, offset, len, mode }).await?;
         if matches!(mode, AllocateMode::PunchHole | AllocateMode::ZeroRange) {
             f.extents.punch(offset, offset + len);
         }

@@ -3,7 +3,6 @@
 
 use super::{DirCursor, DirHandle, Result, Vfs};
 use crate::error::VfsError;
-use crate::meta_link::unexpected;
 use proto::error::ErrorCode;
 use proto::meta::*;
 use proto::types::*;
@@ -14,7 +13,7 @@ use util::sync::lock;
 
 impl Vfs {
     pub async fn opendir(&self, ino: InodeId) -> Result<DirHandle> {
-        let attr = self.meta.attr(MetaRequest::GetAttr { ino }).await?;
+        let attr = self.meta.call(GetAttr { ino }).await?;
         if attr.kind != FileKind::Dir {
             return Err(VfsError::new(ErrorCode::NotDir, format!("opendir of inode {ino}")));
         }
@@ -40,10 +39,7 @@ impl Vfs {
                 c.after = after;
             }
             if !c.done && c.buffered.is_empty() {
-                let page = match self.meta.call(MetaRequest::ReadDir { ino: c.ino, after, limit: 2048 }).await? {
-                    MetaReply::Entries(e) => e,
-                    other => return Err(unexpected(&other)),
-                };
+                let page = self.meta.call(ReadDir { ino: c.ino, after, limit: 2048 }).await?;
                 c.done = page.len() < 2048;
                 c.buffered.extend(page);
             }

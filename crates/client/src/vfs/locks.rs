@@ -1,17 +1,13 @@
 //! fcntl byte-range locks, held by meta per session and lock owner.
 
 use super::{FileHandle, Result, Vfs};
-use crate::meta_link::unexpected;
 use proto::error::ErrorCode;
 use proto::meta::*;
 use std::time::Duration;
 
 impl Vfs {
     pub async fn getlk(&self, lock: LockRange) -> Result<Option<LockRange>> {
-        match self.meta.call(MetaRequest::GetLock { session: self.meta.session(), lock }).await? {
-            MetaReply::Lock(l) => Ok(l),
-            other => Err(unexpected(&other)),
-        }
+        self.meta.call(GetLock { session: self.meta.session(), lock }).await
     }
 
     /// Sets or clears a byte-range lock; with `wait`, retries until it is granted.
@@ -22,7 +18,7 @@ impl Vfs {
         }
         let mut backoff = Duration::from_millis(5);
         loop {
-            match self.meta.done(MetaRequest::SetLock { session: self.meta.session(), lock }).await {
+            match self.meta.call(SetLock { session: self.meta.session(), lock }).await {
                 Err(e) if wait && e.code == ErrorCode::WouldBlock => {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));

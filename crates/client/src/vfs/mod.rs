@@ -22,8 +22,8 @@ use crate::data::DataPath;
 use crate::error::VfsError;
 use crate::file::FileState;
 use crate::meta_link::MetaLink;
-use crate::session::Heartbeat;
-use proto::meta::{MetaRequest, SessionInfo};
+use crate::session::SessionKeeper;
+use proto::meta::{Goodbye, SessionInfo};
 use proto::types::{DirEntry, InodeId, WorkerStatus};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
@@ -150,7 +150,7 @@ impl Vfs {
         ));
         data.refresh_nodes().await?;
         let workers = Arc::new(Workers::default());
-        workers.spawn(Heartbeat {
+        workers.spawn(SessionKeeper {
             meta: meta.clone(),
             data: data.clone(),
             period,
@@ -179,7 +179,7 @@ impl Vfs {
     /// Stops the workers and ends the session at meta, dropping its locks (best effort).
     pub async fn shutdown(&self) {
         self.workers.stop(Duration::from_secs(5)).await;
-        let _ = self.meta.call(MetaRequest::Goodbye { session: self.meta.session() }).await;
+        let _ = self.meta.call(Goodbye { session: self.meta.session() }).await;
     }
 
     /// What the client's background workers are doing.

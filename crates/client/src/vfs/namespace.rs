@@ -3,7 +3,6 @@
 
 use super::{Result, Vfs};
 use crate::file::FileState;
-use crate::meta_link::unexpected;
 use proto::meta::*;
 use proto::types::*;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use util::sync::lock;
 
 impl Vfs {
     pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
-        let attr = self.meta.attr(MetaRequest::Lookup { parent, name: name.to_vec() }).await?;
+        let attr = self.meta.call(Lookup { parent, name: name.to_vec() }).await?;
         Ok(self.local_view(attr).await)
     }
 
@@ -19,7 +18,7 @@ impl Vfs {
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
         // Always ask meta: link counts and ctime change under an open file too
         // (link, unlink, rename, chmod through another client).
-        let attr = self.meta.attr(MetaRequest::GetAttr { ino }).await?;
+        let attr = self.meta.call(GetAttr { ino }).await?;
         Ok(self.local_view(attr).await)
     }
 
@@ -41,15 +40,15 @@ impl Vfs {
         lock(&self.files).get(&ino).cloned()
     }
 
-    pub async fn setattr(self: &Arc<Self>, ino: InodeId, set: SetAttr, caller: Caller) -> Result<Attr> {
+    pub async fn setattr(self: &Arc<Self>, ino: InodeId, set: AttrChanges, caller: Caller) -> Result<Attr> {
         let Some(file) = self.open_file(ino) else {
-            return self.meta.attr(MetaRequest::SetAttr { ino, set, caller }).await;
+            return self.meta.call(SetAttr { ino, set, caller }).await;
         };
         // Commit first so pending writes cannot undo a truncate or a time stamp.
         let mut f = file.inner.lock().await;
         self.commit_locked(ino, &mut f).await?;
         let size = set.size;
-        let attr = self.meta.attr(MetaRequest::SetAttr { ino, set, caller }).await?;
+        let attr = self.meta.call(SetAttr { ino, set, caller }).await?;
         if let Some(size) = size {
             f.extents.truncate(size);
         }
@@ -66,27 +65,21 @@ impl Vfs {
         caller: Caller,
         exclusive: bool,
     ) -> Result<Attr> {
-        self.meta
-            .attr(MetaRequest::Create { parent, name: name.to_vec(), node, mode, caller, exclusive, open_by: None })
-            .await
+        self.meta.call(Create { parent, name: name.to_vec(), node, mode, caller, exclusive }).await
     }
 
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
-        self.meta.attr(MetaRequest::Link { ino, new_parent, new_name: new_name.to_vec() }).await
+        self.meta.call(Link { ino, new_parent, new_name: new_name.to_vec() }).await
     }
 
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
-        match self.meta.call(MetaRequest::Unlink { parent, name: name.to_vec() }).await? {
-            MetaReply::Unlinked { ino, .. } => {
-                lock(&self.seen_versions).remove(&ino);
-                Ok(())
-            }
-            other => Err(unexpected(&other)),
-        }
+        let Unlinked { ino, .. } = self.meta.call(Unlink { parent, name: name.to_vec() }).await?;
+        lock(&self.seen_versions).remove(&ino);
+        Ok(())
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
-        self.meta.done(MetaRequest::Rmdir { parent, name: name.to_vec() }).await
+        self.meta.call(Rmdir { parent, name: name.to_vec() }).await
     }
 
     pub async fn rename(
@@ -97,27 +90,19 @@ impl Vfs {
         new_name: &[u8],
         mode: RenameMode,
     ) -> Result<()> {
-        self.meta
-            .done(MetaRequest::Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), mode })
-            .await
+        self.meta.call(Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), mode }).await
     }
 
     pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
-        match self.meta.call(MetaRequest::ReadLink { ino }).await? {
-            MetaReply::Bytes(b) => Ok(b),
-            other => Err(unexpected(&other)),
-        }
+        self.meta.call(ReadLink { ino }).await
     }
 
     pub async fn statfs(&self) -> Result<FsStats> {
-        match self.meta.call(MetaRequest::StatFs).await? {
-            MetaReply::StatFs(s) => Ok(s),
-            other => Err(unexpected(&other)),
-        }
+        self.meta.call(StatFs {}).await
     }
 
     /// Makes every namespace change so far durable at meta (fsyncdir).
     pub async fn sync_meta(&self) -> Result<()> {
-        self.meta.done(MetaRequest::Sync).await
+        self.meta.call(SyncAll {}).await
     }
 }

@@ -4,7 +4,6 @@
 use super::{FileHandle, Handle, OpenOptions, Result, Vfs};
 use crate::error::VfsError;
 use crate::file::{DirtyBuffer, FileInner, FileState};
-use crate::meta_link::unexpected;
 use proto::error::ErrorCode;
 use proto::extent::ExtentMap;
 use proto::meta::*;
@@ -27,9 +26,9 @@ impl Vfs {
             }
             if opts.truncate {
                 self.commit_locked(ino, &mut f).await?;
-                let set = SetAttr { size: Some(0), ..SetAttr::default() };
+                let set = AttrChanges { size: Some(0), ..AttrChanges::default() };
                 let caller = Caller { uid: f.attr.uid, gid: f.attr.gid };
-                f.attr = self.meta.attr(MetaRequest::SetAttr { ino, set, caller }).await?;
+                f.attr = self.meta.call(SetAttr { ino, set, caller }).await?;
                 f.extents = ExtentMap::default();
             }
             f.opens += 1;
@@ -37,10 +36,8 @@ impl Vfs {
             return Ok((self.new_handle(file), true));
         }
         let session = self.meta.session();
-        match self.meta.call(MetaRequest::Open { ino, session, truncate: opts.truncate }).await? {
-            MetaReply::Opened { attr, extents } => Ok(self.adopt(session, attr, extents).await),
-            other => Err(unexpected(&other)),
-        }
+        let Opened { attr, extents } = self.meta.call(Open { ino, session, truncate: opts.truncate }).await?;
+        Ok(self.adopt(session, attr, extents).await)
     }
 
     /// Creates a regular file and opens it in one request.
@@ -54,24 +51,13 @@ impl Vfs {
         opts: OpenOptions,
     ) -> Result<(Attr, FileHandle)> {
         let session = self.meta.session();
-        let req = MetaRequest::Create {
-            parent,
-            name: name.to_vec(),
-            node: NewNode::File,
-            mode,
-            caller,
-            exclusive,
-            open_by: Some(session),
-        };
-        let (attr, extents) = match self.meta.call(req).await? {
-            MetaReply::Opened { attr, extents } => (attr, extents),
-            other => return Err(unexpected(&other)),
-        };
+        let req = CreateOpen { parent, name: name.to_vec(), node: NewNode::File, mode, caller, exclusive, session };
+        let Opened { attr, extents } = self.meta.call(req).await?;
         let (ino, existed) = (attr.ino, attr.size > 0);
         let (fh, _) = self.adopt(session, attr, extents).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
-            let attr = self.setattr(ino, SetAttr { size: Some(0), ..SetAttr::default() }, caller).await?;
+            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, caller).await?;
             return Ok((attr, fh));
         }
         let attr = self.getattr(ino).await?;
@@ -115,7 +101,7 @@ impl Vfs {
             // Another thread opened it meanwhile: share its state, drop our record.
             Some(existing) => {
                 existing.inner.lock().await.opens += 1;
-                let _ = self.meta.call(MetaRequest::Release { ino, session }).await;
+                let _ = self.meta.call(Release { ino, session }).await;
                 existing
             }
             None => state,
@@ -159,12 +145,12 @@ impl Vfs {
             }
             let session = self.meta.session();
             for owner in f.lock_owners.drain() {
-                let _ = self.meta.call(MetaRequest::ReleaseLocks { session, ino, owner }).await;
+                let _ = self.meta.call(ReleaseLocks { session, ino, owner }).await;
             }
             drop(f);
             let vfs = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = vfs.meta.call(MetaRequest::Release { ino, session }).await {
+                if let Err(e) = vfs.meta.call(Release { ino, session }).await {
                     tracing::warn!("release of inode {ino}: {e}");
                 }
             });

@@ -2,7 +2,6 @@
 
 use super::{Result, Vfs};
 use crate::error::VfsError;
-use crate::meta_link::unexpected;
 use proto::error::ErrorCode;
 use proto::meta::*;
 use proto::types::*;
@@ -19,9 +18,8 @@ impl Vfs {
         {
             return Err(VfsError::new(ErrorCode::NoAttribute, "no such extended attribute"));
         }
-        match self.meta.call(MetaRequest::GetXattr { ino, name: name.to_vec() }).await {
-            Ok(MetaReply::Bytes(b)) => Ok(b),
-            Ok(other) => Err(unexpected(&other)),
+        match self.meta.call(GetXattr { ino, name: name.to_vec() }).await {
+            Ok(b) => Ok(b),
             Err(e) if e.code == ErrorCode::NoAttribute => {
                 let mut absent = lock(&self.absent_xattrs);
                 if absent.len() > 100_000 {
@@ -40,18 +38,15 @@ impl Vfs {
 
     pub async fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
         self.forget_absent_xattrs(ino);
-        self.meta.done(MetaRequest::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), mode }).await
+        self.meta.call(SetXattr { ino, name: name.to_vec(), value: value.to_vec(), mode }).await
     }
 
     pub async fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>> {
-        match self.meta.call(MetaRequest::ListXattr { ino }).await? {
-            MetaReply::Names(n) => Ok(n),
-            other => Err(unexpected(&other)),
-        }
+        self.meta.call(ListXattr { ino }).await
     }
 
     pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
         self.forget_absent_xattrs(ino);
-        self.meta.done(MetaRequest::RemoveXattr { ino, name: name.to_vec() }).await
+        self.meta.call(RemoveXattr { ino, name: name.to_vec() }).await
     }
 }

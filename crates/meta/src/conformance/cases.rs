@@ -54,7 +54,7 @@ fn caller() -> Caller {
 }
 
 fn create_req(parent: InodeId, name: &str, node: NewNode, mode: u32) -> MetaRequest {
-    MetaRequest::Create { parent, name: name.into(), node, mode, caller: caller(), exclusive: true, open_by: None }
+    MetaRequest::Create(Create { parent, name: name.into(), node, mode, caller: caller(), exclusive: true })
 }
 
 #[track_caller]
@@ -65,18 +65,18 @@ fn mk(s: &Arc<MetaService>, parent: InodeId, name: &str, node: NewNode) -> Attr 
 
 #[track_caller]
 fn get(s: &Arc<MetaService>, ino: InodeId) -> Attr {
-    attr(ok(s, MetaRequest::GetAttr { ino }))
+    attr(ok(s, MetaRequest::GetAttr(GetAttr { ino })))
 }
 
 #[track_caller]
 fn lookup(s: &Arc<MetaService>, parent: InodeId, name: &str) -> Result<Attr, ErrorCode> {
-    call(s, MetaRequest::Lookup { parent, name: name.into() }).map(attr).map_err(|e| e.code)
+    call(s, MetaRequest::Lookup(Lookup { parent, name: name.into() })).map(attr).map_err(|e| e.code)
 }
 
 fn hello(s: &Arc<MetaService>) -> SessionId {
     let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
-    match ok(s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION, session: info }) {
-        MetaReply::Welcome { session, heartbeat_ms, .. } => {
+    match ok(s, MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })) {
+        MetaReply::Welcome(Welcome { session, heartbeat_ms, .. }) => {
             assert_eq!(heartbeat_ms, 5000);
             session
         }
@@ -94,20 +94,29 @@ fn ext(file_offset: u64, len: u64, tag: u8, chunk_offset: u64) -> Extent {
 
 fn commit(s: &Arc<MetaService>, ino: InodeId, extents: Vec<Extent>, min_size: u64) -> Attr {
     let chunks = extents.iter().map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()] }).collect();
-    attr(ok(s, MetaRequest::CommitWrite { ino, extents, chunks, min_size, mtime: Timestamp { secs: 77, nanos: 5 } }))
+    attr(ok(
+        s,
+        MetaRequest::CommitWrite(CommitWrite {
+            ino,
+            extents,
+            chunks,
+            min_size,
+            mtime: Timestamp { secs: 77, nanos: 5 },
+        }),
+    ))
 }
 
 /// Refcount of a chunk, or None if absent from the catalogue.
 fn refcount(s: &Arc<MetaService>, tag: u8) -> Option<u64> {
-    match ok(s, MetaRequest::ChunkLocations { ids: vec![cid(tag)] }) {
+    match ok(s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(tag)] })) {
         MetaReply::Chunks(c) => c.first().map(|c| c.refcount),
         other => panic!("expected Chunks, got {other:?}"),
     }
 }
 
 fn extents(s: &Arc<MetaService>, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
-    match ok(s, MetaRequest::Extents { ino }) {
-        MetaReply::Opened { attr, extents } => {
+    match ok(s, MetaRequest::Extents(Extents { ino })) {
+        MetaReply::Opened(Opened { attr, extents }) => {
             assert_eq!(attr.ino, ino);
             extents.into_iter().map(|e| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset)).collect()
         }
@@ -134,15 +143,14 @@ pub fn root_and_create(b: &dyn Factory) {
     // Non-exclusive create of an existing regular file returns it.
     let again = attr(ok(
         &s,
-        MetaRequest::Create {
+        MetaRequest::Create(Create {
             parent: ROOT_INODE,
             name: b"f".to_vec(),
             node: NewNode::File,
             mode: 0o600,
             caller: caller(),
             exclusive: false,
-            open_by: None,
-        },
+        }),
     ));
     assert_eq!(again.ino, f.ino);
 
@@ -152,15 +160,14 @@ pub fn root_and_create(b: &dyn Factory) {
     assert_eq!(
         err(
             &s,
-            MetaRequest::Create {
+            MetaRequest::Create(Create {
                 parent: ROOT_INODE,
                 name: b"d".to_vec(),
                 node: NewNode::File,
                 mode: 0o600,
                 caller: caller(),
                 exclusive: false,
-                open_by: None
-            }
+            })
         ),
         ErrorCode::Exists
     );
@@ -169,8 +176,8 @@ pub fn root_and_create(b: &dyn Factory) {
 
     let l = mk(&s, d.ino, "link", NewNode::Symlink { target: b"../f".to_vec() });
     assert_eq!((l.kind, l.size), (FileKind::Symlink, 4));
-    assert_eq!(ok(&s, MetaRequest::ReadLink { ino: l.ino }), MetaReply::Bytes(b"../f".to_vec()));
-    assert_eq!(err(&s, MetaRequest::ReadLink { ino: f.ino }), ErrorCode::InvalidArgument);
+    assert_eq!(ok(&s, MetaRequest::ReadLink(ReadLink { ino: l.ino })), MetaReply::Bytes(b"../f".to_vec()));
+    assert_eq!(err(&s, MetaRequest::ReadLink(ReadLink { ino: f.ino })), ErrorCode::InvalidArgument);
 
     let dev = mk(&s, d.ino, "dev", NewNode::Special { kind: FileKind::CharDevice, rdev: 0x0103 });
     assert_eq!((dev.kind, dev.rdev), (FileKind::CharDevice, 0x0103));
@@ -181,7 +188,7 @@ pub fn root_and_create(b: &dyn Factory) {
     assert_eq!(lookup(&s, f.ino, "x"), Err(ErrorCode::NotDir));
     assert_eq!(err(&s, create_req(f.ino, "x", NewNode::File, 0o644)), ErrorCode::NotDir);
     assert_eq!(err(&s, create_req(9999, "x", NewNode::File, 0o644)), ErrorCode::NotFound);
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: 9999 }), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: 9999 })), ErrorCode::NotFound);
 }
 
 /// Conformance case `names_are_checked`.
@@ -205,11 +212,11 @@ pub fn setgid_inheritance(b: &dyn Factory) {
     let d = mk(&s, ROOT_INODE, "shared", NewNode::Dir);
     ok(
         &s,
-        MetaRequest::SetAttr {
+        MetaRequest::SetAttr(SetAttr {
             ino: d.ino,
-            set: SetAttr { mode: Some(0o2775), gid: Some(500), ..Default::default() },
+            set: AttrChanges { mode: Some(0o2775), gid: Some(500), ..Default::default() },
             caller: caller(),
-        },
+        }),
     );
     let f = mk(&s, d.ino, "f", NewNode::File);
     assert_eq!((f.gid, f.mode & 0o2000), (500, 0));
@@ -228,28 +235,28 @@ pub fn hard_links(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
-    let a = attr(ok(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }));
+    let a = attr(ok(&s, MetaRequest::Link(Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() })));
     assert_eq!(a.nlink, 2);
     assert_eq!(lookup(&s, d.ino, "g").map(|a| (a.ino, a.nlink)), Ok((f.ino, 2)));
     assert_eq!(
-        err(&s, MetaRequest::Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() }),
+        err(&s, MetaRequest::Link(Link { ino: f.ino, new_parent: d.ino, new_name: b"g".to_vec() })),
         ErrorCode::Exists
     );
     assert_eq!(
-        err(&s, MetaRequest::Link { ino: d.ino, new_parent: ROOT_INODE, new_name: b"dd".to_vec() }),
+        err(&s, MetaRequest::Link(Link { ino: d.ino, new_parent: ROOT_INODE, new_name: b"dd".to_vec() })),
         ErrorCode::NotPermitted
     );
     assert_eq!(
-        err(&s, MetaRequest::Link { ino: f.ino, new_parent: f.ino, new_name: b"x".to_vec() }),
+        err(&s, MetaRequest::Link(Link { ino: f.ino, new_parent: f.ino, new_name: b"x".to_vec() })),
         ErrorCode::NotDir
     );
     assert_eq!(
-        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }),
-        MetaReply::Unlinked { ino: f.ino, orphaned: false }
+        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() })),
+        MetaReply::Unlinked(Unlinked { ino: f.ino, orphaned: false })
     );
     assert_eq!(get(&s, f.ino).nlink, 1);
-    ok(&s, MetaRequest::Unlink { parent: d.ino, name: b"g".to_vec() });
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Unlink(Unlink { parent: d.ino, name: b"g".to_vec() }));
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })), ErrorCode::NotFound);
 }
 
 /// Conformance case `unlink_orphan_release`.
@@ -257,12 +264,12 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     let s = b.open();
     let session = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false });
+    ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
     assert_eq!(refcount(&s, 1), Some(1));
     assert_eq!(
-        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }),
-        MetaReply::Unlinked { ino: f.ino, orphaned: true }
+        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() })),
+        MetaReply::Unlinked(Unlinked { ino: f.ino, orphaned: true })
     );
     assert_eq!(lookup(&s, ROOT_INODE, "f"), Err(ErrorCode::NotFound));
     let orphan = get(&s, f.ino);
@@ -270,34 +277,36 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     // An orphan can still be written and read by its opener.
     commit(&s, f.ino, vec![ext(100, 10, 2, 0)], 110);
     assert_eq!(extents(&s, f.ino).len(), 2);
-    ok(&s, MetaRequest::Release { ino: f.ino, session });
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Release(Release { ino: f.ino, session }));
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })), ErrorCode::NotFound);
     assert_eq!(refcount(&s, 1), Some(0));
     assert_eq!(refcount(&s, 2), Some(0));
 
     // Two opens need two releases.
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
-    ok(&s, MetaRequest::Open { ino: g.ino, session, truncate: false });
-    ok(&s, MetaRequest::Open { ino: g.ino, session, truncate: false });
-    ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"g".to_vec() });
-    ok(&s, MetaRequest::Release { ino: g.ino, session });
+    ok(&s, MetaRequest::Open(Open { ino: g.ino, session, truncate: false }));
+    ok(&s, MetaRequest::Open(Open { ino: g.ino, session, truncate: false }));
+    ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"g".to_vec() }));
+    ok(&s, MetaRequest::Release(Release { ino: g.ino, session }));
     assert_eq!(get(&s, g.ino).nlink, 0);
-    ok(&s, MetaRequest::Release { ino: g.ino, session });
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: g.ino }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Release(Release { ino: g.ino, session }));
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: g.ino })), ErrorCode::NotFound);
 
-    // Create with `open_by` records the open in the same request.
-    let create_open = |name: &str, exclusive, session| MetaRequest::Create {
-        parent: ROOT_INODE,
-        name: name.into(),
-        node: NewNode::File,
-        mode: 0o644,
-        caller: caller(),
-        exclusive,
-        open_by: Some(session),
+    // CreateOpen records the open in the same request.
+    let create_open = |name: &str, exclusive, session| {
+        MetaRequest::CreateOpen(CreateOpen {
+            parent: ROOT_INODE,
+            name: name.into(),
+            node: NewNode::File,
+            mode: 0o644,
+            caller: caller(),
+            exclusive,
+            session,
+        })
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {
-        MetaReply::Opened { attr, extents } => {
+        MetaReply::Opened(Opened { attr, extents }) => {
             assert!(extents.is_empty());
             attr
         }
@@ -306,12 +315,12 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     commit(&s, c.ino, vec![ext(0, 10, 7, 0)], 10);
     // A non-exclusive create of an existing file opens it with its extents.
     match ok(&s, req("c", false)) {
-        MetaReply::Opened { attr, extents } => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
+        MetaReply::Opened(Opened { attr, extents }) => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
         other => panic!("expected Opened, got {other:?}"),
     }
     assert_eq!(
-        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"c".to_vec() }),
-        MetaReply::Unlinked { ino: c.ino, orphaned: true }
+        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"c".to_vec() })),
+        MetaReply::Unlinked(Unlinked { ino: c.ino, orphaned: true })
     );
     assert_eq!(err(&s, create_open("i", true, session + 1000)), ErrorCode::NotFound);
     assert_eq!(lookup(&s, ROOT_INODE, "i"), Err(ErrorCode::NotFound), "a refused create leaves no file");
@@ -319,17 +328,25 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     // Not open: gone at once, with its xattrs and chunk references.
     let h = mk(&s, ROOT_INODE, "h", NewNode::File);
     commit(&s, h.ino, vec![ext(0, 10, 3, 0)], 10);
-    ok(&s, MetaRequest::SetXattr { ino: h.ino, name: b"user.a".to_vec(), value: b"1".to_vec(), mode: XattrMode::Any });
-    assert_eq!(
-        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"h".to_vec() }),
-        MetaReply::Unlinked { ino: h.ino, orphaned: false }
+    ok(
+        &s,
+        MetaRequest::SetXattr(SetXattr {
+            ino: h.ino,
+            name: b"user.a".to_vec(),
+            value: b"1".to_vec(),
+            mode: XattrMode::Any,
+        }),
     );
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: h.ino }), ErrorCode::NotFound);
+    assert_eq!(
+        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"h".to_vec() })),
+        MetaReply::Unlinked(Unlinked { ino: h.ino, orphaned: false })
+    );
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: h.ino })), ErrorCode::NotFound);
     assert_eq!(refcount(&s, 3), Some(0));
 
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
-    assert_eq!(err(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"d".to_vec() }), ErrorCode::IsDir);
-    assert_eq!(err(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"zz".to_vec() }), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"d".to_vec() })), ErrorCode::IsDir);
+    assert_eq!(err(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"zz".to_vec() })), ErrorCode::NotFound);
     assert_eq!(get(&s, d.ino).nlink, 2);
 }
 
@@ -340,20 +357,20 @@ pub fn rmdir(b: &dyn Factory) {
     let e = mk(&s, d.ino, "e", NewNode::Dir);
     assert_eq!(get(&s, d.ino).nlink, 3);
     mk(&s, e.ino, "f", NewNode::File);
-    assert_eq!(err(&s, MetaRequest::Rmdir { parent: d.ino, name: b"e".to_vec() }), ErrorCode::NotEmpty);
-    assert_eq!(err(&s, MetaRequest::Rmdir { parent: e.ino, name: b"f".to_vec() }), ErrorCode::NotDir);
-    assert_eq!(err(&s, MetaRequest::Rmdir { parent: d.ino, name: b".".to_vec() }), ErrorCode::InvalidArgument);
-    assert_eq!(err(&s, MetaRequest::Rmdir { parent: d.ino, name: b"nope".to_vec() }), ErrorCode::NotFound);
-    ok(&s, MetaRequest::Unlink { parent: e.ino, name: b"f".to_vec() });
-    ok(&s, MetaRequest::Rmdir { parent: d.ino, name: b"e".to_vec() });
+    assert_eq!(err(&s, MetaRequest::Rmdir(Rmdir { parent: d.ino, name: b"e".to_vec() })), ErrorCode::NotEmpty);
+    assert_eq!(err(&s, MetaRequest::Rmdir(Rmdir { parent: e.ino, name: b"f".to_vec() })), ErrorCode::NotDir);
+    assert_eq!(err(&s, MetaRequest::Rmdir(Rmdir { parent: d.ino, name: b".".to_vec() })), ErrorCode::InvalidArgument);
+    assert_eq!(err(&s, MetaRequest::Rmdir(Rmdir { parent: d.ino, name: b"nope".to_vec() })), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Unlink(Unlink { parent: e.ino, name: b"f".to_vec() }));
+    ok(&s, MetaRequest::Rmdir(Rmdir { parent: d.ino, name: b"e".to_vec() }));
     assert_eq!(get(&s, d.ino).nlink, 2);
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: e.ino }), ErrorCode::NotFound);
-    ok(&s, MetaRequest::Rmdir { parent: ROOT_INODE, name: b"d".to_vec() });
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: e.ino })), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Rmdir(Rmdir { parent: ROOT_INODE, name: b"d".to_vec() }));
     assert_eq!(get(&s, ROOT_INODE).nlink, 2);
 }
 
 fn rename_req(parent: InodeId, name: &str, new_parent: InodeId, new_name: &str, mode: RenameMode) -> MetaRequest {
-    MetaRequest::Rename { parent, name: name.into(), new_parent, new_name: new_name.into(), mode }
+    MetaRequest::Rename(Rename { parent, name: name.into(), new_parent, new_name: new_name.into(), mode })
 }
 
 /// Conformance case `rename_replace`.
@@ -368,18 +385,22 @@ pub fn rename_replace(b: &dyn Factory) {
     assert_eq!(lookup(&s, ROOT_INODE, "a"), Err(ErrorCode::NotFound));
     assert_eq!(lookup(&s, ROOT_INODE, "t").map(|x| x.ino), Ok(a.ino));
     assert!(get(&s, a.ino).ctime > before);
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: t.ino }), ErrorCode::NotFound, "the replaced inode is gone");
+    assert_eq!(
+        err(&s, MetaRequest::GetAttr(GetAttr { ino: t.ino })),
+        ErrorCode::NotFound,
+        "the replaced inode is gone"
+    );
     assert_eq!(refcount(&s, 9), Some(0));
     // Replaced while open: orphan.
     let session = hello(&s);
     let o = mk(&s, ROOT_INODE, "o", NewNode::File);
-    ok(&s, MetaRequest::Open { ino: o.ino, session, truncate: false });
+    ok(&s, MetaRequest::Open(Open { ino: o.ino, session, truncate: false }));
     ok(&s, rename_req(ROOT_INODE, "t", ROOT_INODE, "o", RenameMode::Replace));
     assert_eq!(get(&s, o.ino).nlink, 0);
-    ok(&s, MetaRequest::Release { ino: o.ino, session });
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: o.ino }), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Release(Release { ino: o.ino, session }));
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: o.ino })), ErrorCode::NotFound);
     // Hard links of one inode: a no-op.
-    ok(&s, MetaRequest::Link { ino: a.ino, new_parent: ROOT_INODE, new_name: b"a2".to_vec() });
+    ok(&s, MetaRequest::Link(Link { ino: a.ino, new_parent: ROOT_INODE, new_name: b"a2".to_vec() }));
     ok(&s, rename_req(ROOT_INODE, "o", ROOT_INODE, "a2", RenameMode::Replace));
     assert_eq!(lookup(&s, ROOT_INODE, "o").map(|x| x.ino), Ok(a.ino));
     assert_eq!(get(&s, a.ino).nlink, 2);
@@ -442,7 +463,7 @@ pub fn rename_dirs(b: &dyn Factory) {
     let empty = mk(&s, ROOT_INODE, "empty", NewNode::Dir);
     let root_links = get(&s, ROOT_INODE).nlink;
     ok(&s, rename_req(a.ino, "sub", ROOT_INODE, "empty", RenameMode::Replace));
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: empty.ino }), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: empty.ino })), ErrorCode::NotFound);
     assert_eq!(get(&s, a.ino).nlink, 2);
     assert_eq!(get(&s, ROOT_INODE).nlink, root_links);
     assert_eq!(lookup(&s, sub.ino, "..").map(|x| x.ino), Ok(ROOT_INODE));
@@ -462,18 +483,18 @@ pub fn setattr_truncate(b: &dyn Factory) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0), ext(100, 100, 2, 0)], 200);
     let v0 = get(&s, f.ino).data_version;
-    let set = SetAttr { size: Some(50), ..Default::default() };
-    let a = attr(ok(&s, MetaRequest::SetAttr { ino: f.ino, set, caller: caller() }));
+    let set = AttrChanges { size: Some(50), ..Default::default() };
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, caller: caller() })));
     assert_eq!((a.size, a.data_version), (50, v0 + 1));
     assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
     assert_eq!((refcount(&s, 1), refcount(&s, 2)), (Some(1), Some(0)));
-    let set = SetAttr { size: Some(1 << 30), ..Default::default() };
-    let a = attr(ok(&s, MetaRequest::SetAttr { ino: f.ino, set, caller: caller() }));
+    let set = AttrChanges { size: Some(1 << 30), ..Default::default() };
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, caller: caller() })));
     assert_eq!(a.size, 1 << 30);
     assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
 
     let when = Timestamp { secs: 1234, nanos: 56 };
-    let set = SetAttr {
+    let set = AttrChanges {
         mode: Some(0o104755),
         uid: Some(7),
         gid: Some(8),
@@ -481,14 +502,14 @@ pub fn setattr_truncate(b: &dyn Factory) {
         mtime: Some(TimeSet::Now),
         ..Default::default()
     };
-    let a = attr(ok(&s, MetaRequest::SetAttr { ino: f.ino, set, caller: caller() }));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, caller: caller() })));
     assert_eq!((a.mode, a.uid, a.gid, a.atime), (0o4755, 7, 8, when));
     assert!(a.mtime > when && a.ctime >= a.mtime);
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
-    let set = SetAttr { size: Some(0), ..Default::default() };
-    assert_eq!(err(&s, MetaRequest::SetAttr { ino: d.ino, set, caller: caller() }), ErrorCode::IsDir);
+    let set = AttrChanges { size: Some(0), ..Default::default() };
+    assert_eq!(err(&s, MetaRequest::SetAttr(SetAttr { ino: d.ino, set, caller: caller() })), ErrorCode::IsDir);
     assert_eq!(
-        err(&s, MetaRequest::SetAttr { ino: 9999, set: SetAttr::default(), caller: caller() }),
+        err(&s, MetaRequest::SetAttr(SetAttr { ino: 9999, set: AttrChanges::default(), caller: caller() })),
         ErrorCode::NotFound
     );
 }
@@ -521,26 +542,26 @@ pub fn commit_write_splits(b: &dyn Factory) {
     assert_eq!(
         err(
             &s,
-            MetaRequest::CommitWrite {
+            MetaRequest::CommitWrite(CommitWrite {
                 ino: d.ino,
                 extents: vec![],
                 chunks: vec![],
                 min_size: 0,
                 mtime: Timestamp::now()
-            }
+            })
         ),
         ErrorCode::IsDir
     );
     assert_eq!(
         err(
             &s,
-            MetaRequest::CommitWrite {
+            MetaRequest::CommitWrite(CommitWrite {
                 ino: g.ino,
                 extents: vec![ext(u64::MAX - 5, 10, 1, 0)],
                 chunks: vec![],
                 min_size: 0,
                 mtime: Timestamp::now()
-            }
+            })
         ),
         ErrorCode::InvalidArgument
     );
@@ -555,11 +576,13 @@ pub fn compact_checks_the_version(b: &dyn Factory) {
     commit(&s, f.ino, vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 10, 3, 0)], 30);
     let before = get(&s, f.ino);
     let merged = StoredChunk { id: cid(9), size: 30, nodes: vec!["n1".into()] };
-    let compact = |version| MetaRequest::Compact {
-        ino: f.ino,
-        data_version: version,
-        extents: vec![ext(0, 30, 9, 0)],
-        chunks: vec![merged.clone()],
+    let compact = |version| {
+        MetaRequest::Compact(Compact {
+            ino: f.ino,
+            data_version: version,
+            extents: vec![ext(0, 30, 9, 0)],
+            chunks: vec![merged.clone()],
+        })
     };
     // A stale version changes nothing.
     assert_eq!(err(&s, compact(before.data_version - 1)), ErrorCode::Stale);
@@ -569,12 +592,12 @@ pub fn compact_checks_the_version(b: &dyn Factory) {
     assert_eq!((refcount(&s, 1), refcount(&s, 9)), (Some(0), Some(1)));
     // Same bytes: size, times and version are untouched.
     assert_eq!((after.size, after.mtime, after.data_version), (before.size, before.mtime, before.data_version));
-    let beyond = MetaRequest::Compact {
+    let beyond = MetaRequest::Compact(Compact {
         ino: f.ino,
         data_version: before.data_version,
         extents: vec![ext(0, 40, 9, 0)],
         chunks: vec![],
-    };
+    });
     assert_eq!(err(&s, beyond), ErrorCode::InvalidArgument);
 }
 
@@ -583,7 +606,7 @@ pub fn fallocate(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
-    let fa = |offset, len, mode| attr(ok(&s, MetaRequest::Fallocate { ino: f.ino, offset, len, mode }));
+    let fa = |offset, len, mode| attr(ok(&s, MetaRequest::Fallocate(Fallocate { ino: f.ino, offset, len, mode })));
     assert_eq!(fa(0, 50, AllocateMode::Extend).size, 100);
     assert_eq!(fa(100, 50, AllocateMode::Extend).size, 150);
     assert_eq!(fa(0, 500, AllocateMode::KeepSize).size, 150);
@@ -595,7 +618,7 @@ pub fn fallocate(b: &dyn Factory) {
     assert_eq!(a.size, 200);
     assert_eq!(extents(&s, f.ino), vec![(0, 20, 1, 0), (30, 60, 1, 30)]);
     assert_eq!(
-        err(&s, MetaRequest::Fallocate { ino: f.ino, offset: u64::MAX, len: 2, mode: AllocateMode::Extend }),
+        err(&s, MetaRequest::Fallocate(Fallocate { ino: f.ino, offset: u64::MAX, len: 2, mode: AllocateMode::Extend })),
         ErrorCode::InvalidArgument
     );
 }
@@ -606,77 +629,91 @@ pub fn open_truncate_and_sync(b: &dyn Factory) {
     let session = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
-    match ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false }) {
-        MetaReply::Opened { attr, extents } => {
+    match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false })) {
+        MetaReply::Opened(Opened { attr, extents }) => {
             assert_eq!(attr.size, 100);
             assert_eq!(extents, vec![ext(0, 100, 1, 0)]);
         }
         other => panic!("expected Opened, got {other:?}"),
     }
-    match ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: true }) {
-        MetaReply::Opened { attr, extents } => {
+    match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: true })) {
+        MetaReply::Opened(Opened { attr, extents }) => {
             assert_eq!((attr.size, attr.data_version), (0, 2));
             assert!(extents.is_empty());
         }
         other => panic!("expected Opened, got {other:?}"),
     }
     assert_eq!(refcount(&s, 1), Some(0));
-    assert_eq!(err(&s, MetaRequest::Open { ino: f.ino, session: 999_999, truncate: false }), ErrorCode::NotFound);
-    assert_eq!(err(&s, MetaRequest::Open { ino: 9999, session, truncate: false }), ErrorCode::NotFound);
-    assert_eq!(ok(&s, MetaRequest::Sync), MetaReply::Done);
+    assert_eq!(err(&s, MetaRequest::Open(Open { ino: f.ino, session: 999_999, truncate: false })), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::Open(Open { ino: 9999, session, truncate: false })), ErrorCode::NotFound);
+    assert_eq!(ok(&s, MetaRequest::SyncAll(SyncAll {})), MetaReply::Done);
 }
 
 /// Conformance case `xattrs`.
 pub fn xattrs(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    let set = |name: &str, value: &[u8], mode| MetaRequest::SetXattr {
-        ino: f.ino,
-        name: name.into(),
-        value: value.to_vec(),
-        mode,
+    let set = |name: &str, value: &[u8], mode| {
+        MetaRequest::SetXattr(SetXattr { ino: f.ino, name: name.into(), value: value.to_vec(), mode })
     };
-    assert_eq!(err(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.a".to_vec() }), ErrorCode::NoAttribute);
+    assert_eq!(
+        err(&s, MetaRequest::GetXattr(GetXattr { ino: f.ino, name: b"user.a".to_vec() })),
+        ErrorCode::NoAttribute
+    );
     assert_eq!(err(&s, set("user.a", b"1", XattrMode::Replace)), ErrorCode::NoAttribute);
     ok(&s, set("user.a", b"1", XattrMode::Create));
     assert_eq!(err(&s, set("user.a", b"2", XattrMode::Create)), ErrorCode::Exists);
     ok(&s, set("user.a", b"2", XattrMode::Replace));
     ok(&s, set("user.b", b"", XattrMode::Any));
-    assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.a".to_vec() }), MetaReply::Bytes(b"2".to_vec()));
-    assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.b".to_vec() }), MetaReply::Bytes(vec![]));
     assert_eq!(
-        ok(&s, MetaRequest::ListXattr { ino: f.ino }),
+        ok(&s, MetaRequest::GetXattr(GetXattr { ino: f.ino, name: b"user.a".to_vec() })),
+        MetaReply::Bytes(b"2".to_vec())
+    );
+    assert_eq!(
+        ok(&s, MetaRequest::GetXattr(GetXattr { ino: f.ino, name: b"user.b".to_vec() })),
+        MetaReply::Bytes(vec![])
+    );
+    assert_eq!(
+        ok(&s, MetaRequest::ListXattr(ListXattr { ino: f.ino })),
         MetaReply::Names(vec![b"user.a".to_vec(), b"user.b".to_vec()])
     );
-    ok(&s, MetaRequest::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() });
-    assert_eq!(err(&s, MetaRequest::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() }), ErrorCode::NoAttribute);
-    assert_eq!(ok(&s, MetaRequest::ListXattr { ino: f.ino }), MetaReply::Names(vec![b"user.b".to_vec()]));
+    ok(&s, MetaRequest::RemoveXattr(RemoveXattr { ino: f.ino, name: b"user.a".to_vec() }));
+    assert_eq!(
+        err(&s, MetaRequest::RemoveXattr(RemoveXattr { ino: f.ino, name: b"user.a".to_vec() })),
+        ErrorCode::NoAttribute
+    );
+    assert_eq!(ok(&s, MetaRequest::ListXattr(ListXattr { ino: f.ino })), MetaReply::Names(vec![b"user.b".to_vec()]));
     assert_eq!(err(&s, set("", b"1", XattrMode::Any)), ErrorCode::InvalidArgument);
     assert_eq!(err(&s, set(&"n".repeat(256), b"1", XattrMode::Any)), ErrorCode::Range);
     ok(
         &s,
-        MetaRequest::SetXattr { ino: f.ino, name: b"user.big".to_vec(), value: vec![7; 65536], mode: XattrMode::Any },
+        MetaRequest::SetXattr(SetXattr {
+            ino: f.ino,
+            name: b"user.big".to_vec(),
+            value: vec![7; 65536],
+            mode: XattrMode::Any,
+        }),
     );
     assert_eq!(
         err(
             &s,
-            MetaRequest::SetXattr {
+            MetaRequest::SetXattr(SetXattr {
                 ino: f.ino,
                 name: b"user.big".to_vec(),
                 value: vec![7; 65537],
                 mode: XattrMode::Any
-            }
+            })
         ),
         ErrorCode::InvalidArgument
     );
-    assert_eq!(err(&s, MetaRequest::ListXattr { ino: 9999 }), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::ListXattr(ListXattr { ino: 9999 })), ErrorCode::NotFound);
 }
 
 fn read_all(s: &Arc<MetaService>, dir: InodeId, limit: u32) -> Vec<DirEntry> {
     let mut out: Vec<DirEntry> = Vec::new();
     let mut after = 0;
     loop {
-        let page = match ok(s, MetaRequest::ReadDir { ino: dir, after, limit }) {
+        let page = match ok(s, MetaRequest::ReadDir(ReadDir { ino: dir, after, limit })) {
             MetaReply::Entries(e) => e,
             other => panic!("expected Entries, got {other:?}"),
         };
@@ -705,15 +742,15 @@ pub fn readdir_paging(b: &dyn Factory) {
     assert!(all.iter().all(|e| e.attr.kind == FileKind::File && e.attr.nlink == 1));
     assert!(!names.iter().any(|n| n == b"." || n == b".."));
     // Entries removed mid-listing vanish; the others keep their cookies.
-    let first = match ok(&s, MetaRequest::ReadDir { ino: d.ino, after: 0, limit: 10 }) {
+    let first = match ok(&s, MetaRequest::ReadDir(ReadDir { ino: d.ino, after: 0, limit: 10 })) {
         MetaReply::Entries(e) => e,
         other => panic!("expected Entries, got {other:?}"),
     };
-    ok(&s, MetaRequest::Unlink { parent: d.ino, name: all[10].name.clone() });
+    ok(&s, MetaRequest::Unlink(Unlink { parent: d.ino, name: all[10].name.clone() }));
     let rest = read_all(&s, d.ino, 500);
     assert_eq!(rest.len(), 999);
     assert_eq!(rest[..10], first[..]);
-    assert_eq!(err(&s, MetaRequest::ReadDir { ino: all[0].attr.ino, after: 0, limit: 10 }), ErrorCode::NotDir);
+    assert_eq!(err(&s, MetaRequest::ReadDir(ReadDir { ino: all[0].attr.ino, after: 0, limit: 10 })), ErrorCode::NotDir);
     assert_eq!(read_all(&s, mk(&s, ROOT_INODE, "empty", NewNode::Dir).ino, 10).len(), 0);
 }
 
@@ -726,7 +763,12 @@ pub fn persistence(b: &dyn Factory) {
         commit(&s, f.ino, vec![ext(0, 10, 1, 0)], 10);
         ok(
             &s,
-            MetaRequest::SetXattr { ino: f.ino, name: b"user.k".to_vec(), value: b"v".to_vec(), mode: XattrMode::Any },
+            MetaRequest::SetXattr(SetXattr {
+                ino: f.ino,
+                name: b"user.k".to_vec(),
+                value: b"v".to_vec(),
+                mode: XattrMode::Any,
+            }),
         );
         (f, d)
     };
@@ -736,7 +778,10 @@ pub fn persistence(b: &dyn Factory) {
     assert_eq!((f2.ino, f2.size, f2.data_version), (f.ino, 10, 1));
     assert_eq!(extents(&s, f.ino), vec![(0, 10, 1, 0)]);
     assert_eq!(refcount(&s, 1), Some(1));
-    assert_eq!(ok(&s, MetaRequest::GetXattr { ino: f.ino, name: b"user.k".to_vec() }), MetaReply::Bytes(b"v".to_vec()));
+    assert_eq!(
+        ok(&s, MetaRequest::GetXattr(GetXattr { ino: f.ino, name: b"user.k".to_vec() })),
+        MetaReply::Bytes(b"v".to_vec())
+    );
     let g = mk(&s, d.ino, "g", NewNode::File);
     assert!(g.ino > f.ino, "inode numbers are never reused");
 }
@@ -759,18 +804,21 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
 /// Conformance case `nodes`.
 pub fn nodes(b: &dyn Factory) {
     let s = b.open();
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
-    ok(&s, MetaRequest::RegisterNode { node: node("n2", "10.0.0.2:7000", 2000, 300), cluster_id: None });
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None });
-    let e = call(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.9:7000", 1000, 150), cluster_id: None })
-        .unwrap_err();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n2", "10.0.0.2:7000", 2000, 300), cluster_id: None }));
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None }));
+    let e = call(
+        &s,
+        MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.9:7000", 1000, 150), cluster_id: None }),
+    )
+    .unwrap_err();
     assert_eq!(e.code, ErrorCode::Exists);
     assert!(e.message.contains("claim id n1"), "{}", e.message);
     // The same store restarted on a new address takes its id over at once.
     let restarted = NodeInfo { addr: "10.0.0.1:7001".into(), ..node("n1", "10.0.0.1:7000", 1000, 150) };
-    ok(&s, MetaRequest::RegisterNode { node: restarted, cluster_id: None });
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None });
-    match ok(&s, MetaRequest::ListNodes) {
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: restarted, cluster_id: None }));
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None }));
+    match ok(&s, MetaRequest::ListNodes(ListNodes {})) {
         MetaReply::Nodes(n) => {
             assert_eq!(n.len(), 2);
             assert_eq!(
@@ -782,7 +830,7 @@ pub fn nodes(b: &dyn Factory) {
     }
     mk(&s, ROOT_INODE, "f", NewNode::File);
     assert_eq!(
-        ok(&s, MetaRequest::StatFs),
+        ok(&s, MetaRequest::StatFs(StatFs {})),
         MetaReply::StatFs(FsStats { capacity_bytes: 3000, used_bytes: 450, inodes: 2 })
     );
 }
@@ -791,14 +839,14 @@ pub fn nodes(b: &dyn Factory) {
 pub fn sessions(b: &dyn Factory) {
     let s = b.open();
     let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "status".into() };
-    let e = call(&s, MetaRequest::Hello { protocol: proto::PROTOCOL_VERSION + 1, session: info }).unwrap_err();
+    let e = call(&s, MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION + 1, session: info })).unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument);
     assert!(e.message.contains("protocol"), "{}", e.message);
     let a = hello(&s);
     let b2 = hello(&s);
     assert_ne!(a, b2);
-    ok(&s, MetaRequest::Heartbeat { session: a });
-    match ok(&s, MetaRequest::Status) {
+    ok(&s, MetaRequest::Heartbeat(Heartbeat { session: a }));
+    match ok(&s, MetaRequest::Status(Status {})) {
         MetaReply::Status(st) => {
             assert_eq!(st.sessions.len(), 2);
             assert_eq!(st.sessions[0].0, a);
@@ -807,9 +855,9 @@ pub fn sessions(b: &dyn Factory) {
         }
         other => panic!("expected Status, got {other:?}"),
     }
-    ok(&s, MetaRequest::Goodbye { session: a });
-    assert_eq!(err(&s, MetaRequest::Heartbeat { session: a }), ErrorCode::NotFound);
-    ok(&s, MetaRequest::Heartbeat { session: b2 });
+    ok(&s, MetaRequest::Goodbye(Goodbye { session: a }));
+    assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: a })), ErrorCode::NotFound);
+    ok(&s, MetaRequest::Heartbeat(Heartbeat { session: b2 }));
 }
 
 fn lock(ino: InodeId, owner: u64, start: u64, end: u64, kind: LockKind) -> LockRange {
@@ -822,15 +870,15 @@ pub fn session_expiry(b: &dyn Factory) {
     let old = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 10, 5, 0)], 10);
-    ok(&s, MetaRequest::Open { ino: f.ino, session: old, truncate: false });
-    ok(&s, MetaRequest::SetLock { session: old, lock: lock(f.ino, 1, 0, 99, LockKind::Write) });
-    ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() });
+    ok(&s, MetaRequest::Open(Open { ino: f.ino, session: old, truncate: false }));
+    ok(&s, MetaRequest::SetLock(SetLock { session: old, lock: lock(f.ino, 1, 0, 99, LockKind::Write) }));
+    ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() }));
     let now_ms = Timestamp::now().secs * 1000;
     // Still fresh: nothing expires.
     assert!(s.expire_sessions_at(now_ms).unwrap().is_empty());
     let young = hello(&s);
     assert_eq!(
-        err(&s, MetaRequest::SetLock { session: young, lock: lock(f.ino, 1, 50, 60, LockKind::Read) }),
+        err(&s, MetaRequest::SetLock(SetLock { session: young, lock: lock(f.ino, 1, 50, 60, LockKind::Read) })),
         ErrorCode::WouldBlock
     );
     // 40 s later (expiry is 30 s) both are silent; heartbeat only the young one first.
@@ -840,9 +888,9 @@ pub fn session_expiry(b: &dyn Factory) {
     let expired = s.expire_sessions_at(later).unwrap();
     assert!(expired.contains(&old) && expired.contains(&young));
     let fresh = hello(&s);
-    ok(&s, MetaRequest::SetLock { session: fresh, lock: lock(f.ino, 1, 0, 99, LockKind::Write) });
-    assert_eq!(err(&s, MetaRequest::Heartbeat { session: old }), ErrorCode::NotFound);
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound, "the orphan is reclaimed");
+    ok(&s, MetaRequest::SetLock(SetLock { session: fresh, lock: lock(f.ino, 1, 0, 99, LockKind::Write) }));
+    assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: old })), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })), ErrorCode::NotFound, "the orphan is reclaimed");
     assert_eq!(refcount(&s, 5), Some(0));
 }
 
@@ -853,8 +901,8 @@ pub fn orphans_are_reaped_after_restart(b: &dyn Factory) {
         let session = hello(&s);
         let f = mk(&s, ROOT_INODE, "f", NewNode::File);
         commit(&s, f.ino, vec![ext(0, 10, 6, 0)], 10);
-        ok(&s, MetaRequest::Open { ino: f.ino, session, truncate: false });
-        ok(&s, MetaRequest::Unlink { parent: ROOT_INODE, name: b"f".to_vec() });
+        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
+        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() }));
         f
     };
     // Meta restarts: open records were in memory, the orphan is on disk.
@@ -864,7 +912,11 @@ pub fn orphans_are_reaped_after_restart(b: &dyn Factory) {
     s.expire_sessions_at(now_ms).unwrap();
     assert_eq!(get(&s, f.ino).nlink, 0, "kept while its opener may still come back");
     s.expire_sessions_at(now_ms + 40_000).unwrap();
-    assert_eq!(err(&s, MetaRequest::GetAttr { ino: f.ino }), ErrorCode::NotFound, "reaped after the grace period");
+    assert_eq!(
+        err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })),
+        ErrorCode::NotFound,
+        "reaped after the grace period"
+    );
     assert_eq!(refcount(&s, 6), Some(0));
 }
 
@@ -873,33 +925,33 @@ pub fn locks(b: &dyn Factory) {
     let s = b.open();
     let (a, c) = (hello(&s), hello(&s));
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    ok(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 1, 0, 9, LockKind::Read) });
-    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 5, 20, LockKind::Read) });
+    ok(&s, MetaRequest::SetLock(SetLock { session: a, lock: lock(f.ino, 1, 0, 9, LockKind::Read) }));
+    ok(&s, MetaRequest::SetLock(SetLock { session: c, lock: lock(f.ino, 1, 5, 20, LockKind::Read) }));
     assert_eq!(
-        err(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) }),
+        err(&s, MetaRequest::SetLock(SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) })),
         ErrorCode::WouldBlock
     );
-    match ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) }) {
+    match ok(&s, MetaRequest::GetLock(GetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) })) {
         MetaReply::Lock(Some(l)) => {
             assert_eq!((l.start, l.end, l.kind, l.pid), (0, 9, LockKind::Read, 42))
         }
         other => panic!("expected a conflicting lock, got {other:?}"),
     }
     assert_eq!(
-        ok(&s, MetaRequest::GetLock { session: c, lock: lock(f.ino, 1, 10, 30, LockKind::Write) }),
+        ok(&s, MetaRequest::GetLock(GetLock { session: c, lock: lock(f.ino, 1, 10, 30, LockKind::Write) })),
         MetaReply::Lock(None)
     );
-    ok(&s, MetaRequest::ReleaseLocks { session: a, ino: f.ino, owner: 1 });
-    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) });
-    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Unlock) });
-    ok(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 0, u64::MAX, LockKind::Write) });
+    ok(&s, MetaRequest::ReleaseLocks(ReleaseLocks { session: a, ino: f.ino, owner: 1 }));
+    ok(&s, MetaRequest::SetLock(SetLock { session: c, lock: lock(f.ino, 1, 0, 0, LockKind::Write) }));
+    ok(&s, MetaRequest::SetLock(SetLock { session: c, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Unlock) }));
+    ok(&s, MetaRequest::SetLock(SetLock { session: a, lock: lock(f.ino, 2, 0, u64::MAX, LockKind::Write) }));
     assert_eq!(
-        err(&s, MetaRequest::SetLock { session: a, lock: lock(f.ino, 2, 9, 3, LockKind::Write) }),
+        err(&s, MetaRequest::SetLock(SetLock { session: a, lock: lock(f.ino, 2, 9, 3, LockKind::Write) })),
         ErrorCode::InvalidArgument
     );
     // Goodbye drops the session's locks.
-    ok(&s, MetaRequest::Goodbye { session: a });
-    ok(&s, MetaRequest::SetLock { session: c, lock: lock(f.ino, 1, 0, 5, LockKind::Write) });
+    ok(&s, MetaRequest::Goodbye(Goodbye { session: a }));
+    ok(&s, MetaRequest::SetLock(SetLock { session: c, lock: lock(f.ino, 1, 0, 5, LockKind::Write) }));
 }
 
 /// Conformance case `chunk_catalogue`.
@@ -910,21 +962,30 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n1".into(), "n2".into()] }];
     ok(
         &s,
-        MetaRequest::CommitWrite {
+        MetaRequest::CommitWrite(CommitWrite {
             ino: f.ino,
             extents: vec![ext(0, 100, 1, 0)],
             chunks,
             min_size: 100,
             mtime: Timestamp::now(),
-        },
+        }),
     );
     for tag in 2..=6 {
         commit(&s, g.ino, vec![ext(u64::from(tag) * 10, 10, tag, 0)], 0);
     }
     // Locations accumulate across reports.
     let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n3".into()] }];
-    ok(&s, MetaRequest::CommitWrite { ino: f.ino, extents: vec![], chunks, min_size: 0, mtime: Timestamp::now() });
-    match ok(&s, MetaRequest::ChunkLocations { ids: vec![cid(1), cid(99)] }) {
+    ok(
+        &s,
+        MetaRequest::CommitWrite(CommitWrite {
+            ino: f.ino,
+            extents: vec![],
+            chunks,
+            min_size: 0,
+            mtime: Timestamp::now(),
+        }),
+    );
+    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1), cid(99)] })) {
         MetaReply::Chunks(c) => {
             assert_eq!(c.len(), 1);
             assert_eq!((c[0].size, c[0].refcount), (100, 1));
@@ -934,9 +995,9 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     }
     // Site caches report the copies they gain and lose.
     let cached = StoredChunk { id: cid(1), size: 100, nodes: vec![] };
-    ok(&s, MetaRequest::UpdateLocations { node: "b1".into(), added: vec![cached], removed: vec![] });
-    ok(&s, MetaRequest::UpdateLocations { node: "n2".into(), added: vec![], removed: vec![cid(1)] });
-    match ok(&s, MetaRequest::ChunkLocations { ids: vec![cid(1)] }) {
+    ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "b1".into(), added: vec![cached], removed: vec![] }));
+    ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "n2".into(), added: vec![], removed: vec![cid(1)] }));
+    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1)] })) {
         MetaReply::Chunks(c) => {
             assert_eq!(c[0].nodes, vec!["b1".to_string(), "n1".into(), "n3".into()]);
             assert_eq!(c[0].refcount, 1, "a cached copy is not a reference");
@@ -947,7 +1008,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     let mut seen = Vec::new();
     let mut after = None;
     loop {
-        let page = match ok(&s, MetaRequest::ListChunks { after, limit: 2 }) {
+        let page = match ok(&s, MetaRequest::ListChunks(ListChunks { after, limit: 2 })) {
             MetaReply::Chunks(c) => c,
             other => panic!("expected Chunks, got {other:?}"),
         };
@@ -960,7 +1021,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     let mut seen = Vec::new();
     let mut after = None;
     loop {
-        let page = match ok(&s, MetaRequest::ListExtents { after, limit: 4 }) {
+        let page = match ok(&s, MetaRequest::ListExtents(ListExtents { after, limit: 4 })) {
             MetaReply::Extents(e) => e,
             other => panic!("expected Extents, got {other:?}"),
         };
@@ -970,15 +1031,15 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     }
     assert_eq!(seen, vec![(f.ino, 0), (g.ino, 20), (g.ino, 30), (g.ino, 40), (g.ino, 50), (g.ino, 60)]);
     // Gc: punch chunk 2 out; it and an unknown id are unreferenced, chunk 1 is not.
-    ok(&s, MetaRequest::Fallocate { ino: g.ino, offset: 20, len: 10, mode: AllocateMode::PunchHole });
+    ok(&s, MetaRequest::Fallocate(Fallocate { ino: g.ino, offset: 20, len: 10, mode: AllocateMode::PunchHole }));
     assert_eq!(
-        ok(&s, MetaRequest::Unreferenced { ids: vec![cid(1), cid(2), cid(99)] }),
+        ok(&s, MetaRequest::Unreferenced(Unreferenced { ids: vec![cid(1), cid(2), cid(99)] })),
         MetaReply::ChunkIds(vec![cid(2), cid(99)])
     );
-    ok(&s, MetaRequest::ForgetChunks { ids: vec![cid(1), cid(2)] });
+    ok(&s, MetaRequest::ForgetChunks(ForgetChunks { ids: vec![cid(1), cid(2)] }));
     assert_eq!(refcount(&s, 2), None);
     assert_eq!(refcount(&s, 1), Some(1), "referenced chunks are never forgotten");
-    match ok(&s, MetaRequest::Status) {
+    match ok(&s, MetaRequest::Status(Status {})) {
         MetaReply::Status(st) => assert_eq!((st.chunks, st.chunk_bytes), (5, 100 + 4 * (1 << 20))),
         other => panic!("expected Status, got {other:?}"),
     }
@@ -987,12 +1048,12 @@ pub fn chunk_catalogue(b: &dyn Factory) {
 /// Conformance case `site_round_trips`.
 pub fn site_round_trips(b: &dyn Factory) {
     let s = b.open();
-    ok(&s, MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
     let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
     far.site = "s2".into();
     far.site_rtts = vec![("s1".into(), 51_000)];
-    ok(&s, MetaRequest::RegisterNode { node: far, cluster_id: None });
-    match ok(&s, MetaRequest::Status) {
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: far, cluster_id: None }));
+    match ok(&s, MetaRequest::Status(Status {})) {
         MetaReply::Status(st) => assert_eq!(
             st.site_rtts,
             vec![("s1".to_string(), "s2".to_string(), 50_000), ("s2".into(), "s1".into(), 51_000)]
@@ -1006,22 +1067,27 @@ pub fn cluster_identity(b: &dyn Factory) {
     let s = b.open();
     let id = match ok(
         &s,
-        MetaRequest::Hello {
+        MetaRequest::Hello(Hello {
             protocol: proto::PROTOCOL_VERSION,
             session: SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "id".into() },
-        },
+        }),
     ) {
-        MetaReply::Welcome { cluster_id, .. } => cluster_id,
+        MetaReply::Welcome(Welcome { cluster_id, .. }) => cluster_id,
         other => panic!("expected Welcome, got {other:?}"),
     };
     assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
-    let first = MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None };
-    assert_eq!(ok(&s, first), MetaReply::Registered { cluster_id: id.clone() });
-    let again =
-        MetaRequest::RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: Some(id.clone()) };
-    assert_eq!(ok(&s, again), MetaReply::Registered { cluster_id: id.clone() });
-    let foreign =
-        MetaRequest::RegisterNode { node: node("n2", "10.0.0.2:7000", 1000, 100), cluster_id: Some("f".repeat(32)) };
+    let first =
+        MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
+    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone() }));
+    let again = MetaRequest::RegisterNode(RegisterNode {
+        node: node("n1", "10.0.0.1:7000", 1000, 100),
+        cluster_id: Some(id.clone()),
+    });
+    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone() }));
+    let foreign = MetaRequest::RegisterNode(RegisterNode {
+        node: node("n2", "10.0.0.2:7000", 1000, 100),
+        cluster_id: Some("f".repeat(32)),
+    });
     let e = call(&s, foreign).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotPermitted);
     assert!(e.message.contains(&"f".repeat(32)) && e.message.contains(&id), "{}", e.message);

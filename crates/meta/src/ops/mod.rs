@@ -18,8 +18,8 @@ use crate::opens::OpenTable;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, ClusterStatus, FsStats, MetaReply, MetaRequest, NewNode, RenameMode, SessionInfo, SetAttr,
-    StoredChunk, TimeSet, XattrMode,
+    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open, Opened,
+    Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
@@ -73,124 +73,130 @@ pub enum Access {
     Open,
 }
 
-/// Classifies a request; durable writes are on disk before they are answered.
+/// The one classification of every request (no catch-all: a new request does not
+/// compile until it is classified here); durable writes are on disk before they are
+/// answered.
 pub fn access(req: &MetaRequest) -> Access {
-    use MetaRequest::*;
+    use MetaRequest as R;
     match req {
-        Lookup { .. }
-        | GetAttr { .. }
-        | ReadLink { .. }
-        | ReadDir { .. }
-        | GetXattr { .. }
-        | ListXattr { .. }
-        | StatFs
-        | Extents { .. }
-        | ListNodes
-        | ChunkLocations { .. }
-        | ListChunks { .. }
-        | ListExtents { .. }
-        | Unreferenced { .. }
-        | Status => Access::Read,
-        GetLock { .. } | SetLock { .. } | ReleaseLocks { .. } => Access::Locks,
-        ReportWorkers { .. } => Access::Reports,
-        Open { truncate: false, .. } | Release { .. } => Access::Open,
-        CommitWrite { .. } | Compact { .. } | Fallocate { .. } | Sync => Access::Write { durable: true },
-        Hello { .. }
-        | Heartbeat { .. }
-        | Goodbye { .. }
-        | SetAttr { .. }
-        | Create { .. }
-        | Link { .. }
-        | Unlink { .. }
-        | Rmdir { .. }
-        | Rename { .. }
-        | SetXattr { .. }
-        | RemoveXattr { .. }
-        | Open { truncate: true, .. }
-        | RegisterNode { .. }
-        | UpdateLocations { .. }
-        | ForgetChunks { .. } => Access::Write { durable: false },
+        R::Lookup(_)
+        | R::GetAttr(_)
+        | R::ReadLink(_)
+        | R::ReadDir(_)
+        | R::GetXattr(_)
+        | R::ListXattr(_)
+        | R::StatFs(_)
+        | R::Extents(_)
+        | R::ListNodes(_)
+        | R::ChunkLocations(_)
+        | R::ListChunks(_)
+        | R::ListExtents(_)
+        | R::Unreferenced(_)
+        | R::Status(_) => Access::Read,
+        R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
+        R::ReportWorkers(_) => Access::Reports,
+        R::Open(Open { truncate: false, .. }) | R::Release(_) => Access::Open,
+        R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
+        R::Hello(_)
+        | R::Heartbeat(_)
+        | R::Goodbye(_)
+        | R::SetAttr(_)
+        | R::Create(_)
+        | R::CreateOpen(_)
+        | R::Link(_)
+        | R::Unlink(_)
+        | R::Rmdir(_)
+        | R::Rename(_)
+        | R::SetXattr(_)
+        | R::RemoveXattr(_)
+        | R::Open(Open { truncate: true, .. })
+        | R::RegisterNode(_)
+        | R::UpdateLocations(_)
+        | R::ForgetChunks(_) => Access::Write { durable: false },
     }
 }
 
-/// Runs a read request.
+/// Runs `handler` on `msg`; the compiler checks that it answers with the type the
+/// request declares (`MetaMessage::Response`).
+pub fn serve<M: MetaMessage>(
+    msg: M,
+    handler: impl FnOnce(M) -> Result<M::Response, MetaError>,
+) -> Result<MetaReply, MetaError> {
+    handler(msg).map(Into::into)
+}
+
+/// Runs a read request (`Access::Read`, and `Open` without truncation).
 pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
-    Ok(match req {
-        R::Lookup { parent, name } => MetaReply::Attr(lookup(t, *parent, name)?),
-        R::GetAttr { ino } => MetaReply::Attr(inode(t, *ino)?.attr),
-        R::Open { ino, session, truncate: false } => {
-            t.get_session(*session)?.ok_or_else(|| unknown_session(*session))?;
-            let attr = inode(t, *ino)?.attr;
-            let extents = t.extents_overlapping(*ino, 0, u64::MAX)?;
-            MetaReply::Opened { attr, extents }
-        }
-        // The service drops the open record; it needs to know whether this is an orphan.
-        R::Release { ino, .. } => match t.get_inode(*ino)? {
-            Some(i) => MetaReply::Attr(i.attr),
-            None => MetaReply::Done,
-        },
-        R::ReadLink { ino } => {
-            let i = inode(t, *ino)?;
+    match req {
+        R::Lookup(m) => serve(m.clone(), |m| lookup(t, m.parent, &m.name)),
+        R::GetAttr(m) => serve(m.clone(), |m| Ok(inode(t, m.ino)?.attr)),
+        R::Open(m) => serve(m.clone(), |m| {
+            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
+            let attr = inode(t, m.ino)?.attr;
+            let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
+            Ok(Opened { attr, extents })
+        }),
+        R::ReadLink(m) => serve(m.clone(), |m| {
+            let i = inode(t, m.ino)?;
             if i.attr.kind != FileKind::Symlink {
-                return Err(MetaError::InvalidArgument(format!("inode {ino} is not a symlink")));
+                return Err(MetaError::InvalidArgument(format!("inode {} is not a symlink", m.ino)));
             }
-            MetaReply::Bytes(i.target)
-        }
-        R::ReadDir { ino, after, limit } => MetaReply::Entries(read_dir(t, *ino, *after, *limit)?),
-        R::GetXattr { ino, name } => {
-            check_xattr_name(name)?;
-            inode(t, *ino)?;
-            let v = t.get_xattr(*ino, name)?.ok_or_else(|| MetaError::NoAttribute(show(name)))?;
-            MetaReply::Bytes(v)
-        }
-        R::ListXattr { ino } => {
-            inode(t, *ino)?;
-            MetaReply::Names(t.list_xattrs(*ino)?)
-        }
-        R::StatFs => {
+            Ok(i.target)
+        }),
+        R::ReadDir(m) => serve(m.clone(), |m| read_dir(t, m.ino, m.after, m.limit)),
+        R::GetXattr(m) => serve(m.clone(), |m| {
+            check_xattr_name(&m.name)?;
+            inode(t, m.ino)?;
+            t.get_xattr(m.ino, &m.name)?.ok_or_else(|| MetaError::NoAttribute(show(&m.name)))
+        }),
+        R::ListXattr(m) => serve(m.clone(), |m| {
+            inode(t, m.ino)?;
+            t.list_xattrs(m.ino)
+        }),
+        R::StatFs(m) => serve(m.clone(), |_| {
             let nodes = t.list_nodes()?;
-            MetaReply::StatFs(FsStats {
+            Ok(FsStats {
                 capacity_bytes: nodes.iter().map(|(n, _)| n.capacity_bytes).sum(),
                 used_bytes: nodes.iter().map(|(n, _)| n.used_bytes).sum(),
                 inodes: t.count_inodes()?,
             })
-        }
+        }),
         // Answered like `Open` (attributes and extents), without recording an open.
-        R::Extents { ino } => {
-            let attr = inode(t, *ino)?.attr;
-            MetaReply::Opened { attr, extents: t.extents_overlapping(*ino, 0, u64::MAX)? }
-        }
-        R::ListNodes => MetaReply::Nodes(nodes(t, ctx)?),
-        R::ChunkLocations { ids } => {
-            let mut out = Vec::with_capacity(ids.len());
-            for id in ids {
+        R::Extents(m) => serve(m.clone(), |m| {
+            let attr = inode(t, m.ino)?.attr;
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)? })
+        }),
+        R::ListNodes(m) => serve(m.clone(), |_| nodes(t, ctx)),
+        R::ChunkLocations(m) => serve(m.clone(), |m| {
+            let mut out = Vec::with_capacity(m.ids.len());
+            for id in &m.ids {
                 if let Some(c) = t.get_chunk(id)? {
                     out.push(c);
                 }
             }
-            MetaReply::Chunks(out)
-        }
-        R::ListChunks { after, limit } => MetaReply::Chunks(t.list_chunks(after.as_ref(), page(*limit))?),
-        R::ListExtents { after, limit } => MetaReply::Extents(t.list_extents(*after, page(*limit))?),
-        R::Unreferenced { ids } => {
+            Ok(out)
+        }),
+        R::ListChunks(m) => serve(m.clone(), |m| t.list_chunks(m.after.as_ref(), page(m.limit))),
+        R::ListExtents(m) => serve(m.clone(), |m| t.list_extents(m.after, page(m.limit))),
+        R::Unreferenced(m) => serve(m.clone(), |m| {
             let mut out = Vec::new();
-            for id in ids {
-                match t.get_chunk(id)? {
+            for id in m.ids {
+                match t.get_chunk(&id)? {
                     Some(c) if c.refcount > 0 => {}
-                    _ => out.push(*id),
+                    _ => out.push(id),
                 }
             }
-            MetaReply::ChunkIds(out)
-        }
-        R::Status => {
+            Ok(out)
+        }),
+        R::Status(m) => serve(m.clone(), |_| {
             let (chunks, chunk_bytes) = t.chunk_totals()?;
             let sessions = t
                 .list_sessions()?
                 .into_iter()
                 .map(|s| (s.id, s.info, secs_since(ctx.now_ms, s.last_seen_ms)))
                 .collect();
-            MetaReply::Status(ClusterStatus {
+            Ok(ClusterStatus {
                 nodes: nodes(t, ctx)?,
                 sessions,
                 inodes: t.count_inodes()?,
@@ -201,114 +207,85 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
                 workers: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
-        }
-        other => {
-            return Err(MetaError::Internal(format!("{other:?} is not a read request")));
-        }
-    })
+        }),
+        other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
+    }
 }
 
 /// Runs a write request inside the caller's transaction.
 pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     let now = ctx.now;
-    Ok(match req {
-        R::Hello { protocol, session } => hello(t, ctx, protocol, session)?,
-        R::Heartbeat { session } => {
-            let mut s = t.get_session(session)?.ok_or_else(|| unknown_session(session))?;
+    match req {
+        R::Hello(m) => serve(m, |m| hello(t, ctx, m.protocol, m.session)),
+        R::Heartbeat(m) => serve(m, |m| {
+            let mut s = t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             s.last_seen_ms = ctx.now_ms;
-            t.put_session(&s)?;
-            MetaReply::Done
-        }
-        R::Goodbye { session } => {
-            end_session(t, &ctx.opens, session)?;
-            MetaReply::Done
-        }
-        R::SetAttr { ino, set, caller } => MetaReply::Attr(set_attr(t, now, ino, &set, &caller)?),
-        R::Create { parent, name, node, mode, caller, exclusive, open_by } => {
-            let attr = create(t, now, parent, &name, node, mode, &caller, exclusive)?;
-            match open_by {
-                None => MetaReply::Attr(attr),
-                Some(session) => {
-                    t.get_session(session)?.ok_or_else(|| unknown_session(session))?;
-                    require_file(&inode(t, attr.ino)?)?;
-                    ctx.opens.add(session, attr.ino);
-                    let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
-                    MetaReply::Opened { attr, extents }
-                }
-            }
-        }
-        R::Link { ino, new_parent, new_name } => MetaReply::Attr(link(t, now, ino, new_parent, &new_name)?),
-        R::Unlink { parent, name } => {
-            let (ino, orphaned) = unlink(t, &ctx.opens, now, parent, &name)?;
-            MetaReply::Unlinked { ino, orphaned }
-        }
-        R::Rmdir { parent, name } => {
-            rmdir(t, now, parent, &name)?;
-            MetaReply::Done
-        }
-        R::Rename { parent, name, new_parent, new_name, mode } => {
-            rename(t, &ctx.opens, now, parent, &name, new_parent, &new_name, mode)?;
-            MetaReply::Done
-        }
-        R::SetXattr { ino, name, value, mode } => {
-            set_xattr(t, now, ino, &name, &value, mode)?;
-            MetaReply::Done
-        }
-        R::RemoveXattr { ino, name } => {
-            check_xattr_name(&name)?;
-            let mut i = inode(t, ino)?;
-            if !t.delete_xattr(ino, &name)? {
-                return Err(MetaError::NoAttribute(show(&name)));
+            t.put_session(&s)
+        }),
+        R::Goodbye(m) => serve(m, |m| end_session(t, &ctx.opens, m.session)),
+        R::SetAttr(m) => serve(m, |m| set_attr(t, now, m.ino, &m.set, &m.caller)),
+        R::Create(m) => serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)),
+        R::CreateOpen(m) => serve(m, |m| {
+            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
+            let attr = create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)?;
+            require_file(&inode(t, attr.ino)?)?;
+            ctx.opens.add(m.session, attr.ino);
+            let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
+            Ok(Opened { attr, extents })
+        }),
+        R::Link(m) => serve(m, |m| link(t, now, m.ino, m.new_parent, &m.new_name)),
+        R::Unlink(m) => serve(m, |m| {
+            let (ino, orphaned) = unlink(t, &ctx.opens, now, m.parent, &m.name)?;
+            Ok(Unlinked { ino, orphaned })
+        }),
+        R::Rmdir(m) => serve(m, |m| rmdir(t, now, m.parent, &m.name)),
+        R::Rename(m) => serve(m, |m| rename(t, &ctx.opens, now, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
+        R::SetXattr(m) => serve(m, |m| set_xattr(t, now, m.ino, &m.name, &m.value, m.mode)),
+        R::RemoveXattr(m) => serve(m, |m| {
+            check_xattr_name(&m.name)?;
+            let mut i = inode(t, m.ino)?;
+            if !t.delete_xattr(m.ino, &m.name)? {
+                return Err(MetaError::NoAttribute(show(&m.name)));
             }
             i.attr.ctime = now;
-            t.put_inode(&i)?;
-            MetaReply::Done
-        }
-        R::Open { ino, session, truncate: true } => {
-            t.get_session(session)?.ok_or_else(|| unknown_session(session))?;
-            let mut i = inode(t, ino)?;
+            t.put_inode(&i)
+        }),
+        R::Open(m) => serve(m, |m| {
+            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
+            let mut i = inode(t, m.ino)?;
             require_file(&i)?;
             truncate(t, &mut i, 0, now)?;
             t.put_inode(&i)?;
-            ctx.opens.add(session, ino);
-            let extents = t.extents_overlapping(ino, 0, u64::MAX)?;
-            MetaReply::Opened { attr: i.attr, extents }
-        }
-        R::CommitWrite { ino, extents, chunks, min_size, mtime } => {
-            MetaReply::Attr(commit_write(t, now, ino, &extents, &chunks, min_size, mtime)?)
-        }
-        R::Fallocate { ino, offset, len, mode } => MetaReply::Attr(fallocate(t, now, ino, offset, len, mode)?),
-        R::Compact { ino, data_version, extents, chunks } => {
-            MetaReply::Attr(compact(t, ino, data_version, &extents, &chunks)?)
-        }
-        R::Sync => {
-            t.next_id(Counter::Sync)?;
-            MetaReply::Done
-        }
-        R::RegisterNode { node, cluster_id } => {
-            register_node(t, ctx, &node, cluster_id.as_deref())?;
-            MetaReply::Registered { cluster_id: ctx.cluster_id.to_string() }
-        }
-        R::UpdateLocations { node, added, removed } => {
-            for chunk in &added {
-                t.upsert_chunk(&StoredChunk { nodes: vec![node.clone()], ..chunk.clone() })?;
+            ctx.opens.add(m.session, m.ino);
+            let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
+            Ok(Opened { attr: i.attr, extents })
+        }),
+        R::CommitWrite(m) => serve(m, |m| commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)),
+        R::Fallocate(m) => serve(m, |m| fallocate(t, now, m.ino, m.offset, m.len, m.mode)),
+        R::Compact(m) => serve(m, |m| compact(t, m.ino, m.data_version, &m.extents, &m.chunks)),
+        R::SyncAll(m) => serve(m, |_| t.next_id(Counter::Sync).map(drop)),
+        R::RegisterNode(m) => serve(m, |m| {
+            register_node(t, ctx, &m.node, m.cluster_id.as_deref())?;
+            Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
+        }),
+        R::UpdateLocations(m) => serve(m, |m| {
+            for chunk in &m.added {
+                t.upsert_chunk(&StoredChunk { nodes: vec![m.node.clone()], ..chunk.clone() })?;
             }
-            for id in &removed {
-                t.remove_location(id, &node)?;
+            for id in &m.removed {
+                t.remove_location(id, &m.node)?;
             }
-            MetaReply::Done
-        }
-        R::ForgetChunks { ids } => {
-            for id in &ids {
+            Ok(())
+        }),
+        R::ForgetChunks(m) => serve(m, |m| {
+            for id in &m.ids {
                 forget_chunk(t, id)?;
             }
-            MetaReply::Done
-        }
-        other => {
-            return Err(MetaError::Internal(format!("{other:?} is not a write request")));
-        }
-    })
+            Ok(())
+        }),
+        other => Err(MetaError::Internal(format!("{other:?} is not a write request"))),
+    }
 }
 
 fn page(limit: u32) -> u32 {

@@ -312,7 +312,7 @@ pub(super) fn set_attr(
     t: &mut dyn Txn,
     now: Timestamp,
     ino: InodeId,
-    set: &SetAttr,
+    set: &AttrChanges,
     _caller: &Caller,
 ) -> Result<Attr, MetaError> {
     let mut i = inode(t, ino)?;

@@ -1,6 +1,7 @@
 //! Client sessions, and the orphans (unlinked but open inodes) their open records keep.
 
 use super::*;
+use proto::meta::Welcome;
 
 /// Reclaims an orphan (no links) that no session has open any more.
 pub fn reclaim_if_unused(t: &mut dyn Txn, opens: &OpenTable, ino: InodeId) -> Result<bool, MetaError> {
@@ -13,7 +14,7 @@ pub fn reclaim_if_unused(t: &mut dyn Txn, opens: &OpenTable, ino: InodeId) -> Re
     }
 }
 
-pub(super) fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo) -> Result<MetaReply, MetaError> {
+pub(super) fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo) -> Result<Welcome, MetaError> {
     if protocol != proto::PROTOCOL_VERSION {
         return Err(MetaError::InvalidArgument(format!(
             "client speaks protocol {protocol}, this meta speaks {}; run the same locus version on both",
@@ -22,7 +23,7 @@ pub(super) fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo
     }
     let id = t.next_id(Counter::Session)?;
     t.put_session(&SessionRow { id, info, last_seen_ms: ctx.now_ms })?;
-    Ok(MetaReply::Welcome { session: id, heartbeat_ms: ctx.heartbeat_ms, cluster_id: ctx.cluster_id.to_string() })
+    Ok(Welcome { session: id, heartbeat_ms: ctx.heartbeat_ms, cluster_id: ctx.cluster_id.to_string() })
 }
 
 /// Ends a session: drops its open records (reclaiming orphans nobody else has open)
