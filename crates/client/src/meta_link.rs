@@ -2,18 +2,23 @@
 //! and typed helpers for the answers the client expects.
 
 use crate::error::VfsError;
+use bytes::Bytes;
+use net::PushHandler;
 use net::RpcClient;
 use proto::error::ErrorCode;
-use proto::meta::{Hello, MetaMessage, SessionInfo};
+use proto::meta::{Hello, MetaMessage, MetaPush, PushAnswer, SessionInfo};
 use proto::types::SessionId;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
+use util::worker::Workers;
 
 type Result<T> = std::result::Result<T, VfsError>;
 
 /// Meta as this client talks to it.
 pub(crate) struct MetaLink {
     rpc: RpcClient,
+    pushes: Arc<Pushes>,
     session: AtomicU64,
     info: SessionInfo,
 }
@@ -21,10 +26,16 @@ pub(crate) struct MetaLink {
 impl MetaLink {
     /// Connects to meta; the session is opened by `hello`.
     pub async fn connect(addr: &str, connections: usize, timeout: Duration, info: SessionInfo) -> Result<MetaLink> {
-        let rpc = RpcClient::connect(addr, connections, timeout)
+        let pushes = Arc::new(Pushes { workers: OnceLock::new() });
+        let rpc = RpcClient::connect_with_push(addr, connections, timeout, pushes.clone())
             .await
             .map_err(|e| VfsError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?;
-        Ok(MetaLink { rpc, session: AtomicU64::new(0), info })
+        Ok(MetaLink { rpc, pushes, session: AtomicU64::new(0), info })
+    }
+
+    /// The workers whose status this client reports when meta asks (`locus status`).
+    pub fn report_workers(&self, workers: Weak<Workers>) {
+        let _ = self.pushes.workers.set(workers);
     }
 
     /// Opens a (new) session; returns how often meta wants a heartbeat.
@@ -42,5 +53,24 @@ impl MetaLink {
     /// Sends one request and returns its typed answer.
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
         Ok(self.rpc.ask(msg).await??)
+    }
+}
+
+/// Answers what meta pushes on this client's connection.
+struct Pushes {
+    workers: OnceLock<Weak<Workers>>,
+}
+
+impl PushHandler for Pushes {
+    type Request = MetaPush;
+    type Reply = PushAnswer;
+
+    async fn handle(self: Arc<Self>, req: MetaPush, _bulk: Bytes) -> (PushAnswer, Bytes) {
+        match req {
+            MetaPush::Workers => {
+                let workers = self.workers.get().and_then(Weak::upgrade).map(|w| w.statuses()).unwrap_or_default();
+                (PushAnswer::Workers(workers), Bytes::new())
+            }
+        }
     }
 }

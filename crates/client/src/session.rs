@@ -5,21 +5,17 @@ use crate::data::DataPath;
 use crate::error::VfsError;
 use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
-use proto::meta::{Heartbeat, ReportWorkers};
-use std::sync::{Arc, Weak};
+use proto::meta::Heartbeat;
+use std::sync::Arc;
 use std::time::Duration;
-use util::worker::{Step, Worker, Workers, every};
+use util::worker::{Step, Worker, every};
 
-/// Heartbeats at the period meta asked for, with the client's worker report.
+/// Heartbeats at the period meta asked for.
 pub(crate) struct SessionKeeper {
     pub meta: Arc<MetaLink>,
     pub data: Arc<DataPath>,
     pub period: Duration,
     pub reopened: u64,
-    /// The client's workers (this one among them), for the report.
-    pub workers: Weak<Workers>,
-    /// What the client is, for `locus status` (its purpose: a mount point or a verb).
-    pub purpose: String,
 }
 
 impl Worker for SessionKeeper {
@@ -45,10 +41,6 @@ impl Worker for SessionKeeper {
             Ok(_) => {}
         }
         self.data.refresh_nodes().await?;
-        if let Some(workers) = self.workers.upgrade() {
-            let process = format!("session {} ({})", self.meta.session(), self.purpose);
-            self.meta.call(ReportWorkers { process, workers: workers.statuses() }).await?;
-        }
         Ok(Step::Idle)
     }
 

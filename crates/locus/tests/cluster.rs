@@ -184,3 +184,44 @@ fn only_file(dir: &Path) -> PathBuf {
     assert_eq!(found.len(), 1, "expected exactly one chunk, found {found:?}");
     found.pop().unwrap()
 }
+
+/// `locus status` asks every mount for its workers on the mount's own connection to meta
+/// (server push); the mount answers while a writer keeps that connection busy.
+#[test]
+fn meta_pushes_to_a_busy_mount_and_the_mount_answers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let Some(mut c) = cluster(1) else { return };
+    let m = c.mount();
+    let (stop, written) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let writer = {
+        let (stop, written, dir) = (stop.clone(), written.clone(), m.clone());
+        std::thread::spawn(move || {
+            for i in 0..20_000u64 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                fs::write(dir.join(format!("f{i}")), content(i % 2)).unwrap();
+                written.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = written.load(Ordering::Relaxed);
+    for round in 0..20 {
+        std::thread::sleep(Duration::from_millis(50));
+        let out = c.locus(&["status", "--meta", &c.meta.addr]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mount_rows: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("session ")).collect();
+        for worker in [" session ", " compaction "] {
+            assert!(
+                mount_rows.iter().any(|l| l.contains(worker)),
+                "round {round}: the mount did not report its{worker}worker:\n{text}"
+            );
+        }
+    }
+    let during = written.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(during > 5, "the mount was not under load while meta pushed ({during} files written)");
+}

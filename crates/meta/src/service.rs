@@ -8,13 +8,18 @@ use crate::locks::LockTable;
 use crate::opens::OpenTable;
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
+use net::ConnHandle;
 use proto::meta::{LockKind, MetaReply, MetaRequest, MetaResult};
+use proto::meta::{MetaPush, PushAnswer, SessionInfo};
 use proto::types::{SessionId, Timestamp, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use util::sync::lock;
 use util::worker::{Step, Worker, Workers, every};
+
+/// How long `locus status` waits for a client to answer a push.
+const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What `locus meta` needs to run; the binary builds it from its config file.
 #[derive(Debug, Clone)]
@@ -40,6 +45,8 @@ pub struct MetaService {
     workers: Workers,
     /// The latest worker report of each other process, and when it came.
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
+    /// The connection each session said `Hello` on, for pushes to that client.
+    clients: Mutex<HashMap<SessionId, ConnHandle>>,
     /// Orphans are reaped only once every session alive before a restart of meta
     /// (whose open records were in memory) has had time to expire: this many ms
     /// after the service started.
@@ -64,6 +71,7 @@ impl MetaService {
             session_expiry: config.session_expiry,
             workers: Workers::default(),
             reports: Mutex::default(),
+            clients: Mutex::default(),
             reap_after_ms: Timestamp::now().secs * 1000 + config.session_expiry.as_millis() as i64,
         })
     }
@@ -75,9 +83,36 @@ impl MetaService {
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
     }
 
-    /// Meta's own workers and the latest report of every other process still alive.
-    fn worker_reports(&self) -> Vec<(String, Vec<WorkerStatus>)> {
+    /// Meta's own workers, those of every connected client (asked on its connection
+    /// now, at most `PUSH_TIMEOUT` each, all at once) and the latest report of every
+    /// node still alive.
+    async fn worker_reports(&self, sessions: &[(SessionId, SessionInfo, u64)]) -> Vec<(String, Vec<WorkerStatus>)> {
         let mut out = vec![("meta".to_string(), self.workers.statuses())];
+        let asks: Vec<_> = {
+            let mut clients = lock(&self.clients);
+            clients.retain(|_, conn| conn.is_open());
+            sessions
+                .iter()
+                .filter_map(|(id, info, _)| {
+                    let conn = clients.get(id)?.clone();
+                    let process = format!("session {id} ({})", info.purpose);
+                    Some(tokio::spawn(async move {
+                        match conn.call::<_, PushAnswer>(&MetaPush::Workers, PUSH_TIMEOUT).await {
+                            Ok(PushAnswer::Workers(w)) => Some((process, w)),
+                            Err(e) => {
+                                tracing::debug!(%process, "no worker report: {e}");
+                                None
+                            }
+                        }
+                    }))
+                })
+                .collect()
+        };
+        for ask in asks {
+            if let Ok(Some(report)) = ask.await {
+                out.push(report);
+            }
+        }
         let mut reports = lock(&self.reports);
         reports.retain(|_, (at, _)| at.elapsed() < self.session_expiry);
         let mut others: Vec<(String, Vec<WorkerStatus>)> =
@@ -146,7 +181,7 @@ impl MetaService {
             Access::Read => Ok(match engine::read_async(&self.store, move |t| ops::read(t, &ctx, &req)).await? {
                 // Worker reports live in memory, beside the store.
                 MetaReply::Status(mut status) => {
-                    status.workers = self.worker_reports();
+                    status.workers = self.worker_reports(&status.sessions).await;
                     MetaReply::Status(status)
                 }
                 other => other,
@@ -270,6 +305,7 @@ impl net::Service for MetaService {
         let result = self.answer(req).await;
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
+            lock(&self.clients).insert(welcome.session, peer.handle());
         }
         (result.map_err(Into::into), Bytes::new())
     }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use util::sync::lock;
 
 /// Answers on their way back: payload and bulk bytes.
 type Answer = (Vec<u8>, Bytes);
@@ -177,14 +178,14 @@ impl Conn {
     }
 
     fn waiting_calls(&self) -> usize {
-        self.pending.lock().expect("pending lock").as_ref().map_or(0, HashMap::len)
+        lock(&self.pending).as_ref().map_or(0, HashMap::len)
     }
 
     /// Ends the connection: every waiting call fails, the reader stops, and the
     /// socket closes once the last sender lets go of it.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        self.pending.lock().expect("pending lock").take();
+        lock(&self.pending).take();
         if let Ok(mut w) = self.writer.try_lock() {
             w.take();
         }
@@ -243,12 +244,12 @@ impl Conn {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let bytes = frame::encode(FrameKind::Request, id, req, bulk.len())?;
         let (tx, rx) = oneshot::channel();
-        match self.pending.lock().expect("pending lock").as_mut() {
+        match lock(&self.pending).as_mut() {
             Some(map) => map.insert(id, tx),
             None => return Err(self.lost("connection closed")),
         };
         let forget = || {
-            if let Some(map) = self.pending.lock().expect("pending lock").as_mut() {
+            if let Some(map) = lock(&self.pending).as_mut() {
                 map.remove(&id);
             }
         };
@@ -347,8 +348,7 @@ async fn read_loop(
         conn.touch();
         match header.kind {
             FrameKind::Response => {
-                let waiter =
-                    conn.pending.lock().expect("pending lock").as_mut().and_then(|m| m.remove(&header.request_id));
+                let waiter = lock(&conn.pending).as_mut().and_then(|m| m.remove(&header.request_id));
                 if let Some(w) = waiter {
                     let _ = w.send((payload, bulk));
                 }

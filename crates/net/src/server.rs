@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use util::sync::lock;
 
 /// A request handler: one typed request (plus its bulk bytes, if any) in, one typed
 /// answer (plus bulk bytes, usually empty) out, told which peer asks.
@@ -58,14 +59,14 @@ impl Peer {
 
     /// The session bound to this connection by `set_session`, if any.
     pub fn session(&self) -> Option<SessionId> {
-        *self.session.lock().expect("session slot lock")
+        *lock(&self.session)
     }
 
     /// Binds `session` to this connection; the service calls it when it answers that
     /// session's `Hello`, so later requests on the connection can be trusted to come
     /// from it. A later `Hello` on the same connection rebinds it.
     pub fn set_session(&self, session: SessionId) {
-        *self.session.lock().expect("session slot lock") = Some(session);
+        *lock(&self.session) = Some(session);
     }
 
     /// A handle to send requests to this peer on its own connection (server push).
@@ -165,7 +166,7 @@ impl Server {
     }
 
     fn admit<S: Service>(self: &Arc<Self>, stream: TcpStream, addr: SocketAddr, service: &Arc<S>) {
-        let mut conns = self.conns.lock().expect("connections lock");
+        let mut conns = lock(&self.conns);
         if conns.len() >= self.limits.max_connections.max(1) && !self.close_oldest_idle(&mut conns) {
             tracing::debug!(%addr, "refusing a connection: every connection is busy");
             return;
@@ -191,7 +192,7 @@ impl Server {
         drop(conns);
         let server = self.clone();
         conn.start_reader(reader, rules, Some(handler), move || {
-            server.conns.lock().expect("connections lock").remove(&id);
+            lock(&server.conns).remove(&id);
         });
     }
 }
@@ -250,7 +251,7 @@ pub async fn serve_with<S: Service>(listener: TcpListener, service: Arc<S>, limi
                 let delay = backoff.map_or(Duration::from_millis(10), |d| (d * 2).min(Duration::from_secs(1)));
                 backoff = Some(delay);
                 if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                    let mut conns = server.conns.lock().expect("connections lock");
+                    let mut conns = lock(&server.conns);
                     server.close_oldest_idle(&mut conns);
                 }
                 tokio::time::sleep(delay).await;

@@ -6,6 +6,7 @@ use crate::NodeError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use util::sync::lock;
 
 /// The node's cluster id, once it has one.
 pub(crate) struct Membership {
@@ -32,13 +33,13 @@ impl Membership {
 
     /// The id to present to meta; `None` before the first registration.
     pub(crate) fn id(&self) -> Option<String> {
-        self.id.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.id).clone()
     }
 
     /// Takes meta's answer: adopts (and durably stores) the id at the first
     /// registration, and refuses a meta of another cluster afterwards.
     pub(crate) fn confirm(&self, meta_addr: &str, theirs: &str) -> Result<(), NodeError> {
-        let mut id = self.id.lock().unwrap_or_else(|e| e.into_inner());
+        let mut id = lock(&self.id);
         match id.as_deref() {
             Some(ours) if ours == theirs => Ok(()),
             Some(ours) => Err(NodeError::WrongCluster {

@@ -110,6 +110,19 @@ pub enum AllocateMode {
     ZeroRange,
 }
 
+/// What meta asks of a client on the client's own connection (server push).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaPush {
+    /// The client's background workers, for `locus status`.
+    Workers,
+}
+
+/// A client's answer to a `MetaPush`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PushAnswer {
+    Workers(Vec<WorkerStatus>),
+}
+
 /// A request to meta and the type of its answer, so the compiler checks that a caller
 /// gets what the handler returns (the shape of Garage's `Message` with its `Response`).
 pub trait MetaMessage: Into<MetaRequest> {
@@ -369,8 +382,9 @@ meta_requests! {
     } => ();
     /// Everything `locus status` shows.
     Status {} => ClusterStatus;
-    /// What a process's background workers are doing, sent with its heartbeat; meta
-    /// keeps the latest report in memory for `locus status`.
+    /// What a node's background workers are doing, sent with its heartbeat; meta keeps
+    /// the latest report in memory for `locus status` (clients are asked instead, by a
+    /// `MetaPush::Workers` on their own connection).
     ReportWorkers {
         /// The reporting process as status shows it, e.g. `node n1`.
         process: String,

@@ -150,14 +150,8 @@ impl Vfs {
         ));
         data.refresh_nodes().await?;
         let workers = Arc::new(Workers::default());
-        workers.spawn(SessionKeeper {
-            meta: meta.clone(),
-            data: data.clone(),
-            period,
-            reopened: 0,
-            workers: Arc::downgrade(&workers),
-            purpose: config.purpose.clone(),
-        });
+        workers.spawn(SessionKeeper { meta: meta.clone(), data: data.clone(), period, reopened: 0 });
+        meta.report_workers(Arc::downgrade(&workers));
         let (compactor, compact_queue) = Compactor::new(meta.clone(), data.clone(), config.chunk_size);
         workers.spawn(compactor);
         Ok(Arc::new(Vfs {
