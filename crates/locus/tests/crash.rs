@@ -1,5 +1,6 @@
-//! Crash points (`util::failpoint`): a node or meta killed at each named instant of the
-//! write path loses nothing that was acknowledged, and fsck is clean afterwards.
+//! Crash points (`util::failpoint`): a node, meta or a mount killed at each named
+//! instant of the write path loses nothing that was acknowledged, and fsck is clean
+//! afterwards.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -35,6 +36,7 @@ fn write_until_failure(dir: &Path, limit: u64) -> Vec<u64> {
 enum Victim {
     Meta,
     Node,
+    Mount,
 }
 
 /// Arms `point` to fire at its `after + 1`-th pass, writes until the process dies
@@ -45,7 +47,16 @@ fn crash_loses_nothing_acknowledged(point: &str, after: u32, victim: Victim) {
         return;
     }
     let armed = format!("{point}={after}*off->return");
-    let mut c = Cluster::start_armed(Path::new(env!("CARGO_BIN_EXE_locus")), 1, Some(&armed));
+    let bin = Path::new(env!("CARGO_BIN_EXE_locus"));
+    // Meta and the node are armed from the start; a mount only once they run.
+    let mut c = match victim {
+        Victim::Meta | Victim::Node => Cluster::start_armed(bin, 1, Some(&armed)),
+        Victim::Mount => {
+            let mut c = Cluster::start(bin, 1);
+            c.arm(Some(&armed));
+            c
+        }
+    };
     let m = c.mount();
     fs::create_dir(m.join("w")).unwrap();
     let acked = write_until_failure(&m.join("w"), 100);
@@ -55,6 +66,7 @@ fn crash_loses_nothing_acknowledged(point: &str, after: u32, victim: Victim) {
         let child = match victim {
             Victim::Meta => &mut c.meta.child,
             Victim::Node => &mut c.nodes[0].child,
+            Victim::Mount => &mut c.mounts[0].1.child,
         };
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -94,4 +106,9 @@ fn meta_killed_before_a_commit() {
 #[test]
 fn meta_killed_after_a_commit_before_the_reply() {
     crash_loses_nothing_acknowledged("meta-after-commit", 30, Victim::Meta);
+}
+
+#[test]
+fn mount_killed_in_the_middle_of_sending_a_chunk() {
+    crash_loses_nothing_acknowledged("net-mid-bulk", 7, Victim::Mount);
 }

@@ -122,6 +122,22 @@ impl MetaService {
         out
     }
 
+    /// Lets `peer` act for `claimed`: its connection is bound to that session, or to
+    /// none, or to one that has ended (the client opened a new session). Until TLS
+    /// proves who is at the other end, a new connection may still claim any session.
+    fn check_claim(&self, peer: &net::Peer, claimed: SessionId) -> Result<(), MetaError> {
+        match peer.session() {
+            Some(bound) if bound == claimed => Ok(()),
+            Some(bound) if lock(&self.clients).contains_key(&bound) => Err(MetaError::NotPermitted(format!(
+                "this connection acts for session {bound}; it may not act for session {claimed}"
+            ))),
+            _ => {
+                peer.set_session(claimed);
+                Ok(())
+            }
+        }
+    }
+
     fn ctx(&self) -> Ctx {
         Ctx::now(self.heartbeat.as_millis() as u64, self.opens.clone(), self.cluster_id.clone())
     }
@@ -149,8 +165,10 @@ impl MetaService {
             Ok(expired)
         })?;
         let mut locks = self.locks();
+        let mut clients = lock(&self.clients);
         for s in &expired {
             locks.drop_session(*s);
+            clients.remove(s);
         }
         Ok(expired)
     }
@@ -219,6 +237,7 @@ impl MetaService {
                 let reply = engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req)).await?;
                 if let Some(session) = goodbye {
                     self.locks().drop_session(session);
+                    lock(&self.clients).remove(&session);
                 }
                 Ok(reply)
             }
@@ -300,8 +319,15 @@ impl net::Service for MetaService {
     type Request = MetaRequest;
     type Reply = MetaResult;
 
-    /// A session's `Welcome` binds that session to the connection it came on.
+    /// A session's `Welcome` binds that session to the connection it came on; a
+    /// request acting for a session must come on a connection bound to it (or bind an
+    /// unbound one), so one connection never acts for two live sessions.
     async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
+        if let Some(claimed) = req.claimed_session()
+            && let Err(e) = self.check_claim(&peer, claimed)
+        {
+            return (Err(e.into()), Bytes::new());
+        }
         let result = self.answer(req).await;
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
@@ -328,6 +354,45 @@ mod tests {
             caller: Caller { uid: 1, gid: 1 },
             exclusive: true,
         })
+    }
+
+    /// A connection that said `Hello` for one session cannot act for another live
+    /// session (the "Goodbye for somebody else" attack); a fresh connection binds to
+    /// the session its first request names.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_acts_for_one_live_session_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(net::serve(listener, service));
+        let info = SessionInfo { site: "s".into(), host: "h".into(), pid: 9, purpose: "test".into() };
+        let hello = || Hello { protocol: proto::PROTOCOL_VERSION, session: info.clone() };
+        let alice = net::RpcClient::connect(&addr, 1, Duration::from_secs(10)).await.unwrap();
+        let bob = net::RpcClient::connect(&addr, 1, Duration::from_secs(10)).await.unwrap();
+        let a = alice.ask(hello()).await.unwrap().unwrap().session;
+        let b = bob.ask(hello()).await.unwrap().unwrap().session;
+        let lock = LockRange { ino: ROOT_INODE, owner: 1, start: 0, end: 9, kind: LockKind::Write, pid: 1 };
+        bob.ask(SetLock { session: b, lock }).await.unwrap().unwrap();
+
+        let refused = alice.ask(Goodbye { session: b }).await.unwrap().unwrap_err();
+        assert_eq!(refused.code, proto::error::ErrorCode::NotPermitted, "{refused:?}");
+        let stolen = alice.ask(SetLock { session: b, lock: LockRange { owner: 2, ..lock } }).await.unwrap();
+        assert!(stolen.is_err(), "alice's connection took a lock as bob: {stolen:?}");
+        // Bob's lock still stands against alice.
+        let held = alice.ask(GetLock { session: a, lock: LockRange { owner: 3, ..lock } }).await.unwrap().unwrap();
+        assert!(held.is_some(), "bob's lock was dropped");
+        alice.ask(Heartbeat { session: a }).await.unwrap().unwrap();
+
+        // A new connection of bob's (a pooled one) binds to bob's session.
+        let bob_again = net::RpcClient::connect(&addr, 1, Duration::from_secs(10)).await.unwrap();
+        bob_again.ask(Heartbeat { session: b }).await.unwrap().unwrap();
+        let refused = bob_again.ask(Heartbeat { session: a }).await.unwrap().unwrap_err();
+        assert_eq!(refused.code, proto::error::ErrorCode::NotPermitted);
+        // Once bob's session ends, its connection may move on to a new session.
+        bob.ask(Goodbye { session: b }).await.unwrap().unwrap();
+        let b2 = bob_again.ask(hello()).await.unwrap().unwrap().session;
+        bob.ask(Heartbeat { session: b2 }).await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

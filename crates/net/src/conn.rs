@@ -208,7 +208,11 @@ impl Conn {
             return Err(self.lost("connection closed"));
         };
         let mut failure = None;
-        for part in [frame, bulk] {
+        let (bulk_head, bulk_tail) = bulk.split_at(bulk.len() / 2);
+        for (i, part) in [frame, bulk_head, bulk_tail].into_iter().enumerate() {
+            if i == 2 && !part.is_empty() {
+                util::crash_point!("net-mid-bulk");
+            }
             if let Err(e) = write_progressing(half, part, self.send_timeout).await {
                 failure = Some(e);
                 break;

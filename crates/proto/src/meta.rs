@@ -110,6 +110,55 @@ pub enum AllocateMode {
     ZeroRange,
 }
 
+impl MetaRequest {
+    /// The session a request says it acts for, if it names one. Meta holds it against
+    /// the session bound to the connection (see `net::Peer::session`).
+    pub fn claimed_session(&self) -> Option<SessionId> {
+        use MetaRequest as R;
+        match self {
+            R::Heartbeat(m) => Some(m.session),
+            R::Goodbye(m) => Some(m.session),
+            R::CreateOpen(m) => Some(m.session),
+            R::Open(m) => Some(m.session),
+            R::Release(m) => Some(m.session),
+            R::GetLock(m) => Some(m.session),
+            R::SetLock(m) => Some(m.session),
+            R::ReleaseLocks(m) => Some(m.session),
+            R::Hello(_)
+            | R::Lookup(_)
+            | R::GetAttr(_)
+            | R::SetAttr(_)
+            | R::Create(_)
+            | R::Link(_)
+            | R::Unlink(_)
+            | R::Rmdir(_)
+            | R::Rename(_)
+            | R::ReadLink(_)
+            | R::ReadDir(_)
+            | R::GetXattr(_)
+            | R::SetXattr(_)
+            | R::ListXattr(_)
+            | R::RemoveXattr(_)
+            | R::StatFs(_)
+            | R::Extents(_)
+            | R::CommitWrite(_)
+            | R::Fallocate(_)
+            | R::Compact(_)
+            | R::SyncAll(_)
+            | R::RegisterNode(_)
+            | R::ListNodes(_)
+            | R::ChunkLocations(_)
+            | R::ListChunks(_)
+            | R::ListExtents(_)
+            | R::Unreferenced(_)
+            | R::ForgetChunks(_)
+            | R::UpdateLocations(_)
+            | R::Status(_)
+            | R::ReportWorkers(_) => None,
+        }
+    }
+}
+
 /// What meta asks of a client on the client's own connection (server push).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaPush {

@@ -28,7 +28,7 @@ pub struct Cluster {
     pub nodes: Vec<Proc>,
     /// Mount points and their `locus mount` processes.
     pub mounts: Vec<(PathBuf, Proc)>,
-    /// Crash points armed in meta and the nodes until the next `restart`.
+    /// Fail points armed in the processes started until the next `arm` or `restart`.
     failpoints: Option<String>,
 }
 
@@ -215,7 +215,7 @@ impl Cluster {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("mount{n}.log"));
-        let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, None);
+        let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, self.failpoints.as_deref());
         self.mounts.push((mountpoint.clone(), proc));
         mountpoint
     }

@@ -11,7 +11,8 @@
 //! - `chunk-before-sync`: a chunk's temp file is written, not yet synced;
 //! - `chunk-before-rename`: the temp file is synced, not yet renamed into place;
 //! - `meta-before-commit`: a batch of metadata writes is applied, not yet committed;
-//! - `meta-after-commit`: the batch is committed, nobody has been answered yet.
+//! - `meta-after-commit`: the batch is committed, nobody has been answered yet;
+//! - `net-mid-bulk`: half of a frame's bulk bytes (chunk data) is sent.
 
 pub use fail;
 
