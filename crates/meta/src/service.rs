@@ -184,7 +184,7 @@ impl MetaService {
     }
 
     /// Answers one request. Writes are queued to the store's writer and awaited
-    /// without holding a thread; reads run on the store's reader threads.
+    /// without holding a thread; reads run in `block_in_place` (see `engine`).
     async fn answer(self: &Arc<Self>, req: MetaRequest) -> Result<MetaReply, MetaError> {
         let ctx = self.ctx();
         match ops::access(&req) {

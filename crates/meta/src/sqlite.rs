@@ -1,6 +1,6 @@
 //! The SQLite backend: one database file in WAL mode with one write connection and a
 //! few read connections that read alongside it (the shared `engine` group-commits on
-//! the writer and runs the readers on their own threads). Opening checks the file
+//! the writer and lends the readers to callers). Opening checks the file
 //! before anything else: it must be a Locus database (or `init` was asked for), not
 //! damaged (`PRAGMA quick_check`), and not in use by another meta (an exclusive lock).
 
