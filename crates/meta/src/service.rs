@@ -196,20 +196,22 @@ impl MetaService {
                 }),
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
-            Access::Read => Ok(match engine::read_async(&self.store, move |t| ops::read(t, &ctx, &req)).await? {
-                // Worker reports live in memory, beside the store.
-                MetaReply::Status(mut status) => {
-                    status.workers = self.worker_reports(&status.sessions).await;
-                    MetaReply::Status(status)
-                }
-                other => other,
-            }),
+            Access::Read { point } => {
+                Ok(match engine::read_async(&self.store, point, move |t| ops::read(t, &ctx, &req)).await? {
+                    // Worker reports live in memory, beside the store.
+                    MetaReply::Status(mut status) => {
+                        status.workers = self.worker_reports(&status.sessions).await;
+                        MetaReply::Status(status)
+                    }
+                    other => other,
+                })
+            }
             // Opening and closing are bookkeeping in memory; only a release that leaves
             // an orphan unopened costs a transaction (to reclaim it).
             Access::Open => match req {
                 MetaRequest::Release(m) => {
                     let ino = m.ino;
-                    let orphan = engine::read_async(&self.store, move |t| {
+                    let orphan = engine::read_async(&self.store, true, move |t| {
                         Ok(t.get_inode(ino)?.is_some_and(|i| i.attr.nlink == 0))
                     })
                     .await?;
@@ -222,7 +224,7 @@ impl MetaService {
                 }
                 open => {
                     let (reply, open) =
-                        engine::read_async(&self.store, move |t| Ok((ops::read(t, &ctx, &open)?, open))).await?;
+                        engine::read_async(&self.store, true, move |t| Ok((ops::read(t, &ctx, &open)?, open))).await?;
                     if let MetaRequest::Open(m) = open {
                         self.opens.add(m.session, m.ino);
                     }

@@ -149,6 +149,10 @@ pub struct Backend {
     pub cluster_id: String,
     /// The single write connection; the engine serialises and group-commits writes on it.
     pub writer: Box<dyn WriteConn>,
-    /// Read connections, one thread each.
+    /// Read connections, lent to one read at a time.
     pub readers: Vec<Box<dyn ReadConn>>,
+    /// Reads are local and take microseconds (an embedded database): a point read may
+    /// then run inline on an async worker. A backend whose reads cross a network
+    /// (PostgreSQL) says `false`, and every read runs off the runtime's workers.
+    pub local_reads: bool,
 }

@@ -60,7 +60,11 @@ impl Ctx {
 /// How a request touches the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    Read,
+    /// A read; `point` when it touches a few rows by key (it may run inline on an
+    /// async worker when the backend's reads are local).
+    Read {
+        point: bool,
+    },
     Write {
         durable: bool,
     },
@@ -68,7 +72,7 @@ pub enum Access {
     Locks,
     /// Kept in the service's memory (worker reports).
     Reports,
-    /// Open without truncation and release: a read plus bookkeeping in the
+    /// Open without truncation and release: a point read plus bookkeeping in the
     /// in-memory open table (the service applies it).
     Open,
 }
@@ -79,12 +83,10 @@ pub enum Access {
 pub fn access(req: &MetaRequest) -> Access {
     use MetaRequest as R;
     match req {
-        R::Lookup(_)
-        | R::GetAttr(_)
-        | R::ReadLink(_)
-        | R::ReadDir(_)
-        | R::GetXattr(_)
-        | R::ListXattr(_)
+        R::Lookup(_) | R::GetAttr(_) | R::ReadLink(_) | R::GetXattr(_) | R::ListXattr(_) => {
+            Access::Read { point: true }
+        }
+        R::ReadDir(_)
         | R::StatFs(_)
         | R::Extents(_)
         | R::ListNodes(_)
@@ -92,7 +94,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListChunks(_)
         | R::ListExtents(_)
         | R::Unreferenced(_)
-        | R::Status(_) => Access::Read,
+        | R::Status(_) => Access::Read { point: false },
         R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
         R::ReportWorkers(_) => Access::Reports,
         R::Open(Open { truncate: false, .. }) | R::Release(_) => Access::Open,
