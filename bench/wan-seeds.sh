@@ -255,7 +255,7 @@ else:
 # ---------------------------------------------------------------- Locus roles
 
 start_meta() {
-    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" >"$LOG/meta.out" 2>"$LOG/meta.err" &
+    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init >"$LOG/meta.out" 2>"$LOG/meta.err" &
     META_PID=$!
     wait_line "$LOG/meta.out" "listening" 30 "$META_PID" "locus meta"
 }

@@ -107,7 +107,8 @@ def time_cell(r, size):
 
 
 def readahead_window(mount_args):
-    chunks, chunk = 8, 4 << 20
+    # The build defaults (`locus mount --readahead-chunks`, `--chunk-size`).
+    chunks, chunk = 32, 4 << 20
     a = shlex.split(mount_args or "")
     for i, x in enumerate(a):
         val = x.split("=", 1)[1] if "=" in x else (a[i + 1] if i + 1 < len(a) else "")

@@ -6,8 +6,8 @@ use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 use testkit::{Cluster, Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_locus");
@@ -73,20 +73,6 @@ impl Drop for UpEnv {
     }
 }
 
-fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill takes plain integers; the pid is our child's, not yet reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
@@ -111,7 +97,7 @@ fn ctrl_c_on_a_busy_up_detaches_lazily_and_exits_non_zero() {
     // A shell sitting in the mount.
     let mut sitter = Command::new("sleep").arg("60").current_dir(env.mnt()).spawn().unwrap();
     signal(&up.child, libc::SIGINT);
-    let status = wait_exit(&mut up.child, Duration::from_secs(20));
+    let status = testkit::exits_within(&mut up.child, Duration::from_secs(20), "locus up");
     let _ = sitter.kill();
     let _ = sitter.wait();
     let log = env.log_text();
@@ -144,7 +130,7 @@ fn up_restarts_over_a_dead_mount_and_status_finds_it_without_flags() {
     assert!(stdout.contains(&format!("meta {}", env.meta)), "{stdout}");
 
     signal(&up.child, libc::SIGINT);
-    let status = wait_exit(&mut up.child, Duration::from_secs(20));
+    let status = testkit::exits_within(&mut up.child, Duration::from_secs(20), "locus up");
     assert!(status.success(), "clean stop failed: {status}; log:\n{}", env.log_text());
     let record = env.dir.path().join("home/.local/state/locus/local-cluster.toml");
     assert!(!record.exists(), "{} outlived `locus up`", record.display());

@@ -228,21 +228,6 @@ impl Drop for Resume {
     }
 }
 
-/// Waits up to `within` for `child` to exit; kills it and fails otherwise.
-fn exits_within(child: &mut std::process::Child, within: Duration, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{what} did not end within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A node stopped by SIGSTOP while applications write and read through mounts: with
 /// `--rpc-timeout 3s` the writer and the reader get an error (EIO or ETIMEDOUT) in
 /// bounded time, and a writer killed meanwhile is gone at once. The old client waited for sends without
@@ -282,7 +267,7 @@ fn a_stopped_node_fails_writers_and_readers_in_bounded_time() {
     };
     let started = Instant::now();
     let mut writer = dd("stuck");
-    let status = exits_within(&mut writer, Duration::from_secs(40), "dd writing to a stopped node");
+    let status = testkit::exits_within(&mut writer, Duration::from_secs(40), "dd writing to a stopped node");
     let mut err = String::new();
     writer.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(!status.success(), "dd succeeded with the only node stopped");
@@ -292,12 +277,12 @@ fn a_stopped_node_fails_writers_and_readers_in_bounded_time() {
     let mut killed = dd("killed");
     std::thread::sleep(Duration::from_secs(1));
     killed.kill().unwrap();
-    exits_within(&mut killed, Duration::from_secs(15), "a SIGKILLed dd");
+    testkit::exits_within(&mut killed, Duration::from_secs(15), "a SIGKILLed dd");
 
     let started = Instant::now();
     let mut cat =
         Command::new("cat").arg(reader.join("data")).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let status = exits_within(&mut cat, Duration::from_secs(40), "cat reading from a stopped node");
+    let status = testkit::exits_within(&mut cat, Duration::from_secs(40), "cat reading from a stopped node");
     let mut err = String::new();
     cat.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(!status.success(), "cat read a file whose only copy is on a stopped node");

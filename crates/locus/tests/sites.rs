@@ -7,7 +7,7 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use testkit::Cluster;
+use testkit::{Cluster, pattern};
 
 /// Meta, plus one node per named site (node id = site name + "0").
 fn sites(names: &[&str], extra: &[(&str, &[&str])]) -> Option<Cluster> {
@@ -22,19 +22,6 @@ fn sites(names: &[&str], extra: &[(&str, &[&str])]) -> Option<Cluster> {
     }
     c.wait_for_nodes(names.len());
     Some(c)
-}
-
-/// Pseudo-random bytes (xorshift), so no two chunks are alike and nothing dedupes.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn chunk_files(dir: &Path) -> usize {

@@ -5,20 +5,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use testkit::Cluster;
-
-/// Pseudo-random bytes, so nothing dedupes.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use testkit::{Cluster, pattern};
 
 fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut f = File::create(path)?;

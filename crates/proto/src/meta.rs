@@ -266,12 +266,7 @@ meta_requests! {
     /// `Create` of a regular file that also records it as open by `session` (create and
     /// open in one request).
     CreateOpen {
-        parent: InodeId,
-        name: Vec<u8>,
-        node: NewNode,
-        mode: u32,
-        caller: Caller,
-        exclusive: bool,
+        create: Create,
         session: SessionId,
     } => Opened;
     /// A new name for an existing inode (hard link).

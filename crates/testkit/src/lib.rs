@@ -325,6 +325,34 @@ impl Drop for Cluster {
     }
 }
 
+/// Pseudo-random bytes (xorshift), so no two chunks are alike and nothing dedupes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Waits up to `within` for `child` to exit; kills it and fails the test otherwise.
+pub fn exits_within(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for a child process") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} did not end within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Whether this process may mount FUSE file systems (tests skip loudly otherwise).
 pub fn can_mount() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -51,7 +51,8 @@ impl Vfs {
         opts: OpenOptions,
     ) -> Result<(Attr, FileHandle)> {
         let session = self.meta.session();
-        let req = CreateOpen { parent, name: name.to_vec(), node: NewNode::File, mode, caller, exclusive, session };
+        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, caller, exclusive };
+        let req = CreateOpen { create, session };
         let Opened { attr, extents } = self.meta.call(req).await?;
         let (ino, existed) = (attr.ino, attr.size > 0);
         let (fh, _) = self.adopt(session, attr, extents).await;

@@ -294,15 +294,15 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
 
     // CreateOpen records the open in the same request.
     let create_open = |name: &str, exclusive, session| {
-        MetaRequest::CreateOpen(CreateOpen {
+        let create = Create {
             parent: ROOT_INODE,
             name: name.into(),
             node: NewNode::File,
             mode: 0o644,
             caller: caller(),
             exclusive,
-            session,
-        })
+        };
+        MetaRequest::CreateOpen(CreateOpen { create, session })
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {

@@ -230,7 +230,8 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::Create(m) => serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)),
         R::CreateOpen(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
-            let attr = create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)?;
+            let c = m.create;
+            let attr = create(t, now, c.parent, &c.name, c.node, c.mode, &c.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
             ctx.opens.add(m.session, attr.ino);
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
