@@ -197,7 +197,7 @@ impl MetaService {
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
-                Ok(match engine::read_async(&self.store, point, move |t| ops::read(t, &ctx, &req)).await? {
+                Ok(match engine::read_async(&self.store, point, move |t| ops::read(t, &ctx, req)).await? {
                     // Worker reports live in memory, beside the store.
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
@@ -223,10 +223,13 @@ impl MetaService {
                     ops::serve(m, |_| Ok(()))
                 }
                 open => {
-                    let (reply, open) =
-                        engine::read_async(&self.store, true, move |t| Ok((ops::read(t, &ctx, &open)?, open))).await?;
-                    if let MetaRequest::Open(m) = open {
-                        self.opens.add(m.session, m.ino);
+                    let opened = match &open {
+                        MetaRequest::Open(m) => Some((m.session, m.ino)),
+                        _ => None,
+                    };
+                    let reply = engine::read_async(&self.store, true, move |t| ops::read(t, &ctx, open)).await?;
+                    if let Some((session, ino)) = opened {
+                        self.opens.add(session, ino);
                     }
                     Ok(reply)
                 }

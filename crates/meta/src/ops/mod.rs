@@ -128,35 +128,35 @@ pub fn serve<M: MetaMessage>(
 }
 
 /// Runs a read request (`Access::Read`, and `Open` without truncation).
-pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, MetaError> {
+pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     match req {
-        R::Lookup(m) => serve(m.clone(), |m| lookup(t, m.parent, &m.name)),
-        R::GetAttr(m) => serve(m.clone(), |m| Ok(inode(t, m.ino)?.attr)),
-        R::Open(m) => serve(m.clone(), |m| {
+        R::Lookup(m) => serve(m, |m| lookup(t, m.parent, &m.name)),
+        R::GetAttr(m) => serve(m, |m| Ok(inode(t, m.ino)?.attr)),
+        R::Open(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let attr = inode(t, m.ino)?.attr;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             Ok(Opened { attr, extents })
         }),
-        R::ReadLink(m) => serve(m.clone(), |m| {
+        R::ReadLink(m) => serve(m, |m| {
             let i = inode(t, m.ino)?;
             if i.attr.kind != FileKind::Symlink {
                 return Err(MetaError::InvalidArgument(format!("inode {} is not a symlink", m.ino)));
             }
             Ok(i.target)
         }),
-        R::ReadDir(m) => serve(m.clone(), |m| read_dir(t, m.ino, m.after, m.limit)),
-        R::GetXattr(m) => serve(m.clone(), |m| {
+        R::ReadDir(m) => serve(m, |m| read_dir(t, m.ino, m.after, m.limit)),
+        R::GetXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
             inode(t, m.ino)?;
             t.get_xattr(m.ino, &m.name)?.ok_or_else(|| MetaError::NoAttribute(show(&m.name)))
         }),
-        R::ListXattr(m) => serve(m.clone(), |m| {
+        R::ListXattr(m) => serve(m, |m| {
             inode(t, m.ino)?;
             t.list_xattrs(m.ino)
         }),
-        R::StatFs(m) => serve(m.clone(), |_| {
+        R::StatFs(m) => serve(m, |_| {
             let nodes = t.list_nodes()?;
             Ok(FsStats {
                 capacity_bytes: nodes.iter().map(|(n, _)| n.capacity_bytes).sum(),
@@ -165,12 +165,12 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
             })
         }),
         // Answered like `Open` (attributes and extents), without recording an open.
-        R::Extents(m) => serve(m.clone(), |m| {
+        R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
             Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)? })
         }),
-        R::ListNodes(m) => serve(m.clone(), |_| nodes(t, ctx)),
-        R::ChunkLocations(m) => serve(m.clone(), |m| {
+        R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
+        R::ChunkLocations(m) => serve(m, |m| {
             let mut out = Vec::with_capacity(m.ids.len());
             for id in &m.ids {
                 if let Some(c) = t.get_chunk(id)? {
@@ -179,9 +179,9 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
             }
             Ok(out)
         }),
-        R::ListChunks(m) => serve(m.clone(), |m| t.list_chunks(m.after.as_ref(), page(m.limit))),
-        R::ListExtents(m) => serve(m.clone(), |m| t.list_extents(m.after, page(m.limit))),
-        R::Unreferenced(m) => serve(m.clone(), |m| {
+        R::ListChunks(m) => serve(m, |m| t.list_chunks(m.after.as_ref(), page(m.limit))),
+        R::ListExtents(m) => serve(m, |m| t.list_extents(m.after, page(m.limit))),
+        R::Unreferenced(m) => serve(m, |m| {
             let mut out = Vec::new();
             for id in m.ids {
                 match t.get_chunk(&id)? {
@@ -191,7 +191,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: &MetaRequest) -> Result<MetaReply, 
             }
             Ok(out)
         }),
-        R::Status(m) => serve(m.clone(), |_| {
+        R::Status(m) => serve(m, |_| {
             let (chunks, chunk_bytes) = t.chunk_totals()?;
             let sessions = t
                 .list_sessions()?
