@@ -144,6 +144,12 @@ impl NodeService {
     }
 }
 
+/// Asks meta on the node's behalf; a transport failure answers like meta's own refusals
+/// (`Io`, "meta unreachable"), so callers handle one error type.
+pub(crate) async fn ask_meta<M: proto::meta::MetaMessage>(meta: &RpcClient, msg: M) -> Result<M::Response, WireError> {
+    meta.ask(msg).await.map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?
+}
+
 /// Test builds only: the `node-corrupt-send` fail point flips a byte of a chunk sent to
 /// another node, as a faulty network would (`FAILPOINTS="node-corrupt-send=2*return"`).
 fn corrupted_in_transit(data: Bytes) -> Bytes {

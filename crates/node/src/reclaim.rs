@@ -8,7 +8,7 @@
 use chunk::ChunkStore;
 use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{ForgetChunks, MetaMessage, Unreferenced};
+use proto::meta::{ForgetChunks, Unreferenced};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use util::worker::{Step, Worker, every};
@@ -47,10 +47,6 @@ pub(crate) struct Reclaim {
 }
 
 impl Reclaim {
-    async fn meta_call<M: MetaMessage>(&self, msg: M) -> Result<M::Response, WireError> {
-        self.meta.ask(msg).await.map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?
-    }
-
     fn above_high_water(&self) -> bool {
         let s = self.store.stats();
         s.used_bytes as f64 > s.capacity_bytes as f64 * self.config.high_water
@@ -85,7 +81,7 @@ impl Worker for Reclaim {
             return Ok(Step::Idle);
         };
         self.after = if ids.len() == PAGE { Some(last) } else { None };
-        let garbage = self.meta_call(Unreferenced { ids }).await?;
+        let garbage = crate::ask_meta(&self.meta, Unreferenced { ids }).await?;
         if !garbage.is_empty() {
             let (store, ids, grace) = (self.store.clone(), garbage.clone(), self.config.grace);
             let deleted = tokio::task::spawn_blocking(move || store.delete(&ids, grace))
@@ -98,7 +94,7 @@ impl Worker for Reclaim {
                 self.again_at = Some(Instant::now() + self.config.grace);
             }
             self.reclaimed += deleted;
-            self.meta_call(ForgetChunks { ids: garbage }).await?;
+            crate::ask_meta(&self.meta, ForgetChunks { ids: garbage }).await?;
         }
         Ok(if self.after.is_some() { Step::Busy } else { Step::Idle })
     }

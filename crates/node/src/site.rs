@@ -192,11 +192,7 @@ impl SiteLink {
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
-        let mut records = self
-            .meta
-            .ask(ChunkLocations { ids: vec![id] })
-            .await
-            .map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))??;
+        let mut records = crate::ask_meta(&self.meta, ChunkLocations { ids: vec![id] }).await?;
         let Some(record) = records.pop() else {
             return Err(WireError::new(ErrorCode::NotFound, format!("chunk {id} is in no catalogue")));
         };
@@ -362,11 +358,7 @@ impl SiteLink {
         }
         let count = added.len() + removed.len();
         let req = UpdateLocations { node: self.me.clone(), added: added.clone(), removed: removed.clone() };
-        let answer = match self.meta.ask(req).await {
-            Ok(Ok(_)) => return Ok(count),
-            Ok(Err(e)) => e,
-            Err(e) => WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")),
-        };
+        let Err(answer) = crate::ask_meta(&self.meta, req).await else { return Ok(count) };
         // Keep them for the next round.
         let mut pending = lock(&self.pending);
         pending.0.extend(added);
