@@ -7,7 +7,7 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use testkit::{Cluster, pattern};
+use testkit::{Cluster, files_under, pattern};
 
 /// Meta, plus one node per named site (node id = site name + "0").
 fn sites(names: &[&str], extra: &[(&str, &[&str])]) -> Option<Cluster> {
@@ -24,18 +24,6 @@ fn sites(names: &[&str], extra: &[(&str, &[&str])]) -> Option<Cluster> {
     Some(c)
 }
 
-fn chunk_files(dir: &Path) -> usize {
-    match fs::read_dir(dir) {
-        Err(_) => 0,
-        Ok(entries) => entries
-            .map(|e| {
-                let e = e.unwrap();
-                if e.file_type().unwrap().is_dir() { chunk_files(&e.path()) } else { 1 }
-            })
-            .sum(),
-    }
-}
-
 fn cache_dir(c: &Cluster, node: &str) -> PathBuf {
     c.node_dir(node).join("cache").join("chunks")
 }
@@ -46,18 +34,18 @@ fn data_written_at_one_site_is_read_at_another_and_crosses_once() {
     let at_a = c.mount_at("a");
     let data = pattern(13 << 20, 1);
     fs::write(at_a.join("f"), &data).unwrap();
-    let stored_at_a = chunk_files(&c.node_dir("a0").join("chunks"));
+    let stored_at_a = files_under(&c.node_dir("a0").join("chunks")).0;
     assert!(stored_at_a >= 4, "site a stores the file's chunks");
-    assert_eq!(chunk_files(&c.node_dir("b0").join("chunks")), 0, "writes stay at the writer's site");
+    assert_eq!(files_under(&c.node_dir("b0").join("chunks")).0, 0, "writes stay at the writer's site");
 
     let at_b = c.mount_at("b");
     assert!(fs::read(at_b.join("f")).unwrap() == data, "site b reads what site a wrote");
     // The copies land on disk just behind the reader.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while chunk_files(&cache_dir(&c, "b0")) < stored_at_a && Instant::now() < deadline {
+    while files_under(&cache_dir(&c, "b0")).0 < stored_at_a && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(chunk_files(&cache_dir(&c, "b0")), stored_at_a, "site b cached every chunk once");
+    assert_eq!(files_under(&cache_dir(&c, "b0")).0, stored_at_a, "site b cached every chunk once");
 
     // Site a goes away: a second reader at b is served entirely from b's cache.
     let _ = c.nodes[0].child.kill();
@@ -111,7 +99,7 @@ fn the_site_cache_evicts_under_its_cap_and_stays_correct() {
     let at_b = c.mount_at("b");
     for (i, d) in files.iter().enumerate() {
         assert!(fs::read(at_b.join(format!("f{i}"))).unwrap() == *d, "f{i} read at b");
-        assert!(chunk_files(&cache_dir(&c, "b0")) <= 2, "the cache holds at most 9 MiB of 4 MiB chunks");
+        assert!(files_under(&cache_dir(&c, "b0")).0 <= 2, "the cache holds at most 9 MiB of 4 MiB chunks");
     }
     // The first file was evicted; a fresh reader fetches it again, correctly.
     let fresh = c.mount_at("b");

@@ -5,24 +5,12 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use testkit::{Cluster, pattern};
+use testkit::{Cluster, files_under, pattern};
 
 fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut f = File::create(path)?;
     f.write_all(data)?;
     f.sync_all()
-}
-
-fn stored_bytes(dir: &Path) -> u64 {
-    match fs::read_dir(dir) {
-        Err(_) => 0,
-        Ok(entries) => entries
-            .map(|e| {
-                let e = e.unwrap();
-                if e.file_type().unwrap().is_dir() { stored_bytes(&e.path()) } else { e.metadata().unwrap().len() }
-            })
-            .sum(),
-    }
 }
 
 #[test]
@@ -40,13 +28,13 @@ fn a_full_store_recovers_once_files_are_deleted() {
     let err = write_synced(&m.join("second"), &pattern(40 << 20, 3)).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     let chunks = c.node_dir("n0").join("chunks");
-    assert!(stored_bytes(&chunks) > 56 << 20, "the store should be nearly full");
+    assert!(files_under(&chunks).1 > 56 << 20, "the store should be nearly full");
 
     fs::remove_file(m.join("first")).unwrap();
     let _ = fs::remove_file(m.join("second"));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while stored_bytes(&chunks) > 8 << 20 {
-        assert!(Instant::now() < deadline, "the store was not reclaimed: {} bytes left", stored_bytes(&chunks));
+    while files_under(&chunks).1 > 8 << 20 {
+        assert!(Instant::now() < deadline, "the store was not reclaimed: {} bytes left", files_under(&chunks).1);
         std::thread::sleep(Duration::from_millis(200));
     }
     let again = pattern(48 << 20, 4);

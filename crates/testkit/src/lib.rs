@@ -338,6 +338,21 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Files under `dir`, recursively, and their total size (0, 0 for a missing directory):
+/// how tests count the chunks and bytes a store holds.
+pub fn files_under(dir: &Path) -> (usize, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return (0, 0) };
+    entries.fold((0, 0), |(n, bytes), e| {
+        let e = e.expect("read a directory entry");
+        if e.file_type().expect("file type").is_dir() {
+            let (m, b) = files_under(&e.path());
+            (n + m, bytes + b)
+        } else {
+            (n + 1, bytes + e.metadata().expect("file metadata").len())
+        }
+    })
+}
+
 /// Waits up to `within` for `child` to exit; kills it and fails the test otherwise.
 pub fn exits_within(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
     let deadline = Instant::now() + within;
