@@ -69,7 +69,8 @@ pub struct UpArgs {
 pub struct MetaArgs {
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Metadata database: `sqlite:///path/meta.db` or a bare path to a SQLite file.
+    /// Metadata database: `sqlite:///path/meta.db`, a bare path to a SQLite file, or
+    /// `postgres://user@host:port/database` (an existing database, empty for --init).
     #[arg(long, default_value = "locus-meta.db")]
     pub db: String,
     /// Format a new cluster if the database is missing or empty; without it meta

@@ -1,13 +1,14 @@
 //! The metadata service of Locus: namespace, extents, chunk catalogue, sessions and
 //! byte-range locks. POSIX rules live once in `ops` and group commit and the read pool
-//! once in `engine`, above the row-level backend traits of `store`; SQLite is the first
-//! backend, chosen by URL in `open_store`.
+//! once in `engine`, above the row-level backend traits of `store`; the backends are SQLite
+//! (embedded, the default) and PostgreSQL, chosen by URL in `open_store`.
 
 mod engine;
 mod error;
 mod locks;
 mod opens;
 mod ops;
+mod postgres;
 mod service;
 mod sqlite;
 mod store;

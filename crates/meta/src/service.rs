@@ -24,7 +24,8 @@ const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// What `locus meta` needs to run; the binary builds it from its config file.
 #[derive(Debug, Clone)]
 pub struct MetaConfig {
-    /// Where the database is: `sqlite:///path/meta.db` or a bare path.
+    /// Where the database is: `sqlite:///path/meta.db`, a bare path, or
+    /// `postgres://user@host:port/database`.
     pub db_url: String,
     /// Format a new cluster if the database is missing or empty (else that is refused).
     pub init: bool,
@@ -239,7 +240,8 @@ impl MetaService {
                     MetaRequest::Goodbye(m) => Some(m.session),
                     _ => None,
                 };
-                let reply = engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req)).await?;
+                let reply =
+                    engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone())).await?;
                 if let Some(session) = goodbye {
                     self.locks().drop_session(session);
                     lock(&self.clients).remove(&session);

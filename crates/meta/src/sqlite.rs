@@ -74,7 +74,7 @@ fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
 }
 
 /// A random cluster id: 128 bits from the kernel, in hex.
-fn new_cluster_id() -> Result<String, MetaError> {
+pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -306,8 +306,13 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute_batch(SCHEMA)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    w.put_inode(&root_inode())
+}
+
+/// The root directory of a newly formatted namespace.
+pub(crate) fn root_inode() -> Inode {
     let now = Timestamp::now();
-    let root = Inode {
+    Inode {
         attr: Attr {
             ino: ROOT_INODE,
             kind: FileKind::Dir,
@@ -324,16 +329,16 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
         },
         parent: ROOT_INODE,
         target: Vec::new(),
-    };
-    w.put_inode(&root)
+    }
 }
 
 /// Offsets are stored as BIGINT; files never exceed `i64::MAX` (POSIX `off_t`).
-fn off(v: u64) -> i64 {
+pub(crate) fn off(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-fn kind_code(k: FileKind) -> i64 {
+/// A file kind as stored in the `kind` column (the same codes on every backend).
+pub(crate) fn kind_code(k: FileKind) -> i64 {
     match k {
         FileKind::File => 1,
         FileKind::Dir => 2,
@@ -345,7 +350,8 @@ fn kind_code(k: FileKind) -> i64 {
     }
 }
 
-fn kind_of(code: i64) -> Option<FileKind> {
+/// The file kind stored as `code`, if it is one.
+pub(crate) fn kind_of(code: i64) -> Option<FileKind> {
     Some(match code {
         1 => FileKind::File,
         2 => FileKind::Dir,
@@ -358,7 +364,8 @@ fn kind_of(code: i64) -> Option<FileKind> {
     })
 }
 
-fn chunk_id(bytes: Vec<u8>) -> Result<ChunkId, MetaError> {
+/// A chunk id column's bytes back into a `ChunkId` (refused unless 32 bytes long).
+pub(crate) fn chunk_id(bytes: Vec<u8>) -> Result<ChunkId, MetaError> {
     let arr: [u8; 32] =
         bytes.try_into().map_err(|b: Vec<u8>| MetaError::Corrupt(format!("chunk id of {} bytes", b.len())))?;
     Ok(ChunkId(arr))

@@ -375,6 +375,7 @@ pub fn can_mount() -> bool {
 }
 
 pub mod netns;
+pub mod postgres;
 pub mod wan;
 
 pub use netns::{LinkProfile, WanLink};
