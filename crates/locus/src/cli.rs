@@ -66,7 +66,11 @@ pub struct UpArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct MetaArgs {
+    /// Instead of serving: an administrative action on a metadata database.
+    #[command(subcommand)]
+    pub action: Option<MetaAction>,
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
     /// Metadata database: `sqlite:///path/meta.db`, a bare path to a SQLite file, or
@@ -80,6 +84,24 @@ pub struct MetaArgs {
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
+}
+
+/// Administrative actions of `locus meta` on a database no meta is serving.
+#[derive(Subcommand, Debug)]
+pub enum MetaAction {
+    /// Copy a whole namespace (and its cluster id) from a SQLite database into an empty
+    /// PostgreSQL database, in one transaction, and check every table's row count.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// The SQLite database: `sqlite:///path/meta.db` or a bare path (meta stopped).
+    #[arg(long)]
+    pub from: String,
+    /// The PostgreSQL database, which must be empty: `postgres://user@host:port/database`.
+    #[arg(long)]
+    pub to: String,
 }
 
 #[derive(Args, Debug)]

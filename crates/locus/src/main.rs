@@ -81,6 +81,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
     });
     match args.command {
         Up(a) => roles::up(a).await,
+        Meta(cli::MetaArgs { action: Some(cli::MetaAction::Migrate(m)), .. }) => roles::migrate(m).await,
         Meta(a) => roles::meta(a).await,
         Node(a) => roles::node(a).await,
         Mount(a) => roles::mount(a).await,

@@ -1,6 +1,6 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MountArgs, NodeArgs, UpArgs};
+use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, UpArgs};
 use crate::local::LocalCluster;
 use anyhow::{Context, anyhow, bail};
 use std::path::{Path, PathBuf};
@@ -47,6 +47,17 @@ async fn start_meta(
     service.spawn_background();
     tokio::spawn(net::serve(listener, service));
     Ok(addr)
+}
+
+/// `locus meta migrate`: copies a SQLite namespace into an empty PostgreSQL database
+/// and prints each table's row count (checked equal on both sides).
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let copied = tokio::task::spawn_blocking(move || meta::migrate(&args.from, &args.to)).await??;
+    for (table, rows) in &copied {
+        println!("{table}: {rows} rows");
+    }
+    println!("migrated {} tables; start meta with the new --db", copied.len());
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {

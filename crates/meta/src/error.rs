@@ -63,6 +63,11 @@ pub enum MetaError {
          it: restore it from a backup"
     )]
     Damaged { path: String, detail: String },
+    #[error(
+        "PostgreSQL database {url} is not empty ({tables} tables): migrate copies only into an empty \
+         database (create a new one with createdb)"
+    )]
+    TargetNotEmpty { url: String, tables: u64 },
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error(
@@ -101,6 +106,7 @@ impl MetaError {
             | MetaError::Io { .. } => ErrorCode::Io,
             MetaError::NotFormatted { .. }
             | MetaError::InUse { .. }
+            | MetaError::TargetNotEmpty { .. }
             | MetaError::Damaged { .. }
             | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
             MetaError::WrongCluster(_) => ErrorCode::NotPermitted,

@@ -6,6 +6,7 @@
 mod engine;
 mod error;
 mod locks;
+mod migrate;
 mod opens;
 mod ops;
 mod postgres;
@@ -18,5 +19,6 @@ pub mod conformance;
 
 pub use engine::{Store, open_store};
 pub use error::MetaError;
+pub use migrate::migrate;
 pub use service::{MetaConfig, MetaService};
 pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

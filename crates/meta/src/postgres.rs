@@ -74,7 +74,7 @@ CREATE TABLE site_rtts (
 ";
 
 /// One connection to the server with its prepared statements.
-struct PgConn {
+pub(crate) struct PgConn {
     /// Always `Some` until dropped (taken out to be closed off the runtime).
     client: Option<Client>,
     /// Statements prepared on this connection, by their SQL text.
@@ -118,7 +118,7 @@ impl PgConn {
     }
 
     /// Runs statements without parameters in one round trip.
-    fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
+    pub(crate) fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
         Ok(self.client().batch_execute(sql)?)
     }
 
@@ -283,8 +283,52 @@ fn format(w: &mut PgConn) -> Result<(), MetaError> {
     w.put_inode(&root_inode())
 }
 
+/// Connects to the database at `url` for `migrate`, which copies only into an empty one.
+pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
+    let (config, shown) = parse(url)?;
+    let mut conn = connect(&config, &shown)?;
+    let tables: i64 = conn
+        .one("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])?
+        .try_get(0)?;
+    if tables > 0 {
+        return Err(MetaError::TargetNotEmpty { url: shown, tables: tables as u64 });
+    }
+    Ok(conn)
+}
+
+/// What `migrate` needs beyond the row operations: statements built at run time
+/// (one per copied table) and the counters, which are sequences here.
+impl PgConn {
+    pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
+        Ok(self.client().prepare(sql)?)
+    }
+
+    pub(crate) fn execute_prepared(&mut self, st: &Statement, params: Params<'_>) -> Result<u64, MetaError> {
+        Ok(self.client().execute(st, params)?)
+    }
+
+    /// Rows in `table` (a name taken from the source's catalogue).
+    pub(crate) fn count_rows(&mut self, table: &str) -> Result<u64, MetaError> {
+        let n: i64 = self.client().query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.try_get(0)?;
+        Ok(n as u64)
+    }
+
+    /// Sets counter `name` (as SQLite names it) so that the next id it gives is `value + 1`.
+    pub(crate) fn set_counter(&mut self, name: &str, value: i64) -> Result<(), MetaError> {
+        match name {
+            "syncs" => self.exec("UPDATE counters SET value = $1 WHERE name = 'syncs'", &[&value])?,
+            "next_inode" | "next_cookie" | "next_session" => {
+                self.client().query_one("SELECT setval($1::text::regclass, $2, false)", &[&name, &(value + 1)])?;
+                0
+            }
+            other => return Err(MetaError::Corrupt(format!("unknown counter {other:?}"))),
+        };
+        Ok(())
+    }
+}
+
 /// The tables and the version row, without any namespace (what `migrate` fills).
-fn create_tables(w: &mut PgConn) -> Result<(), MetaError> {
+pub(crate) fn create_tables(w: &mut PgConn) -> Result<(), MetaError> {
     w.batch(SCHEMA)?;
     w.exec("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;
     Ok(())

@@ -86,29 +86,51 @@ pub fn free_addr() -> String {
 impl Cluster {
     /// Meta plus `nodes` storage nodes, all on 127.0.0.1 with ports picked by the OS.
     pub fn start(bin: &Path, nodes: usize) -> Cluster {
-        Self::launch(bin, nodes, &[], None)
+        Self::launch(bin, nodes, None, &[], None)
+    }
+
+    /// Like `start`, with meta over the database at `db_url` (e.g. an empty database of
+    /// a `postgres::PgServer`, which meta formats) instead of a SQLite file.
+    pub fn start_on_db(bin: &Path, nodes: usize, db_url: &str) -> Cluster {
+        Self::launch(bin, nodes, Some(db_url), &[], None)
+    }
+
+    /// Points meta at another database from its next `restart` on (e.g. one that
+    /// `locus meta migrate` filled).
+    pub fn use_meta_db(&mut self, db_url: &str) {
+        let args = &mut self.meta.args;
+        if let Some(i) = args.iter().position(|a| a == "--db") {
+            args[i + 1] = db_url.to_string();
+        }
     }
 
     /// Like `start`, with extra `locus meta` flags (short timeouts, ...).
     pub fn start_with(bin: &Path, nodes: usize, meta_extra: &[&str]) -> Cluster {
-        Self::launch(bin, nodes, meta_extra, None)
+        Self::launch(bin, nodes, None, meta_extra, None)
     }
 
     /// Like `start`, with crash points armed in meta and every node (`FAILPOINTS`
     /// syntax, e.g. `chunk-before-rename=3*off->return`); `restart` disarms them.
     pub fn start_armed(bin: &Path, nodes: usize, failpoints: Option<&str>) -> Cluster {
-        Self::launch(bin, nodes, &[], failpoints)
+        Self::launch(bin, nodes, None, &[], failpoints)
     }
 
-    fn launch(bin: &Path, nodes: usize, meta_extra: &[&str], failpoints: Option<&str>) -> Cluster {
+    fn launch(
+        bin: &Path,
+        nodes: usize,
+        db_url: Option<&str>,
+        meta_extra: &[&str],
+        failpoints: Option<&str>,
+    ) -> Cluster {
         let dir = tempfile::Builder::new().prefix("locus-test-").tempdir().expect("temp dir");
         let db = dir.path().join("meta.db");
+        let db = db_url.map_or_else(|| db.display().to_string(), String::from);
         let args = vec![
             "meta".into(),
             "--listen".into(),
             "127.0.0.1:0".into(),
             "--db".into(),
-            db.display().to_string(),
+            db,
             "--init".into(),
             "--session-expiry-secs".into(),
             "6".into(),
