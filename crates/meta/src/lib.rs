@@ -7,7 +7,6 @@ mod engine;
 mod error;
 mod locks;
 mod migrate;
-mod opens;
 mod ops;
 mod postgres;
 mod service;
@@ -19,6 +18,7 @@ pub mod conformance;
 
 pub use engine::{Store, open_store};
 pub use error::MetaError;
+pub use locks::Held;
 pub use migrate::migrate;
 pub use service::{MetaConfig, MetaService};
 pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

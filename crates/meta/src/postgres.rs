@@ -19,6 +19,7 @@
 //! inside a runtime is closed on a thread of its own.
 
 use crate::error::MetaError;
+use crate::locks::Held;
 use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, root_inode};
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
@@ -71,6 +72,14 @@ CREATE TABLE nodes (
     used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, cache_bytes BIGINT NOT NULL, last_seen BIGINT NOT NULL);
 CREATE TABLE site_rtts (
     from_site TEXT NOT NULL, to_site TEXT NOT NULL, micros BIGINT NOT NULL, PRIMARY KEY (from_site, to_site));
+CREATE TABLE opens (
+    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, PRIMARY KEY (session, ino));
+CREATE INDEX opens_by_ino ON opens (ino);
+CREATE TABLE locks (
+    ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
+    range_end BIGINT NOT NULL, is_write BIGINT NOT NULL, pid BIGINT NOT NULL);
+CREATE INDEX locks_by_ino ON locks (ino);
+CREATE INDEX locks_by_session ON locks (session);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -684,6 +693,81 @@ impl Txn for PgConn {
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
         self.exec("DELETE FROM sessions WHERE id = $1", &[&(id as i64)])?;
         Ok(())
+    }
+
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
+        let rows = self.query(
+            "SELECT session, owner, range_start, range_end, is_write, pid FROM locks WHERE ino = $1",
+            &[&(ino as i64)],
+        )?;
+        rows.iter()
+            .map(|r| {
+                let int = |i: usize| r.try_get::<_, i64>(i);
+                Ok(Held {
+                    session: int(0)? as u64,
+                    owner: int(1)? as u64,
+                    start: int(2)? as u64,
+                    end: int(3)? as u64,
+                    write: int(4)? != 0,
+                    pid: int(5)? as u32,
+                })
+            })
+            .collect()
+    }
+
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError> {
+        self.exec("DELETE FROM locks WHERE ino = $1", &[&(ino as i64)])?;
+        for h in held {
+            // u64 values (an owner, an end of u64::MAX) are kept bit for bit in the BIGINT column.
+            self.exec(
+                "INSERT INTO locks (ino, session, owner, range_start, range_end, is_write, pid)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &(ino as i64),
+                    &(h.session as i64),
+                    &(h.owner as i64),
+                    &(h.start as i64),
+                    &(h.end as i64),
+                    &i64::from(h.write),
+                    &i64::from(h.pid),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM locks WHERE session = $1", &[&(session as i64)])?;
+        Ok(())
+    }
+
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<u32, MetaError> {
+        let row =
+            self.opt("SELECT count FROM opens WHERE session = $1 AND ino = $2", &[&(session as i64), &(ino as i64)])?;
+        Ok(row.map(|r| r.try_get::<_, i64>(0)).transpose()?.unwrap_or(0) as u32)
+    }
+
+    fn put_open(&mut self, session: SessionId, ino: InodeId, count: u32) -> Result<(), MetaError> {
+        if count == 0 {
+            self.exec("DELETE FROM opens WHERE session = $1 AND ino = $2", &[&(session as i64), &(ino as i64)])?;
+        } else {
+            self.exec(
+                "INSERT INTO opens (session, ino, count) VALUES ($1, $2, $3)
+                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count",
+                &[&(session as i64), &(ino as i64), &i64::from(count)],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        let row = self.one("SELECT COALESCE(SUM(count), 0)::BIGINT FROM opens WHERE ino = $1", &[&(ino as i64)])?;
+        Ok(row.try_get::<_, i64>(0)? as u64)
+    }
+
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        let rows = self.query("DELETE FROM opens WHERE session = $1 RETURNING ino", &[&(session as i64)])?;
+        Ok(rows.iter().map(|r| r.try_get::<_, i64>(0).map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
     }
 
     fn put_node(&mut self, n: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {

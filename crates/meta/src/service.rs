@@ -1,17 +1,15 @@
 //! The RPC face of meta: dispatches `MetaRequest`s to the store (reads on its reader
-//! threads, never on the async runtime) or the in-memory lock table, and expires silent
-//! sessions in the background.
+//! threads, never on the async runtime; locks and open-file records are rows there
+//! too), and expires silent sessions in the background.
 
 use crate::engine::{self, Store};
 use crate::error::MetaError;
-use crate::locks::LockTable;
-use crate::opens::OpenTable;
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{LockKind, MetaReply, MetaRequest, MetaResult};
 use proto::meta::{MetaPush, PushAnswer, SessionInfo};
-use proto::types::{SessionId, Timestamp, WorkerStatus};
+use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::types::{SessionId, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -39,8 +37,6 @@ pub struct MetaConfig {
 pub struct MetaService {
     store: Arc<Store>,
     cluster_id: Arc<str>,
-    locks: Mutex<LockTable>,
-    opens: Arc<OpenTable>,
     heartbeat: Duration,
     session_expiry: Duration,
     workers: Workers,
@@ -48,10 +44,6 @@ pub struct MetaService {
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
-    /// Orphans are reaped only once every session alive before a restart of meta
-    /// (whose open records were in memory) has had time to expire: this many ms
-    /// after the service started.
-    reap_after_ms: i64,
 }
 
 impl MetaService {
@@ -66,14 +58,11 @@ impl MetaService {
         Arc::new(MetaService {
             cluster_id: store.cluster_id().into(),
             store,
-            locks: Mutex::new(LockTable::default()),
-            opens: Arc::new(OpenTable::default()),
             heartbeat: config.heartbeat,
             session_expiry: config.session_expiry,
             workers: Workers::default(),
             reports: Mutex::default(),
             clients: Mutex::default(),
-            reap_after_ms: Timestamp::now().secs * 1000 + config.session_expiry.as_millis() as i64,
         })
     }
 
@@ -140,7 +129,7 @@ impl MetaService {
     }
 
     fn ctx(&self) -> Ctx {
-        Ctx::now(self.heartbeat.as_millis() as u64, self.opens.clone(), self.cluster_id.clone())
+        Ctx::now(self.heartbeat.as_millis() as u64, self.cluster_id.clone())
     }
 
     /// The cluster this meta serves.
@@ -148,27 +137,18 @@ impl MetaService {
         &self.cluster_id
     }
 
-    fn locks(&self) -> std::sync::MutexGuard<'_, LockTable> {
-        lock(&self.locks)
-    }
-
     /// Ends every session whose last heartbeat is older than `session_expiry` at
-    /// `now_ms`, dropping its locks and open records. Blocking.
+    /// `now_ms`, dropping its locks and open records, and reaps orphans nobody has
+    /// open. Blocking.
     pub fn expire_sessions_at(&self, now_ms: i64) -> Result<Vec<SessionId>, MetaError> {
         let cutoff = now_ms.saturating_sub(self.session_expiry.as_millis() as i64);
-        let opens = self.opens.clone();
-        let reap = now_ms >= self.reap_after_ms;
         let expired = engine::write(&self.store, false, move |t| {
-            let expired = ops::expire_sessions(t, &opens, cutoff)?;
-            if reap {
-                ops::reap_orphans(t, &opens)?;
-            }
+            let expired = ops::expire_sessions(t, cutoff)?;
+            ops::reap_orphans(t)?;
             Ok(expired)
         })?;
-        let mut locks = self.locks();
         let mut clients = lock(&self.clients);
         for s in &expired {
-            locks.drop_session(*s);
             clients.remove(s);
         }
         Ok(expired)
@@ -189,7 +169,6 @@ impl MetaService {
     async fn answer(self: &Arc<Self>, req: MetaRequest) -> Result<MetaReply, MetaError> {
         let ctx = self.ctx();
         match ops::access(&req) {
-            Access::Locks => self.lock_request(req),
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
                     lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
@@ -207,34 +186,6 @@ impl MetaService {
                     other => other,
                 })
             }
-            // Opening and closing are bookkeeping in memory; only a release that leaves
-            // an orphan unopened costs a transaction (to reclaim it).
-            Access::Open => match req {
-                MetaRequest::Release(m) => {
-                    let ino = m.ino;
-                    let orphan = engine::read_async(&self.store, true, move |t| {
-                        Ok(t.get_inode(ino)?.is_some_and(|i| i.attr.nlink == 0))
-                    })
-                    .await?;
-                    if self.opens.remove(m.session, ino) && orphan && self.opens.count(ino) == 0 {
-                        let opens = self.opens.clone();
-                        engine::write_async(self.store.clone(), false, move |t| ops::reclaim_if_unused(t, &opens, ino))
-                            .await?;
-                    }
-                    ops::serve(m, |_| Ok(()))
-                }
-                open => {
-                    let opened = match &open {
-                        MetaRequest::Open(m) => Some((m.session, m.ino)),
-                        _ => None,
-                    };
-                    let reply = engine::read_async(&self.store, true, move |t| ops::read(t, &ctx, open)).await?;
-                    if let Some((session, ino)) = opened {
-                        self.opens.add(session, ino);
-                    }
-                    Ok(reply)
-                }
-            },
             Access::Write { durable } => {
                 let goodbye = match &req {
                     MetaRequest::Goodbye(m) => Some(m.session),
@@ -243,42 +194,10 @@ impl MetaService {
                 let reply =
                     engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone())).await?;
                 if let Some(session) = goodbye {
-                    self.locks().drop_session(session);
                     lock(&self.clients).remove(&session);
                 }
                 Ok(reply)
             }
-        }
-    }
-
-    fn lock_request(&self, req: MetaRequest) -> Result<MetaReply, MetaError> {
-        let valid = |start: u64, end: u64| {
-            if start > end {
-                Err(MetaError::InvalidArgument(format!("lock range {start}..={end} is empty")))
-            } else {
-                Ok(())
-            }
-        };
-        match req {
-            MetaRequest::GetLock(m) => ops::serve(m, |m| {
-                valid(m.lock.start, m.lock.end)?;
-                Ok(self.locks().get(m.session, &m.lock))
-            }),
-            MetaRequest::SetLock(m) => ops::serve(m, |m| {
-                valid(m.lock.start, m.lock.end)?;
-                self.locks().set(m.session, &m.lock).map_err(|held| {
-                    let kind = if held.kind == LockKind::Write { "write" } else { "read" };
-                    MetaError::WouldBlock(format!(
-                        "inode {} bytes {}..={} hold a {kind} lock of pid {}",
-                        held.ino, held.start, held.end, held.pid
-                    ))
-                })
-            }),
-            MetaRequest::ReleaseLocks(m) => ops::serve(m, |m| {
-                self.locks().release(m.session, m.ino, m.owner);
-                Ok(())
-            }),
-            other => Err(MetaError::Internal(format!("{other:?} is not a lock request"))),
         }
     }
 }

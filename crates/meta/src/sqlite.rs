@@ -5,6 +5,7 @@
 //! damaged (`PRAGMA quick_check`), and not in use by another meta (an exclusive lock).
 
 use crate::error::MetaError;
+use crate::locks::Held;
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -58,9 +59,22 @@ INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0),
 CREATE TABLE cluster (id TEXT NOT NULL);
 ";
 
+/// Open-file records and byte-range locks, kept in the database so that they survive
+/// a restart of meta (version 3).
+const OPENS_AND_LOCKS: &str = "
+CREATE TABLE opens (
+    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, PRIMARY KEY (session, ino)) WITHOUT ROWID;
+CREATE INDEX opens_by_ino ON opens (ino);
+CREATE TABLE locks (
+    ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
+    range_end BIGINT NOT NULL, is_write BIGINT NOT NULL, pid BIGINT NOT NULL);
+CREATE INDEX locks_by_ino ON locks (ino);
+CREATE INDEX locks_by_session ON locks (session);
+";
+
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster];
+const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster, persist_opens_and_locks];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -70,6 +84,13 @@ type Migration = fn(&Connection) -> Result<(), MetaError>;
 fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
     conn.execute_batch("CREATE TABLE cluster (id TEXT NOT NULL)")?;
     conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    Ok(())
+}
+
+/// Version 2 -> 3: open-file records and locks move from meta's memory into tables
+/// (empty: whatever a running meta held died with it before this upgrade).
+fn persist_opens_and_locks(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch(OPENS_AND_LOCKS)?;
     Ok(())
 }
 
@@ -304,6 +325,7 @@ fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<(), MetaError
 fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute_batch("CREATE TABLE meta_version (version BIGINT NOT NULL)")?;
     w.conn.execute_batch(SCHEMA)?;
+    w.conn.execute_batch(OPENS_AND_LOCKS)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
     w.put_inode(&root_inode())
@@ -721,6 +743,80 @@ impl Txn for SqlConn {
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
         self.conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?.execute([id as i64])?;
         Ok(())
+    }
+
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT session, owner, range_start, range_end, is_write, pid FROM locks WHERE ino = ?1")?;
+        let rows = st.query_map([ino as i64], |r| {
+            Ok(Held {
+                session: r.get::<_, i64>(0)? as u64,
+                owner: r.get::<_, i64>(1)? as u64,
+                start: r.get::<_, i64>(2)? as u64,
+                end: r.get::<_, i64>(3)? as u64,
+                write: r.get::<_, i64>(4)? != 0,
+                pid: r.get::<_, i64>(5)? as u32,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError> {
+        self.conn.prepare_cached("DELETE FROM locks WHERE ino = ?1")?.execute([ino as i64])?;
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO locks (ino, session, owner, range_start, range_end, is_write, pid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?;
+        for h in held {
+            // u64 values (an owner, an end of u64::MAX) are kept bit for bit in the i64 column.
+            st.execute(params![
+                ino as i64,
+                h.session as i64,
+                h.owner as i64,
+                h.start as i64,
+                h.end as i64,
+                i64::from(h.write),
+                i64::from(h.pid)
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError> {
+        self.conn.prepare_cached("DELETE FROM locks WHERE session = ?1")?.execute([session as i64])?;
+        Ok(())
+    }
+
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<u32, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT count FROM opens WHERE session = ?1 AND ino = ?2")?;
+        let n: Option<i64> = st.query_row(params![session as i64, ino as i64], |r| r.get(0)).optional()?;
+        Ok(n.unwrap_or(0) as u32)
+    }
+
+    fn put_open(&mut self, session: SessionId, ino: InodeId, count: u32) -> Result<(), MetaError> {
+        if count == 0 {
+            let mut st = self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1 AND ino = ?2")?;
+            st.execute(params![session as i64, ino as i64])?;
+        } else {
+            let mut st = self.conn.prepare_cached(
+                "INSERT INTO opens (session, ino, count) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count",
+            )?;
+            st.execute(params![session as i64, ino as i64, i64::from(count)])?;
+        }
+        Ok(())
+    }
+
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT COALESCE(SUM(count), 0) FROM opens WHERE ino = ?1")?;
+        Ok(st.query_row([ino as i64], |r| r.get::<_, i64>(0))? as u64)
+    }
+
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        let mut st = self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1 RETURNING ino")?;
+        let rows = st.query_map([session as i64], |r| r.get::<_, i64>(0))?;
+        Ok(rows.map(|r| r.map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
     }
 
     fn put_node(&mut self, n: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {

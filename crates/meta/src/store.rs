@@ -3,6 +3,7 @@
 //! shared `engine` and `ops` are written once above them.
 
 use crate::error::MetaError;
+use crate::locks::Held;
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
 
@@ -107,6 +108,22 @@ pub trait Txn {
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError>;
     fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError>;
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError>;
+
+    /// Byte-range locks held on `ino`, in no particular order.
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError>;
+    /// Replaces every lock held on `ino` with `held`.
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError>;
+    /// Drops every lock of a session.
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError>;
+
+    /// How many times `session` has `ino` open (0 if never).
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<u32, MetaError>;
+    /// Records that `session` has `ino` open `count` times (0 removes the record).
+    fn put_open(&mut self, session: SessionId, ino: InodeId, count: u32) -> Result<(), MetaError>;
+    /// Opens of `ino` across all sessions.
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError>;
+    /// Drops every open record of a session, returning the inodes it had open.
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError>;
 
     /// Upserts a node; its `last_seen_secs` is ignored in favour of `last_seen_ms`.
     fn put_node(&mut self, node: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError>;

@@ -267,6 +267,18 @@ impl Cluster {
         self.mounts.clear();
     }
 
+    /// Kills meta alone (SIGKILL, as a crash) and starts it again on the same port
+    /// with the same arguments; nodes and mounts keep running and reconnect.
+    pub fn restart_meta(&mut self) {
+        let _ = self.meta.child.kill();
+        let _ = self.meta.child.wait();
+        let mut args = self.meta.args.clone();
+        if let Some(i) = args.iter().position(|a| a == "--listen") {
+            args[i + 1] = self.meta.addr.clone();
+        }
+        self.meta = spawn_and_wait(&self.bin, &args, "locus meta listening on", &self.path().join("meta.log"), None);
+    }
+
     /// Starts meta and every node again with their old arguments and state; node
     /// addresses are re-announced (ports may change).
     pub fn restart(&mut self) {

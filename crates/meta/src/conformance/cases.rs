@@ -894,30 +894,53 @@ pub fn session_expiry(b: &dyn Factory) {
     assert_eq!(refcount(&s, 5), Some(0));
 }
 
-/// Conformance case `orphans_are_reaped_after_restart`.
-pub fn orphans_are_reaped_after_restart(b: &dyn Factory) {
-    let f = {
+/// Conformance case `opens_and_locks_survive_a_restart`: open-file records and
+/// byte-range locks are rows of the store, so a restart of meta keeps an unlinked but
+/// open file and a held lock; the session's end releases both.
+pub fn opens_and_locks_survive_a_restart(b: &dyn Factory) {
+    let (session, f) = {
         let s = b.open();
         let session = hello(&s);
         let f = mk(&s, ROOT_INODE, "f", NewNode::File);
         commit(&s, f.ino, vec![ext(0, 10, 6, 0)], 10);
         ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
+        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
+        ok(&s, MetaRequest::SetLock(SetLock { session, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) }));
         ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() }));
-        f
+        (session, f)
     };
-    // Meta restarts: open records were in memory, the orphan is on disk.
+    // Meta restarts.
     let s = b.open();
-    assert_eq!(get(&s, f.ino).nlink, 0);
     let now_ms = Timestamp::now().secs * 1000;
     s.expire_sessions_at(now_ms).unwrap();
-    assert_eq!(get(&s, f.ino).nlink, 0, "kept while its opener may still come back");
-    s.expire_sessions_at(now_ms + 40_000).unwrap();
+    assert_eq!(get(&s, f.ino).nlink, 0, "the orphan is kept for its opener across the restart");
+    let other = hello(&s);
+    assert_eq!(
+        err(&s, MetaRequest::SetLock(SetLock { session: other, lock: lock(f.ino, 9, 5, 5, LockKind::Read) })),
+        ErrorCode::WouldBlock,
+        "the lock is still held after the restart"
+    );
+    match ok(&s, MetaRequest::GetLock(GetLock { session: other, lock: lock(f.ino, 9, 0, 0, LockKind::Read) })) {
+        MetaReply::Lock(Some(l)) => assert_eq!((l.start, l.end, l.kind), (0, u64::MAX, LockKind::Write)),
+        other => panic!("expected the held lock, got {other:?}"),
+    }
+    ok(&s, MetaRequest::Release(Release { session, ino: f.ino }));
+    assert_eq!(get(&s, f.ino).nlink, 0, "one of two opens remains");
+    ok(&s, MetaRequest::Release(Release { session, ino: f.ino }));
     assert_eq!(
         err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })),
         ErrorCode::NotFound,
-        "reaped after the grace period"
+        "the last close reclaims it"
     );
     assert_eq!(refcount(&s, 6), Some(0));
+    // The session's expiry drops its lock.
+    ok(&s, MetaRequest::Heartbeat(Heartbeat { session: other }));
+    let g = mk(&s, ROOT_INODE, "g", NewNode::File);
+    ok(&s, MetaRequest::SetLock(SetLock { session, lock: lock(g.ino, 1, 0, 9, LockKind::Write) }));
+    let expired = s.expire_sessions_at(now_ms + 31_000).unwrap();
+    assert!(expired.contains(&session), "{expired:?}");
+    let fresh = hello(&s);
+    ok(&s, MetaRequest::SetLock(SetLock { session: fresh, lock: lock(g.ino, 2, 0, 9, LockKind::Write) }));
 }
 
 /// Conformance case `locks`.

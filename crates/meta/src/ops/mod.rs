@@ -4,21 +4,22 @@
 
 mod catalogue;
 mod data;
+mod locks;
 mod namespace;
 mod sessions;
 
 use catalogue::{forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
+use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
 use crate::error::MetaError;
-use crate::opens::OpenTable;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open, Opened,
+    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Opened,
     Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
@@ -43,17 +44,15 @@ pub struct Ctx {
     pub now: Timestamp,
     pub now_ms: i64,
     pub heartbeat_ms: u64,
-    /// Open files per session (in memory, shared with the service).
-    pub opens: Arc<OpenTable>,
     /// The cluster this database was formatted for.
     pub cluster_id: Arc<str>,
 }
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
-    pub fn now(heartbeat_ms: u64, opens: Arc<OpenTable>, cluster_id: Arc<str>) -> Ctx {
+    pub fn now(heartbeat_ms: u64, cluster_id: Arc<str>) -> Ctx {
         let now = Timestamp::now();
-        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, opens, cluster_id }
+        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, cluster_id }
     }
 }
 
@@ -68,13 +67,8 @@ pub enum Access {
     Write {
         durable: bool,
     },
-    /// Served from the in-memory lock table.
-    Locks,
     /// Kept in the service's memory (worker reports).
     Reports,
-    /// Open without truncation and release: a point read plus bookkeeping in the
-    /// in-memory open table (the service applies it).
-    Open,
 }
 
 /// The one classification of every request (no catch-all: a new request does not
@@ -83,7 +77,7 @@ pub enum Access {
 pub fn access(req: &MetaRequest) -> Access {
     use MetaRequest as R;
     match req {
-        R::Lookup(_) | R::GetAttr(_) | R::ReadLink(_) | R::GetXattr(_) | R::ListXattr(_) => {
+        R::Lookup(_) | R::GetAttr(_) | R::ReadLink(_) | R::GetXattr(_) | R::ListXattr(_) | R::GetLock(_) => {
             Access::Read { point: true }
         }
         R::ReadDir(_)
@@ -95,9 +89,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListExtents(_)
         | R::Unreferenced(_)
         | R::Status(_) => Access::Read { point: false },
-        R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
         R::ReportWorkers(_) => Access::Reports,
-        R::Open(Open { truncate: false, .. }) | R::Release(_) => Access::Open,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
         | R::Heartbeat(_)
@@ -111,7 +103,10 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::Rename(_)
         | R::SetXattr(_)
         | R::RemoveXattr(_)
-        | R::Open(Open { truncate: true, .. })
+        | R::Open(_)
+        | R::Release(_)
+        | R::SetLock(_)
+        | R::ReleaseLocks(_)
         | R::RegisterNode(_)
         | R::UpdateLocations(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
@@ -127,18 +122,13 @@ pub fn serve<M: MetaMessage>(
     handler(msg).map(Into::into)
 }
 
-/// Runs a read request (`Access::Read`, and `Open` without truncation).
+/// Runs a read request (`Access::Read`).
 pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     match req {
         R::Lookup(m) => serve(m, |m| lookup(t, m.parent, &m.name)),
         R::GetAttr(m) => serve(m, |m| Ok(inode(t, m.ino)?.attr)),
-        R::Open(m) => serve(m, |m| {
-            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
-            let attr = inode(t, m.ino)?.attr;
-            let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents })
-        }),
+        R::GetLock(m) => serve(m, |m| get_lock(t, m.session, &m.lock)),
         R::ReadLink(m) => serve(m, |m| {
             let i = inode(t, m.ino)?;
             if i.attr.kind != FileKind::Symlink {
@@ -225,7 +215,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             s.last_seen_ms = ctx.now_ms;
             t.put_session(&s)
         }),
-        R::Goodbye(m) => serve(m, |m| end_session(t, &ctx.opens, m.session)),
+        R::Goodbye(m) => serve(m, |m| end_session(t, m.session)),
         R::SetAttr(m) => serve(m, |m| set_attr(t, now, m.ino, &m.set, &m.caller)),
         R::Create(m) => serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)),
         R::CreateOpen(m) => serve(m, |m| {
@@ -233,17 +223,17 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             let c = m.create;
             let attr = create(t, now, c.parent, &c.name, c.node, c.mode, &c.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
-            ctx.opens.add(m.session, attr.ino);
+            add_open(t, m.session, attr.ino)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
             Ok(Opened { attr, extents })
         }),
         R::Link(m) => serve(m, |m| link(t, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
-            let (ino, orphaned) = unlink(t, &ctx.opens, now, m.parent, &m.name)?;
+            let (ino, orphaned) = unlink(t, now, m.parent, &m.name)?;
             Ok(Unlinked { ino, orphaned })
         }),
         R::Rmdir(m) => serve(m, |m| rmdir(t, now, m.parent, &m.name)),
-        R::Rename(m) => serve(m, |m| rename(t, &ctx.opens, now, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
+        R::Rename(m) => serve(m, |m| rename(t, now, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
         R::SetXattr(m) => serve(m, |m| set_xattr(t, now, m.ino, &m.name, &m.value, m.mode)),
         R::RemoveXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
@@ -257,13 +247,18 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::Open(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let mut i = inode(t, m.ino)?;
-            require_file(&i)?;
-            truncate(t, &mut i, 0, now)?;
-            t.put_inode(&i)?;
-            ctx.opens.add(m.session, m.ino);
+            if m.truncate {
+                require_file(&i)?;
+                truncate(t, &mut i, 0, now)?;
+                t.put_inode(&i)?;
+            }
+            add_open(t, m.session, m.ino)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             Ok(Opened { attr: i.attr, extents })
         }),
+        R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
+        R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),
+        R::ReleaseLocks(m) => serve(m, |m| release_locks(t, m.session, m.ino, m.owner)),
         R::CommitWrite(m) => serve(m, |m| commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)),
         R::Fallocate(m) => serve(m, |m| fallocate(t, now, m.ino, m.offset, m.len, m.mode)),
         R::Compact(m) => serve(m, |m| compact(t, m.ino, m.data_version, &m.extents, &m.chunks)),

@@ -139,14 +139,14 @@ pub(super) fn link(
 }
 
 /// Drops one link of a non-directory; returns whether it lives on as an orphan.
-pub(super) fn drop_link(t: &mut dyn Txn, opens: &OpenTable, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
+pub(super) fn drop_link(t: &mut dyn Txn, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
     i.attr.nlink = i.attr.nlink.saturating_sub(1);
     i.attr.ctime = now;
     if i.attr.nlink > 0 {
         t.put_inode(&i)?;
         return Ok(false);
     }
-    if opens.count(i.attr.ino) > 0 {
+    if t.count_opens(i.attr.ino)? > 0 {
         t.put_inode(&i)?;
         return Ok(true);
     }
@@ -156,7 +156,6 @@ pub(super) fn drop_link(t: &mut dyn Txn, opens: &OpenTable, now: Timestamp, mut 
 
 pub(super) fn unlink(
     t: &mut dyn Txn,
-    opens: &OpenTable,
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
@@ -170,7 +169,7 @@ pub(super) fn unlink(
     }
     t.delete_dentry(parent, name)?;
     touch_dir(t, parent, now, 0)?;
-    let orphaned = drop_link(t, opens, now, i)?;
+    let orphaned = drop_link(t, now, i)?;
     Ok((ino, orphaned))
 }
 
@@ -220,7 +219,6 @@ pub(super) fn reparent(t: &mut dyn Txn, ino: InodeId, parent: InodeId, now: Time
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rename(
     t: &mut dyn Txn,
-    opens: &OpenTable,
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
@@ -289,7 +287,7 @@ pub(super) fn rename(
             destroy(t, d)?;
             touch_dir(t, new_parent, now, -1)?;
         } else {
-            drop_link(t, opens, now, d_inode)?;
+            drop_link(t, now, d_inode)?;
         }
     }
     t.delete_dentry(parent, name)?;
