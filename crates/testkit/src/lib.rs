@@ -28,6 +28,9 @@ pub struct Cluster {
     pub nodes: Vec<Proc>,
     /// Mount points and their `locus mount` processes.
     pub mounts: Vec<(PathBuf, Proc)>,
+    /// Further `locus meta` processes over the same database (PostgreSQL), one per
+    /// site, from `add_meta`.
+    pub other_metas: Vec<Proc>,
     /// Fail points armed in the processes started until the next `arm` or `restart`.
     failpoints: Option<String>,
 }
@@ -138,8 +141,15 @@ impl Cluster {
         let args: Vec<String> = args.into_iter().chain(meta_extra.iter().map(|s| s.to_string())).collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
         let failpoints = failpoints.map(String::from);
-        let mut cluster =
-            Cluster { bin: bin.to_path_buf(), dir, meta, nodes: Vec::new(), mounts: Vec::new(), failpoints };
+        let mut cluster = Cluster {
+            bin: bin.to_path_buf(),
+            dir,
+            meta,
+            nodes: Vec::new(),
+            mounts: Vec::new(),
+            other_metas: Vec::new(),
+            failpoints,
+        };
         for i in 0..nodes {
             cluster.add_node(&format!("node{i}"), "default");
         }
@@ -220,8 +230,28 @@ impl Cluster {
         self.mount_with(site, &[])
     }
 
+    /// Starts another `locus meta` over the same database on a new port (the database
+    /// must be one several metas can share: PostgreSQL) and returns its address.
+    pub fn add_meta(&mut self) -> String {
+        let mut args = self.meta.args.clone();
+        if let Some(i) = args.iter().position(|a| a == "--listen") {
+            args[i + 1] = "127.0.0.1:0".into();
+        }
+        let log = self.path().join(format!("meta{}.log", self.other_metas.len() + 1));
+        let proc = spawn_and_wait(&self.bin, &args, "locus meta listening on", &log, self.failpoints.as_deref());
+        let addr = proc.addr.clone();
+        self.other_metas.push(proc);
+        addr
+    }
+
     /// Mounts the namespace as a client of `site` with extra `locus mount` flags.
     pub fn mount_with(&mut self, site: &str, extra: &[&str]) -> PathBuf {
+        let meta = self.meta.addr.clone();
+        self.mount_through(&meta, site, extra)
+    }
+
+    /// Mounts the namespace through the meta at `meta` (see `add_meta`).
+    pub fn mount_through(&mut self, meta: &str, site: &str, extra: &[&str]) -> PathBuf {
         let n = self.mounts.len();
         let mountpoint = self.path().join(format!("mnt{n}"));
         std::fs::create_dir_all(&mountpoint).expect("create mount point");
@@ -229,7 +259,7 @@ impl Cluster {
             "mount".into(),
             mountpoint.display().to_string(),
             "--meta".into(),
-            self.meta.addr.clone(),
+            meta.into(),
             "--cache".into(),
             "64M".into(),
             "--site".into(),
@@ -352,7 +382,7 @@ impl Drop for Cluster {
         }
         let _ = self.meta.child.kill();
         let _ = self.meta.child.wait();
-        for p in &mut self.nodes {
+        for p in self.nodes.iter_mut().chain(&mut self.other_metas) {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
