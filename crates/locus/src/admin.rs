@@ -115,6 +115,15 @@ round trips between sites (measured by nodes):"
             println!("  {from:<10} -> {to:<10} {:>9.2} ms", *micros as f64 / 1000.0);
         }
     }
+    println!("\nreplication policies:");
+    println!("  {:<40} {}", "/ (default)", proto::policy::Policy::default());
+    for (ino, p) in &s.policies {
+        let path = crate::policy::path_of(&meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})"));
+        println!("  {path:<40} {p}");
+    }
+    for w in &s.policy_warnings {
+        println!("  warning: {w}");
+    }
     println!("\nsessions:");
     for (id, info, idle) in &s.sessions {
         println!("  #{id:<6} site {:<10} {}:{:<8} {:<30} idle {idle}s", info.site, info.host, info.pid, info.purpose);

@@ -43,6 +43,47 @@ pub enum Command {
     Fsck(AdminArgs),
     /// Delete chunks that no file references any more.
     Gc(GcArgs),
+    /// Replication policies of directories (which sites hold the data, how many copies,
+    /// when a write is acknowledged).
+    Policy(PolicyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+    #[arg(long, global = true)]
+    pub meta: Option<String>,
+    #[command(subcommand)]
+    pub command: PolicyCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Sets the policy of a directory (a path in the namespace, e.g. /projects/x);
+    /// everything below it follows it unless it sets its own.
+    Set {
+        path: String,
+        /// Sites that must hold every chunk, e.g. a,b [default: the writer's site].
+        #[arg(long, value_delimiter = ',')]
+        sites: Vec<String>,
+        /// Copies on distinct nodes inside each listed site.
+        #[arg(long, default_value_t = 2)]
+        copies: u32,
+        /// sync (durable at every copy), semi-sync (durable here, received at the
+        /// other sites) or async (durable here, shipped in the background).
+        #[arg(long, default_value = "sync")]
+        mode: proto::policy::ReplicationMode,
+        /// Most lag accepted before status warns, e.g. 30s.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        rpo: std::time::Duration,
+        /// Removes the directory's own policy (it inherits its parent's again).
+        #[arg(long, conflicts_with_all = ["sites", "mode"])]
+        clear: bool,
+    },
+    /// Shows the policy that applies to a path and where it comes from.
+    Get { path: String },
+    /// Lists every directory that sets a policy.
+    List,
 }
 
 #[derive(Args, Debug)]
@@ -119,6 +160,10 @@ pub struct NodeArgs {
     /// Unreferenced chunks written more recently than this are kept (writes in flight).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reclaim_grace: std::time::Duration,
+    /// How long a sync or semi-sync write waits for its copies at other nodes and sites
+    /// before it fails (EIO at fsync/close), e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub sync_timeout: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

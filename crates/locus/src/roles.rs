@@ -79,6 +79,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             grace: args.reclaim_grace,
             ..node::ReclaimConfig::default()
         },
+        sync_timeout: args.sync_timeout,
         metrics: None,
     }
 }
@@ -242,6 +243,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         metrics: None,
         reclaim_above: 90.0,
         reclaim_grace: Duration::from_secs(300),
+        sync_timeout: Duration::from_secs(10),
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());

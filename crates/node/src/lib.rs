@@ -6,10 +6,12 @@
 mod cluster;
 mod metrics;
 mod reclaim;
+mod replicate;
 mod site;
 
 use cluster::Membership;
 use reclaim::Reclaim;
+use replicate::{ReplicationWorker, Replicator};
 pub use reclaim::ReclaimConfig;
 pub use site::WanConfig;
 use site::{SiteLink, SiteLinkWorker};
@@ -56,6 +58,9 @@ pub struct NodeConfig {
     pub wan: WanConfig,
     /// When unreferenced chunks are deleted without an operator.
     pub reclaim: ReclaimConfig,
+    /// How long a `sync` or `semi-sync` put waits for its copies at other nodes and
+    /// sites before the write fails.
+    pub sync_timeout: Duration,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
 }
@@ -93,16 +98,18 @@ pub struct NodeService {
     loading: SingleFlight<ChunkId, Bytes>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
+    /// Makes the copies a put's policy asks for; `None` stores only here.
+    replicator: Option<Arc<Replicator>>,
 }
 
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None)
+        NodeService::with_site(store, None, None)
     }
 
-    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>) -> Self {
-        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site }
+    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, replicator: Option<Arc<Replicator>>) -> Self {
+        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, replicator }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -167,7 +174,10 @@ impl Service for NodeService {
 
     async fn handle(self: Arc<Self>, _peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
         let reply = match req {
-            NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            NodeRequest::Put { id, replicate } => match &self.replicator {
+                Some(r) => r.put(id, bulk, replicate).await.map(NodeReply::Stored),
+                None => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            },
             NodeRequest::Get { id, offset, len, local_only } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
@@ -227,9 +237,18 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let workers = Arc::new(Workers::default());
     let period = config.heartbeat.max(Duration::from_millis(10));
     workers.spawn(SiteLinkWorker { link: site.clone(), period, reported: 0 });
+    let replicator = Arc::new(Replicator::new(
+        config.id.clone(),
+        config.site.clone(),
+        site.clone(),
+        store.clone(),
+        config.sync_timeout,
+    ));
+    workers.spawn(ReplicationWorker { replicator: replicator.clone(), made: 0, backoff: Duration::ZERO });
     if let Some(metrics) = config.metrics.take() {
         let (id, site_name) = (config.id.clone(), config.site.clone());
-        tokio::spawn(metrics::serve(metrics, id, site_name, store.clone(), site.clone(), workers.clone()));
+        let parts = metrics::Parts { store: store.clone(), link: site.clone(), replicator: replicator.clone(), workers: workers.clone() };
+        tokio::spawn(metrics::serve(metrics, id, site_name, parts));
     }
     let reclaim = Reclaim {
         meta: meta.clone(),
@@ -251,7 +270,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         failing: false,
         workers: report,
     });
-    let service = NodeService::with_site(store, Some(site));
+    let service = NodeService::with_site(store, Some(site), Some(replicator));
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}

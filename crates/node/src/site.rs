@@ -111,7 +111,7 @@ pub struct SiteLink {
     /// Best round trip per other site, as last measured (reported in the heartbeat).
     site_rtts: Mutex<Vec<(String, u64)>>,
     fetches: SingleFlight<ChunkId, Bytes>,
-    /// Location changes not yet reported to meta.
+    /// Location changes not yet reported to meta (an empty `nodes` means this node).
     pending: Mutex<(Vec<StoredChunk>, Vec<ChunkId>)>,
     pub stats: WanStats,
 }
@@ -156,6 +156,16 @@ impl SiteLink {
             pending: Mutex::default(),
             stats: WanStats::default(),
         })
+    }
+
+    /// The cluster's other nodes as last learned from meta, with connections to them.
+    pub(crate) fn peers(&self) -> &NodeDirectory {
+        &self.peers
+    }
+
+    /// Queues copies made by replication for the next report to meta.
+    pub(crate) fn report_copies(&self, id: ChunkId, size: u64, holders: Vec<String>) {
+        lock(&self.pending).0.push(StoredChunk { id, size, nodes: holders });
     }
 
     /// Bytes held in the site cache.

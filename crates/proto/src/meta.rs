@@ -2,6 +2,7 @@
 //! Meta never carries file data; it hands out extents and chunk locations.
 
 use crate::error::WireError;
+use crate::policy::{EffectivePolicy, Policy};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
@@ -154,6 +155,9 @@ impl MetaRequest {
             | R::ForgetChunks(_)
             | R::UpdateLocations(_)
             | R::Status(_)
+            | R::SetPolicy(_)
+            | R::GetPolicy(_)
+            | R::ListPolicies(_)
             | R::ReportWorkers(_) => None,
         }
     }
@@ -418,7 +422,8 @@ meta_requests! {
         ids: Vec<ChunkId>,
     } => ();
     /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
-    /// in its site cache, so other sites can find the nearest copy.
+    /// in its site cache, so other sites can find the nearest copy. An added chunk
+    /// that names nodes reports copies its replication made on those nodes.
     UpdateLocations {
         node: NodeId,
         added: Vec<StoredChunk>,
@@ -426,6 +431,18 @@ meta_requests! {
     } => ();
     /// Everything `locus status` shows.
     Status {} => ClusterStatus;
+    /// Sets (`Some`) or clears (`None`) a directory's replication policy; answers the
+    /// warnings an operator should see (a site with fewer nodes than copies).
+    SetPolicy {
+        ino: InodeId,
+        policy: Option<Policy>,
+    } => Vec<String>;
+    /// The policy that applies to an inode: its own, the nearest ancestor's, or the default.
+    GetPolicy {
+        ino: InodeId,
+    } => EffectivePolicy;
+    /// Every directory that sets a policy, with its policy.
+    ListPolicies {} => Vec<(InodeId, Policy)>;
     /// What a node's background workers are doing, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status` (clients are asked instead, by a
     /// `MetaPush::Workers` on their own connection).
@@ -450,6 +467,10 @@ pub struct ClusterStatus {
     pub workers: Vec<(String, Vec<WorkerStatus>)>,
     /// The cluster this meta serves.
     pub cluster_id: String,
+    /// Directories that set a replication policy.
+    pub policies: Vec<(InodeId, Policy)>,
+    /// What an operator should act on about replication (too few nodes for a policy).
+    pub policy_warnings: Vec<String>,
 }
 
 /// `statfs` numbers in bytes and inodes.
@@ -487,6 +508,8 @@ pub struct Unlinked {
 pub struct Opened {
     pub attr: Attr,
     pub extents: Vec<Extent>,
+    /// The replication policy the file's chunks are stored under.
+    pub policy: Policy,
 }
 
 /// Every answer type as one enum on the wire, each variant convertible to and from its
@@ -537,6 +560,9 @@ meta_replies! {
     Extents(Vec<(InodeId, Extent)>),
     ChunkIds(Vec<ChunkId>),
     Status(ClusterStatus),
+    Policy(EffectivePolicy),
+    Policies(Vec<(InodeId, Policy)>),
+    Warnings(Vec<String>),
 }
 
 impl From<()> for MetaReply {

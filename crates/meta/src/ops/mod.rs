@@ -5,11 +5,13 @@
 mod catalogue;
 mod data;
 mod namespace;
+mod policy;
 mod sessions;
 
 use catalogue::{forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
+use policy::{effective_policy, policy_warnings, set_policy};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
@@ -94,6 +96,8 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListChunks(_)
         | R::ListExtents(_)
         | R::Unreferenced(_)
+        | R::GetPolicy(_)
+        | R::ListPolicies(_)
         | R::Status(_) => Access::Read { point: false },
         R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
         R::ReportWorkers(_) => Access::Reports,
@@ -114,6 +118,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::Open(Open { truncate: true, .. })
         | R::RegisterNode(_)
         | R::UpdateLocations(_)
+        | R::SetPolicy(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
     }
 }
@@ -137,7 +142,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let attr = inode(t, m.ino)?.attr;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr, extents, policy })
         }),
         R::ReadLink(m) => serve(m, |m| {
             let i = inode(t, m.ino)?;
@@ -167,7 +173,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
-            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)? })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, policy })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -198,7 +205,10 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 .into_iter()
                 .map(|s| (s.id, s.info, secs_since(ctx.now_ms, s.last_seen_ms)))
                 .collect();
+            let policies = t.list_policies()?;
             Ok(ClusterStatus {
+                policy_warnings: policy_warnings(t, &policies)?,
+                policies,
                 nodes: nodes(t, ctx)?,
                 sessions,
                 inodes: t.count_inodes()?,
@@ -210,6 +220,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
+        R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
+        R::ListPolicies(m) => serve(m, |_| t.list_policies()),
         other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
     }
 }
@@ -235,7 +247,8 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             require_file(&inode(t, attr.ino)?)?;
             ctx.opens.add(m.session, attr.ino);
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents })
+            let policy = effective_policy(t, attr.ino)?.policy;
+            Ok(Opened { attr, extents, policy })
         }),
         R::Link(m) => serve(m, |m| link(t, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
@@ -262,7 +275,8 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.put_inode(&i)?;
             ctx.opens.add(m.session, m.ino);
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr: i.attr, extents })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr: i.attr, extents, policy })
         }),
         R::CommitWrite(m) => serve(m, |m| commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)),
         R::Fallocate(m) => serve(m, |m| fallocate(t, now, m.ino, m.offset, m.len, m.mode)),
@@ -273,14 +287,17 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
-            for chunk in &m.added {
-                t.upsert_chunk(&StoredChunk { nodes: vec![m.node.clone()], ..chunk.clone() })?;
+            for chunk in m.added {
+                // No nodes named: the reporting node's own copy (its site cache).
+                let nodes = if chunk.nodes.is_empty() { vec![m.node.clone()] } else { chunk.nodes };
+                t.upsert_chunk(&StoredChunk { nodes, ..chunk })?;
             }
             for id in &m.removed {
                 t.remove_location(id, &m.node)?;
             }
             Ok(())
         }),
+        R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
         R::ForgetChunks(m) => serve(m, |m| {
             for id in &m.ids {
                 forget_chunk(t, id)?;
