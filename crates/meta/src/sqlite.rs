@@ -7,8 +7,8 @@
 use crate::error::MetaError;
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use proto::meta::{SessionInfo, StoredChunk};
-use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
 use proto::policy::Policy;
+use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::fs::File;
 use std::io::Read;

@@ -11,8 +11,8 @@ mod site;
 
 use cluster::Membership;
 use reclaim::Reclaim;
-use replicate::{ReplicationWorker, Replicator};
 pub use reclaim::ReclaimConfig;
+use replicate::{ReplicationWorker, Replicator};
 pub use site::WanConfig;
 use site::{SiteLink, SiteLinkWorker};
 
@@ -247,7 +247,12 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     workers.spawn(ReplicationWorker { replicator: replicator.clone(), made: 0, backoff: Duration::ZERO });
     if let Some(metrics) = config.metrics.take() {
         let (id, site_name) = (config.id.clone(), config.site.clone());
-        let parts = metrics::Parts { store: store.clone(), link: site.clone(), replicator: replicator.clone(), workers: workers.clone() };
+        let parts = metrics::Parts {
+            store: store.clone(),
+            link: site.clone(),
+            replicator: replicator.clone(),
+            workers: workers.clone(),
+        };
         tokio::spawn(metrics::serve(metrics, id, site_name, parts));
     }
     let reclaim = Reclaim {

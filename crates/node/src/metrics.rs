@@ -91,12 +91,7 @@ pub(crate) fn render(node: &str, site: &str, parts: &Parts) -> String {
 }
 
 /// Serves the metrics until the listener fails; each connection gets one response.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    node: String,
-    site: String,
-    parts: Parts,
-) {
+pub(crate) async fn serve(listener: TcpListener, node: String, site: String, parts: Parts) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { return };
         let body = render(&node, &site, &parts);

@@ -14,7 +14,7 @@ use futures_util::future::join_all;
 use proto::error::{ErrorCode, WireError};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::placement::rendezvous;
-use proto::policy::{ReplicationMode, Replicate};
+use proto::policy::{Replicate, ReplicationMode};
 use proto::types::ChunkId;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -44,6 +44,7 @@ pub struct ReplicationStats {
 
 /// Copies still to be made in the background (`async`, and the durable half of a
 /// `semi-sync` receipt).
+#[derive(Clone)]
 struct Job {
     id: ChunkId,
     want: Replicate,
@@ -217,7 +218,10 @@ impl Replicator {
             .await
             .map_err(|e| WireError::new(ErrorCode::Unreachable, format!("node {node}: {e}")))?;
         let transport = |e: net::NetError| WireError::new(ErrorCode::Unreachable, format!("node {node}: {e}"));
-        let (has, _) = client.call_bulk::<_, NodeResult>(&NodeRequest::Has { ids: vec![id] }, Bytes::new()).await.map_err(transport)?;
+        let (has, _) = client
+            .call_bulk::<_, NodeResult>(&NodeRequest::Has { ids: vec![id] }, Bytes::new())
+            .await
+            .map_err(transport)?;
         if matches!(has?, NodeReply::Flags(f) if f == [true]) {
             self.stats.already_there.fetch_add(1, Ordering::Relaxed);
             return Ok(vec![node.to_string()]);
@@ -268,11 +272,16 @@ impl Worker for ReplicationWorker {
 
     async fn work(&mut self) -> Result<Step, WireError> {
         let r = &self.replicator;
-        let Some(job) = lock(&r.queue).pop_front() else { return Ok(Step::Idle) };
+        // The job stays queued (and counted in the lag) until its copies exist.
+        let Some(job) = lock(&r.queue).front().cloned() else { return Ok(Step::Idle) };
         let done = async {
             let data = match &job.data {
                 Some(data) => {
                     r.store_here(job.id, data.clone()).await?;
+                    if let Some(front) = lock(&r.queue).front_mut() {
+                        // Stored here now: a retry reads it from the store.
+                        front.data = None;
+                    }
                     data.clone()
                 }
                 None => {
@@ -291,16 +300,15 @@ impl Worker for ReplicationWorker {
         .await;
         match done {
             Ok((holders, size)) => {
+                lock(&r.queue).pop_front();
                 self.made += holders.len() as u64 - 1;
                 self.backoff = Duration::ZERO;
                 r.link.report_copies(job.id, size, holders);
                 Ok(Step::Busy)
             }
             Err(e) => {
-                // Keep its place at the front (the oldest copy goes first once the
-                // link is back), with the stored bytes written already.
-                let data = if job.data.is_some() && e.code == ErrorCode::NotReplicated { None } else { job.data };
-                lock(&r.queue).push_front(Job { data, ..job });
+                // It keeps its place at the front: the oldest copy goes first once the
+                // link is back.
                 self.backoff = (self.backoff * 2).clamp(Duration::from_millis(200), MAX_BACKOFF);
                 Err(e)
             }

@@ -1151,11 +1151,20 @@ pub fn replication_policies(b: &dyn Factory) {
         other => panic!("expected Status, got {other:?}"),
     }
 
-    assert_eq!(err(&s, MetaRequest::SetPolicy(SetPolicy { ino: deep.ino, policy: Some(three.clone()) })), ErrorCode::NotDir);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: deep.ino, policy: Some(three.clone()) })),
+        ErrorCode::NotDir
+    );
     let nowhere = policy(&["mars"], 1, M::Sync);
-    assert_eq!(err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(nowhere) })), ErrorCode::InvalidArgument);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(nowhere) })),
+        ErrorCode::InvalidArgument
+    );
     let none = policy(&["s1"], 0, M::Sync);
-    assert_eq!(err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(none) })), ErrorCode::InvalidArgument);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(none) })),
+        ErrorCode::InvalidArgument
+    );
 
     // Clearing falls back to the ancestor's; a removed directory's policy goes with it.
     ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: None }));
