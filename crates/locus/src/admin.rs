@@ -71,6 +71,32 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// Copies owed per policy and site, summed over the nodes that owe them; a lag
+/// older than its policy's RPO is a warning.
+fn print_lag(lag: &[(String, proto::policy::ReplicationLag)]) {
+    let mut by_key: std::collections::BTreeMap<(String, String), (u64, u64, u64, u64)> = Default::default();
+    for (_, l) in lag {
+        let e = by_key.entry((l.policy.to_string(), l.site.clone())).or_default();
+        e.0 += l.chunks;
+        e.1 += l.bytes;
+        e.2 = e.2.max(l.oldest_secs);
+        e.3 = l.policy.rpo_secs;
+    }
+    println!("\nreplication lag (copies not yet made):");
+    if by_key.is_empty() {
+        println!("  none");
+    }
+    for ((policy, site), (chunks, bytes, oldest, rpo)) in by_key {
+        println!(
+            "  to site {site:<10} {chunks:>8} chunks {:>12}  oldest {oldest:>5}s  rpo {rpo}s  [{policy}]",
+            human(bytes)
+        );
+        if oldest > rpo {
+            println!("  warning: RPO breached: copies owed to site {site} are {oldest}s old (rpo {rpo}s) [{policy}]");
+        }
+    }
+}
+
 pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let addr = crate::local::meta_addr(args.meta.as_deref());
     let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
@@ -124,6 +150,7 @@ round trips between sites (measured by nodes):"
     for w in &s.policy_warnings {
         println!("  warning: {w}");
     }
+    print_lag(&s.lag);
     println!("\nsessions:");
     for (id, info, idle) in &s.sessions {
         println!("  #{id:<6} site {:<10} {}:{:<8} {:<30} idle {idle}s", info.site, info.host, info.pid, info.purpose);

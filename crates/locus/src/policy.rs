@@ -63,8 +63,7 @@ pub async fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
                 mode,
                 rpo_secs: rpo.as_secs(),
             });
-            let warnings =
-                ask(&meta, SetPolicy { ino, policy: policy.clone() }).await.with_context(|| path.clone())?;
+            let warnings = ask(&meta, SetPolicy { ino, policy: policy.clone() }).await.with_context(|| path.clone())?;
             for w in warnings {
                 eprintln!("warning: {path}: {w}");
             }

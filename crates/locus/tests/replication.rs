@@ -124,29 +124,38 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
 }
 
 #[test]
-fn a_sync_write_to_a_site_that_does_not_answer_fails_with_eio_in_bounded_time() {
+fn sync_and_semi_sync_writes_to_a_site_that_does_not_answer_fail_with_eio_in_bounded_time() {
     let timeout: &[&str] = &["--sync-timeout", "3s"];
     let Some(mut c) = cluster(&[("a0", "a", timeout), ("b0", "b", &[])]) else { return };
     let at_a = c.mount_at("a");
-    fs::create_dir(at_a.join("d")).unwrap();
-    assert!(policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "sync"]).status.success());
-    write_synced(&at_a.join("d/before"), &pattern(1 << 20, 1)).unwrap();
-    assert_eq!(chunks_of(&c, "b0"), 1);
+    for (i, mode) in ["sync", "semi-sync"].into_iter().enumerate() {
+        let dir = at_a.join(mode);
+        fs::create_dir(&dir).unwrap();
+        let set = policy(&c, &["set", &format!("/{mode}"), "--sites", "a,b", "--copies", "1", "--mode", mode]);
+        assert!(set.status.success(), "{}", text(&set));
+        let seed = 10 * i as u64;
+        write_synced(&dir.join("before"), &pattern(1 << 20, seed + 1)).unwrap();
+        // semi-sync: b has received it; its durable copy follows at once.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while chunks_of(&c, "b0") < 2 * i + 1 {
+            assert!(Instant::now() < deadline, "{mode}: b never stored the chunk");
+            std::thread::sleep(Duration::from_millis(50));
+        }
 
-    let b0 = c.nodes[1].child.id();
-    signal(b0, libc::SIGSTOP);
-    let started = Instant::now();
-    let err = write_synced(&at_a.join("d/during"), &pattern(1 << 20, 2)).unwrap_err();
-    let took = started.elapsed();
-    signal(b0, libc::SIGCONT);
-    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    assert!(took < Duration::from_secs(10), "fsync took {took:?} with a 3 s sync timeout");
-    let log = fs::read_to_string(c.path().join("a0.log")).unwrap();
-    assert!(log.contains("did not complete within the sync timeout"), "{log}");
+        let b0 = c.nodes[1].child.id();
+        signal(b0, libc::SIGSTOP);
+        let started = Instant::now();
+        let err = write_synced(&dir.join("during"), &pattern(1 << 20, seed + 2)).unwrap_err();
+        let took = started.elapsed();
+        signal(b0, libc::SIGCONT);
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{mode}: {err}");
+        assert!(took < Duration::from_secs(10), "{mode}: fsync took {took:?} with a 3 s sync timeout");
+        let log = fs::read_to_string(c.path().join("a0.log")).unwrap();
+        assert!(log.contains("did not complete within the sync timeout"), "{log}");
 
-    // Once b answers again, sync writes succeed again.
-    write_synced(&at_a.join("d/after"), &pattern(1 << 20, 3)).unwrap();
-    assert!(chunks_of(&c, "b0") >= 2);
+        // Once b answers again, writes succeed again.
+        write_synced(&dir.join("after"), &pattern(1 << 20, seed + 3)).unwrap();
+    }
 }
 
 #[test]
@@ -157,7 +166,8 @@ fn an_async_write_goes_on_while_a_site_is_silent_and_ships_only_what_it_missed()
     let Some(mut c) = cluster(&[("a0", "a", flags), ("b0", "b", &[])]) else { return };
     let at_a = c.mount_at("a");
     fs::create_dir(at_a.join("d")).unwrap();
-    assert!(policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "async"]).status.success());
+    let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "async", "--rpo", "1s"]);
+    assert!(set.status.success(), "{}", text(&set));
     let shipped = |c: &Cluster| (metric(&metrics, "locus_replication_shipped_bytes_total"), chunks_of(c, "b0"));
     let drained = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -184,6 +194,19 @@ fn an_async_write_goes_on_while_a_site_is_silent_and_ships_only_what_it_missed()
     std::thread::sleep(Duration::from_secs(1));
     assert!(metric(&metrics, "locus_replication_lag_chunks") >= 3, "the lag grows during the cut");
     assert!(metric(&metrics, "locus_replication_lag_oldest_seconds") >= 1);
+    // Status shows the lag per policy and site, and the breach of the 1 s RPO.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let shown = text(&c.locus(&["status", "--meta", &c.meta.addr]));
+        let lag = shown.lines().any(|l| l.contains("to site b") && l.contains(" chunks") && l.contains("rpo 1s"));
+        if lag && shown.contains("warning: RPO breached") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no lag or breach in status:\n{shown}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let log = fs::read_to_string(c.path().join("a0.log")).unwrap();
+    assert!(log.contains("replication lag breaches the RPO"), "{log}");
 
     signal(b0, libc::SIGCONT);
     drained("after the cut");

@@ -21,7 +21,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{RegisterNode, Registered, ReportWorkers};
+use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -266,6 +266,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     workers.spawn(reclaim);
     let report = Arc::downgrade(&workers);
     workers.spawn(Registration {
+        replicator: replicator.clone(),
         meta,
         config,
         membership,
@@ -326,6 +327,20 @@ struct Registration {
     failing: bool,
     /// The node's workers (this one among them), reported with every heartbeat.
     workers: std::sync::Weak<Workers>,
+    /// Whose owed copies are reported with every heartbeat.
+    replicator: Arc<Replicator>,
+}
+
+impl Registration {
+    /// Sends a report to meta.
+    async fn tell_meta<M: proto::meta::MetaMessage>(&self, report: M) -> Result<(), NodeError> {
+        let addr = self.config.meta_addr.clone();
+        match self.meta.ask(report).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(source)) => Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
+            Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
+        }
+    }
 }
 
 impl Worker for Registration {
@@ -355,13 +370,10 @@ impl Worker for Registration {
         if let Some(workers) = self.workers.upgrade() {
             let process = format!("node {}", self.config.id);
             let report = ReportWorkers { process, workers: workers.statuses() };
-            let addr = self.config.meta_addr.clone();
-            match self.meta.ask(report).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(source)) => return Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
-                Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
-            }
+            self.tell_meta(report).await?;
         }
+        let lag = ReportLag { node: self.config.id.clone(), lag: self.replicator.lag_report() };
+        self.tell_meta(lag).await?;
         Ok(Step::Idle)
     }
 

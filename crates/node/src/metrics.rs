@@ -71,6 +71,31 @@ pub(crate) fn render(node: &str, site: &str, parts: &Parts) -> String {
     );
     gauge("locus_replication_lag_chunks", "Chunks whose copies are queued, not yet made.", lag_chunks);
     gauge("locus_replication_lag_oldest_seconds", "Age of the oldest queued copy.", lag_oldest.as_secs());
+    let _ = writeln!(
+        out,
+        "# HELP locus_replication_owed_chunks Chunks owed to a site under a policy.\n\
+         # TYPE locus_replication_owed_chunks gauge"
+    );
+    let owed = replicator.owed();
+    for l in &owed {
+        let _ = writeln!(
+            out,
+            "locus_replication_owed_chunks{{{labels},to=\"{}\",policy=\"{}\"}} {}",
+            l.site, l.policy, l.chunks
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP locus_replication_owed_oldest_seconds Age of the oldest copy owed to a site.\n\
+         # TYPE locus_replication_owed_oldest_seconds gauge"
+    );
+    for l in &owed {
+        let _ = writeln!(
+            out,
+            "locus_replication_owed_oldest_seconds{{{labels},to=\"{}\",policy=\"{}\",rpo=\"{}\"}} {}",
+            l.site, l.policy, l.policy.rpo_secs, l.oldest_secs
+        );
+    }
     let statuses = workers.statuses();
     for (name, kind, help, value) in [
         (

@@ -14,9 +14,10 @@ use futures_util::future::join_all;
 use proto::error::{ErrorCode, WireError};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::placement::rendezvous;
+use proto::policy::ReplicationLag;
 use proto::policy::{Replicate, ReplicationMode};
 use proto::types::ChunkId;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +51,21 @@ struct Job {
     want: Replicate,
     /// The bytes, when they are not yet in the local store (a `semi-sync` receipt).
     data: Option<Bytes>,
+    size: u64,
     since: Instant,
+}
+
+impl Job {
+    fn new(id: ChunkId, want: Replicate, data: &Bytes, received: bool) -> Job {
+        let size = data.len() as u64;
+        Job { id, want, data: received.then(|| data.clone()), size, since: Instant::now() }
+    }
+
+    /// The sites this job still owes a copy to (this node's own when the copy here is
+    /// not yet durable or the policy wants more copies here).
+    fn owed<'a>(&'a self, here: &'a str) -> impl Iterator<Item = &'a String> + 'a {
+        self.want.sites.iter().filter(move |s| *s != here || self.data.is_some() || self.want.copies > 1)
+    }
 }
 
 /// One node's replication: the copies it makes, and its queue of copies to make.
@@ -62,6 +77,8 @@ pub struct Replicator {
     sync_timeout: Duration,
     queue: Mutex<VecDeque<Job>>,
     queued: Notify,
+    /// (policy, site) pairs whose lag breached the RPO at the last report.
+    breached: Mutex<HashSet<(String, String)>>,
     pub stats: ReplicationStats,
 }
 
@@ -81,6 +98,7 @@ impl Replicator {
             sync_timeout,
             queue: Mutex::default(),
             queued: Notify::new(),
+            breached: Mutex::default(),
             stats: ReplicationStats::default(),
         }
     }
@@ -92,12 +110,12 @@ impl Replicator {
         if want.on_receipt {
             // A remote site's receipt under `semi-sync`: received is enough; the
             // durable copy and this site's others follow in the background.
-            self.enqueue(Job { id, want, data: Some(data), since: Instant::now() });
+            self.enqueue(Job::new(id, want, &data, true));
             return Ok(vec![self.me.clone()]);
         }
         self.store_here(id, data.clone()).await?;
         if want.mode == Some(ReplicationMode::Async) {
-            self.enqueue(Job { id, want, data: None, since: Instant::now() });
+            self.enqueue(Job::new(id, want, &data, false));
             return Ok(vec![self.me.clone()]);
         }
         let mut holders = vec![self.me.clone()];
@@ -130,7 +148,7 @@ impl Replicator {
         for site in want.sites.iter().filter(|s| **s != self.site) {
             // The remote site's first node places that site's copies.
             let on_receipt = want.mode == Some(ReplicationMode::SemiSync);
-            let ask = Replicate { sites: vec![site.clone()], copies: want.copies, mode: want.mode, on_receipt };
+            let ask = Replicate { sites: vec![site.clone()], on_receipt, ..want.clone() };
             legs.push((site.clone(), self.ranked(&id, site), 1, ask));
         }
         let run = join_all(legs.iter().map(|(site, nodes, needed, ask)| async move {
@@ -241,11 +259,50 @@ impl Replicator {
         self.queued.notify_one();
     }
 
-    /// Copies queued and not yet made: (chunks, bytes known, age of the oldest).
+    /// Copies queued and not yet made: (chunks, bytes, age of the oldest).
     pub fn lag(&self) -> (u64, u64, Duration) {
         let q = lock(&self.queue);
-        let bytes = q.iter().map(|j| j.data.as_ref().map_or(0, |d| d.len() as u64)).sum();
+        let bytes = q.iter().map(|j| j.size).sum();
         (q.len() as u64, bytes, q.front().map_or(Duration::ZERO, |j| j.since.elapsed()))
+    }
+
+    /// The copies owed, per policy and site.
+    pub fn owed(&self) -> Vec<ReplicationLag> {
+        let mut by_key: BTreeMap<(String, String), ReplicationLag> = BTreeMap::new();
+        for job in lock(&self.queue).iter() {
+            for site in job.owed(&self.site) {
+                let policy = job.want.policy();
+                let entry = by_key.entry((policy.to_string(), site.clone())).or_insert_with(|| ReplicationLag {
+                    policy,
+                    site: site.clone(),
+                    chunks: 0,
+                    bytes: 0,
+                    oldest_secs: 0,
+                });
+                entry.chunks += 1;
+                entry.bytes += job.size;
+                entry.oldest_secs = entry.oldest_secs.max(job.since.elapsed().as_secs());
+            }
+        }
+        by_key.into_values().collect()
+    }
+
+    /// `owed`, for the heartbeat; logs when a policy's RPO is first breached (and when
+    /// the lag is back within it).
+    pub fn lag_report(&self) -> Vec<ReplicationLag> {
+        let report = self.owed();
+        let breached: HashSet<(String, String)> =
+            report.iter().filter(|l| l.breached()).map(|l| (l.policy.to_string(), l.site.clone())).collect();
+        let mut known = lock(&self.breached);
+        for l in report.iter().filter(|l| l.breached() && !known.contains(&(l.policy.to_string(), l.site.clone()))) {
+            tracing::warn!(site = %l.site, policy = %l.policy, chunks = l.chunks, oldest_secs = l.oldest_secs,
+                "replication lag breaches the RPO: the oldest copy owed is older than the policy allows");
+        }
+        for (policy, site) in known.difference(&breached) {
+            tracing::info!(%site, %policy, "replication lag is back within the RPO");
+        }
+        *known = breached;
+        report
     }
 }
 
@@ -295,15 +352,15 @@ impl Worker for ReplicationWorker {
             };
             let mut holders = r.copy_out(job.id, &data, &job.want).await?;
             holders.push(r.me.clone());
-            Ok::<_, WireError>((holders, data.len() as u64))
+            Ok::<_, WireError>(holders)
         }
         .await;
         match done {
-            Ok((holders, size)) => {
+            Ok(holders) => {
                 lock(&r.queue).pop_front();
                 self.made += holders.len() as u64 - 1;
                 self.backoff = Duration::ZERO;
-                r.link.report_copies(job.id, size, holders);
+                r.link.report_copies(job.id, job.size, holders);
                 Ok(Step::Busy)
             }
             Err(e) => {

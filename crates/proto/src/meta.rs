@@ -2,7 +2,7 @@
 //! Meta never carries file data; it hands out extents and chunk locations.
 
 use crate::error::WireError;
-use crate::policy::{EffectivePolicy, Policy};
+use crate::policy::{EffectivePolicy, Policy, ReplicationLag};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +158,7 @@ impl MetaRequest {
             | R::SetPolicy(_)
             | R::GetPolicy(_)
             | R::ListPolicies(_)
+            | R::ReportLag(_)
             | R::ReportWorkers(_) => None,
         }
     }
@@ -443,6 +444,12 @@ meta_requests! {
     } => EffectivePolicy;
     /// Every directory that sets a policy, with its policy.
     ListPolicies {} => Vec<(InodeId, Policy)>;
+    /// The copies a node still owes other nodes, sent with its heartbeat; meta keeps
+    /// the latest report in memory for `locus status`.
+    ReportLag {
+        node: NodeId,
+        lag: Vec<ReplicationLag>,
+    } => ();
     /// What a node's background workers are doing, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status` (clients are asked instead, by a
     /// `MetaPush::Workers` on their own connection).
@@ -471,6 +478,8 @@ pub struct ClusterStatus {
     pub policies: Vec<(InodeId, Policy)>,
     /// What an operator should act on about replication (too few nodes for a policy).
     pub policy_warnings: Vec<String>,
+    /// Copies owed, per reporting node (the latest report of each live node).
+    pub lag: Vec<(NodeId, ReplicationLag)>,
 }
 
 /// `statfs` numbers in bytes and inodes.

@@ -85,12 +85,51 @@ pub struct Replicate {
     /// Answer once the bytes are received, before they are durable (a remote site's
     /// leg of `semi-sync`).
     pub on_receipt: bool,
+    /// The policy's recovery point objective, for the lag report of queued copies.
+    pub rpo_secs: u64,
+}
+
+/// Copies a node still owes one site under one policy (queued, not yet made), as the
+/// node reports them with its heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationLag {
+    /// The policy the copies are owed under.
+    pub policy: Policy,
+    /// The site that does not hold them yet.
+    pub site: String,
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Age of the oldest copy owed.
+    pub oldest_secs: u64,
+}
+
+impl ReplicationLag {
+    /// The oldest owed copy is older than the policy's RPO.
+    pub fn breached(&self) -> bool {
+        self.oldest_secs > self.policy.rpo_secs
+    }
 }
 
 impl Replicate {
+    /// The policy this request carries out (for lag reports).
+    pub fn policy(&self) -> Policy {
+        Policy {
+            sites: self.sites.clone(),
+            copies: self.copies,
+            mode: self.mode.unwrap_or(ReplicationMode::Sync),
+            rpo_secs: self.rpo_secs,
+        }
+    }
+
     /// What a writer at `site` asks its node to ensure for a file under `policy`.
     pub fn for_writer(policy: &Policy, site: &str) -> Replicate {
         let sites = if policy.sites.is_empty() { vec![site.to_string()] } else { policy.sites.clone() };
-        Replicate { sites, copies: policy.copies.max(1), mode: Some(policy.mode), on_receipt: false }
+        Replicate {
+            sites,
+            copies: policy.copies.max(1),
+            mode: Some(policy.mode),
+            on_receipt: false,
+            rpo_secs: policy.rpo_secs,
+        }
     }
 }

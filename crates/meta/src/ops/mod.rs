@@ -100,7 +100,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListPolicies(_)
         | R::Status(_) => Access::Read { point: false },
         R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
-        R::ReportWorkers(_) => Access::Reports,
+        R::ReportWorkers(_) | R::ReportLag(_) => Access::Reports,
         R::Open(Open { truncate: false, .. }) | R::Release(_) => Access::Open,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
@@ -217,6 +217,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 site_rtts: t.site_rtts()?,
                 // Kept in the service's memory; it fills them in.
                 workers: Vec::new(),
+                lag: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
