@@ -264,6 +264,7 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("fsck: {extents} extents, {} referenced chunks, {verified} stored chunks verified", referenced.len());
+    report_under_replicated(&cluster.meta).await?;
     if damage.is_empty() {
         println!("fsck: clean");
         Ok(ExitCode::SUCCESS)
@@ -274,6 +275,40 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         println!("fsck: {} problems found", damage.len());
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// The third part of fsck: chunks whose live copies fall short of their policy,
+/// counted per policy and site (the repair workers restore them; a chunk with no
+/// copy at all is damage found above).
+async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<()> {
+    let mut per: std::collections::BTreeMap<(String, String), (u64, u64, Vec<ChunkId>)> = Default::default();
+    let mut after = None;
+    loop {
+        let page = meta_call(meta, UnderReplicated { node: None, after, limit: PAGE }).await?;
+        for c in page.chunks {
+            let sites = if c.sites.is_empty() { "no live copy".to_string() } else { c.sites.join(",") };
+            let e = per.entry((c.policy.to_string(), sites)).or_default();
+            e.0 += 1;
+            e.1 += c.size;
+            if e.2.len() < 3 {
+                e.2.push(c.id);
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    if per.is_empty() {
+        println!("fsck: every chunk has the copies its policy asks for");
+    }
+    for ((policy, sites), (chunks, bytes, examples)) in per {
+        println!(
+            "UNDER-REPLICATED: {chunks} chunks ({}) short at {sites} under [{policy}], e.g. {examples:?}",
+            human(bytes)
+        );
+    }
+    Ok(())
 }
 
 /// gc refuses (without `--force`) when more than this share of the stored chunks, and

@@ -164,6 +164,18 @@ pub struct NodeArgs {
     /// before it fails (EIO at fsync/close), e.g. 10s.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub sync_timeout: std::time::Duration,
+    /// Bytes per second the repair worker may send to restore missing copies, e.g. 64M.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub repair_rate: u64,
+    /// Pause between the repair worker's scans for under-replicated chunks.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub repair_every: std::time::Duration,
+    /// Bytes per second the scrub worker may re-hash, e.g. 16M.
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    pub scrub_rate: u64,
+    /// Pause between complete scrub passes over the store, e.g. 24h.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub scrub_every: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

@@ -79,7 +79,13 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             grace: args.reclaim_grace,
             ..node::ReclaimConfig::default()
         },
-        sync_timeout: args.sync_timeout,
+        replication: node::ReplicationConfig {
+            sync_timeout: args.sync_timeout,
+            repair_rate: args.repair_rate,
+            repair_every: args.repair_every,
+            scrub_rate: args.scrub_rate,
+            scrub_every: args.scrub_every,
+        },
         metrics: None,
     }
 }
@@ -244,6 +250,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         reclaim_above: 90.0,
         reclaim_grace: Duration::from_secs(300),
         sync_timeout: Duration::from_secs(10),
+        repair_rate: 64 << 20,
+        repair_every: Duration::from_secs(10),
+        scrub_rate: 16 << 20,
+        scrub_every: Duration::from_secs(24 * 3600),
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());

@@ -121,6 +121,11 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     let _ = c.nodes[0].child.wait();
     let at_b = c.mount_at("b");
     assert!(fs::read(at_b.join("d/f")).unwrap() == data, "every fsynced byte is readable at b");
+
+    // Once a0 counts as gone, fsck reports every chunk short at site a.
+    std::thread::sleep(Duration::from_secs(proto::policy::NODE_GONE_SECS + 1));
+    let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+    assert!(fsck.contains("UNDER-REPLICATED: 3 chunks (10.0 MiB) short at a under [sites a,b copies 2"), "{fsck}");
 }
 
 #[test]
@@ -217,4 +222,85 @@ fn an_async_write_goes_on_while_a_site_is_silent_and_ships_only_what_it_missed()
     for (i, d) in during.iter().enumerate() {
         assert!(fs::read(at_b.join(format!("d/during{i}"))).unwrap() == *d);
     }
+}
+
+/// Every chunk file of a node's store: (id in hex, path).
+fn chunk_files(c: &Cluster, node: &str) -> Vec<(String, std::path::PathBuf)> {
+    let mut out = Vec::new();
+    let Ok(fans) = fs::read_dir(c.node_dir(node).join("chunks")) else { return out };
+    for fan in fans.flatten().filter(|f| f.path().is_dir()) {
+        for f in fs::read_dir(fan.path()).unwrap().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.len() == 64 {
+                out.push((name, f.path()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn repair_restores_copies_after_a_node_is_lost_and_scrub_replaces_a_corrupt_copy() {
+    let fast: &[&str] = &["--repair-every", "1s", "--scrub-every", "1s"];
+    let Some(mut c) = cluster(&[("n0", "a", fast), ("n1", "a", fast), ("n2", "a", fast)]) else { return };
+    let m = c.mount_at("a");
+    let data = pattern(20 << 20, 5);
+    write_synced(&m.join("f"), &data).unwrap();
+    let copies = |c: &Cluster, nodes: &[&str]| {
+        let mut per_chunk: std::collections::HashMap<String, usize> = Default::default();
+        for n in nodes {
+            for (id, _) in chunk_files(c, n) {
+                *per_chunk.entry(id).or_default() += 1;
+            }
+        }
+        per_chunk
+    };
+    let all = copies(&c, &["n0", "n1", "n2"]);
+    assert_eq!(all.len(), 5, "five chunks");
+    assert!(all.values().all(|n| *n == 2), "the default policy keeps two copies at a three-node site: {all:?}");
+
+    // Lose the node holding the most copies.
+    let victim = (0..3).max_by_key(|i| chunk_files(&c, &format!("n{i}")).len()).unwrap();
+    let _ = c.nodes[victim].child.kill();
+    let _ = c.nodes[victim].child.wait();
+    let alive: Vec<String> = (0..3).filter(|i| *i != victim).map(|i| format!("n{i}")).collect();
+    let alive: Vec<&str> = alive.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    loop {
+        let now = copies(&c, &alive);
+        if now.len() == 5 && now.values().all(|n| *n == 2) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(40), "repair did not restore two copies: {now:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The new copies reach the catalogue with the repairing node's next heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+        if fsck.contains("every chunk has the copies its policy asks for") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{fsck}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let status = text(&c.locus(&["status", "--meta", &c.meta.addr]));
+    assert!(status.lines().any(|l| l.contains(" repair ") && l.contains("repaired")), "{status}");
+
+    // Flip a byte of one copy: reads never see it, and scrub puts a good copy back.
+    let (id, path) = chunk_files(&c, alive[0]).into_iter().next().unwrap();
+    let good = fs::read(&path).unwrap();
+    let mut bad = good.clone();
+    let middle = bad.len() / 2;
+    bad[middle] ^= 0x40;
+    fs::write(&path, &bad).unwrap();
+    let fresh = c.mount_at("a");
+    assert!(fs::read(fresh.join("f")).unwrap() == data, "a corrupt copy is never returned");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fs::read(&path).unwrap() != good {
+        assert!(Instant::now() < deadline, "scrub did not replace the corrupt copy of {id}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = fs::read_to_string(c.path().join(format!("{}.log", alive[0]))).unwrap();
+    assert!(log.contains("scrub replaced a corrupt copy"), "{log}");
 }

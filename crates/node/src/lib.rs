@@ -6,12 +6,14 @@
 mod cluster;
 mod metrics;
 mod reclaim;
+mod repair;
 mod replicate;
 mod site;
 
 use cluster::Membership;
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
+use repair::{RepairWorker, ScrubWorker};
 use replicate::{ReplicationWorker, Replicator};
 pub use site::WanConfig;
 use site::{SiteLink, SiteLinkWorker};
@@ -58,11 +60,38 @@ pub struct NodeConfig {
     pub wan: WanConfig,
     /// When unreferenced chunks are deleted without an operator.
     pub reclaim: ReclaimConfig,
+    /// Copies across nodes and sites: timeouts and the repair and scrub rates.
+    pub replication: ReplicationConfig,
+    /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
+    pub metrics: Option<TcpListener>,
+}
+
+/// How a node keeps the copies policies ask for.
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
     /// How long a `sync` or `semi-sync` put waits for its copies at other nodes and
     /// sites before the write fails.
     pub sync_timeout: Duration,
-    /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
-    pub metrics: Option<TcpListener>,
+    /// Bytes per second the repair worker may send.
+    pub repair_rate: u64,
+    /// Pause between the repair worker's scans of the catalogue.
+    pub repair_every: Duration,
+    /// Bytes per second the scrub worker may re-hash.
+    pub scrub_rate: u64,
+    /// Pause between complete scrub passes over the store.
+    pub scrub_every: Duration,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            sync_timeout: Duration::from_secs(10),
+            repair_rate: 64 << 20,
+            repair_every: Duration::from_secs(10),
+            scrub_rate: 16 << 20,
+            scrub_every: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// Why a node could not start or stopped serving.
@@ -242,9 +271,29 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         config.site.clone(),
         site.clone(),
         store.clone(),
-        config.sync_timeout,
+        config.replication.sync_timeout,
     ));
     workers.spawn(ReplicationWorker { replicator: replicator.clone(), made: 0, backoff: Duration::ZERO });
+    let rc = config.replication.clone();
+    workers.spawn(RepairWorker {
+        replicator: replicator.clone(),
+        meta: meta.clone(),
+        period: rc.repair_every,
+        rate: rc.repair_rate,
+        after: None,
+        repaired: 0,
+        repaired_bytes: 0,
+        found: 0,
+    });
+    workers.spawn(ScrubWorker {
+        replicator: replicator.clone(),
+        period: rc.scrub_every,
+        rate: rc.scrub_rate,
+        after: None,
+        checked: 0,
+        replaced: 0,
+        passes: 0,
+    });
     if let Some(metrics) = config.metrics.take() {
         let (id, site_name) = (config.id.clone(), config.site.clone());
         let parts = metrics::Parts {

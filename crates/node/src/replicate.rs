@@ -26,8 +26,9 @@ use tokio::sync::Notify;
 use util::sync::lock;
 use util::worker::{Step, Worker};
 
-/// A node whose last report is older than this is not chosen for a copy.
-const LIVE_SECS: u64 = 30;
+/// A node whose last report is older than this is not chosen for a copy (the same
+/// age at which meta stops counting its copies).
+const LIVE_SECS: u64 = proto::policy::NODE_GONE_SECS;
 /// Longest pause between retries of queued copies that keep failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -70,13 +71,15 @@ impl Job {
 
 /// One node's replication: the copies it makes, and its queue of copies to make.
 pub struct Replicator {
-    me: String,
+    pub(crate) me: String,
     site: String,
-    link: Arc<SiteLink>,
-    store: Arc<ChunkStore>,
+    pub(crate) link: Arc<SiteLink>,
+    pub(crate) store: Arc<ChunkStore>,
     sync_timeout: Duration,
     queue: Mutex<VecDeque<Job>>,
     queued: Notify,
+    /// When a put last refreshed the node list for lack of nodes.
+    refreshed: Mutex<Option<Instant>>,
     /// (policy, site) pairs whose lag breached the RPO at the last report.
     breached: Mutex<HashSet<(String, String)>>,
     pub stats: ReplicationStats,
@@ -99,6 +102,7 @@ impl Replicator {
             queue: Mutex::default(),
             queued: Notify::new(),
             breached: Mutex::default(),
+            refreshed: Mutex::default(),
             stats: ReplicationStats::default(),
         }
     }
@@ -123,7 +127,7 @@ impl Replicator {
         Ok(holders)
     }
 
-    async fn store_here(&self, id: ChunkId, data: Bytes) -> Result<(), WireError> {
+    pub(crate) async fn store_here(&self, id: ChunkId, data: Bytes) -> Result<(), WireError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.put(&id, &data))
             .await
@@ -134,10 +138,25 @@ impl Replicator {
     /// Makes the copies beyond this node's, within `--sync-timeout`; answers the nodes
     /// that now hold one. Fails (`NotReplicated`) when a listed site got no copy or this
     /// site got fewer than its live nodes allow.
-    async fn copy_out(&self, id: ChunkId, data: &Bytes, want: &Replicate) -> Result<Vec<String>, WireError> {
-        if want.sites.iter().any(|s| *s != self.site && self.ranked(&id, s).is_empty()) {
-            // A site's nodes may have registered since the last heartbeat.
-            self.link.refresh_peers().await;
+    pub(crate) async fn copy_out(&self, id: ChunkId, data: &Bytes, want: &Replicate) -> Result<Vec<String>, WireError> {
+        let few = |s: &String| {
+            let wanted = if *s == self.site { want.copies as usize - 1 } else { 1 };
+            self.ranked(&id, s).len() < wanted
+        };
+        if want.sites.iter().any(few) {
+            // Nodes may have joined since the last heartbeat: look again, at most once
+            // a second (a one-node site always has fewer nodes than copies).
+            let due = {
+                let mut last = lock(&self.refreshed);
+                let due = last.is_none_or(|t| t.elapsed() > Duration::from_secs(1));
+                if due {
+                    *last = Some(Instant::now());
+                }
+                due
+            };
+            if due {
+                self.link.refresh_peers().await;
+            }
         }
         let mut legs = Vec::new();
         if want.sites.contains(&self.site) && want.copies > 1 {

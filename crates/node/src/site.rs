@@ -202,6 +202,18 @@ impl SiteLink {
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
+        let data = self.fetch_copy(id).await?;
+        // Serve at once; the copy lands on disk behind the reader (and is in memory
+        // meanwhile, so nobody fetches it twice).
+        self.recent.insert(id, data.clone());
+        let (me, kept) = (self.clone(), data.clone());
+        tokio::spawn(async move { me.keep(id, kept).await });
+        Ok(data)
+    }
+
+    /// A verified copy of a chunk from the nearest other node that holds one (each
+    /// copy tried twice: a corrupt transfer is fetched again, never returned).
+    pub(crate) async fn fetch_copy(&self, id: ChunkId) -> Result<Bytes, WireError> {
         let mut records = crate::ask_meta(&self.meta, ChunkLocations { ids: vec![id] }).await?;
         let Some(record) = records.pop() else {
             return Err(WireError::new(ErrorCode::NotFound, format!("chunk {id} is in no catalogue")));
@@ -218,11 +230,6 @@ impl SiteLink {
                 Ok(data) if ChunkId::of(&data) == id => {
                     self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    // Serve at once; the copy lands on disk behind the reader (and is in
-                    // memory meanwhile, so nobody fetches it twice).
-                    self.recent.insert(id, data.clone());
-                    let (me, kept) = (self.clone(), data.clone());
-                    tokio::spawn(async move { me.keep(id, kept).await });
                     return Ok(data);
                 }
                 Ok(_) => {

@@ -205,7 +205,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         heartbeat: Duration::from_secs(1),
         wan: node::WanConfig::default(),
         reclaim: node::ReclaimConfig::default(),
-        sync_timeout: Duration::from_secs(10),
+        replication: node::ReplicationConfig::default(),
         metrics: None,
     }
 }

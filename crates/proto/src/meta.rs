@@ -2,7 +2,7 @@
 //! Meta never carries file data; it hands out extents and chunk locations.
 
 use crate::error::WireError;
-use crate::policy::{EffectivePolicy, Policy, ReplicationLag};
+use crate::policy::{EffectivePolicy, Policy, ReplicationLag, ShortfallPage};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +158,7 @@ impl MetaRequest {
             | R::SetPolicy(_)
             | R::GetPolicy(_)
             | R::ListPolicies(_)
+            | R::UnderReplicated(_)
             | R::ReportLag(_)
             | R::ReportWorkers(_) => None,
         }
@@ -444,6 +445,15 @@ meta_requests! {
     } => EffectivePolicy;
     /// Every directory that sets a policy, with its policy.
     ListPolicies {} => Vec<(InodeId, Policy)>;
+    /// Chunks whose live copies fall short of their policy, scanning the extents after
+    /// `after` (a page of `limit` extents). With `node`, only the chunks that node is
+    /// to repair: at each short site the first live holder there, and for a short
+    /// site without any copy the first live holder anywhere.
+    UnderReplicated {
+        node: Option<NodeId>,
+        after: Option<(InodeId, u64)>,
+        limit: u32,
+    } => ShortfallPage;
     /// The copies a node still owes other nodes, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status`.
     ReportLag {
@@ -572,6 +582,7 @@ meta_replies! {
     Policy(EffectivePolicy),
     Policies(Vec<(InodeId, Policy)>),
     Warnings(Vec<String>),
+    Shortfalls(ShortfallPage),
 }
 
 impl From<()> for MetaReply {

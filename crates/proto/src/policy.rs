@@ -133,3 +133,29 @@ impl Replicate {
         }
     }
 }
+
+/// A node that has not reported for this long holds no copy that counts: repair
+/// replaces its copies (five missed heartbeats).
+pub const NODE_GONE_SECS: u64 = 10;
+
+/// A chunk whose live copies do not satisfy its file's policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shortfall {
+    pub id: crate::types::ChunkId,
+    pub size: u64,
+    /// A file that uses the chunk (whose policy applies).
+    pub ino: crate::types::InodeId,
+    pub policy: Policy,
+    /// Nodes alive that hold a copy.
+    pub holders: Vec<String>,
+    /// Sites short of copies (for a repairing node: the ones it is to fix).
+    pub sites: Vec<String>,
+}
+
+/// A page of under-replicated chunks and where the scan goes on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShortfallPage {
+    pub chunks: Vec<Shortfall>,
+    /// The extent to continue after; `None` when the scan is complete.
+    pub next: Option<(crate::types::InodeId, u64)>,
+}

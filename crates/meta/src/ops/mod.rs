@@ -11,7 +11,7 @@ mod sessions;
 use catalogue::{forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
-use policy::{effective_policy, policy_warnings, set_policy};
+use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
@@ -98,6 +98,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::Unreferenced(_)
         | R::GetPolicy(_)
         | R::ListPolicies(_)
+        | R::UnderReplicated(_)
         | R::Status(_) => Access::Read { point: false },
         R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
         R::ReportWorkers(_) | R::ReportLag(_) => Access::Reports,
@@ -223,6 +224,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         }),
         R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
         R::ListPolicies(m) => serve(m, |_| t.list_policies()),
+        R::UnderReplicated(m) => serve(m, |m| under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))),
         other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
     }
 }

@@ -3,8 +3,9 @@
 //! the files already in it), checked against the sites that have nodes.
 
 use super::*;
-use proto::policy::{EffectivePolicy, Policy};
+use proto::policy::{EffectivePolicy, NODE_GONE_SECS, Policy, Shortfall, ShortfallPage};
 use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 
 /// Most copies a policy may ask for within one site.
 const MAX_COPIES: u32 = 16;
@@ -45,7 +46,7 @@ pub(super) fn set_policy(t: &mut dyn Txn, ino: InodeId, policy: Option<Policy>) 
         }
     }
     t.put_policy(ino, &policy)?;
-    Ok(under_replicated(&policy, &per_site, &format!("inode {ino}")))
+    Ok(too_few_nodes(&policy, &per_site, &format!("inode {ino}")))
 }
 
 /// The policy that applies to `ino`: its own (directories), its nearest ancestor's,
@@ -69,9 +70,9 @@ pub(super) fn effective_policy(t: &mut dyn Txn, ino: InodeId) -> Result<Effectiv
 /// the nodes of a site it covers.
 pub(super) fn policy_warnings(t: &mut dyn Txn, policies: &[(InodeId, Policy)]) -> Result<Vec<String>, MetaError> {
     let per_site = nodes_per_site(t)?;
-    let mut out = under_replicated(&Policy::default(), &per_site, "the default policy");
+    let mut out = too_few_nodes(&Policy::default(), &per_site, "the default policy");
     for (ino, p) in policies {
-        out.extend(under_replicated(p, &per_site, &format!("the policy of inode {ino}")));
+        out.extend(too_few_nodes(p, &per_site, &format!("the policy of inode {ino}")));
     }
     Ok(out)
 }
@@ -86,7 +87,7 @@ fn nodes_per_site(t: &mut dyn Txn) -> Result<BTreeMap<String, u32>, MetaError> {
 
 /// One warning per site of `policy` (every site with nodes when it names none) that
 /// has fewer nodes than its copies.
-fn under_replicated(policy: &Policy, per_site: &BTreeMap<String, u32>, whose: &str) -> Vec<String> {
+fn too_few_nodes(policy: &Policy, per_site: &BTreeMap<String, u32>, whose: &str) -> Vec<String> {
     let sites: Vec<&String> =
         if policy.sites.is_empty() { per_site.keys().collect() } else { policy.sites.iter().collect() };
     sites
@@ -103,4 +104,83 @@ fn under_replicated(policy: &Policy, per_site: &BTreeMap<String, u32>, whose: &s
             })
         })
         .collect()
+}
+
+/// A page of chunks whose live copies fall short of their policy (see
+/// `proto::meta::UnderReplicated`). A site needs as many live holders as the policy's
+/// copies, or as it has live nodes if fewer. The default policy (no sites named)
+/// wants its copies at the repairing node's site; asked without a node (fsck), it is
+/// satisfied when any site holding the chunk has them.
+pub(super) fn under_replicated(
+    t: &mut dyn Txn,
+    ctx: &Ctx,
+    node: Option<&str>,
+    after: Option<(InodeId, u64)>,
+    limit: u32,
+) -> Result<ShortfallPage, MetaError> {
+    let extents = t.list_extents(after, limit)?;
+    let next = if extents.len() as u32 == limit { extents.last().map(|(i, e)| (*i, e.file_offset)) } else { None };
+    let gone_ms = NODE_GONE_SECS as i64 * 1000;
+    let mut site_of: HashMap<String, String> = HashMap::new();
+    let mut live: HashSet<String> = HashSet::new();
+    let mut live_per_site: HashMap<String, u32> = HashMap::new();
+    for (n, seen) in t.list_nodes()? {
+        if ctx.now_ms.saturating_sub(seen) < gone_ms {
+            live.insert(n.id.clone());
+            *live_per_site.entry(n.site.clone()).or_insert(0) += 1;
+        }
+        site_of.insert(n.id, n.site);
+    }
+    let mut policies: HashMap<InodeId, Policy> = HashMap::new();
+    let mut seen = HashSet::new();
+    let mut chunks = Vec::new();
+    for (ino, e) in extents {
+        if !seen.insert(e.chunk) {
+            continue;
+        }
+        let Some(record) = t.get_chunk(&e.chunk)? else { continue };
+        let policy = match policies.get(&ino) {
+            Some(p) => p.clone(),
+            None => {
+                let p = effective_policy(t, ino)?.policy;
+                policies.insert(ino, p.clone());
+                p
+            }
+        };
+        let mut holders: Vec<String> = record.nodes.iter().filter(|n| live.contains(*n)).cloned().collect();
+        holders.sort();
+        let held_at = |site: &str| holders.iter().filter(|h| site_of.get(*h).is_some_and(|s| s == site)).count();
+        let short = |site: &String| {
+            let want = policy.copies.min(live_per_site.get(site).copied().unwrap_or(0)).max(1) as usize;
+            held_at(site) < want
+        };
+        let sites: Vec<String> = match node {
+            Some(me) => {
+                let my_site = site_of.get(me).cloned().unwrap_or_default();
+                let required = if policy.sites.is_empty() { vec![my_site] } else { policy.sites.clone() };
+                required
+                    .into_iter()
+                    .filter(|s| short(s))
+                    .filter(|s| {
+                        // At a site holding copies, its first live holder repairs it; a
+                        // site without any is repaired by the first live holder overall.
+                        let first_there = holders.iter().find(|h| site_of.get(*h) == Some(s));
+                        first_there.or(holders.first()).is_some_and(|h| h == me)
+                    })
+                    .collect()
+            }
+            None if policy.sites.is_empty() => {
+                let mut held: Vec<String> = holders.iter().filter_map(|h| site_of.get(h).cloned()).collect();
+                held.sort();
+                held.dedup();
+                if held.iter().any(|s| !short(s)) { Vec::new() } else { held }
+            }
+            None => policy.sites.iter().filter(|s| short(s)).cloned().collect(),
+        };
+        // Without a node asking, a chunk with no live copy at all is reported too.
+        if !sites.is_empty() || (node.is_none() && holders.is_empty()) {
+            chunks.push(Shortfall { id: e.chunk, size: record.size, ino, policy, holders, sites });
+        }
+    }
+    Ok(ShortfallPage { chunks, next })
 }
