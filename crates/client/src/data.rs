@@ -60,7 +60,7 @@ impl DataPath {
     /// (every live node if the site has none).
     pub async fn refresh_nodes(&self) -> Result<()> {
         let list = self.meta.call(ListNodes {}).await?;
-        let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30).collect();
+        let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30 && !n.drained).collect();
         let mine: Vec<&NodeInfo> = live.iter().copied().filter(|n| n.site == self.site).collect();
         let chosen = if mine.is_empty() { &live } else { &mine };
         let mut ids: Vec<String> = chosen.iter().map(|n| n.id.clone()).collect();

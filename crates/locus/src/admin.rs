@@ -130,6 +130,9 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
             human(n.cache_bytes),
             n.last_seen_secs
         );
+        if n.drained {
+            println!("  {:<16} (draining: takes no new chunks; its copies are being made elsewhere)", "");
+        }
     }
     println!("  total: {} used of {}", human(used), human(cap));
     if !s.site_rtts.is_empty() {
@@ -275,6 +278,24 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         println!("fsck: {} problems found", damage.len());
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// `locus node drain ID [--undo]`.
+pub async fn node_action(action: crate::cli::NodeAction) -> anyhow::Result<ExitCode> {
+    let crate::cli::NodeAction::Drain { id, undo, meta } = action;
+    let addr = crate::local::meta_addr(meta.as_deref());
+    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("meta at {addr} is unreachable"))?;
+    meta_call(&meta, DrainNode { node: id.clone(), drained: !undo }).await.with_context(|| format!("node {id}"))?;
+    if undo {
+        println!("node {id} takes chunks again");
+    } else {
+        println!(
+            "node {id} is draining: the repair workers copy its chunks to other nodes; `locus fsck` shows what is left"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The third part of fsck: chunks whose live copies fall short of their policy,

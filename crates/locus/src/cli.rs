@@ -131,9 +131,9 @@ pub struct NodeArgs {
     pub advertise: Option<String>,
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub meta: String,
-    /// Chunk store directory.
+    /// Chunk store directory (required to run a node).
     #[arg(long)]
-    pub data_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
     /// Unique node id (defaults to the listen address).
     #[arg(long)]
     pub id: Option<String>,
@@ -176,6 +176,25 @@ pub struct NodeArgs {
     /// Pause between complete scrub passes over the store, e.g. 24h.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub scrub_every: std::time::Duration,
+    /// Instead of running a node, act on one.
+    #[command(subcommand)]
+    pub action: Option<NodeAction>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeAction {
+    /// Empties a node before it is removed: it takes no new chunks, and the repair
+    /// workers copy its chunks to other nodes (progress: `locus fsck`, `locus status`).
+    Drain {
+        /// The node's id.
+        id: String,
+        /// Stop draining: the node takes chunks again.
+        #[arg(long)]
+        undo: bool,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]

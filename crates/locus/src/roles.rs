@@ -63,7 +63,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
     node::NodeConfig {
         id: args.id.clone().unwrap_or_else(|| advertise.clone()),
         site: args.site.clone(),
-        data_dir: args.data_dir.clone(),
+        data_dir: args.data_dir.clone().unwrap_or_default(),
         capacity_bytes: args.capacity,
         meta_addr: args.meta.clone(),
         advertise_addr: advertise,
@@ -91,6 +91,12 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(action) = args.action {
+        return crate::admin::node_action(action).await;
+    }
+    if args.data_dir.is_none() {
+        anyhow::bail!("locus node needs --data-dir (the chunk store directory)");
+    }
     let listener = bind(&args.listen, "node").await?;
     let advertise = args.advertise.clone().unwrap_or(listener.local_addr()?.to_string());
     let mut config = node_config(&args, advertise);
@@ -239,7 +245,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         listen: node_addr.clone(),
         advertise: None,
         meta: meta_addr.clone(),
-        data_dir: chunks,
+        data_dir: Some(chunks),
         id: Some("local".into()),
         site: "default".into(),
         capacity: args.capacity,
@@ -254,6 +260,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         repair_every: Duration::from_secs(10),
         scrub_rate: 16 << 20,
         scrub_every: Duration::from_secs(24 * 3600),
+        action: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());

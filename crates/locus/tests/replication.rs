@@ -110,9 +110,12 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     assert!(set.status.success(), "{}", text(&set));
     let data = pattern(10 << 20, 21);
     write_synced(&at_a.join("d/f"), &data).unwrap();
-    // Three chunks (4 + 4 + 2 MiB): one copy at a (one node), two at b.
-    assert_eq!(chunks_of(&c, "a0"), 3);
-    assert_eq!((chunks_of(&c, "b0"), chunks_of(&c, "b1")), (3, 3), "both nodes of b hold every chunk");
+    // One copy at a (one node), two at b.
+    let ids =
+        |node: &str| chunk_files(&c, node).into_iter().map(|(id, _)| id).collect::<std::collections::BTreeSet<_>>();
+    let stored = ids("a0");
+    assert!(stored.len() >= 3, "{stored:?}");
+    assert!(ids("b0") == stored && ids("b1") == stored, "both nodes of b hold every chunk");
 
     // kill -9 every process of site a.
     let _ = c.mounts[0].1.child.kill();
@@ -125,7 +128,8 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     // Once a0 counts as gone, fsck reports every chunk short at site a.
     std::thread::sleep(Duration::from_secs(proto::policy::NODE_GONE_SECS + 1));
     let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
-    assert!(fsck.contains("UNDER-REPLICATED: 3 chunks (10.0 MiB) short at a under [sites a,b copies 2"), "{fsck}");
+    let short = format!("UNDER-REPLICATED: {} chunks (10.0 MiB) short at a under [sites a,b copies 2", stored.len());
+    assert!(fsck.contains(&short), "{fsck}");
 }
 
 #[test]
@@ -256,7 +260,7 @@ fn repair_restores_copies_after_a_node_is_lost_and_scrub_replaces_a_corrupt_copy
         per_chunk
     };
     let all = copies(&c, &["n0", "n1", "n2"]);
-    assert_eq!(all.len(), 5, "five chunks");
+    assert!(all.len() >= 5, "at least five chunks: {all:?}");
     assert!(all.values().all(|n| *n == 2), "the default policy keeps two copies at a three-node site: {all:?}");
 
     // Lose the node holding the most copies.
@@ -268,7 +272,7 @@ fn repair_restores_copies_after_a_node_is_lost_and_scrub_replaces_a_corrupt_copy
     let started = Instant::now();
     loop {
         let now = copies(&c, &alive);
-        if now.len() == 5 && now.values().all(|n| *n == 2) {
+        if now.len() == all.len() && now.values().all(|n| *n == 2) {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(40), "repair did not restore two copies: {now:?}");
@@ -303,4 +307,48 @@ fn repair_restores_copies_after_a_node_is_lost_and_scrub_replaces_a_corrupt_copy
     }
     let log = fs::read_to_string(c.path().join(format!("{}.log", alive[0]))).unwrap();
     assert!(log.contains("scrub replaced a corrupt copy"), "{log}");
+}
+
+#[test]
+fn a_drained_node_is_emptied_into_the_others_and_can_then_be_removed() {
+    let fast: &[&str] = &["--repair-every", "1s"];
+    let Some(mut c) = cluster(&[("n0", "a", fast), ("n1", "a", fast), ("n2", "a", fast)]) else { return };
+    let m = c.mount_at("a");
+    let data = pattern(20 << 20, 6);
+    write_synced(&m.join("f"), &data).unwrap();
+    let chunks = ["n0", "n1", "n2"].iter().flat_map(|n| chunk_files(&c, n)).map(|(id, _)| id);
+    let chunks: std::collections::BTreeSet<String> = chunks.collect();
+    let victim = (0..3).max_by_key(|i| chunk_files(&c, &format!("n{i}")).len()).unwrap();
+    let id = format!("n{victim}");
+    let out = c.locus(&["node", "drain", &id, "--meta", &c.meta.addr]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = text(&c.locus(&["status", "--meta", &c.meta.addr]));
+    assert!(status.contains("draining"), "{status}");
+    let unknown = c.locus(&["node", "drain", "nobody", "--meta", &c.meta.addr]);
+    assert!(!unknown.status.success() && text(&unknown).contains("not registered"), "{}", text(&unknown));
+
+    let others: Vec<String> = (0..3).filter(|i| *i != victim).map(|i| format!("n{i}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let mut per_chunk: std::collections::HashMap<String, usize> = Default::default();
+        for n in &others {
+            for (chunk, _) in chunk_files(&c, n) {
+                *per_chunk.entry(chunk).or_default() += 1;
+            }
+        }
+        if per_chunk.len() == chunks.len() && per_chunk.values().all(|n| *n == 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the drained node's chunks were not copied: {per_chunk:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // New writes avoid the drained node.
+    let before = chunk_files(&c, &id).len();
+    write_synced(&m.join("g"), &pattern(8 << 20, 7)).unwrap();
+    assert_eq!(chunk_files(&c, &id).len(), before, "a drained node takes no new chunks");
+
+    let _ = c.nodes[victim].child.kill();
+    let _ = c.nodes[victim].child.wait();
+    let fresh = c.mount_at("a");
+    assert!(fs::read(fresh.join("f")).unwrap() == data, "everything is readable without the drained node");
 }

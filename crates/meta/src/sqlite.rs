@@ -59,10 +59,12 @@ INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0),
 CREATE TABLE cluster (id TEXT NOT NULL);
 ";
 
-/// The replication policy table (directory inode -> policy); `sites` is a comma list.
-const POLICY_TABLE: &str = "CREATE TABLE policies (
+/// The replication tables: policies (directory inode -> policy; `sites` is a comma
+/// list) and the nodes being drained.
+const REPLICATION_TABLES: &str = "CREATE TABLE policies (
     ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
-    rpo_secs BIGINT NOT NULL) WITHOUT ROWID";
+    rpo_secs BIGINT NOT NULL) WITHOUT ROWID;
+CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
 
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
@@ -79,9 +81,9 @@ fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Version 2 -> 3: directories may carry a replication policy.
+/// Version 2 -> 3: directories may carry a replication policy; nodes may be drained.
 fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch(POLICY_TABLE)?;
+    conn.execute_batch(REPLICATION_TABLES)?;
     Ok(())
 }
 
@@ -436,6 +438,7 @@ fn node_row(r: &Row<'_>) -> rusqlite::Result<(NodeInfo, i64)> {
             last_seen_secs: 0,
             site_rtts: Vec::new(),
             cache_bytes: r.get::<_, i64>(7)? as u64,
+            drained: false,
         },
         r.get(8)?,
     ))
@@ -803,6 +806,21 @@ impl Txn for SqlConn {
             out.push((ino, policy_of(p)?));
         }
         Ok(out)
+    }
+
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
+        let sql = if drained {
+            "INSERT INTO drained_nodes (id) VALUES (?1) ON CONFLICT (id) DO NOTHING"
+        } else {
+            "DELETE FROM drained_nodes WHERE id = ?1"
+        };
+        self.conn.prepare_cached(sql)?.execute([node])?;
+        Ok(())
+    }
+
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT id FROM drained_nodes ORDER BY id")?;
+        Ok(st.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?)
     }
 }
 

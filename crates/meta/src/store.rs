@@ -121,6 +121,10 @@ pub trait Txn {
     fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError>;
     /// Every directory that sets a policy, in inode order.
     fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError>;
+    /// Marks a node drained (or no longer drained).
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError>;
+    /// The ids of drained nodes, sorted.
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError>;
 }
 
 /// A backend's one write connection, driven by the shared group commit in `engine`.

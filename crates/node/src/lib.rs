@@ -353,6 +353,7 @@ async fn register(
         last_seen_secs: 0,
         site_rtts,
         cache_bytes: site.cache_bytes(),
+        drained: false,
     };
     let addr = config.meta_addr.clone();
     match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {

@@ -79,7 +79,7 @@ pub struct Replicator {
     queue: Mutex<VecDeque<Job>>,
     queued: Notify,
     /// When a put last refreshed the node list for lack of nodes.
-    refreshed: Mutex<Option<Instant>>,
+    refreshed: tokio::sync::Mutex<Option<Instant>>,
     /// (policy, site) pairs whose lag breached the RPO at the last report.
     breached: Mutex<HashSet<(String, String)>>,
     pub stats: ReplicationStats,
@@ -102,7 +102,7 @@ impl Replicator {
             queue: Mutex::default(),
             queued: Notify::new(),
             breached: Mutex::default(),
-            refreshed: Mutex::default(),
+            refreshed: Default::default(),
             stats: ReplicationStats::default(),
         }
     }
@@ -139,29 +139,26 @@ impl Replicator {
     /// that now hold one. Fails (`NotReplicated`) when a listed site got no copy or this
     /// site got fewer than its live nodes allow.
     pub(crate) async fn copy_out(&self, id: ChunkId, data: &Bytes, want: &Replicate) -> Result<Vec<String>, WireError> {
+        // A drained node's own copy does not count: it places every copy elsewhere.
+        let own_counts = usize::from(!self.link.drained());
         let few = |s: &String| {
-            let wanted = if *s == self.site { want.copies as usize - 1 } else { 1 };
+            let wanted = if *s == self.site { (want.copies as usize).saturating_sub(own_counts) } else { 1 };
             self.ranked(&id, s).len() < wanted
         };
         if want.sites.iter().any(few) {
             // Nodes may have joined since the last heartbeat: look again, at most once
-            // a second (a one-node site always has fewer nodes than copies).
-            let due = {
-                let mut last = lock(&self.refreshed);
-                let due = last.is_none_or(|t| t.elapsed() > Duration::from_secs(1));
-                if due {
-                    *last = Some(Instant::now());
-                }
-                due
-            };
-            if due {
+            // a second (a one-node site always has fewer nodes than copies); puts that
+            // arrive meanwhile wait for that look.
+            let mut last = self.refreshed.lock().await;
+            if last.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
                 self.link.refresh_peers().await;
+                *last = Some(Instant::now());
             }
         }
         let mut legs = Vec::new();
-        if want.sites.contains(&self.site) && want.copies > 1 {
+        if want.sites.contains(&self.site) && want.copies as usize > own_counts {
             let others = self.ranked(&id, &self.site);
-            let needed = (want.copies as usize - 1).min(others.len());
+            let needed = (want.copies as usize - own_counts).min(others.len());
             legs.push((self.site.clone(), others, needed, Replicate::default()));
         }
         for site in want.sites.iter().filter(|s| **s != self.site) {
@@ -212,7 +209,7 @@ impl Replicator {
             .peers()
             .all()
             .into_iter()
-            .filter(|n| n.site == site && n.id != self.me && n.last_seen_secs < LIVE_SECS)
+            .filter(|n| n.site == site && n.id != self.me && !n.drained && n.last_seen_secs < LIVE_SECS)
             .map(|n| n.id)
             .collect();
         rendezvous(id, &ids, ids.len()).into_iter().map(String::from).collect()

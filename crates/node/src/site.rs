@@ -114,6 +114,8 @@ pub struct SiteLink {
     /// Location changes not yet reported to meta (an empty `nodes` means this node).
     pending: Mutex<(Vec<StoredChunk>, Vec<ChunkId>)>,
     pub stats: WanStats,
+    /// Meta lists this node as drained.
+    drained: std::sync::atomic::AtomicBool,
 }
 
 fn wire(e: ChunkError) -> WireError {
@@ -155,6 +157,7 @@ impl SiteLink {
             fetches: SingleFlight::default(),
             pending: Mutex::default(),
             stats: WanStats::default(),
+            drained: Default::default(),
         })
     }
 
@@ -331,10 +334,17 @@ impl SiteLink {
         out
     }
 
-    /// Learns the cluster's nodes from meta.
+    /// Learns the cluster's nodes from meta (and whether this one is being drained).
     pub async fn refresh_peers(&self) {
         let Ok(Ok(list)) = self.meta.ask(ListNodes {}).await else { return };
+        let me = list.iter().find(|n| n.id == self.me).is_some_and(|n| n.drained);
+        self.drained.store(me, std::sync::atomic::Ordering::Relaxed);
         self.peers.update(list.into_iter().filter(|n| n.id != self.me));
+    }
+
+    /// This node is being drained: its own copies do not count.
+    pub(crate) fn drained(&self) -> bool {
+        self.drained.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Times a ping to every node of another site and keeps the best round trip per

@@ -159,6 +159,7 @@ impl MetaRequest {
             | R::GetPolicy(_)
             | R::ListPolicies(_)
             | R::UnderReplicated(_)
+            | R::DrainNode(_)
             | R::ReportLag(_)
             | R::ReportWorkers(_) => None,
         }
@@ -445,6 +446,12 @@ meta_requests! {
     } => EffectivePolicy;
     /// Every directory that sets a policy, with its policy.
     ListPolicies {} => Vec<(InodeId, Policy)>;
+    /// Drains a node (or stops draining it): it takes no new chunks and its copies stop
+    /// counting, so the repair workers copy them to other nodes.
+    DrainNode {
+        node: NodeId,
+        drained: bool,
+    } => ();
     /// Chunks whose live copies fall short of their policy, scanning the extents after
     /// `after` (a page of `limit` extents). With `node`, only the chunks that node is
     /// to repair: at each short site the first live holder there, and for a short

@@ -798,6 +798,7 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
         last_seen_secs: 99,
         site_rtts: vec![("s2".into(), 50_000)],
         cache_bytes: 0,
+        drained: false,
     }
 }
 
@@ -1178,4 +1179,26 @@ pub fn replication_policies(b: &dyn Factory) {
         MetaReply::Policies(list) => assert_eq!(list, vec![(top.ino, stored)]),
         other => panic!("expected Policies, got {other:?}"),
     }
+}
+
+/// Conformance case `node_drain`: a drained node is listed as such (and survives a
+/// restart), undraining clears it, and an unknown node cannot be drained.
+pub fn node_drain(b: &dyn Factory) {
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n2", "10.0.0.2:7000", 1000, 100), cluster_id: None }));
+    let drained = |s: &Arc<MetaService>| match ok(s, MetaRequest::ListNodes(ListNodes {})) {
+        MetaReply::Nodes(list) => list.into_iter().filter(|n| n.drained).map(|n| n.id).collect::<Vec<_>>(),
+        other => panic!("expected Nodes, got {other:?}"),
+    };
+    assert!(drained(&s).is_empty());
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: true }));
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: true }));
+    assert_eq!(drained(&s), vec!["n2".to_string()]);
+    assert_eq!(err(&s, MetaRequest::DrainNode(DrainNode { node: "n9".into(), drained: true })), ErrorCode::NotFound);
+    drop(s);
+    let s = b.open();
+    assert_eq!(drained(&s), vec!["n2".to_string()]);
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: false }));
+    assert!(drained(&s).is_empty());
 }

@@ -8,7 +8,7 @@ mod namespace;
 mod policy;
 mod sessions;
 
-use catalogue::{forget_chunk, nodes, register_node};
+use catalogue::{drain, forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
 use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
@@ -120,6 +120,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::RegisterNode(_)
         | R::UpdateLocations(_)
         | R::SetPolicy(_)
+        | R::DrainNode(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
     }
 }
@@ -301,6 +302,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(())
         }),
         R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
+        R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
         R::ForgetChunks(m) => serve(m, |m| {
             for id in &m.ids {
                 forget_chunk(t, id)?;

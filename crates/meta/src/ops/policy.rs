@@ -121,13 +121,19 @@ pub(super) fn under_replicated(
     let extents = t.list_extents(after, limit)?;
     let next = if extents.len() as u32 == limit { extents.last().map(|(i, e)| (*i, e.file_offset)) } else { None };
     let gone_ms = NODE_GONE_SECS as i64 * 1000;
+    let drained = t.drained_nodes()?;
     let mut site_of: HashMap<String, String> = HashMap::new();
-    let mut live: HashSet<String> = HashSet::new();
+    // Live nodes whose copies count, and live drained ones (sources for repair only).
+    let (mut live, mut leaving): (HashSet<String>, HashSet<String>) = Default::default();
     let mut live_per_site: HashMap<String, u32> = HashMap::new();
     for (n, seen) in t.list_nodes()? {
         if ctx.now_ms.saturating_sub(seen) < gone_ms {
-            live.insert(n.id.clone());
-            *live_per_site.entry(n.site.clone()).or_insert(0) += 1;
+            if drained.contains(&n.id) {
+                leaving.insert(n.id.clone());
+            } else {
+                live.insert(n.id.clone());
+                *live_per_site.entry(n.site.clone()).or_insert(0) += 1;
+            }
         }
         site_of.insert(n.id, n.site);
     }
@@ -149,6 +155,11 @@ pub(super) fn under_replicated(
         };
         let mut holders: Vec<String> = record.nodes.iter().filter(|n| live.contains(*n)).cloned().collect();
         holders.sort();
+        // Who may copy: holders that count first, then drained ones.
+        let mut sources = holders.clone();
+        let mut drained_holders: Vec<String> = record.nodes.iter().filter(|n| leaving.contains(*n)).cloned().collect();
+        drained_holders.sort();
+        sources.extend(drained_holders);
         let held_at = |site: &str| holders.iter().filter(|h| site_of.get(*h).is_some_and(|s| s == site)).count();
         let short = |site: &String| {
             let want = policy.copies.min(live_per_site.get(site).copied().unwrap_or(0)).max(1) as usize;
@@ -165,7 +176,7 @@ pub(super) fn under_replicated(
                         // At a site holding copies, its first live holder repairs it; a
                         // site without any is repaired by the first live holder overall.
                         let first_there = holders.iter().find(|h| site_of.get(*h) == Some(s));
-                        first_there.or(holders.first()).is_some_and(|h| h == me)
+                        first_there.or(sources.first()).is_some_and(|h| h == me)
                     })
                     .collect()
             }
