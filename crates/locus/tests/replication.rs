@@ -301,12 +301,14 @@ fn repair_restores_copies_after_a_node_is_lost_and_scrub_replaces_a_corrupt_copy
     let fresh = c.mount_at("a");
     assert!(fs::read(fresh.join("f")).unwrap() == data, "a corrupt copy is never returned");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while fs::read(&path).unwrap() != good {
+    let log = c.path().join(format!("{}.log", alive[0]));
+    // The copy is replaced first, then the replacement logged.
+    while fs::read(&path).unwrap() != good
+        || !fs::read_to_string(&log).unwrap().contains("scrub replaced a corrupt copy")
+    {
         assert!(Instant::now() < deadline, "scrub did not replace the corrupt copy of {id}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let log = fs::read_to_string(c.path().join(format!("{}.log", alive[0]))).unwrap();
-    assert!(log.contains("scrub replaced a corrupt copy"), "{log}");
 }
 
 #[test]
