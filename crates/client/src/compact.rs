@@ -117,7 +117,7 @@ pub(crate) async fn compact(
     chunk_size: u64,
     ino: InodeId,
 ) -> Result<usize, VfsError> {
-    let Opened { attr, extents } = meta.call(Extents { ino }).await?;
+    let Opened { attr, extents, policy } = meta.call(Extents { ino }).await?;
     let extents = ExtentMap::from_extents(extents);
     if !is_fragmented(&extents, attr.size, chunk_size) {
         return Ok(0);
@@ -137,7 +137,7 @@ pub(crate) async fn compact(
         }
         let id = ChunkId::of(&bytes);
         let bytes = bytes::Bytes::from(bytes);
-        chunks.push(data.store_chunk(id, &bytes).await?);
+        chunks.push(data.store_chunk(id, &bytes, &policy).await?);
         new_extents.push(Extent { file_offset: *start, len: bytes.len() as u64, chunk: id, chunk_offset: 0 });
     }
     let req = Compact { ino, data_version: attr.data_version, extents: new_extents, chunks };

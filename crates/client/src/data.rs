@@ -11,6 +11,7 @@ use proto::error::ErrorCode;
 use proto::meta::{ChunkLocations, ListNodes, StoredChunk};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::placement::rendezvous;
+use proto::policy::{Policy, Replicate};
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -59,7 +60,7 @@ impl DataPath {
     /// (every live node if the site has none).
     pub async fn refresh_nodes(&self) -> Result<()> {
         let list = self.meta.call(ListNodes {}).await?;
-        let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30).collect();
+        let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30 && !n.drained).collect();
         let mine: Vec<&NodeInfo> = live.iter().copied().filter(|n| n.site == self.site).collect();
         let chosen = if mine.is_empty() { &live } else { &mine };
         let mut ids: Vec<String> = chosen.iter().map(|n| n.id.clone()).collect();
@@ -101,8 +102,12 @@ impl DataPath {
         }
     }
 
-    /// Stores a chunk on the first node of its placement that accepts it.
-    pub async fn store_chunk(&self, id: ChunkId, data: &Bytes) -> Result<StoredChunk> {
+    /// Stores a chunk on the first node of its placement that accepts it; that node
+    /// makes the other copies `policy` asks for and answers where they all are. A
+    /// failed replication (`NotReplicated`) is final: another node of this site would
+    /// meet the same unreachable site.
+    pub async fn store_chunk(&self, id: ChunkId, data: &Bytes, policy: &Policy) -> Result<StoredChunk> {
+        let put = NodeRequest::Put { id, replicate: Replicate::for_writer(policy, &self.site) };
         let mut last = VfsError::new(ErrorCode::Io, "no storage node is registered at this site");
         let mut nodes = self.placement(&id);
         if nodes.is_empty() {
@@ -111,8 +116,15 @@ impl DataPath {
             nodes = self.placement(&id);
         }
         for node in nodes {
-            match self.node_call(&node, &NodeRequest::Put { id }, data.clone()).await {
+            match self.node_call(&node, &put, data.clone()).await {
+                Ok((NodeReply::Stored(nodes), _)) if !nodes.is_empty() => {
+                    return Ok(StoredChunk { id, size: data.len() as u64, nodes });
+                }
                 Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node] }),
+                Err(e) if e.code == ErrorCode::NotReplicated => {
+                    tracing::error!(chunk = %id, %node, "the write fails: {e}");
+                    return Err(e);
+                }
                 Err(e) => {
                     tracing::warn!(chunk = %id, %node, "store failed, trying the next node: {e}");
                     last = e;

@@ -43,6 +43,47 @@ pub enum Command {
     Fsck(AdminArgs),
     /// Delete chunks that no file references any more.
     Gc(GcArgs),
+    /// Replication policies of directories (which sites hold the data, how many copies,
+    /// when a write is acknowledged).
+    Policy(PolicyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+    #[arg(long, global = true)]
+    pub meta: Option<String>,
+    #[command(subcommand)]
+    pub command: PolicyCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Sets the policy of a directory (a path in the namespace, e.g. /projects/x);
+    /// everything below it follows it unless it sets its own.
+    Set {
+        path: String,
+        /// Sites that must hold every chunk, e.g. a,b [default: the writer's site].
+        #[arg(long, value_delimiter = ',')]
+        sites: Vec<String>,
+        /// Copies on distinct nodes inside each listed site.
+        #[arg(long, default_value_t = 2)]
+        copies: u32,
+        /// sync (durable at every copy), semi-sync (durable here, received at the
+        /// other sites) or async (durable here, shipped in the background).
+        #[arg(long, default_value = "sync")]
+        mode: proto::policy::ReplicationMode,
+        /// Most lag accepted before status warns, e.g. 30s.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        rpo: std::time::Duration,
+        /// Removes the directory's own policy (it inherits its parent's again).
+        #[arg(long, conflicts_with_all = ["sites", "mode"])]
+        clear: bool,
+    },
+    /// Shows the policy that applies to a path and where it comes from.
+    Get { path: String },
+    /// Lists every directory that sets a policy.
+    List,
 }
 
 #[derive(Args, Debug)]
@@ -113,9 +154,9 @@ pub struct NodeArgs {
     pub advertise: Option<String>,
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub meta: String,
-    /// Chunk store directory.
+    /// Chunk store directory (required to run a node).
     #[arg(long)]
-    pub data_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
     /// Unique node id (defaults to the listen address).
     #[arg(long)]
     pub id: Option<String>,
@@ -142,6 +183,41 @@ pub struct NodeArgs {
     /// Unreferenced chunks written more recently than this are kept (writes in flight).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reclaim_grace: std::time::Duration,
+    /// How long a sync or semi-sync write waits for its copies at other nodes and sites
+    /// before it fails (EIO at fsync/close), e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub sync_timeout: std::time::Duration,
+    /// Bytes per second the repair worker may send to restore missing copies, e.g. 64M.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub repair_rate: u64,
+    /// Pause between the repair worker's scans for under-replicated chunks.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub repair_every: std::time::Duration,
+    /// Bytes per second the scrub worker may re-hash, e.g. 16M.
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    pub scrub_rate: u64,
+    /// Pause between complete scrub passes over the store, e.g. 24h.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub scrub_every: std::time::Duration,
+    /// Instead of running a node, act on one.
+    #[command(subcommand)]
+    pub action: Option<NodeAction>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeAction {
+    /// Empties a node before it is removed: it takes no new chunks, and the repair
+    /// workers copy its chunks to other nodes (progress: `locus fsck`, `locus status`).
+    Drain {
+        /// The node's id.
+        id: String,
+        /// Stop draining: the node takes chunks again.
+        #[arg(long)]
+        undo: bool,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]

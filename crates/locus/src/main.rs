@@ -4,6 +4,7 @@
 mod admin;
 mod cli;
 mod local;
+mod policy;
 mod roles;
 
 /// Keeps chunk-sized buffers (MiBs) in the heap and the heap from being trimmed, so a
@@ -88,5 +89,6 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Status(a) => admin::status(a).await,
         Fsck(a) => admin::fsck(a).await,
         Gc(a) => admin::gc(a).await,
+        Policy(a) => policy::run(a).await,
     }
 }

@@ -74,7 +74,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
     node::NodeConfig {
         id: args.id.clone().unwrap_or_else(|| advertise.clone()),
         site: args.site.clone(),
-        data_dir: args.data_dir.clone(),
+        data_dir: args.data_dir.clone().unwrap_or_default(),
         capacity_bytes: args.capacity,
         meta_addr: args.meta.clone(),
         advertise_addr: advertise,
@@ -90,11 +90,24 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             grace: args.reclaim_grace,
             ..node::ReclaimConfig::default()
         },
+        replication: node::ReplicationConfig {
+            sync_timeout: args.sync_timeout,
+            repair_rate: args.repair_rate,
+            repair_every: args.repair_every,
+            scrub_rate: args.scrub_rate,
+            scrub_every: args.scrub_every,
+        },
         metrics: None,
     }
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(action) = args.action {
+        return crate::admin::node_action(action).await;
+    }
+    if args.data_dir.is_none() {
+        anyhow::bail!("locus node needs --data-dir (the chunk store directory)");
+    }
     let listener = bind(&args.listen, "node").await?;
     let advertise = args.advertise.clone().unwrap_or(listener.local_addr()?.to_string());
     let mut config = node_config(&args, advertise);
@@ -243,7 +256,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         listen: node_addr.clone(),
         advertise: None,
         meta: meta_addr.clone(),
-        data_dir: chunks,
+        data_dir: Some(chunks),
         id: Some("local".into()),
         site: "default".into(),
         capacity: args.capacity,
@@ -253,6 +266,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         metrics: None,
         reclaim_above: 90.0,
         reclaim_grace: Duration::from_secs(300),
+        sync_timeout: Duration::from_secs(10),
+        repair_rate: 64 << 20,
+        repair_every: Duration::from_secs(10),
+        scrub_rate: 16 << 20,
+        scrub_every: Duration::from_secs(24 * 3600),
+        action: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());

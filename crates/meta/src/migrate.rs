@@ -219,6 +219,7 @@ mod tests {
             last_seen_secs: 0,
             site_rtts: vec![("b".into(), 50_000)],
             cache_bytes: 0,
+            drained: false,
         };
         ask(&source, MetaRequest::RegisterNode(RegisterNode { node, cluster_id: None }));
         let before = everything(&source);

@@ -20,7 +20,8 @@
 
 use crate::error::MetaError;
 use crate::locks::Held;
-use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, root_inode};
+use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
+use proto::policy::Policy;
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
@@ -80,6 +81,10 @@ CREATE TABLE locks (
     range_end BIGINT NOT NULL, is_write BIGINT NOT NULL, pid BIGINT NOT NULL);
 CREATE INDEX locks_by_ino ON locks (ino);
 CREATE INDEX locks_by_session ON locks (session);
+CREATE TABLE policies (
+    ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
+    rpo_secs BIGINT NOT NULL);
+CREATE TABLE drained_nodes (id TEXT PRIMARY KEY);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -396,6 +401,7 @@ fn node_of(r: &Row) -> Result<(NodeInfo, i64), MetaError> {
             last_seen_secs: 0,
             site_rtts: Vec::new(),
             cache_bytes: int(7)?,
+            drained: false,
         },
         r.try_get(8)?,
     ))
@@ -814,6 +820,50 @@ impl Txn for PgConn {
             &[],
         )?;
         rows.iter().map(node_of).collect()
+    }
+
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
+        let row = self.opt("SELECT sites, copies, mode, rpo_secs FROM policies WHERE ino = $1", &[&(ino as i64)])?;
+        row.map(|r| policy_of((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))).transpose()
+    }
+
+    fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (ino) DO UPDATE SET sites = excluded.sites, copies = excluded.copies,
+             mode = excluded.mode, rpo_secs = excluded.rpo_secs",
+            &[&(ino as i64), &p.sites.join(","), &(p.copies as i64), &p.mode.to_string(), &(p.rpo_secs as i64)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM policies WHERE ino = $1", &[&(ino as i64)])?;
+        Ok(())
+    }
+
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
+        let rows = self.query("SELECT sites, copies, mode, rpo_secs, ino FROM policies ORDER BY ino", &[])?;
+        rows.iter()
+            .map(|r| {
+                let policy = policy_of((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))?;
+                Ok((r.try_get::<_, i64>(4)? as u64, policy))
+            })
+            .collect()
+    }
+
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
+        if drained {
+            self.exec("INSERT INTO drained_nodes (id) VALUES ($1) ON CONFLICT (id) DO NOTHING", &[&node])?;
+        } else {
+            self.exec("DELETE FROM drained_nodes WHERE id = $1", &[&node])?;
+        }
+        Ok(())
+    }
+
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
+        let rows = self.query("SELECT id FROM drained_nodes ORDER BY id", &[])?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 }
 

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use net::ConnHandle;
 use proto::meta::{MetaPush, PushAnswer, SessionInfo};
 use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::policy::ReplicationLag;
 use proto::types::{SessionId, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -42,6 +43,8 @@ pub struct MetaService {
     workers: Workers,
     /// The latest worker report of each other process, and when it came.
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
+    /// The latest replication lag report of each node, and when it came.
+    lags: Mutex<HashMap<String, (std::time::Instant, Vec<ReplicationLag>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
 }
@@ -62,6 +65,7 @@ impl MetaService {
             session_expiry: config.session_expiry,
             workers: Workers::default(),
             reports: Mutex::default(),
+            lags: Mutex::default(),
             clients: Mutex::default(),
         })
     }
@@ -109,6 +113,16 @@ impl MetaService {
             reports.iter().map(|(process, (_, w))| (process.clone(), w.clone())).collect();
         others.sort_by(|a, b| a.0.cmp(&b.0));
         out.extend(others);
+        out
+    }
+
+    /// The latest lag report of every node still alive, by node.
+    fn lag_reports(&self) -> Vec<(String, ReplicationLag)> {
+        let mut lags = lock(&self.lags);
+        lags.retain(|_, (at, _)| at.elapsed() < self.session_expiry);
+        let mut out: Vec<(String, ReplicationLag)> =
+            lags.iter().flat_map(|(node, (_, l))| l.iter().map(|l| (node.clone(), l.clone()))).collect();
+        out.sort_by(|a, b| (&a.0, &a.1.site).cmp(&(&b.0, &b.1.site)));
         out
     }
 
@@ -174,6 +188,10 @@ impl MetaService {
                     lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
                     Ok(())
                 }),
+                MetaRequest::ReportLag(m) => ops::serve(m, |m| {
+                    lock(&self.lags).insert(m.node, (std::time::Instant::now(), m.lag));
+                    Ok(())
+                }),
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
@@ -181,6 +199,7 @@ impl MetaService {
                     // Worker reports live in memory, beside the store.
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
+                        status.lag = self.lag_reports();
                         MetaReply::Status(status)
                     }
                     other => other,

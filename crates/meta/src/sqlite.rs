@@ -8,6 +8,7 @@ use crate::error::MetaError;
 use crate::locks::Held;
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::fs::File;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -72,9 +73,16 @@ CREATE INDEX locks_by_ino ON locks (ino);
 CREATE INDEX locks_by_session ON locks (session);
 ";
 
+/// The replication tables: policies (directory inode -> policy; `sites` is a comma
+/// list) and the nodes being drained.
+const REPLICATION_TABLES: &str = "CREATE TABLE policies (
+    ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
+    rpo_secs BIGINT NOT NULL) WITHOUT ROWID;
+CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
+
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster, persist_opens_and_locks];
+const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -91,6 +99,12 @@ fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
 /// (empty: whatever a running meta held died with it before this upgrade).
 fn persist_opens_and_locks(conn: &Connection) -> Result<(), MetaError> {
     conn.execute_batch(OPENS_AND_LOCKS)?;
+    Ok(())
+}
+
+/// Version 3 -> 4: directories may carry a replication policy; nodes may be drained.
+fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch(REPLICATION_TABLES)?;
     Ok(())
 }
 
@@ -326,6 +340,7 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute_batch("CREATE TABLE meta_version (version BIGINT NOT NULL)")?;
     w.conn.execute_batch(SCHEMA)?;
     w.conn.execute_batch(OPENS_AND_LOCKS)?;
+    add_replication_policies(&w.conn)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
     w.put_inode(&root_inode())
@@ -452,6 +467,7 @@ fn node_row(r: &Row<'_>) -> rusqlite::Result<(NodeInfo, i64)> {
             last_seen_secs: 0,
             site_rtts: Vec::new(),
             cache_bytes: r.get::<_, i64>(7)? as u64,
+            drained: false,
         },
         r.get(8)?,
     ))
@@ -861,6 +877,70 @@ impl Txn for SqlConn {
         )?;
         Ok(st.query_map([], node_row)?.collect::<Result<Vec<_>, _>>()?)
     }
+
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT sites, copies, mode, rpo_secs FROM policies WHERE ino = ?1")?;
+        let row = st.query_row([ino as i64], policy_row).optional()?;
+        row.map(policy_of).transpose()
+    }
+
+    fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (ino) DO UPDATE SET sites = excluded.sites, copies = excluded.copies,
+             mode = excluded.mode, rpo_secs = excluded.rpo_secs",
+        )?;
+        st.execute(params![ino as i64, p.sites.join(","), p.copies as i64, p.mode.to_string(), p.rpo_secs as i64])?;
+        Ok(())
+    }
+
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.conn.prepare_cached("DELETE FROM policies WHERE ino = ?1")?.execute([ino as i64])?;
+        Ok(())
+    }
+
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
+        let mut st =
+            self.conn.prepare_cached("SELECT sites, copies, mode, rpo_secs, ino FROM policies ORDER BY ino")?;
+        let rows = st.query_map([], |r| Ok((policy_row(r)?, r.get::<_, i64>(4)? as u64)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (p, ino) = row?;
+            out.push((ino, policy_of(p)?));
+        }
+        Ok(out)
+    }
+
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
+        let sql = if drained {
+            "INSERT INTO drained_nodes (id) VALUES (?1) ON CONFLICT (id) DO NOTHING"
+        } else {
+            "DELETE FROM drained_nodes WHERE id = ?1"
+        };
+        self.conn.prepare_cached(sql)?.execute([node])?;
+        Ok(())
+    }
+
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT id FROM drained_nodes ORDER BY id")?;
+        Ok(st.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
+/// A policy row's columns as stored: (sites, copies, mode, rpo_secs).
+pub(crate) type PolicyColumns = (String, i64, String, i64);
+
+fn policy_row(r: &Row<'_>) -> rusqlite::Result<PolicyColumns> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+pub(crate) fn policy_of((sites, copies, mode, rpo): PolicyColumns) -> Result<Policy, MetaError> {
+    Ok(Policy {
+        sites: sites.split(',').filter(|s| !s.is_empty()).map(String::from).collect(),
+        copies: copies as u32,
+        mode: mode.parse().map_err(MetaError::Corrupt)?,
+        rpo_secs: rpo as u64,
+    })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use crate::error::MetaError;
 use crate::locks::Held;
 use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
 
 /// An inode row: the attributes plus what only meta needs.
@@ -129,6 +130,18 @@ pub trait Txn {
     fn put_node(&mut self, node: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError>;
     fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError>;
     fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError>;
+
+    /// The replication policy a directory sets itself (not inherited), if any.
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError>;
+    /// Inserts or overwrites a directory's policy.
+    fn put_policy(&mut self, ino: InodeId, policy: &Policy) -> Result<(), MetaError>;
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError>;
+    /// Every directory that sets a policy, in inode order.
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError>;
+    /// Marks a node drained (or no longer drained).
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError>;
+    /// The ids of drained nodes, sorted.
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError>;
 }
 
 /// A backend's one write connection, driven by the shared group commit in `engine`.

@@ -100,6 +100,7 @@ mod tests {
             store_id: String::new(),
             site_rtts: Vec::new(),
             cache_bytes: 0,
+            drained: false,
         }
     }
 

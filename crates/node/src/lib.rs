@@ -6,11 +6,15 @@
 mod cluster;
 mod metrics;
 mod reclaim;
+mod repair;
+mod replicate;
 mod site;
 
 use cluster::Membership;
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
+use repair::{RepairWorker, ScrubWorker};
+use replicate::{ReplicationWorker, Replicator};
 pub use site::WanConfig;
 use site::{SiteLink, SiteLinkWorker};
 
@@ -19,7 +23,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{RegisterNode, Registered, ReportWorkers};
+use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -56,8 +60,38 @@ pub struct NodeConfig {
     pub wan: WanConfig,
     /// When unreferenced chunks are deleted without an operator.
     pub reclaim: ReclaimConfig,
+    /// Copies across nodes and sites: timeouts and the repair and scrub rates.
+    pub replication: ReplicationConfig,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
+}
+
+/// How a node keeps the copies policies ask for.
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    /// How long a `sync` or `semi-sync` put waits for its copies at other nodes and
+    /// sites before the write fails.
+    pub sync_timeout: Duration,
+    /// Bytes per second the repair worker may send.
+    pub repair_rate: u64,
+    /// Pause between the repair worker's scans of the catalogue.
+    pub repair_every: Duration,
+    /// Bytes per second the scrub worker may re-hash.
+    pub scrub_rate: u64,
+    /// Pause between complete scrub passes over the store.
+    pub scrub_every: Duration,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            sync_timeout: Duration::from_secs(10),
+            repair_rate: 64 << 20,
+            repair_every: Duration::from_secs(10),
+            scrub_rate: 16 << 20,
+            scrub_every: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// Why a node could not start or stopped serving.
@@ -93,16 +127,18 @@ pub struct NodeService {
     loading: SingleFlight<ChunkId, Bytes>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
+    /// Makes the copies a put's policy asks for; `None` stores only here.
+    replicator: Option<Arc<Replicator>>,
 }
 
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None)
+        NodeService::with_site(store, None, None)
     }
 
-    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>) -> Self {
-        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site }
+    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, replicator: Option<Arc<Replicator>>) -> Self {
+        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, replicator }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -167,7 +203,10 @@ impl Service for NodeService {
 
     async fn handle(self: Arc<Self>, _peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
         let reply = match req {
-            NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            NodeRequest::Put { id, replicate } => match &self.replicator {
+                Some(r) => r.put(id, bulk, replicate).await.map(NodeReply::Stored),
+                None => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            },
             NodeRequest::Get { id, offset, len, local_only } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
@@ -227,9 +266,43 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let workers = Arc::new(Workers::default());
     let period = config.heartbeat.max(Duration::from_millis(10));
     workers.spawn(SiteLinkWorker { link: site.clone(), period, reported: 0 });
+    let replicator = Arc::new(Replicator::new(
+        config.id.clone(),
+        config.site.clone(),
+        site.clone(),
+        store.clone(),
+        config.replication.sync_timeout,
+    ));
+    workers.spawn(ReplicationWorker { replicator: replicator.clone(), made: 0, backoff: Duration::ZERO });
+    let rc = config.replication.clone();
+    workers.spawn(RepairWorker {
+        replicator: replicator.clone(),
+        meta: meta.clone(),
+        period: rc.repair_every,
+        rate: rc.repair_rate,
+        after: None,
+        repaired: 0,
+        repaired_bytes: 0,
+        found: 0,
+    });
+    workers.spawn(ScrubWorker {
+        replicator: replicator.clone(),
+        period: rc.scrub_every,
+        rate: rc.scrub_rate,
+        after: None,
+        checked: 0,
+        replaced: 0,
+        passes: 0,
+    });
     if let Some(metrics) = config.metrics.take() {
         let (id, site_name) = (config.id.clone(), config.site.clone());
-        tokio::spawn(metrics::serve(metrics, id, site_name, store.clone(), site.clone(), workers.clone()));
+        let parts = metrics::Parts {
+            store: store.clone(),
+            link: site.clone(),
+            replicator: replicator.clone(),
+            workers: workers.clone(),
+        };
+        tokio::spawn(metrics::serve(metrics, id, site_name, parts));
     }
     let reclaim = Reclaim {
         meta: meta.clone(),
@@ -242,6 +315,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     workers.spawn(reclaim);
     let report = Arc::downgrade(&workers);
     workers.spawn(Registration {
+        replicator: replicator.clone(),
         meta,
         config,
         membership,
@@ -251,7 +325,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         failing: false,
         workers: report,
     });
-    let service = NodeService::with_site(store, Some(site));
+    let service = NodeService::with_site(store, Some(site), Some(replicator));
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
@@ -279,6 +353,7 @@ async fn register(
         last_seen_secs: 0,
         site_rtts,
         cache_bytes: site.cache_bytes(),
+        drained: false,
     };
     let addr = config.meta_addr.clone();
     match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {
@@ -302,6 +377,20 @@ struct Registration {
     failing: bool,
     /// The node's workers (this one among them), reported with every heartbeat.
     workers: std::sync::Weak<Workers>,
+    /// Whose owed copies are reported with every heartbeat.
+    replicator: Arc<Replicator>,
+}
+
+impl Registration {
+    /// Sends a report to meta.
+    async fn tell_meta<M: proto::meta::MetaMessage>(&self, report: M) -> Result<(), NodeError> {
+        let addr = self.config.meta_addr.clone();
+        match self.meta.ask(report).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(source)) => Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
+            Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
+        }
+    }
 }
 
 impl Worker for Registration {
@@ -331,13 +420,10 @@ impl Worker for Registration {
         if let Some(workers) = self.workers.upgrade() {
             let process = format!("node {}", self.config.id);
             let report = ReportWorkers { process, workers: workers.statuses() };
-            let addr = self.config.meta_addr.clone();
-            match self.meta.ask(report).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(source)) => return Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
-                Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
-            }
+            self.tell_meta(report).await?;
         }
+        let lag = ReportLag { node: self.config.id.clone(), lag: self.replicator.lag_report() };
+        self.tell_meta(lag).await?;
         Ok(Step::Idle)
     }
 

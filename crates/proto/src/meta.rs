@@ -2,6 +2,7 @@
 //! Meta never carries file data; it hands out extents and chunk locations.
 
 use crate::error::WireError;
+use crate::policy::{EffectivePolicy, Policy, ReplicationLag, ShortfallPage};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
@@ -154,6 +155,12 @@ impl MetaRequest {
             | R::ForgetChunks(_)
             | R::UpdateLocations(_)
             | R::Status(_)
+            | R::SetPolicy(_)
+            | R::GetPolicy(_)
+            | R::ListPolicies(_)
+            | R::UnderReplicated(_)
+            | R::DrainNode(_)
+            | R::ReportLag(_)
             | R::ReportWorkers(_) => None,
         }
     }
@@ -418,7 +425,8 @@ meta_requests! {
         ids: Vec<ChunkId>,
     } => ();
     /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
-    /// in its site cache, so other sites can find the nearest copy.
+    /// in its site cache, so other sites can find the nearest copy. An added chunk
+    /// that names nodes reports copies its replication made on those nodes.
     UpdateLocations {
         node: NodeId,
         added: Vec<StoredChunk>,
@@ -426,6 +434,39 @@ meta_requests! {
     } => ();
     /// Everything `locus status` shows.
     Status {} => ClusterStatus;
+    /// Sets (`Some`) or clears (`None`) a directory's replication policy; answers the
+    /// warnings an operator should see (a site with fewer nodes than copies).
+    SetPolicy {
+        ino: InodeId,
+        policy: Option<Policy>,
+    } => Vec<String>;
+    /// The policy that applies to an inode: its own, the nearest ancestor's, or the default.
+    GetPolicy {
+        ino: InodeId,
+    } => EffectivePolicy;
+    /// Every directory that sets a policy, with its policy.
+    ListPolicies {} => Vec<(InodeId, Policy)>;
+    /// Drains a node (or stops draining it): it takes no new chunks and its copies stop
+    /// counting, so the repair workers copy them to other nodes.
+    DrainNode {
+        node: NodeId,
+        drained: bool,
+    } => ();
+    /// Chunks whose live copies fall short of their policy, scanning the extents after
+    /// `after` (a page of `limit` extents). With `node`, only the chunks that node is
+    /// to repair: at each short site the first live holder there, and for a short
+    /// site without any copy the first live holder anywhere.
+    UnderReplicated {
+        node: Option<NodeId>,
+        after: Option<(InodeId, u64)>,
+        limit: u32,
+    } => ShortfallPage;
+    /// The copies a node still owes other nodes, sent with its heartbeat; meta keeps
+    /// the latest report in memory for `locus status`.
+    ReportLag {
+        node: NodeId,
+        lag: Vec<ReplicationLag>,
+    } => ();
     /// What a node's background workers are doing, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status` (clients are asked instead, by a
     /// `MetaPush::Workers` on their own connection).
@@ -450,6 +491,12 @@ pub struct ClusterStatus {
     pub workers: Vec<(String, Vec<WorkerStatus>)>,
     /// The cluster this meta serves.
     pub cluster_id: String,
+    /// Directories that set a replication policy.
+    pub policies: Vec<(InodeId, Policy)>,
+    /// What an operator should act on about replication (too few nodes for a policy).
+    pub policy_warnings: Vec<String>,
+    /// Copies owed, per reporting node (the latest report of each live node).
+    pub lag: Vec<(NodeId, ReplicationLag)>,
 }
 
 /// `statfs` numbers in bytes and inodes.
@@ -487,6 +534,8 @@ pub struct Unlinked {
 pub struct Opened {
     pub attr: Attr,
     pub extents: Vec<Extent>,
+    /// The replication policy the file's chunks are stored under.
+    pub policy: Policy,
 }
 
 /// Every answer type as one enum on the wire, each variant convertible to and from its
@@ -537,6 +586,10 @@ meta_replies! {
     Extents(Vec<(InodeId, Extent)>),
     ChunkIds(Vec<ChunkId>),
     Status(ClusterStatus),
+    Policy(EffectivePolicy),
+    Policies(Vec<(InodeId, Policy)>),
+    Warnings(Vec<String>),
+    Shortfalls(ShortfallPage),
 }
 
 impl From<()> for MetaReply {

@@ -1,6 +1,7 @@
 //! The data-path protocol: clients and tools talk to `locus node` directly for bytes.
 
 use crate::error::WireError;
+use crate::policy::Replicate;
 use crate::types::ChunkId;
 use serde::{Deserialize, Serialize};
 
@@ -11,6 +12,8 @@ pub enum NodeRequest {
     /// refuses a mismatch. Idempotent.
     Put {
         id: ChunkId,
+        /// Copies the node must ensure before (or, for `async`, after) answering.
+        replicate: Replicate,
     },
     /// Bytes `[offset, offset+len)` of a chunk (clipped to its end), verified against its
     /// id before serving; answered with `Data` and the bytes as bulk.
@@ -64,6 +67,9 @@ pub enum NodeReply {
     Ids(Vec<ChunkId>),
     Count(u64),
     Stats(NodeStats),
+    /// `Put`'s answer: the nodes now holding the chunk (durably, or received for a
+    /// `semi-sync` remote site), for the catalogue.
+    Stored(Vec<String>),
 }
 
 /// The payload of every node response frame.

@@ -68,6 +68,7 @@ fn env() -> &'static Env {
                 heartbeat: Duration::from_secs(1),
                 wan: node::WanConfig::default(),
                 reclaim: node::ReclaimConfig::default(),
+                replication: node::ReplicationConfig::default(),
                 metrics: None,
             };
             tokio::spawn(node::run(node, listener));

@@ -57,7 +57,7 @@ impl Vfs {
             // The data is lost: forget the pending extents so reads show what meta has.
             f.pending.clear();
             f.modified = false;
-            if let Ok(Opened { attr, extents }) = self.meta.call(Extents { ino }).await {
+            if let Ok(Opened { attr, extents, .. }) = self.meta.call(Extents { ino }).await {
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);
             }

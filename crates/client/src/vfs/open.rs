@@ -36,8 +36,8 @@ impl Vfs {
             return Ok((self.new_handle(file), true));
         }
         let session = self.meta.session();
-        let Opened { attr, extents } = self.meta.call(Open { ino, session, truncate: opts.truncate }).await?;
-        Ok(self.adopt(session, attr, extents).await)
+        let opened = self.meta.call(Open { ino, session, truncate: opts.truncate }).await?;
+        Ok(self.adopt(session, opened).await)
     }
 
     /// Creates a regular file and opens it in one request.
@@ -53,9 +53,9 @@ impl Vfs {
         let session = self.meta.session();
         let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, caller, exclusive };
         let req = CreateOpen { create, session };
-        let Opened { attr, extents } = self.meta.call(req).await?;
-        let (ino, existed) = (attr.ino, attr.size > 0);
-        let (fh, _) = self.adopt(session, attr, extents).await;
+        let opened = self.meta.call(req).await?;
+        let (ino, existed) = (opened.attr.ino, opened.attr.size > 0);
+        let (fh, _) = self.adopt(session, opened).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
             let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, caller).await?;
@@ -70,8 +70,7 @@ impl Vfs {
     pub(super) async fn adopt(
         self: &Arc<Self>,
         session: SessionId,
-        attr: Attr,
-        extents: Vec<Extent>,
+        Opened { attr, extents, policy }: Opened,
     ) -> (FileHandle, bool) {
         let ino = attr.ino;
         let keep_cache = lock(&self.seen_versions).get(&ino) == Some(&attr.data_version);
@@ -82,6 +81,7 @@ impl Vfs {
                 extents: ExtentMap::from_extents(extents),
                 dirty: DirtyBuffer::with_run_capacity(self.config.chunk_size as usize),
                 pending: Vec::new(),
+                policy,
                 uploads: Vec::new(),
                 modified: false,
                 opens: 1,

@@ -36,8 +36,9 @@ impl Vfs {
         let data = Bytes::from(bytes);
         self.data.begin_upload(id, &data);
         let vfs = self.clone();
+        let policy = f.policy.clone();
         f.uploads.push(tokio::spawn(async move {
-            let stored = vfs.data.store_chunk(id, &data).await;
+            let stored = vfs.data.store_chunk(id, &data, &policy).await;
             vfs.data.end_upload(id, stored.is_ok());
             drop(permit);
             stored

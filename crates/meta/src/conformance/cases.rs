@@ -116,7 +116,7 @@ fn refcount(s: &Arc<MetaService>, tag: u8) -> Option<u64> {
 
 fn extents(s: &Arc<MetaService>, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
     match ok(s, MetaRequest::Extents(Extents { ino })) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!(attr.ino, ino);
             extents.into_iter().map(|e| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset)).collect()
         }
@@ -306,7 +306,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert!(extents.is_empty());
             attr
         }
@@ -315,7 +315,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     commit(&s, c.ino, vec![ext(0, 10, 7, 0)], 10);
     // A non-exclusive create of an existing file opens it with its extents.
     match ok(&s, req("c", false)) {
-        MetaReply::Opened(Opened { attr, extents }) => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
+        MetaReply::Opened(Opened { attr, extents, .. }) => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
         other => panic!("expected Opened, got {other:?}"),
     }
     assert_eq!(
@@ -630,14 +630,14 @@ pub fn open_truncate_and_sync(b: &dyn Factory) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
     match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false })) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!(attr.size, 100);
             assert_eq!(extents, vec![ext(0, 100, 1, 0)]);
         }
         other => panic!("expected Opened, got {other:?}"),
     }
     match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: true })) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!((attr.size, attr.data_version), (0, 2));
             assert!(extents.is_empty());
         }
@@ -798,6 +798,7 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
         last_seen_secs: 99,
         site_rtts: vec![("s2".into(), 50_000)],
         cache_bytes: 0,
+        drained: false,
     }
 }
 
@@ -1116,4 +1117,111 @@ pub fn cluster_identity(b: &dyn Factory) {
     assert!(e.message.contains(&"f".repeat(32)) && e.message.contains(&id), "{}", e.message);
     drop(s);
     assert_eq!(b.open().cluster_id(), id, "the id is kept across restarts");
+}
+
+fn policy(sites: &[&str], copies: u32, mode: proto::policy::ReplicationMode) -> proto::policy::Policy {
+    proto::policy::Policy { sites: sites.iter().map(|s| s.to_string()).collect(), copies, mode, rpo_secs: 30 }
+}
+
+#[track_caller]
+fn effective(s: &Arc<MetaService>, ino: InodeId) -> proto::policy::EffectivePolicy {
+    match ok(s, MetaRequest::GetPolicy(GetPolicy { ino })) {
+        MetaReply::Policy(p) => p,
+        other => panic!("expected Policy, got {other:?}"),
+    }
+}
+
+/// Conformance case `replication_policies`: set, inherit (also by what existed before
+/// the policy), override, clear, refuse files and unknown sites, warn about too few
+/// nodes, forget a removed directory's policy, survive a restart.
+pub fn replication_policies(b: &dyn Factory) {
+    use proto::policy::{Policy, ReplicationMode as M};
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
+    let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
+    far.site = "s2".into();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: far, cluster_id: None }));
+    let top = mk(&s, ROOT_INODE, "top", NewNode::Dir);
+    let old = mk(&s, top.ino, "old", NewNode::File);
+    assert_eq!(effective(&s, old.ino), proto::policy::EffectivePolicy { policy: Policy::default(), set_on: None });
+
+    let both = policy(&["s1", "s2", "s1"], 1, M::Sync);
+    match ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(both) })) {
+        MetaReply::Warnings(w) => assert!(w.is_empty(), "{w:?}"),
+        other => panic!("expected Warnings, got {other:?}"),
+    }
+    let stored = policy(&["s1", "s2"], 1, M::Sync);
+    assert_eq!(effective(&s, old.ino).policy, stored, "a file created before the policy is under it");
+    assert_eq!(effective(&s, old.ino).set_on, Some(top.ino));
+    let sub = mk(&s, top.ino, "sub", NewNode::Dir);
+    let deep = mk(&s, sub.ino, "f", NewNode::File);
+    assert_eq!(effective(&s, deep.ino).policy, stored, "inherited two levels down");
+    let session = hello(&s);
+    let opened = ok(&s, MetaRequest::Open(Open { ino: deep.ino, session, truncate: false }));
+    assert!(matches!(opened, MetaReply::Opened(o) if o.policy == stored), "Open carries the policy");
+
+    // A nearer policy wins; too many copies is allowed, with a warning.
+    let three = policy(&["s2"], 3, M::Async);
+    match ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: Some(three.clone()) })) {
+        MetaReply::Warnings(w) => assert!(w.len() == 1 && w[0].contains("site s2"), "{w:?}"),
+        other => panic!("expected Warnings, got {other:?}"),
+    }
+    assert_eq!(effective(&s, deep.ino).policy, three);
+    match ok(&s, MetaRequest::Status(Status {})) {
+        MetaReply::Status(st) => {
+            assert_eq!(st.policies.len(), 2);
+            assert!(st.policy_warnings.iter().any(|w| w.contains(&format!("inode {}", sub.ino))), "{st:?}");
+        }
+        other => panic!("expected Status, got {other:?}"),
+    }
+
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: deep.ino, policy: Some(three.clone()) })),
+        ErrorCode::NotDir
+    );
+    let nowhere = policy(&["mars"], 1, M::Sync);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(nowhere) })),
+        ErrorCode::InvalidArgument
+    );
+    let none = policy(&["s1"], 0, M::Sync);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(none) })),
+        ErrorCode::InvalidArgument
+    );
+
+    // Clearing falls back to the ancestor's; a removed directory's policy goes with it.
+    ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: None }));
+    assert_eq!(effective(&s, deep.ino).policy, stored);
+    ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: Some(three) }));
+    ok(&s, MetaRequest::Unlink(Unlink { parent: sub.ino, name: b"f".to_vec() }));
+    ok(&s, MetaRequest::Rmdir(Rmdir { parent: top.ino, name: b"sub".to_vec() }));
+    drop(s);
+    let s = b.open();
+    match ok(&s, MetaRequest::ListPolicies(ListPolicies {})) {
+        MetaReply::Policies(list) => assert_eq!(list, vec![(top.ino, stored)]),
+        other => panic!("expected Policies, got {other:?}"),
+    }
+}
+
+/// Conformance case `node_drain`: a drained node is listed as such (and survives a
+/// restart), undraining clears it, and an unknown node cannot be drained.
+pub fn node_drain(b: &dyn Factory) {
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n2", "10.0.0.2:7000", 1000, 100), cluster_id: None }));
+    let drained = |s: &Arc<MetaService>| match ok(s, MetaRequest::ListNodes(ListNodes {})) {
+        MetaReply::Nodes(list) => list.into_iter().filter(|n| n.drained).map(|n| n.id).collect::<Vec<_>>(),
+        other => panic!("expected Nodes, got {other:?}"),
+    };
+    assert!(drained(&s).is_empty());
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: true }));
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: true }));
+    assert_eq!(drained(&s), vec!["n2".to_string()]);
+    assert_eq!(err(&s, MetaRequest::DrainNode(DrainNode { node: "n9".into(), drained: true })), ErrorCode::NotFound);
+    drop(s);
+    let s = b.open();
+    assert_eq!(drained(&s), vec!["n2".to_string()]);
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: false }));
+    assert!(drained(&s).is_empty());
 }

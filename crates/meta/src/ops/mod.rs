@@ -6,12 +6,14 @@ mod catalogue;
 mod data;
 mod locks;
 mod namespace;
+mod policy;
 mod sessions;
 
-use catalogue::{forget_chunk, nodes, register_node};
+use catalogue::{drain, forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
+use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
@@ -88,8 +90,11 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListChunks(_)
         | R::ListExtents(_)
         | R::Unreferenced(_)
+        | R::GetPolicy(_)
+        | R::ListPolicies(_)
+        | R::UnderReplicated(_)
         | R::Status(_) => Access::Read { point: false },
-        R::ReportWorkers(_) => Access::Reports,
+        R::ReportWorkers(_) | R::ReportLag(_) => Access::Reports,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
         | R::Heartbeat(_)
@@ -109,6 +114,8 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ReleaseLocks(_)
         | R::RegisterNode(_)
         | R::UpdateLocations(_)
+        | R::SetPolicy(_)
+        | R::DrainNode(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
     }
 }
@@ -157,7 +164,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
-            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)? })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, policy })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -188,7 +196,10 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 .into_iter()
                 .map(|s| (s.id, s.info, secs_since(ctx.now_ms, s.last_seen_ms)))
                 .collect();
+            let policies = t.list_policies()?;
             Ok(ClusterStatus {
+                policy_warnings: policy_warnings(t, &policies)?,
+                policies,
                 nodes: nodes(t, ctx)?,
                 sessions,
                 inodes: t.count_inodes()?,
@@ -197,9 +208,13 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 site_rtts: t.site_rtts()?,
                 // Kept in the service's memory; it fills them in.
                 workers: Vec::new(),
+                lag: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
+        R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
+        R::ListPolicies(m) => serve(m, |_| t.list_policies()),
+        R::UnderReplicated(m) => serve(m, |m| under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))),
         other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
     }
 }
@@ -225,7 +240,8 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             require_file(&inode(t, attr.ino)?)?;
             add_open(t, m.session, attr.ino)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents })
+            let policy = effective_policy(t, attr.ino)?.policy;
+            Ok(Opened { attr, extents, policy })
         }),
         R::Link(m) => serve(m, |m| link(t, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
@@ -254,7 +270,8 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             }
             add_open(t, m.session, m.ino)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr: i.attr, extents })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr: i.attr, extents, policy })
         }),
         R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
         R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),
@@ -268,14 +285,18 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
-            for chunk in &m.added {
-                t.upsert_chunk(&StoredChunk { nodes: vec![m.node.clone()], ..chunk.clone() })?;
+            for chunk in m.added {
+                // No nodes named: the reporting node's own copy (its site cache).
+                let nodes = if chunk.nodes.is_empty() { vec![m.node.clone()] } else { chunk.nodes };
+                t.upsert_chunk(&StoredChunk { nodes, ..chunk })?;
             }
             for id in &m.removed {
                 t.remove_location(id, &m.node)?;
             }
             Ok(())
         }),
+        R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
+        R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
         R::ForgetChunks(m) => serve(m, |m| {
             for id in &m.ids {
                 forget_chunk(t, id)?;

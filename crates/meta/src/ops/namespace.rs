@@ -371,5 +371,6 @@ pub(super) fn set_xattr(
 pub(super) fn destroy(t: &mut dyn Txn, ino: InodeId) -> Result<(), MetaError> {
     punch(t, ino, 0, u64::MAX)?;
     t.delete_all_xattrs(ino)?;
+    t.delete_policy(ino)?;
     t.delete_inode(ino)
 }
