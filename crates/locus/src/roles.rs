@@ -1,7 +1,8 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MountArgs, NodeArgs, UpArgs};
+use crate::cli::{ClientTuning, MetaArgs, MountArgs, NodeArgs, TlsArgs, UpArgs};
 use crate::local::LocalCluster;
+use crate::pki::{LOCAL_NODE, LOCAL_SITE, LocalPki};
 use anyhow::{Context, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -209,7 +210,7 @@ pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let data_dir = expand_home(&args.data_dir);
     let (db, chunks) = (data_dir.join("meta.db"), data_dir.join("chunks"));
@@ -221,6 +222,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let probe = data_dir.join(".write-test");
     std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
     let _ = std::fs::remove_file(probe);
+    // Loopback needs no set-up: a CA and certificates are made in the data directory
+    // on first start, unless the operator gave certificates or chose no TLS.
+    let explicit = tls.insecure_no_tls || tls.ca.is_some() || tls.cert.is_some() || tls.key.is_some();
+    let local_pki = if explicit { None } else { Some(LocalPki::ensure(&data_dir)?) };
+    crate::pki::install(&local_pki.as_ref().map_or(tls, LocalPki::process), "locus up")?;
 
     // Both ports first: a taken port is reported before anything starts.
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
@@ -233,8 +239,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         advertise: None,
         meta: meta_addr.clone(),
         data_dir: chunks,
-        id: Some("local".into()),
-        site: "default".into(),
+        id: Some(LOCAL_NODE.into()),
+        site: LOCAL_SITE.into(),
         capacity: args.capacity,
         cache: 0,
         wan_connections: 1,
@@ -252,14 +258,19 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     });
     wait_for_node(&meta_addr, &node_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
-    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
+    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)).await?;
     println!(
         "locus: meta {meta_addr}, node {node_addr}, data in {}, mounted on {}; Ctrl-C to stop",
         data_dir.display(),
         mountpoint.display()
     );
-    let record =
-        LocalCluster { meta: meta_addr, node: node_addr, mountpoint: mountpoint.clone(), pid: std::process::id() };
+    let record = LocalCluster {
+        meta: meta_addr,
+        node: node_addr,
+        mountpoint: mountpoint.clone(),
+        pid: std::process::id(),
+        tls: local_pki.map(|p| p.dir),
+    };
     record.save(&data_dir)?;
     let served = serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await;
     record.remove(&data_dir);

@@ -138,6 +138,39 @@ impl MetaService {
         }
     }
 
+    /// What the peer's certificate lets it do: only a node may register, report
+    /// cached copies or its workers, and only as itself (its certificate's name is
+    /// its node id) at its own site; a session's site is its certificate's. Without
+    /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
+    fn check_identity(peer: &net::Peer, req: &MetaRequest) -> Result<(), MetaError> {
+        let Some(who) = peer.identity() else { return Ok(()) };
+        let as_node = |id: &str, site: Option<&str>| {
+            if who.role != net::Role::Node {
+                return Err(MetaError::NotPermitted(format!(
+                    "{who} is not a node: only a node certificate may do this"
+                )));
+            }
+            if who.name != id {
+                return Err(MetaError::NotPermitted(format!("{who} may not act as node {id}")));
+            }
+            match site {
+                Some(site) if site != who.site => {
+                    Err(MetaError::NotPermitted(format!("{who} may not register at site {site}")))
+                }
+                _ => Ok(()),
+            }
+        };
+        match req {
+            MetaRequest::RegisterNode(m) => as_node(&m.node.id, Some(&m.node.site)),
+            MetaRequest::UpdateLocations(m) => as_node(&m.node, None),
+            MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
+            MetaRequest::Hello(m) if m.session.site != who.site => {
+                Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn ctx(&self) -> Ctx {
         Ctx::now(self.heartbeat.as_millis() as u64, self.opens.clone(), self.cluster_id.clone())
     }
@@ -328,6 +361,10 @@ impl net::Service for MetaService {
     /// request acting for a session must come on a connection bound to it (or bind an
     /// unbound one), so one connection never acts for two live sessions.
     async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
+        if let Err(e) = Self::check_identity(&peer, &req) {
+            tracing::warn!(addr = %peer.addr(), "refused: {e}");
+            return (Err(e.into()), Bytes::new());
+        }
         if let Some(claimed) = req.claimed_session()
             && let Err(e) = self.check_claim(&peer, claimed)
         {

@@ -186,11 +186,9 @@ impl Server {
         let id = crate::conn::next_conn_id();
         let (server, service) = (self.clone(), service.clone());
         let mut pending = lock(&self.handshakes);
-        if pending.len() >= self.limits.max_handshakes.max(1)
-            && let Some((_, oldest)) = pending.pop_first()
-        {
+        if pending.len() >= self.limits.max_handshakes.max(1) {
             tracing::debug!(%addr, "too many handshakes in progress: dropping the oldest");
-            oldest.abort();
+            Self::drop_oldest_handshake(&mut pending);
         }
         let task = tokio::spawn(async move {
             let secured = tokio::time::timeout(server.limits.handshake_timeout, crate::tls::accept(stream, tls)).await;
@@ -202,6 +200,11 @@ impl Server {
             }
         });
         pending.insert(id, task.abort_handle());
+    }
+
+    /// Ends the handshake that has waited the longest; false if none is running.
+    fn drop_oldest_handshake(pending: &mut std::collections::BTreeMap<u64, tokio::task::AbortHandle>) -> bool {
+        pending.pop_first().map(|(_, task)| task.abort()).is_some()
     }
 
     fn admit<S: Service>(self: &Arc<Self>, secured: Secured, addr: SocketAddr, service: &Arc<S>) {
@@ -301,7 +304,9 @@ pub async fn serve_as<S: Service>(
                 backoff = Some(delay);
                 if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
                     let mut conns = lock(&server.conns);
-                    server.close_oldest_idle(&mut conns);
+                    if !server.close_oldest_idle(&mut conns) {
+                        Server::drop_oldest_handshake(&mut lock(&server.handshakes));
+                    }
                 }
                 tokio::time::sleep(delay).await;
             }

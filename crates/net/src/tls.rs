@@ -227,6 +227,12 @@ impl Tls {
     pub fn identity(&self) -> &PeerIdentity {
         &self.own
     }
+
+    /// The calling side's rustls configuration (cluster CA, this certificate), for
+    /// tools and tests that speak the wire protocol over their own sockets.
+    pub fn client_config(&self) -> Arc<rustls::ClientConfig> {
+        self.client.clone()
+    }
 }
 
 /// Verifies a server's chain against the cluster CA (validity period included).
