@@ -119,7 +119,7 @@ pub struct IssueArgs {
     /// The site the holder belongs to.
     #[arg(long)]
     pub site: String,
-    /// Days the certificate is valid.
+    /// Days the certificate is valid (0: it expires now, for tests of expiry).
     #[arg(long, default_value_t = 365)]
     pub days: u64,
     /// Where to write NAME.pem and NAME.key [default: --dir].
@@ -161,6 +161,10 @@ pub struct MetaArgs {
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
+    /// Revocation list (`locus ca revoke` writes `CA_DIR/revoked`): one serial or
+    /// name a line, reread when it changes, sent to every node and client.
+    #[arg(long, value_name = "FILE")]
+    pub revoked: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

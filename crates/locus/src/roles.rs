@@ -39,6 +39,7 @@ async fn start_meta(
     db_url: &str,
     init: bool,
     session_expiry: Duration,
+    revoked: Option<PathBuf>,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
     let config =
@@ -46,13 +47,17 @@ async fn start_meta(
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
+    if let Some(path) = revoked {
+        service.watch_revocations(path);
+    }
     tokio::spawn(net::serve(listener, service));
     Ok(addr)
 }
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
-    let addr = start_meta(listener, &args.db, args.init, Duration::from_secs(args.session_expiry_secs)).await?;
+    let expiry = Duration::from_secs(args.session_expiry_secs);
+    let addr = start_meta(listener, &args.db, args.init, expiry, args.revoked.clone()).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -232,7 +237,8 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
-    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30)).await?;
+    let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
+    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30), revoked).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

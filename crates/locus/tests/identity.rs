@@ -107,10 +107,19 @@ fn a_node_of_another_cluster_is_refused() {
     a.kill_all();
     let b = Cluster::start(bin(), 0);
     let stray = a.node_dir("node0");
-    let mut args: Vec<String> =
-        ["node", "--listen", "127.0.0.1:0", "--meta", &b.meta.addr, "--data-dir", stray.to_str().unwrap(), "--id", "stray"]
-            .map(String::from)
-            .into();
+    let mut args: Vec<String> = [
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--meta",
+        &b.meta.addr,
+        "--data-dir",
+        stray.to_str().unwrap(),
+        "--id",
+        "stray",
+    ]
+    .map(String::from)
+    .into();
     // A valid node certificate of cluster B: the cluster id still tells them apart.
     args.extend(b.cert("node", "stray", "default"));
     let o = Command::new(bin()).args(&args).stdin(Stdio::null()).output().unwrap();

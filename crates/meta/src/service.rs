@@ -10,7 +10,7 @@ use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
 use proto::meta::{LockKind, MetaReply, MetaRequest, MetaResult};
-use proto::meta::{MetaPush, PushAnswer, SessionInfo};
+use proto::meta::{MetaPush, PushAnswer, RevocationList, SessionInfo};
 use proto::types::{SessionId, Timestamp, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -51,6 +51,8 @@ pub struct MetaService {
     /// (whose open records were in memory) has had time to expire: this many ms
     /// after the service started.
     reap_after_ms: i64,
+    /// The revocation list meta applies and distributes (`watch_revocations`).
+    revoked: Mutex<Vec<String>>,
 }
 
 impl MetaService {
@@ -73,6 +75,7 @@ impl MetaService {
             reports: Mutex::default(),
             clients: Mutex::default(),
             reap_after_ms: Timestamp::now().secs * 1000 + config.session_expiry.as_millis() as i64,
+            revoked: Mutex::default(),
         })
     }
 
@@ -81,6 +84,14 @@ impl MetaService {
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
+    }
+
+    /// Applies and distributes the revocation list in `path` (one certificate serial
+    /// in hex or subject name a line, `#` comments), read again whenever it changes:
+    /// connections of the peers it names are dropped here at once, and at every
+    /// node and client at their next heartbeat.
+    pub fn watch_revocations(self: &Arc<Self>, path: std::path::PathBuf) {
+        self.workers.spawn(RevocationWatch { service: Arc::downgrade(self), path, seen: None });
     }
 
     /// Meta's own workers, those of every connected client (asked on its connection
@@ -227,6 +238,9 @@ impl MetaService {
                     lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
                     Ok(())
                 }),
+                MetaRequest::Revocations(m) => {
+                    ops::serve(m, |_| Ok(RevocationList { entries: lock(&self.revoked).clone() }))
+                }
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
@@ -350,6 +364,54 @@ impl Worker for SessionExpiry {
 
     async fn wait_for_work(&mut self) -> Step {
         every(self.period).await
+    }
+}
+
+/// The `revocations` worker: reads the revocation list whenever the file changes.
+struct RevocationWatch {
+    service: Weak<MetaService>,
+    path: std::path::PathBuf,
+    /// The file's text when last applied.
+    seen: Option<String>,
+}
+
+impl Worker for RevocationWatch {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "revocations".into()
+    }
+
+    fn progress(&self) -> String {
+        let n = self.service.upgrade().map_or(0, |s| lock(&s.revoked).len());
+        format!("{n} revoked, from {}", self.path.display())
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        // A missing file is an empty list (nothing revoked yet).
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(MetaError::Internal(format!("{}: {e}", self.path.display()))),
+        };
+        if self.seen.as_ref() != Some(&text) {
+            let entries: Vec<String> = text
+                .lines()
+                .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect();
+            let dropped = net::set_revoked(entries.clone());
+            tracing::info!(revoked = entries.len(), dropped, "revocation list {} applied", self.path.display());
+            if let Some(service) = self.service.upgrade() {
+                *lock(&service.revoked) = entries;
+            }
+            self.seen = Some(text);
+        }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(Duration::from_secs(1)).await
     }
 }
 

@@ -159,6 +159,8 @@ pub(crate) struct Conn {
     /// Set when the connection was closed because the peer stopped taking bytes.
     hung: AtomicBool,
     reader: OnceLock<tokio::task::AbortHandle>,
+    /// Why the reader stopped (a TLS alert names a refused certificate), for errors.
+    ended: OnceLock<String>,
 }
 
 impl Conn {
@@ -181,6 +183,7 @@ impl Conn {
             closed: AtomicBool::new(false),
             hung: AtomicBool::new(false),
             reader: OnceLock::new(),
+            ended: OnceLock::new(),
         });
         if let Some(p) = &conn.proven {
             crate::tls::track(&conn, p);
@@ -305,7 +308,11 @@ impl Conn {
         if self.hung.load(Ordering::Acquire) {
             return NetError::Timeout { addr: self.addr.clone(), what: "send", after: self.send_timeout };
         }
-        NetError::Disconnected { addr: self.addr.clone(), reason: reason.to_string() }
+        let reason = match self.ended.get() {
+            Some(why) if why.contains("alert") => format!("{reason}: the peer refused this end ({why})"),
+            _ => reason.to_string(),
+        };
+        NetError::Disconnected { addr: self.addr.clone(), reason }
     }
 
     /// Starts the reader task; it closes the connection when it ends and then runs `ended`.
@@ -320,6 +327,7 @@ impl Conn {
         let task = tokio::spawn(async move {
             let reason = read_loop(&conn, reader, rules, handler).await;
             tracing::debug!(addr = %conn.addr, %reason, "connection closed");
+            let _ = conn.ended.set(reason);
             ended();
             crate::tls::untrack(conn.id);
             conn.close();

@@ -154,7 +154,8 @@ impl MetaRequest {
             | R::ForgetChunks(_)
             | R::UpdateLocations(_)
             | R::Status(_)
-            | R::ReportWorkers(_) => None,
+            | R::ReportWorkers(_)
+            | R::Revocations(_) => None,
         }
     }
 }
@@ -434,6 +435,15 @@ meta_requests! {
         process: String,
         workers: Vec<WorkerStatus>,
     } => ();
+    /// The certificates meta's revocation list names; nodes and clients ask with
+    /// every heartbeat and drop connections of the peers it names.
+    Revocations {} => RevocationList;
+}
+
+/// Revoked certificate serials (hex) and names, as meta distributes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationList {
+    pub entries: Vec<String>,
 }
 
 /// Aggregate numbers for `locus status`.
@@ -537,6 +547,7 @@ meta_replies! {
     Extents(Vec<(InodeId, Extent)>),
     ChunkIds(Vec<ChunkId>),
     Status(ClusterStatus),
+    Revoked(RevocationList),
 }
 
 impl From<()> for MetaReply {

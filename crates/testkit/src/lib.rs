@@ -140,6 +140,7 @@ impl Cluster {
         let args: Vec<String> = args
             .into_iter()
             .chain(issue(bin, &tls, "meta", "meta", "default"))
+            .chain(["--revoked".to_string(), tls.join("revoked").display().to_string()])
             .chain(meta_extra.iter().map(|s| s.to_string()))
             .collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
@@ -264,6 +265,13 @@ impl Cluster {
     /// The cluster's CA directory (`ca.pem`, `ca.key`, and each process's NAME.pem/.key).
     pub fn tls_dir(&self) -> PathBuf {
         self.path().join("tls")
+    }
+
+    /// Revokes certificates (serials or names) with `locus ca revoke`; meta rereads
+    /// the list within a second and nodes and clients learn it at their next heartbeat.
+    pub fn revoke(&self, entries: &[&str]) {
+        let tls = self.tls_dir();
+        run_ok(Command::new(&self.bin).args(["ca", "revoke", "--dir"]).arg(&tls).args(entries));
     }
 
     /// The `--ca --cert --key` flags of a certificate for `name` with `role` at

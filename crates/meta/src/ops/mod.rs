@@ -96,7 +96,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::Unreferenced(_)
         | R::Status(_) => Access::Read { point: false },
         R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
-        R::ReportWorkers(_) => Access::Reports,
+        R::ReportWorkers(_) | R::Revocations(_) => Access::Reports,
         R::Open(Open { truncate: false, .. }) | R::Release(_) => Access::Open,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
