@@ -68,6 +68,15 @@ pub struct PeerIdentity {
     pub site: String,
 }
 
+impl PeerIdentity {
+    /// What a DER certificate says about its holder (its name and its one
+    /// `locus:ROLE/SITE` URI). It does not check the signature or validity: the
+    /// handshake does that before this is asked.
+    pub fn from_der(der: &[u8]) -> Result<PeerIdentity, TlsError> {
+        Ok(identity_of(der)?.identity.as_ref().clone())
+    }
+}
+
 impl std::fmt::Display for PeerIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({} of site {})", self.name, self.role, self.site)
@@ -547,6 +556,35 @@ mod tests {
         assert!(matches!(again, NetError::Refused { .. } | NetError::Disconnected { .. }), "{again}");
         let _: Option<(String, Role, String)> = fine.call(&()).await.unwrap();
         set_revoked(Vec::new());
+    }
+
+    /// Bounded stand-in for the `certificate` fuzz target, run by `cargo test`:
+    /// arbitrary bytes and mutated real certificates never panic the parser.
+    #[test]
+    fn certificate_parsing_never_panics_on_mutated_input() {
+        let ca = Ca::create("fuzz").unwrap();
+        let issued = ca.issue(Role::Node, "n1", "a", 1).unwrap();
+        let der = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap().to_vec();
+        assert_eq!(PeerIdentity::from_der(&der).unwrap().name, "n1");
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..3000 {
+            let mut m = der.clone();
+            for _ in 0..(next() % 8 + 1) {
+                let at = next() as usize % m.len();
+                m[at] = next() as u8;
+            }
+            m.truncate(next() as usize % (m.len() + 1));
+            let _ = PeerIdentity::from_der(&m);
+            let junk: Vec<u8> = (0..next() % 64).map(|_| next() as u8).collect();
+            let _ = PeerIdentity::from_der(&junk);
+            let _ = parse_role_uri(&String::from_utf8_lossy(&junk));
+        }
     }
 
     #[test]
