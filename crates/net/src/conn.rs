@@ -310,6 +310,9 @@ impl Conn {
         }
         let reason = match self.ended.get() {
             Some(why) if why.contains("alert") => format!("{reason}: the peer refused this end ({why})"),
+            _ if self.proven.is_none() && crate::tls::insecure() => {
+                format!("{reason} (this process runs with --insecure-no-tls: does the peer require TLS?)")
+            }
             _ => reason.to_string(),
         };
         NetError::Disconnected { addr: self.addr.clone(), reason }

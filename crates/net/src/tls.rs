@@ -216,9 +216,10 @@ impl Tls {
         }
         let store = Arc::new(store);
         let provider = provider();
-        let clients = WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
+        let webpki = WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
             .build()
             .map_err(|e| TlsError::Certificate(format!("client verifier: {e}")))?;
+        let clients = Arc::new(ClusterClientVerifier { inner: webpki });
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(clients)
@@ -271,6 +272,7 @@ impl ServerCertVerifier for ClusterServerVerifier {
             now,
             self.provider.signature_verification_algorithms.all,
         )?;
+        admissible(end_entity)?;
         Ok(ServerCertVerified::assertion())
     }
 
@@ -294,6 +296,66 @@ impl ServerCertVerifier for ClusterServerVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Refuses, during the handshake (so the peer gets a TLS alert naming the reason),
+/// a certificate without a Locus role or one the revocation list names.
+fn admissible(end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+    use rustls::CertificateError;
+    let proven = identity_of(end_entity).map_err(|e| {
+        tracing::debug!("certificate refused: {e}");
+        rustls::Error::InvalidCertificate(CertificateError::ApplicationVerificationFailure)
+    })?;
+    if let Err(why) = check_revoked(&proven) {
+        tracing::warn!("{why}");
+        return Err(rustls::Error::InvalidCertificate(CertificateError::Revoked));
+    }
+    Ok(())
+}
+
+/// The cluster CA's client verifier (chain and validity), plus `admissible`.
+#[derive(Debug)]
+struct ClusterClientVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for ClusterClientVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        admissible(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -321,6 +383,11 @@ pub(crate) fn current() -> Option<Arc<Tls>> {
         Some(Security::Tls(t)) => Some(t.clone()),
         _ => None,
     }
+}
+
+/// Whether this process was told to run without TLS.
+pub(crate) fn insecure() -> bool {
+    matches!(SECURITY.get(), Some(Security::Insecure))
 }
 
 /// Revoked serials (lower-case hex) and names, and every live authenticated
