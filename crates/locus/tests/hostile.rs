@@ -267,6 +267,83 @@ fn running_out_of_file_descriptors_does_not_stop_serving() {
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
 }
 
+/// Every kind of junk at once against live meta and node processes, from plain TCP
+/// and from an authenticated TLS client: random garbage, truncated frames, 4 GiB
+/// length prefixes, a request whose payload does not decode, plaintext frames, and
+/// 1000 idle sockets. Each bad connection is closed on its own; a mount keeps
+/// writing and reading byte-exact throughout, and memory stays bounded.
+#[test]
+fn junk_and_a_thousand_idle_sockets_leave_a_mount_working() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start(bin(), 1);
+    let mnt = c.mount();
+    let tls = client_tls(&c, "junk");
+    let data = testkit::pattern(5 << 20, 11);
+    eventually(Duration::from_secs(15), "a first write through the mount", || {
+        std::fs::write(mnt.join("first"), &data).is_ok()
+    });
+    let targets = [c.meta.addr.clone(), c.nodes[0].addr.clone()];
+    let pids = [c.meta.child.id(), c.nodes[0].child.id()];
+    let before: Vec<u64> = pids.iter().map(|p| rss_mib(*p)).collect();
+    let mut idle = Vec::new();
+    for addr in &targets {
+        idle.extend((0..500).filter_map(|_| TcpStream::connect(addr).ok()));
+    }
+    assert!(idle.len() >= 900, "only {} idle sockets opened", idle.len());
+    let four_gib = {
+        let mut h = Header { kind: FrameKind::Request, request_id: 1, payload_len: 1, bulk_len: 0 }.encode();
+        h[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        h
+    };
+    let truncated = frame::encode(FrameKind::Request, 3, &MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }), 0)
+        .unwrap()[..HEADER_LEN + 1]
+        .to_vec();
+    // A header announcing 64 bytes of payload that postcard cannot decode.
+    let mut undecodable =
+        Header { kind: FrameKind::Request, request_id: 4, payload_len: 64, bulk_len: 0 }.encode().to_vec();
+    undecodable.extend([0xff; 64]);
+    let plaintext =
+        frame::encode(FrameKind::Request, 5, &MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }), 0).unwrap();
+    let junk: [(&str, Vec<u8>); 4] = [
+        ("garbage", testkit::pattern(4096, 3)),
+        ("a 4 GiB length prefix", four_gib.to_vec()),
+        ("an undecodable payload", undecodable),
+        ("a truncated frame", truncated),
+    ];
+    for round in 0..3 {
+        for addr in &targets {
+            // Plain TCP: refused before any frame is read.
+            let mut raw = TcpStream::connect(addr).unwrap();
+            let _ = raw.write_all(&plaintext);
+            raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            assert!(matches!(raw.read(&mut [0u8; 16]), Ok(0) | Err(_)), "{addr} answered plaintext");
+            for (what, bytes) in &junk {
+                let mut s = connect(addr, &tls).unwrap();
+                let _ = s.write_all(bytes).and_then(|_| s.flush());
+                if *what == "a truncated frame" {
+                    continue; // closed by the frame timeout; kept open meanwhile
+                }
+                s.sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut buf = [0u8; 16];
+                assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "{addr} kept a connection that sent {what}");
+            }
+        }
+        let name = format!("during-{round}");
+        std::fs::write(mnt.join(&name), &data).unwrap();
+        assert!(std::fs::read(mnt.join(&name)).unwrap() == data, "{name} read back wrong");
+        assert!(std::fs::read(mnt.join("first")).unwrap() == data, "first read back wrong");
+    }
+    for (i, pid) in pids.iter().enumerate() {
+        let now = rss_mib(*pid);
+        eprintln!("process {i}: RSS {} MiB before, {now} MiB with {} idle sockets and the junk", before[i], idle.len());
+        assert!(now < before[i] + 128, "RSS grew from {} MiB to {now} MiB", before[i]);
+    }
+    assert!(c.meta.child.try_wait().unwrap().is_none() && c.nodes[0].child.try_wait().unwrap().is_none());
+}
+
 /// Resumes a stopped process when the test ends, however it ends.
 struct Resume(u32);
 
