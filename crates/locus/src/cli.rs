@@ -23,6 +23,12 @@ pub struct Cli {
     /// A server closes a connection whose started frame is not complete within this.
     #[arg(long, global = true, default_value = "60s", value_parser = parse_duration)]
     pub frame_timeout: std::time::Duration,
+    /// A server drops a new connection that has not completed its TLS handshake
+    /// within this.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: std::time::Duration,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -46,6 +52,82 @@ pub enum Command {
     /// Replication policies of directories (which sites hold the data, how many copies,
     /// when a write is acknowledged).
     Policy(PolicyArgs),
+    /// The cluster's certificate authority: make it, issue certificates, revoke them.
+    #[command(subcommand)]
+    Ca(CaCommand),
+}
+
+/// How this process proves itself and checks its peers (mutual TLS 1.3).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// The CA certificate(s) every peer's certificate must chain to (PEM): `ca.pem`
+    /// of `locus ca init`, or an existing CA of the grid.
+    #[arg(long, global = true, env = "LOCUS_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// This process's certificate (PEM), from `locus ca issue` or the site's CA.
+    #[arg(long, global = true, env = "LOCUS_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(long, global = true, env = "LOCUS_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Run without TLS: anybody who can reach a port can read, change and delete
+    /// every file. Only for closed test networks.
+    #[arg(long, global = true, env = "LOCUS_INSECURE_NO_TLS")]
+    pub insecure_no_tls: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaCommand {
+    /// Create a new CA (`ca.pem`, `ca.key`) in --dir.
+    Init {
+        /// Where the CA lives.
+        #[arg(long, default_value = "locus-ca")]
+        dir: PathBuf,
+        /// The CA's common name.
+        #[arg(long, default_value = "Locus cluster CA")]
+        name: String,
+    },
+    /// Issue a certificate for one meta, node or client host; writes NAME.pem and
+    /// NAME.key into --out (default: the CA directory).
+    Issue(IssueArgs),
+    /// Add certificate serials (hex) or names to the revocation list meta
+    /// distributes (`DIR/revoked`, read by `locus meta --revoked`).
+    Revoke {
+        /// Where the CA lives.
+        #[arg(long, default_value = "locus-ca")]
+        dir: PathBuf,
+        /// Serials or names to revoke.
+        #[arg(required = true)]
+        entries: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct IssueArgs {
+    /// Where the CA lives (`ca.pem`, `ca.key`).
+    #[arg(long, default_value = "locus-ca")]
+    pub dir: PathBuf,
+    /// Bring your own CA: its certificate (PEM) instead of DIR/ca.pem.
+    #[arg(long, requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// Bring your own CA: its private key (PEM) instead of DIR/ca.key.
+    #[arg(long, requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// meta, node or client.
+    #[arg(long)]
+    pub role: net::Role,
+    /// The holder's name (CN): a node's id, a host name, a principal.
+    #[arg(long)]
+    pub name: String,
+    /// The site the holder belongs to.
+    #[arg(long)]
+    pub site: String,
+    /// Days the certificate is valid (0: it expires now, for tests of expiry).
+    #[arg(long, default_value_t = 365)]
+    pub days: u64,
+    /// Where to write NAME.pem and NAME.key [default: --dir].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -125,6 +207,10 @@ pub struct MetaArgs {
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
+    /// Revocation list (`locus ca revoke` writes `CA_DIR/revoked`): one serial or
+    /// name a line, reread when it changes, sent to every node and client.
+    #[arg(long, value_name = "FILE")]
+    pub revoked: Option<PathBuf>,
 }
 
 /// Administrative actions of `locus meta` on a database no meta is serving.

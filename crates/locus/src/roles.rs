@@ -1,7 +1,8 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, UpArgs};
+use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, TlsArgs, UpArgs};
 use crate::local::LocalCluster;
+use crate::pki::{LOCAL_NODE, LOCAL_SITE, LocalPki};
 use anyhow::{Context, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -38,6 +39,7 @@ async fn start_meta(
     db_url: &str,
     init: bool,
     session_expiry: Duration,
+    revoked: Option<PathBuf>,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
     let config =
@@ -45,6 +47,9 @@ async fn start_meta(
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
+    if let Some(path) = revoked {
+        service.watch_revocations(path);
+    }
     tokio::spawn(net::serve(listener, service));
     Ok(addr)
 }
@@ -62,7 +67,8 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
-    let addr = start_meta(listener, &args.db, args.init, Duration::from_secs(args.session_expiry_secs)).await?;
+    let expiry = Duration::from_secs(args.session_expiry_secs);
+    let addr = start_meta(listener, &args.db, args.init, expiry, args.revoked.clone()).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -233,7 +239,7 @@ pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let data_dir = expand_home(&args.data_dir);
     let (db, chunks) = (data_dir.join("meta.db"), data_dir.join("chunks"));
@@ -245,20 +251,26 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let probe = data_dir.join(".write-test");
     std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
     let _ = std::fs::remove_file(probe);
+    // Loopback needs no set-up: a CA and certificates are made in the data directory
+    // on first start, unless the operator gave certificates or chose no TLS.
+    let explicit = tls.insecure_no_tls || tls.ca.is_some() || tls.cert.is_some() || tls.key.is_some();
+    let local_pki = if explicit { None } else { Some(LocalPki::ensure(&data_dir)?) };
+    crate::pki::install(&local_pki.as_ref().map_or(tls, LocalPki::process), "locus up")?;
 
     // Both ports first: a taken port is reported before anything starts.
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
-    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30)).await?;
+    let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
+    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30), revoked).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
         advertise: None,
         meta: meta_addr.clone(),
         data_dir: Some(chunks),
-        id: Some("local".into()),
-        site: "default".into(),
+        id: Some(LOCAL_NODE.into()),
+        site: LOCAL_SITE.into(),
         capacity: args.capacity,
         cache: 0,
         wan_connections: 1,
@@ -282,14 +294,19 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     });
     wait_for_node(&meta_addr, &node_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
-    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
+    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)).await?;
     println!(
         "locus: meta {meta_addr}, node {node_addr}, data in {}, mounted on {}; Ctrl-C to stop",
         data_dir.display(),
         mountpoint.display()
     );
-    let record =
-        LocalCluster { meta: meta_addr, node: node_addr, mountpoint: mountpoint.clone(), pid: std::process::id() };
+    let record = LocalCluster {
+        meta: meta_addr,
+        node: node_addr,
+        mountpoint: mountpoint.clone(),
+        pid: std::process::id(),
+        tls: local_pki.map(|p| p.dir),
+    };
     record.save(&data_dir)?;
     let served = serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await;
     record.remove(&data_dir);

@@ -7,7 +7,7 @@ use crate::error::MetaError;
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{MetaPush, PushAnswer, SessionInfo};
+use proto::meta::{MetaPush, PushAnswer, RevocationList, SessionInfo};
 use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::policy::ReplicationLag;
 use proto::types::{SessionId, WorkerStatus};
@@ -47,6 +47,8 @@ pub struct MetaService {
     lags: Mutex<HashMap<String, (std::time::Instant, Vec<ReplicationLag>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
+    /// The revocation list meta applies and distributes (`watch_revocations`).
+    revoked: Mutex<Vec<String>>,
 }
 
 impl MetaService {
@@ -67,6 +69,7 @@ impl MetaService {
             reports: Mutex::default(),
             lags: Mutex::default(),
             clients: Mutex::default(),
+            revoked: Mutex::default(),
         })
     }
 
@@ -75,6 +78,14 @@ impl MetaService {
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
+    }
+
+    /// Applies and distributes the revocation list in `path` (one certificate serial
+    /// in hex or subject name a line, `#` comments), read again whenever it changes:
+    /// connections of the peers it names are dropped here at once, and at every
+    /// node and client at their next heartbeat.
+    pub fn watch_revocations(self: &Arc<Self>, path: std::path::PathBuf) {
+        self.workers.spawn(RevocationWatch { service: Arc::downgrade(self), path, seen: None });
     }
 
     /// Meta's own workers, those of every connected client (asked on its connection
@@ -142,6 +153,40 @@ impl MetaService {
         }
     }
 
+    /// What the peer's certificate lets it do: only a node may register, report
+    /// cached copies or its workers, and only as itself (its certificate's name is
+    /// its node id) at its own site; a session's site is its certificate's. Without
+    /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
+    fn check_identity(peer: &net::Peer, req: &MetaRequest) -> Result<(), MetaError> {
+        let Some(who) = peer.identity() else { return Ok(()) };
+        let as_node = |id: &str, site: Option<&str>| {
+            if who.role != net::Role::Node {
+                return Err(MetaError::NotPermitted(format!(
+                    "{who} is not a node: only a node certificate may do this"
+                )));
+            }
+            if who.name != id {
+                return Err(MetaError::NotPermitted(format!("{who} may not act as node {id}")));
+            }
+            match site {
+                Some(site) if site != who.site => {
+                    Err(MetaError::NotPermitted(format!("{who} may not register at site {site}")))
+                }
+                _ => Ok(()),
+            }
+        };
+        match req {
+            MetaRequest::RegisterNode(m) => as_node(&m.node.id, Some(&m.node.site)),
+            MetaRequest::UpdateLocations(m) => as_node(&m.node, None),
+            MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
+            MetaRequest::ReportLag(m) => as_node(&m.node, None),
+            MetaRequest::Hello(m) if m.session.site != who.site => {
+                Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn ctx(&self) -> Ctx {
         Ctx::now(self.heartbeat.as_millis() as u64, self.cluster_id.clone())
     }
@@ -192,6 +237,9 @@ impl MetaService {
                     lock(&self.lags).insert(m.node, (std::time::Instant::now(), m.lag));
                     Ok(())
                 }),
+                MetaRequest::Revocations(m) => {
+                    ops::serve(m, |_| Ok(RevocationList { entries: lock(&self.revoked).clone() }))
+                }
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
@@ -260,6 +308,54 @@ impl Worker for SessionExpiry {
     }
 }
 
+/// The `revocations` worker: reads the revocation list whenever the file changes.
+struct RevocationWatch {
+    service: Weak<MetaService>,
+    path: std::path::PathBuf,
+    /// The file's text when last applied.
+    seen: Option<String>,
+}
+
+impl Worker for RevocationWatch {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "revocations".into()
+    }
+
+    fn progress(&self) -> String {
+        let n = self.service.upgrade().map_or(0, |s| lock(&s.revoked).len());
+        format!("{n} revoked, from {}", self.path.display())
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        // A missing file is an empty list (nothing revoked yet).
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(MetaError::Internal(format!("{}: {e}", self.path.display()))),
+        };
+        if self.seen.as_ref() != Some(&text) {
+            let entries: Vec<String> = text
+                .lines()
+                .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect();
+            let dropped = net::set_revoked(entries.clone());
+            tracing::info!(revoked = entries.len(), dropped, "revocation list {} applied", self.path.display());
+            if let Some(service) = self.service.upgrade() {
+                *lock(&service.revoked) = entries;
+            }
+            self.seen = Some(text);
+        }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(Duration::from_secs(1)).await
+    }
+}
+
 impl net::Service for MetaService {
     type Request = MetaRequest;
     type Reply = MetaResult;
@@ -268,6 +364,10 @@ impl net::Service for MetaService {
     /// request acting for a session must come on a connection bound to it (or bind an
     /// unbound one), so one connection never acts for two live sessions.
     async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
+        if let Err(e) = Self::check_identity(&peer, &req) {
+            tracing::warn!(addr = %peer.addr(), "refused: {e}");
+            return (Err(e.into()), Bytes::new());
+        }
         if let Some(claimed) = req.claimed_session()
             && let Err(e) = self.check_claim(&peer, claimed)
         {

@@ -23,7 +23,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers};
+use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -416,6 +416,10 @@ impl Worker for Registration {
                 self.failing = true;
                 return Err(e);
             }
+        }
+        // The revocation list meta distributes: connections of revoked peers go.
+        if let Ok(Ok(list)) = self.meta.ask(Revocations {}).await {
+            net::set_revoked(list.entries);
         }
         if let Some(workers) = self.workers.upgrade() {
             let process = format!("node {}", self.config.id);

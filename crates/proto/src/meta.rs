@@ -161,7 +161,8 @@ impl MetaRequest {
             | R::UnderReplicated(_)
             | R::DrainNode(_)
             | R::ReportLag(_)
-            | R::ReportWorkers(_) => None,
+            | R::ReportWorkers(_)
+            | R::Revocations(_) => None,
         }
     }
 }
@@ -475,6 +476,15 @@ meta_requests! {
         process: String,
         workers: Vec<WorkerStatus>,
     } => ();
+    /// The certificates meta's revocation list names; nodes and clients ask with
+    /// every heartbeat and drop connections of the peers it names.
+    Revocations {} => RevocationList;
+}
+
+/// Revoked certificate serials (hex) and names, as meta distributes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationList {
+    pub entries: Vec<String>,
 }
 
 /// Aggregate numbers for `locus status`.
@@ -590,6 +600,7 @@ meta_replies! {
     Policies(Vec<(InodeId, Policy)>),
     Warnings(Vec<String>),
     Shortfalls(ShortfallPage),
+    Revoked(RevocationList),
 }
 
 impl From<()> for MetaReply {

@@ -1,6 +1,8 @@
 //! Real Locus clusters for tests: `locus meta`, `locus node` and `locus mount` as
 //! separate processes on loopback, with their state in a temporary directory. Every
-//! wait is bounded; everything is killed and unmounted on drop.
+//! cluster has its own CA (`locus ca init`) and every process its own certificate
+//! (`locus ca issue`), so every test runs over mutual TLS. Every wait is bounded;
+//! everything is killed and unmounted on drop.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -80,6 +82,25 @@ pub fn spawn_command(mut cmd: Command, prefix: &str, log: &Path) -> Proc {
     }
 }
 
+/// Runs a command that must succeed.
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.stdin(Stdio::null()).output().expect("run locus");
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Issues (once) a certificate of the CA in `tls` and returns its `--ca --cert --key`
+/// flags.
+fn issue(bin: &Path, tls: &Path, role: &str, name: &str, site: &str) -> Vec<String> {
+    let (cert, key) = (tls.join(format!("{name}.pem")), tls.join(format!("{name}.key")));
+    if !cert.exists() {
+        run_ok(
+            Command::new(bin).args(["ca", "issue", "--role", role, "--name", name, "--site", site, "--dir"]).arg(tls),
+        );
+    }
+    let flag = |f: &str, p: &Path| [f.to_string(), p.display().to_string()];
+    [flag("--ca", &tls.join("ca.pem")), flag("--cert", &cert), flag("--key", &key)].concat()
+}
+
 /// A free TCP port on 127.0.0.1 (for tests that must pass fixed ports; the OS picks it).
 pub fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -138,7 +159,15 @@ impl Cluster {
             "--session-expiry-secs".into(),
             "6".into(),
         ];
-        let args: Vec<String> = args.into_iter().chain(meta_extra.iter().map(|s| s.to_string())).collect();
+        let tls = dir.path().join("tls");
+        run_ok(Command::new(bin).args(["ca", "init", "--dir"]).arg(&tls));
+        issue(bin, &tls, "client", "admin", "default");
+        let args: Vec<String> = args
+            .into_iter()
+            .chain(issue(bin, &tls, "meta", "meta", "default"))
+            .chain(["--revoked".to_string(), tls.join("revoked").display().to_string()])
+            .chain(meta_extra.iter().map(|s| s.to_string()))
+            .collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
         let failpoints = failpoints.map(String::from);
         let mut cluster = Cluster {
@@ -193,6 +222,7 @@ impl Cluster {
             "--site".into(),
             site.into(),
         ];
+        args.extend(self.cert("node", id, site));
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("{id}.log"));
         self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log, self.failpoints.as_deref()));
@@ -265,6 +295,7 @@ impl Cluster {
             "--site".into(),
             site.into(),
         ];
+        args.extend(self.cert("client", &format!("client-{site}"), site));
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("mount{n}.log"));
         let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, self.failpoints.as_deref());
@@ -272,9 +303,33 @@ impl Cluster {
         mountpoint
     }
 
-    /// Runs a `locus` command to completion (bounded by its own timeouts).
+    /// Runs a `locus` command to completion (bounded by its own timeouts), with an
+    /// admin client certificate of the cluster (`LOCUS_CA`, `LOCUS_CERT`, `LOCUS_KEY`).
     pub fn locus(&self, args: &[&str]) -> std::process::Output {
-        Command::new(&self.bin).args(args).stdin(Stdio::null()).output().expect("run locus")
+        let tls = self.tls_dir();
+        let mut cmd = Command::new(&self.bin);
+        for (var, ext) in [("LOCUS_CERT", "pem"), ("LOCUS_KEY", "key")] {
+            cmd.env(var, tls.join(format!("admin.{ext}")));
+        }
+        cmd.env("LOCUS_CA", tls.join("ca.pem")).args(args).stdin(Stdio::null()).output().expect("run locus")
+    }
+
+    /// The cluster's CA directory (`ca.pem`, `ca.key`, and each process's NAME.pem/.key).
+    pub fn tls_dir(&self) -> PathBuf {
+        self.path().join("tls")
+    }
+
+    /// Revokes certificates (serials or names) with `locus ca revoke`; meta rereads
+    /// the list within a second and nodes and clients learn it at their next heartbeat.
+    pub fn revoke(&self, entries: &[&str]) {
+        let tls = self.tls_dir();
+        run_ok(Command::new(&self.bin).args(["ca", "revoke", "--dir"]).arg(&tls).args(entries));
+    }
+
+    /// The `--ca --cert --key` flags of a certificate for `name` with `role` at
+    /// `site`, issued by the cluster's CA on first use.
+    pub fn cert(&self, role: &str, name: &str, site: &str) -> Vec<String> {
+        issue(&self.bin, &self.tls_dir(), role, name, site)
     }
 
     /// SIGKILLs every process at once, as a crash would, and clears dead mounts.

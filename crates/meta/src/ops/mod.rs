@@ -94,7 +94,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListPolicies(_)
         | R::UnderReplicated(_)
         | R::Status(_) => Access::Read { point: false },
-        R::ReportWorkers(_) | R::ReportLag(_) => Access::Reports,
+        R::ReportWorkers(_) | R::ReportLag(_) | R::Revocations(_) => Access::Reports,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
         | R::Heartbeat(_)
