@@ -354,3 +354,19 @@ fn a_drained_node_is_emptied_into_the_others_and_can_then_be_removed() {
     let fresh = c.mount_at("a");
     assert!(fs::read(fresh.join("f")).unwrap() == data, "everything is readable without the drained node");
 }
+
+#[test]
+fn reads_fail_over_to_another_copy_when_a_node_dies() {
+    let Some(mut c) = cluster(&[("n0", "a", &[]), ("n1", "a", &[])]) else { return };
+    let m = c.mount_at("a");
+    let data = pattern(12 << 20, 8);
+    write_synced(&m.join("f"), &data).unwrap();
+    // Two nodes at the site: the default policy put a copy of every chunk on each.
+    assert_eq!(chunk_files(&c, "n0").len(), chunk_files(&c, "n1").len());
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let fresh = c.mount_at("a");
+    let started = Instant::now();
+    assert!(fs::read(fresh.join("f")).unwrap() == data, "read from the surviving copies");
+    assert!(started.elapsed() < Duration::from_secs(10), "failover took {:?}", started.elapsed());
+}
