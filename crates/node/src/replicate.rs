@@ -127,8 +127,10 @@ impl Replicator {
             self.enqueue(Job::new(id, want, &data, false));
             return Ok(vec![self.me.clone()]);
         }
+        util::crash_point!("replicate-before-copies");
         let mut holders = vec![self.me.clone()];
         holders.extend(self.copy_out(id, &data, &want).await?);
+        util::crash_point!("replicate-after-copies");
         Ok(holders)
     }
 
