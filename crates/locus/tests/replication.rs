@@ -417,7 +417,13 @@ fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
     let at_b = c.mount_at("b");
     for (i, data) in &acked {
         let got = fs::read(at_b.join(format!("d/f{i}"))).unwrap_or_else(|e| panic!("f{i}: {e}"));
-        assert!(got == *data, "f{i} differs at b after {victim} crashed at {point}");
+        let first = got.iter().zip(data).position(|(a, b)| a != b);
+        assert!(
+            got == *data,
+            "f{i} differs at b after {victim} crashed at {point}: {} bytes read, {} written, first difference at {first:?}",
+            got.len(),
+            data.len()
+        );
     }
 }
 
