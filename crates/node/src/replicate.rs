@@ -87,10 +87,13 @@ pub struct Replicator {
     refreshed: tokio::sync::Mutex<Option<Instant>>,
     /// (policy, site) pairs whose lag breached the RPO at the last report.
     breached: Mutex<HashSet<(String, String)>>,
+    /// Counters for the metrics.
     pub stats: ReplicationStats,
 }
 
 impl Replicator {
+    /// Replication for node `me` at `site`, storing into `store` and reaching other
+    /// nodes through `link`'s connections.
     pub fn new(
         me: String,
         site: String,
