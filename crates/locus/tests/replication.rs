@@ -428,7 +428,7 @@ fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
 }
 
 #[test]
-fn sync_loses_nothing_when_the_writing_node_dies_before_its_copies() {
+fn sync_loses_nothing_when_the_writing_node_dies_with_its_copies_in_flight() {
     sync_survives_a_crash_at("replicate-before-copies", 4, "a0");
 }
 

@@ -125,14 +125,21 @@ impl Replicator {
             self.enqueue(Job::new(id, want, &data, true));
             return Ok(vec![self.me.clone()]);
         }
-        self.store_here(id, data.clone()).await?;
         if want.mode == Some(ReplicationMode::Async) {
+            self.store_here(id, data.clone()).await?;
             self.enqueue(Job::new(id, want, &data, false));
             return Ok(vec![self.me.clone()]);
         }
-        util::crash_point!("replicate-before-copies");
+        // The local copy and the others are made at once: the answer waits for all.
+        let here = async {
+            self.store_here(id, data.clone()).await?;
+            util::crash_point!("replicate-before-copies");
+            Ok::<_, WireError>(())
+        };
+        let (stored, copies) = tokio::join!(here, self.copy_out(id, &data, &want));
+        stored?;
         let mut holders = vec![self.me.clone()];
-        holders.extend(self.copy_out(id, &data, &want).await?);
+        holders.extend(copies?);
         util::crash_point!("replicate-after-copies");
         Ok(holders)
     }
