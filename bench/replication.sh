@@ -197,7 +197,7 @@ done
     echo "data. single = the default policy (one node at A: one copy); sync / async = --sites a,b"
     echo "--copies 1. iperf3 = -P 8 with bbr on the same path, MB/s received."
     echo
-    echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B during the write | note |"
+    echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | note |"
     echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
     echo
