@@ -6,7 +6,6 @@
 //! one fetched from another holder.
 
 use crate::replicate::Replicator;
-use bytes::Bytes;
 use chunk::ChunkError;
 use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
@@ -30,14 +29,6 @@ async fn pace(started: Instant, bytes: u64, rate: u64) {
     }
 }
 
-/// A stored chunk read whole, off the runtime's threads.
-async fn read_stored(r: &Replicator, id: ChunkId) -> Result<Result<Bytes, ChunkError>, WireError> {
-    let store = r.store.clone();
-    tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX).map(Bytes::from))
-        .await
-        .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
-}
-
 /// The `repair` worker.
 pub(crate) struct RepairWorker {
     pub replicator: Arc<Replicator>,
@@ -56,7 +47,7 @@ pub(crate) struct RepairWorker {
 impl RepairWorker {
     async fn repair(&self, item: &Shortfall) -> Result<u64, WireError> {
         let r = &self.replicator;
-        let data = match read_stored(r, item.id).await? {
+        let data = match r.read_stored(item.id).await? {
             Ok(data) => data,
             // Only a cached copy here, or a corrupt one (the scrub replaces it): another
             // holder's scan will repair it, or this one's next.
@@ -173,7 +164,7 @@ impl Worker for ScrubWorker {
         let mut hashed = 0;
         let mut failure = None;
         for id in ids {
-            match read_stored(&self.replicator, id).await? {
+            match self.replicator.read_stored(id).await? {
                 Ok(data) => hashed += data.len() as u64,
                 Err(ChunkError::Corrupt { .. }) => {
                     if let Err(e) = self.replace(id).await {

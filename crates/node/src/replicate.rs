@@ -9,7 +9,7 @@
 
 use crate::site::SiteLink;
 use bytes::Bytes;
-use chunk::ChunkStore;
+use chunk::{ChunkError, ChunkStore};
 use futures_util::future::join_all;
 use proto::error::{ErrorCode, WireError};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
@@ -29,6 +29,8 @@ use util::worker::{Step, Worker};
 /// A node whose last report is older than this is not chosen for a copy (the same
 /// age at which meta stops counting its copies).
 const LIVE_SECS: u64 = proto::policy::NODE_GONE_SECS;
+/// Queued copies made at once.
+const BATCH: usize = 16;
 /// Longest pause between retries of queued copies that keep failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -54,12 +56,15 @@ struct Job {
     data: Option<Bytes>,
     size: u64,
     since: Instant,
+    /// Tells jobs for the same chunk apart.
+    seq: u64,
 }
 
 impl Job {
     fn new(id: ChunkId, want: Replicate, data: &Bytes, received: bool) -> Job {
-        let size = data.len() as u64;
-        Job { id, want, data: received.then(|| data.clone()), size, since: Instant::now() }
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let (size, seq) = (data.len() as u64, SEQ.fetch_add(1, Ordering::Relaxed));
+        Job { id, want, data: received.then(|| data.clone()), size, since: Instant::now(), seq }
     }
 
     /// The sites this job still owes a copy to (this node's own when the copy here is
@@ -82,10 +87,13 @@ pub struct Replicator {
     refreshed: tokio::sync::Mutex<Option<Instant>>,
     /// (policy, site) pairs whose lag breached the RPO at the last report.
     breached: Mutex<HashSet<(String, String)>>,
+    /// Counters for the metrics.
     pub stats: ReplicationStats,
 }
 
 impl Replicator {
+    /// Replication for node `me` at `site`, storing into `store` and reaching other
+    /// nodes through `link`'s connections.
     pub fn new(
         me: String,
         site: String,
@@ -117,14 +125,31 @@ impl Replicator {
             self.enqueue(Job::new(id, want, &data, true));
             return Ok(vec![self.me.clone()]);
         }
-        self.store_here(id, data.clone()).await?;
         if want.mode == Some(ReplicationMode::Async) {
+            self.store_here(id, data.clone()).await?;
             self.enqueue(Job::new(id, want, &data, false));
             return Ok(vec![self.me.clone()]);
         }
+        // The local copy and the others are made at once: the answer waits for all.
+        let here = async {
+            self.store_here(id, data.clone()).await?;
+            util::crash_point!("replicate-before-copies");
+            Ok::<_, WireError>(())
+        };
+        let (stored, copies) = tokio::join!(here, self.copy_out(id, &data, &want));
+        stored?;
         let mut holders = vec![self.me.clone()];
-        holders.extend(self.copy_out(id, &data, &want).await?);
+        holders.extend(copies?);
+        util::crash_point!("replicate-after-copies");
         Ok(holders)
+    }
+
+    /// A stored chunk read whole (verified), off the runtime's threads.
+    pub(crate) async fn read_stored(&self, id: ChunkId) -> Result<Result<Bytes, ChunkError>, WireError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX).map(Bytes::from))
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
     }
 
     pub(crate) async fn store_here(&self, id: ChunkId, data: Bytes) -> Result<(), WireError> {
@@ -345,43 +370,47 @@ impl Worker for ReplicationWorker {
 
     async fn work(&mut self) -> Result<Step, WireError> {
         let r = &self.replicator;
-        // The job stays queued (and counted in the lag) until its copies exist.
-        let Some(job) = lock(&r.queue).front().cloned() else { return Ok(Step::Idle) };
-        let done = async {
+        // The oldest jobs, at once (each keeps a connection's pipeline busy); a job
+        // stays queued (and counted in the lag) until its copies exist.
+        let jobs: Vec<Job> = lock(&r.queue).iter().take(BATCH).cloned().collect();
+        if jobs.is_empty() {
+            return Ok(Step::Idle);
+        }
+        let results = join_all(jobs.iter().map(|job| async move {
             let data = match &job.data {
                 Some(data) => {
                     r.store_here(job.id, data.clone()).await?;
-                    if let Some(front) = lock(&r.queue).front_mut() {
+                    if let Some(queued) = lock(&r.queue).iter_mut().find(|j| j.seq == job.seq) {
                         // Stored here now: a retry reads it from the store.
-                        front.data = None;
+                        queued.data = None;
                     }
                     data.clone()
                 }
-                None => {
-                    let (store, id) = (r.store.clone(), job.id);
-                    tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX))
-                        .await
-                        .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))?
-                        .map(Bytes::from)
-                        .map_err(WireError::from)?
-                }
+                None => r.read_stored(job.id).await?.map_err(WireError::from)?,
             };
             let mut holders = r.copy_out(job.id, &data, &job.want).await?;
             holders.push(r.me.clone());
             Ok::<_, WireError>(holders)
-        }
+        }))
         .await;
-        match done {
-            Ok(holders) => {
-                lock(&r.queue).pop_front();
-                self.made += holders.len() as u64 - 1;
+        let mut failure = None;
+        for (job, result) in jobs.iter().zip(results) {
+            match result {
+                Ok(holders) => {
+                    lock(&r.queue).retain(|j| j.seq != job.seq);
+                    self.made += holders.len() as u64 - 1;
+                    r.link.report_copies(job.id, job.size, holders);
+                }
+                // It keeps its place: the oldest copies go first once the link is back.
+                Err(e) => failure = Some(e),
+            }
+        }
+        match failure {
+            None => {
                 self.backoff = Duration::ZERO;
-                r.link.report_copies(job.id, job.size, holders);
                 Ok(Step::Busy)
             }
-            Err(e) => {
-                // It keeps its place at the front: the oldest copy goes first once the
-                // link is back.
+            Some(e) => {
                 self.backoff = (self.backoff * 2).clamp(Duration::from_millis(200), MAX_BACKOFF);
                 Err(e)
             }

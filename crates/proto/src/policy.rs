@@ -45,6 +45,7 @@ pub struct Policy {
     pub sites: Vec<String>,
     /// Copies on distinct nodes inside each of those sites.
     pub copies: u32,
+    /// When a write is acknowledged.
     pub mode: ReplicationMode,
     /// Recovery point objective: the lag (seconds) beyond which status warns.
     pub rpo_secs: u64,
@@ -69,6 +70,7 @@ impl fmt::Display for Policy {
 /// (`None`: the cluster default).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EffectivePolicy {
+    /// The policy in force.
     pub policy: Policy,
     pub set_on: Option<crate::types::InodeId>,
 }
@@ -81,6 +83,7 @@ pub struct Replicate {
     pub sites: Vec<String>,
     /// Copies on distinct nodes within each listed site.
     pub copies: u32,
+    /// When to answer; `None` (a plain store) answers once this node's copy is durable.
     pub mode: Option<ReplicationMode>,
     /// Answer once the bytes are received, before they are durable (a remote site's
     /// leg of `semi-sync`).
@@ -97,6 +100,7 @@ pub struct ReplicationLag {
     pub policy: Policy,
     /// The site that does not hold them yet.
     pub site: String,
+    /// Chunks owed and their bytes.
     pub chunks: u64,
     pub bytes: u64,
     /// Age of the oldest copy owed.
@@ -141,10 +145,12 @@ pub const NODE_GONE_SECS: u64 = 10;
 /// A chunk whose live copies do not satisfy its file's policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shortfall {
+    /// The chunk and its size.
     pub id: crate::types::ChunkId,
     pub size: u64,
     /// A file that uses the chunk (whose policy applies).
     pub ino: crate::types::InodeId,
+    /// That file's policy.
     pub policy: Policy,
     /// Nodes alive that hold a copy.
     pub holders: Vec<String>,
@@ -155,6 +161,7 @@ pub struct Shortfall {
 /// A page of under-replicated chunks and where the scan goes on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShortfallPage {
+    /// The short chunks found in this page of extents.
     pub chunks: Vec<Shortfall>,
     /// The extent to continue after; `None` when the scan is complete.
     pub next: Option<(crate::types::InodeId, u64)>,

@@ -1225,3 +1225,39 @@ pub fn node_drain(b: &dyn Factory) {
     ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: false }));
     assert!(drained(&s).is_empty());
 }
+
+#[track_caller]
+fn short(s: &Arc<MetaService>, node: Option<&str>) -> Vec<(u8, Vec<String>)> {
+    let ask = UnderReplicated { node: node.map(String::from), after: None, limit: 1000 };
+    match ok(s, MetaRequest::UnderReplicated(ask)) {
+        MetaReply::Shortfalls(page) => {
+            assert_eq!(page.next, None);
+            page.chunks.into_iter().map(|c| (c.id.0[0], c.sites)).collect()
+        }
+        other => panic!("expected Shortfalls, got {other:?}"),
+    }
+}
+
+/// Conformance case `under_replication`: a chunk with fewer live, undrained holders at a
+/// site than its policy's copies is listed (for fsck, and for the one node that is to
+/// repair it), and no longer once the copies are reported; draining a holder makes it
+/// short again.
+pub fn under_replication(b: &dyn Factory) {
+    let s = b.open();
+    for (id, addr) in [("n1", "10.0.0.1:7000"), ("n2", "10.0.0.2:7000"), ("n3", "10.0.0.3:7000")] {
+        ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node(id, addr, 1000, 100), cluster_id: None }));
+    }
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    // `commit` records the chunk on n1 only; the default policy wants two copies at s1.
+    commit(&s, f.ino, vec![ext(0, 10, 7, 0)], 10);
+    assert_eq!(short(&s, None), vec![(7, vec!["s1".to_string()])]);
+    assert_eq!(short(&s, Some("n1")), vec![(7, vec!["s1".to_string()])], "n1 holds it: n1 repairs");
+    assert!(short(&s, Some("n2")).is_empty(), "n2 holds nothing to copy from");
+    assert!(short(&s, Some("n3")).is_empty());
+    let copy = StoredChunk { id: cid(7), size: 1 << 20, nodes: vec!["n2".into()] };
+    ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "n1".into(), added: vec![copy], removed: vec![] }));
+    assert!(short(&s, None).is_empty(), "two copies at s1");
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true }));
+    assert_eq!(short(&s, Some("n2")), vec![(7, vec!["s1".to_string()])], "n2 is now the holder that counts");
+    assert!(short(&s, Some("n1")).is_empty() && short(&s, Some("n3")).is_empty());
+}
