@@ -88,6 +88,27 @@ pub(crate) struct PgConn {
     client: Option<Client>,
     /// Statements prepared on this connection, by their SQL text.
     statements: HashMap<&'static str, Statement>,
+    /// A transaction is open (begun, perhaps not yet used). Each transaction ends with
+    /// its COMMIT or ROLLBACK and the next BEGIN in one round trip: PostgreSQL takes a
+    /// transaction's snapshot only at its first query, so a begun but unused one holds
+    /// nothing back (it shows as "idle in transaction").
+    begun: bool,
+    /// The open write transaction must be on disk when its commit returns.
+    durable: bool,
+}
+
+/// How a write transaction begins: see the module's note on isolation.
+macro_rules! begin_write {
+    () => {
+        "BEGIN ISOLATION LEVEL SERIALIZABLE"
+    };
+}
+
+/// How a read begins: a consistent snapshot that never conflicts.
+macro_rules! begin_read {
+    () => {
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    };
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -150,15 +171,30 @@ impl Drop for PgConn {
     }
 }
 
+impl PgConn {
+    /// Opens a transaction unless the last one's end already did.
+    fn ensure_begun(&mut self, begin: &str) -> Result<(), MetaError> {
+        if !self.begun {
+            self.batch(begin)?;
+            self.begun = true;
+        }
+        Ok(())
+    }
+
+    /// Ends the open transaction with `end` (COMMIT or ROLLBACK, with the next BEGIN
+    /// in the same round trip). A failed end leaves no transaction open.
+    fn end(&mut self, end: &str) -> Result<(), MetaError> {
+        self.begun = false;
+        self.batch(end)?;
+        self.begun = true;
+        Ok(())
+    }
+}
+
 impl WriteConn for PgConn {
     fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
-        // A plain write is acknowledged before its WAL record is flushed (as SQLite's
-        // synchronous=NORMAL): lost only if the server's machine fails, never torn.
-        self.batch(if durable {
-            "BEGIN ISOLATION LEVEL SERIALIZABLE"
-        } else {
-            "BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL synchronous_commit TO off"
-        })
+        self.durable = durable;
+        self.ensure_begun(begin_write!())
     }
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
@@ -173,12 +209,22 @@ impl WriteConn for PgConn {
         self.batch("RELEASE SAVEPOINT op")
     }
 
+    /// The writer's session commits with `synchronous_commit=off` (set in `open`): a
+    /// plain write is acknowledged before its WAL record is flushed (as SQLite's
+    /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
+    /// durable one turns it on for its own commit, which also flushes every earlier one.
     fn commit(&mut self) -> Result<(), MetaError> {
-        self.batch("COMMIT")
+        let end = if std::mem::take(&mut self.durable) {
+            concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
+        } else {
+            concat!("COMMIT; ", begin_write!())
+        };
+        self.end(end)
     }
 
     fn rollback(&mut self) -> Result<(), MetaError> {
-        self.batch("ROLLBACK")
+        self.durable = false;
+        self.end(concat!("ROLLBACK; ", begin_write!()))
     }
 
     fn txn(&mut self) -> &mut dyn Txn {
@@ -188,9 +234,10 @@ impl WriteConn for PgConn {
 
 impl ReadConn for PgConn {
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        self.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+        self.ensure_begun(begin_read!())?;
         let r = op(self);
-        let end = self.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        let end =
+            self.end(if r.is_ok() { concat!("COMMIT; ", begin_read!()) } else { concat!("ROLLBACK; ", begin_read!()) });
         r.and(end)
     }
 }
@@ -216,7 +263,7 @@ fn shown(config: &postgres::Config) -> String {
 
 fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> {
     let client = config.connect(NoTls).map_err(|source| MetaError::Connect { url: shown.into(), source })?;
-    Ok(PgConn { client: Some(client), statements: HashMap::new() })
+    Ok(PgConn { client: Some(client), statements: HashMap::new(), begun: false, durable: false })
 }
 
 /// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
@@ -239,6 +286,7 @@ pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
     let mut writer = connect(&config, &shown)?;
     init_schema(&mut writer, &shown, init)?;
     let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
+    writer.batch("SET synchronous_commit TO off")?;
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
     for _ in 0..READERS {
         readers.push(Box::new(connect(&config, &shown)?));
@@ -250,7 +298,7 @@ pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
 /// formatted one, in one transaction.
 fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError> {
     let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.into(), reason: reason.into() };
-    w.batch("BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+    w.batch(begin_write!())?;
     let r = (|| {
         let tables: i64 = w
             .one("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])?
