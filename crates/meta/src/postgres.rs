@@ -95,6 +95,9 @@ pub(crate) struct PgConn {
     begun: bool,
     /// The open write transaction must be on disk when its commit returns.
     durable: bool,
+    /// A savepoint was released but the RELEASE not sent yet: it goes with the next
+    /// SAVEPOINT (COMMIT and ROLLBACK make it moot), saving a round trip per op.
+    release_pending: bool,
 }
 
 /// How a write transaction begins: see the module's note on isolation.
@@ -185,6 +188,7 @@ impl PgConn {
     /// in the same round trip). A failed end leaves no transaction open.
     fn end(&mut self, end: &str) -> Result<(), MetaError> {
         self.begun = false;
+        self.release_pending = false;
         self.batch(end)?;
         self.begun = true;
         Ok(())
@@ -198,7 +202,11 @@ impl WriteConn for PgConn {
     }
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
-        self.batch("SAVEPOINT op")
+        if std::mem::take(&mut self.release_pending) {
+            self.batch("RELEASE SAVEPOINT op; SAVEPOINT op")
+        } else {
+            self.batch("SAVEPOINT op")
+        }
     }
 
     fn rollback_to_savepoint(&mut self) -> Result<(), MetaError> {
@@ -206,7 +214,8 @@ impl WriteConn for PgConn {
     }
 
     fn release_savepoint(&mut self) -> Result<(), MetaError> {
-        self.batch("RELEASE SAVEPOINT op")
+        self.release_pending = true;
+        Ok(())
     }
 
     /// The writer's session commits with `synchronous_commit=off` (set in `open`): a
@@ -263,7 +272,13 @@ fn shown(config: &postgres::Config) -> String {
 
 fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> {
     let client = config.connect(NoTls).map_err(|source| MetaError::Connect { url: shown.into(), source })?;
-    Ok(PgConn { client: Some(client), statements: HashMap::new(), begun: false, durable: false })
+    Ok(PgConn {
+        client: Some(client),
+        statements: HashMap::new(),
+        begun: false,
+        durable: false,
+        release_pending: false,
+    })
 }
 
 /// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
