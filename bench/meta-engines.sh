@@ -56,7 +56,7 @@ start() {
     "$BIN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
     PIDS+=($!)
     for _ in $(seq 1 200); do
-        if grep -q "^$prefix" "$WORK/$name.out"; then ANNOUNCED=$(sed -n "s/^$prefix //p" "$WORK/$name.out"); return; fi
+        if grep -qs "^$prefix" "$WORK/$name.out"; then ANNOUNCED=$(sed -n "s/^$prefix //p" "$WORK/$name.out"); return; fi
         sleep 0.05
     done
     echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
