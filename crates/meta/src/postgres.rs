@@ -86,6 +86,13 @@ CREATE INDEX locks_by_session ON locks (session);
 pub(crate) struct PgConn {
     /// Always `Some` until dropped (taken out to be closed off the runtime).
     client: Option<Client>,
+    /// How to connect again once the server closed the connection (restart, failover,
+    /// an administrator's pg_terminate_backend), and the URL without password.
+    config: postgres::Config,
+    shown: String,
+    /// Session settings run again on every new connection (the writer's
+    /// `synchronous_commit=off`).
+    setup: &'static str,
     /// Statements prepared on this connection, by their SQL text.
     statements: HashMap<&'static str, Statement>,
     /// A transaction is open (begun, perhaps not yet used). Each transaction ends with
@@ -162,21 +169,38 @@ impl PgConn {
     }
 }
 
+/// Closes a client: it blocks on (and owns) a runtime of its own, which may be neither
+/// run nor dropped inside another runtime, so there it is closed on a thread of its own.
+fn close_off_runtime(client: Option<Client>) {
+    if let Some(client) = client
+        && tokio::runtime::Handle::try_current().is_ok()
+    {
+        std::thread::spawn(move || drop(client));
+    }
+}
+
 impl Drop for PgConn {
-    /// The client blocks on (and owns) a runtime of its own, which may be neither run
-    /// nor dropped inside another runtime: there it is closed on a thread of its own.
     fn drop(&mut self) {
-        if let Some(client) = self.client.take()
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
-            std::thread::spawn(move || drop(client));
-        }
+        close_off_runtime(self.client.take());
     }
 }
 
 impl PgConn {
     /// Opens a transaction unless the last one's end already did.
+    /// A transaction starting on a connection the server has closed connects again
+    /// first: the request that found it broken failed, the next ones work.
     fn ensure_begun(&mut self, begin: &str) -> Result<(), MetaError> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
+            let client =
+                self.config.connect(NoTls).map_err(|source| MetaError::Connect { url: self.shown.clone(), source })?;
+            let old = self.client.replace(client);
+            close_off_runtime(old);
+            self.statements.clear();
+            self.begun = false;
+            self.release_pending = false;
+            self.batch(self.setup)?;
+        }
         if !self.begun {
             self.batch(begin)?;
             self.begun = true;
@@ -274,6 +298,9 @@ fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> 
     let client = config.connect(NoTls).map_err(|source| MetaError::Connect { url: shown.into(), source })?;
     Ok(PgConn {
         client: Some(client),
+        config: config.clone(),
+        shown: shown.into(),
+        setup: "",
         statements: HashMap::new(),
         begun: false,
         durable: false,
@@ -301,7 +328,8 @@ pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
     let mut writer = connect(&config, &shown)?;
     init_schema(&mut writer, &shown, init)?;
     let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
-    writer.batch("SET synchronous_commit TO off")?;
+    writer.setup = "SET synchronous_commit TO off";
+    writer.batch(writer.setup)?;
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
     for _ in 0..READERS {
         readers.push(Box::new(connect(&config, &shown)?));
@@ -934,6 +962,33 @@ mod tests {
             exclusive: true,
         });
         s.handle_blocking(req).map_err(|e| e.code)
+    }
+
+    /// The server closes every connection of meta (as a restart or an administrator
+    /// would): each pooled connection fails at most one request, then connects again.
+    #[test]
+    fn connections_closed_by_the_server_are_opened_again() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let meta = MetaService::open(&MetaConfig { db_url: url.clone(), ..test_config(Default::default()) }).unwrap();
+        create(&meta, "a").unwrap();
+        let killed: i64 = raw(&url)
+            .query_one(
+                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(killed, 1 + READERS as i64, "the writer and every reader");
+        let lookup = || {
+            meta.handle_blocking(MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: b"a".to_vec() }))
+        };
+        let failed = (0..3 * READERS).filter(|_| lookup().is_err()).count();
+        assert!(failed <= READERS, "{failed} lookups failed");
+        assert!(lookup().is_ok(), "reads work again");
+        let write = (0..2).map(|i| create(&meta, &format!("b{i}"))).collect::<Vec<_>>();
+        assert!(write[1].is_ok(), "writes work again after at most one failure: {write:?}");
     }
 
     /// Two metas over one database, each creating the same names at the same time:
