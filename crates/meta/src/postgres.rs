@@ -287,11 +287,8 @@ fn shown(config: &postgres::Config) -> String {
         .collect::<Vec<_>>()
         .join(",");
     let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "postgres://{}@{host}:{port}/{}",
-        config.get_user().unwrap_or(""),
-        config.get_dbname().unwrap_or(config.get_user().unwrap_or(""))
-    )
+    let user = config.get_user().map(|u| format!("{u}@")).unwrap_or_default();
+    format!("postgres://{user}{host}:{port}/{}", config.get_dbname().or(config.get_user()).unwrap_or(""))
 }
 
 fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> {
