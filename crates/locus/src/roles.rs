@@ -36,12 +36,18 @@ fn expand_home(p: &str) -> PathBuf {
 async fn start_meta(
     listener: TcpListener,
     db_url: &str,
+    read_db_url: Option<String>,
     init: bool,
     session_expiry: Duration,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
-    let config =
-        meta::MetaConfig { db_url: db_url.to_string(), init, heartbeat: Duration::from_secs(2), session_expiry };
+    let config = meta::MetaConfig {
+        db_url: db_url.to_string(),
+        read_db_url,
+        init,
+        heartbeat: Duration::from_secs(2),
+        session_expiry,
+    };
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
@@ -62,7 +68,8 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
-    let addr = start_meta(listener, &args.db, args.init, Duration::from_secs(args.session_expiry_secs)).await?;
+    let expiry = Duration::from_secs(args.session_expiry_secs);
+    let addr = start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -237,7 +244,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
-    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30)).await?;
+    let meta_addr = start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30)).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

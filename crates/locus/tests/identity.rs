@@ -62,6 +62,7 @@ fn a_damaged_database_is_refused() {
     {
         let config = meta::MetaConfig {
             db_url: db.display().to_string(),
+            read_db_url: None,
             init: true,
             heartbeat: std::time::Duration::from_secs(2),
             session_expiry: std::time::Duration::from_secs(30),

@@ -23,10 +23,12 @@ use crate::locks::Held;
 use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, root_inode};
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement};
+use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Read connections: each read holds one for its round trips to the server.
@@ -102,6 +104,9 @@ pub(crate) struct PgConn {
     begun: bool,
     /// The open write transaction must be on disk when its commit returns.
     durable: bool,
+    /// The writer of a meta that reads from a hot standby publishes each commit's
+    /// WAL position here (`StandbyReader` waits for the standby to replay it).
+    committed: Option<Arc<AtomicU64>>,
     /// A savepoint was released but the RELEASE not sent yet: it goes with the next
     /// SAVEPOINT (COMMIT and ROLLBACK make it moot), saving a round trip per op.
     release_pending: bool,
@@ -190,6 +195,15 @@ impl PgConn {
     /// A transaction starting on a connection the server has closed connects again
     /// first: the request that found it broken failed, the next ones work.
     fn ensure_begun(&mut self, begin: &str) -> Result<(), MetaError> {
+        self.reconnect_if_closed()?;
+        if !self.begun {
+            self.batch(begin)?;
+            self.begun = true;
+        }
+        Ok(())
+    }
+
+    fn reconnect_if_closed(&mut self) -> Result<(), MetaError> {
         if self.client.as_ref().is_some_and(Client::is_closed) {
             tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
             let client =
@@ -200,10 +214,6 @@ impl PgConn {
             self.begun = false;
             self.release_pending = false;
             self.batch(self.setup)?;
-        }
-        if !self.begun {
-            self.batch(begin)?;
-            self.begun = true;
         }
         Ok(())
     }
@@ -247,6 +257,10 @@ impl WriteConn for PgConn {
     /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
     /// durable one turns it on for its own commit, which also flushes every earlier one.
     fn commit(&mut self) -> Result<(), MetaError> {
+        if let Some(committed) = self.committed.clone() {
+            self.durable = false;
+            return self.commit_reporting_lsn(&committed);
+        }
         let end = if std::mem::take(&mut self.durable) {
             concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
         } else {
@@ -265,13 +279,84 @@ impl WriteConn for PgConn {
     }
 }
 
-impl ReadConn for PgConn {
-    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        self.ensure_begun(begin_read!())?;
+impl PgConn {
+    /// Runs `op` in the begun read transaction and ends it.
+    fn finish_read(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
         let r = op(self);
         let end =
             self.end(if r.is_ok() { concat!("COMMIT; ", begin_read!()) } else { concat!("ROLLBACK; ", begin_read!()) });
         r.and(end)
+    }
+
+    /// Commits like `WriteConn::commit` and publishes the commit's WAL position (an
+    /// upper bound: the flushed position right after it, as far as a standby can get) to
+    /// `committed`.
+    /// (The next BEGIN cannot ride along: after the SELECT, it would find a query
+    /// already run in its implicit transaction.)
+    fn commit_reporting_lsn(&mut self, committed: &AtomicU64) -> Result<(), MetaError> {
+        self.begun = false;
+        self.release_pending = false;
+        let answers = self.client().simple_query("COMMIT; SELECT pg_current_wal_flush_lsn()::text")?;
+        let lsn = answers.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).and_then(parse_lsn),
+            _ => None,
+        });
+        committed.fetch_max(
+            lsn.ok_or_else(|| MetaError::Internal("no WAL position after a commit".into()))?,
+            Ordering::AcqRel,
+        );
+        Ok(())
+    }
+}
+
+/// A WAL position as PostgreSQL prints it (`16/B374D848`).
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
+}
+
+impl ReadConn for PgConn {
+    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        self.ensure_begun(begin_read!())?;
+        self.finish_read(op)
+    }
+}
+
+/// How long a read at a hot standby waits for it to replay this meta's latest commit
+/// before it reads from the primary instead.
+const STANDBY_WAIT: Duration = Duration::from_millis(50);
+
+/// A read connection at a site with a hot standby: reads there once the standby has
+/// replayed this meta's latest commit (read-your-writes for every client of this
+/// meta), else, after `STANDBY_WAIT`, from the primary.
+struct StandbyReader {
+    standby: PgConn,
+    primary: PgConn,
+    /// The WAL position of this meta's latest commit, published by its writer.
+    committed: Arc<AtomicU64>,
+}
+
+impl ReadConn for StandbyReader {
+    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        let needed = self.committed.load(Ordering::Acquire);
+        let deadline = std::time::Instant::now() + STANDBY_WAIT;
+        let standby = &mut self.standby;
+        loop {
+            standby.reconnect_if_closed()?;
+            // Asked outside any transaction: the snapshot the read then takes holds
+            // at least everything replayed up to here. NULL: not a standby at all.
+            let replayed: Option<String> = standby.one("SELECT pg_last_wal_replay_lsn()::text", &[])?.try_get(0)?;
+            if replayed.as_deref().map_or(Some(u64::MAX), parse_lsn).is_some_and(|at| at >= needed) {
+                standby.batch(begin_read!())?;
+                let r = op(standby);
+                let end = standby.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+                return r.and(end);
+            }
+            if std::time::Instant::now() >= deadline {
+                return self.primary.snapshot(op);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -298,6 +383,7 @@ fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> 
         config: config.clone(),
         shown: shown.into(),
         setup: "",
+        committed: None,
         statements: HashMap::new(),
         begun: false,
         durable: false,
@@ -319,17 +405,36 @@ fn parse(url: &str) -> Result<(postgres::Config, String), MetaError> {
 /// Opens the PostgreSQL database at `url` for the shared engine. Without `init` the
 /// database must already hold a Locus namespace; with it, an empty database (no
 /// tables) is formatted with a new cluster id. A database holding anything else is
-/// refused either way.
-pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
+/// refused either way. With `standby` (a hot standby of `url`'s server, at this
+/// site), reads go there once it has replayed this meta's latest commit.
+pub fn open(url: &str, standby: Option<&str>, init: bool) -> Result<Backend, MetaError> {
     let (config, shown) = parse(url)?;
     let mut writer = connect(&config, &shown)?;
     init_schema(&mut writer, &shown, init)?;
     let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
-    writer.setup = "SET synchronous_commit TO off";
-    writer.batch(writer.setup)?;
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
-    for _ in 0..READERS {
-        readers.push(Box::new(connect(&config, &shown)?));
+    match standby {
+        None => {
+            writer.setup = "SET synchronous_commit TO off";
+            writer.batch(writer.setup)?;
+            for _ in 0..READERS {
+                readers.push(Box::new(connect(&config, &shown)?));
+            }
+        }
+        // Commits are flushed before they are answered: WAL reaches the standby only
+        // once flushed, and an unflushed commit would keep its writer's reads waiting.
+        Some(standby_url) => {
+            let committed = Arc::new(AtomicU64::new(0));
+            writer.committed = Some(committed.clone());
+            let (standby_config, standby_shown) = parse(standby_url)?;
+            for _ in 0..READERS {
+                readers.push(Box::new(StandbyReader {
+                    standby: connect(&standby_config, &standby_shown)?,
+                    primary: connect(&config, &shown)?,
+                    committed: committed.clone(),
+                }));
+            }
+        }
     }
     Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: false })
 }
@@ -923,17 +1028,17 @@ mod tests {
     fn an_empty_or_foreign_database_is_refused_with_a_reason() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let err = open(&url, false).err().expect("an empty database must be refused");
+        let err = open(&url, None, false).err().expect("an empty database must be refused");
         assert!(matches!(err, MetaError::NotFormatted { .. }), "{err}");
         assert!(err.to_string().contains("is empty") && err.to_string().contains("--init"), "{err}");
         let foreign = server.create_database();
         raw(&foreign).batch_execute("CREATE TABLE t (x INTEGER)").unwrap();
-        let err = open(&foreign, true).err().expect("a foreign database must be refused");
+        let err = open(&foreign, None, true).err().expect("a foreign database must be refused");
         assert!(err.to_string().contains("not a Locus metadata database"), "{err}");
         let missing = server.url("no_such_database");
-        let err = open(&missing, true).err().expect("a missing database must be refused");
+        let err = open(&missing, None, true).err().expect("a missing database must be refused");
         assert!(matches!(err, MetaError::Connect { .. }) && err.to_string().contains("no_such_database"), "{err}");
-        let err = open("postgres://locus:secret@127.0.0.1:1/x", true).err().expect("nothing listens on port 1");
+        let err = open("postgres://locus:secret@127.0.0.1:1/x", None, true).err().expect("nothing listens on port 1");
         assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
     }
 
@@ -941,11 +1046,11 @@ mod tests {
     fn reopen_keeps_the_cluster_id_and_a_newer_schema_is_refused() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let first = open(&url, true).unwrap().cluster_id;
+        let first = open(&url, None, true).unwrap().cluster_id;
         assert_eq!(first.len(), 32);
-        assert_eq!(open(&url, false).unwrap().cluster_id, first);
+        assert_eq!(open(&url, None, false).unwrap().cluster_id, first);
         raw(&url).execute("UPDATE meta_version SET version = $1", &[&(SCHEMA_VERSION + 1)]).unwrap();
-        let err = open(&url, false).err().expect("a newer schema must be refused");
+        let err = open(&url, None, false).err().expect("a newer schema must be refused");
         assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
     }
 
@@ -986,6 +1091,45 @@ mod tests {
         assert!(lookup().is_ok(), "reads work again");
         let write = (0..2).map(|i| create(&meta, &format!("b{i}"))).collect::<Vec<_>>();
         assert!(write[1].is_ok(), "writes work again after at most one failure: {write:?}");
+    }
+
+    /// A meta at a second site writes to the primary and reads from a hot standby:
+    /// every read after a write sees it (read-your-writes), and the reads are served
+    /// by the standby.
+    #[test]
+    fn reads_at_a_standby_see_this_metas_writes() {
+        let primary = testkit::postgres::PgServer::start();
+        let url = primary.create_database();
+        drop(open(&url, None, true).unwrap());
+        let standby = primary.start_standby();
+        let read_url = standby.url(url.rsplit('/').next().unwrap());
+        let url_of_primary = url.clone();
+        let config = MetaConfig { db_url: url, read_db_url: Some(read_url.clone()), ..test_config(Default::default()) };
+        let meta = MetaService::open(&config).unwrap();
+        for i in 0..50 {
+            let name = format!("f{i}");
+            let MetaReply::Attr(made) = create(&meta, &name).unwrap() else { panic!("expected Attr") };
+            let req = MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: name.into_bytes() });
+            assert_eq!(meta.handle_blocking(req).unwrap(), MetaReply::Attr(made), "read-your-writes");
+        }
+        let mut at_standby = raw(&read_url);
+        let readers: i64 = at_standby
+            .query_one("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'locus-meta'", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(readers, READERS as i64, "the read connections are at the standby");
+        // With replay paused, a row removed behind meta's back on the primary is
+        // still found: the read was served by the standby.
+        at_standby.batch_execute("SELECT pg_wal_replay_pause()").unwrap();
+        raw(&url_of_primary).batch_execute("DELETE FROM dentries WHERE name = 'f0'::bytea").unwrap();
+        let lookup = |name: &str| {
+            meta.handle_blocking(MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: name.into() }))
+        };
+        assert!(lookup("f0").is_ok(), "the paused standby answers");
+        // A write the paused standby cannot replay: its writer's next read goes to the primary.
+        create(&meta, "late").unwrap();
+        assert!(lookup("late").is_ok(), "read-your-writes while the standby lags");
+        at_standby.batch_execute("SELECT pg_wal_replay_resume()").unwrap();
     }
 
     /// Two metas over one database, each creating the same names at the same time:
