@@ -37,13 +37,19 @@ fn expand_home(p: &str) -> PathBuf {
 async fn start_meta(
     listener: TcpListener,
     db_url: &str,
+    read_db_url: Option<String>,
     init: bool,
     session_expiry: Duration,
     revoked: Option<PathBuf>,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
-    let config =
-        meta::MetaConfig { db_url: db_url.to_string(), init, heartbeat: Duration::from_secs(2), session_expiry };
+    let config = meta::MetaConfig {
+        db_url: db_url.to_string(),
+        read_db_url,
+        init,
+        heartbeat: Duration::from_secs(2),
+        session_expiry,
+    };
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
@@ -68,7 +74,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let expiry = Duration::from_secs(args.session_expiry_secs);
-    let addr = start_meta(listener, &args.db, args.init, expiry, args.revoked.clone()).await?;
+    let addr = start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry, args.revoked.clone()).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -262,7 +268,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
     let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
-    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30), revoked).await?;
+    let meta_addr = start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), revoked).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

@@ -35,6 +35,7 @@ fn info(id: &str, addr: &str) -> NodeInfo {
         store_id: String::new(),
         site_rtts: Vec::new(),
         cache_bytes: 0,
+        drained: false,
     }
 }
 
