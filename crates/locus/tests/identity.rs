@@ -177,7 +177,9 @@ fn up_refuses_a_data_directory_that_lost_its_database() {
     let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
     std::fs::create_dir_all(data.join("chunks")).unwrap();
     std::fs::create_dir_all(&mnt).unwrap();
-    let o = locus(&["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
+    let (meta, node) = (testkit::free_addr(), testkit::free_addr());
+    let (mnt_arg, data_arg) = (mnt.to_str().unwrap(), data.to_str().unwrap());
+    let o = locus(&["up", mnt_arg, "--data-dir", data_arg, "--meta-listen", &meta, "--node-listen", &node]);
     assert!(!o.status.success(), "up started a new namespace next to old chunks");
     let err = stderr(&o);
     assert!(err.contains("meta.db does not exist") && err.contains("--init"), "{err}");
@@ -189,6 +191,7 @@ fn up(mnt: &Path, data: &Path) -> std::process::Child {
     use std::io::BufRead;
     let mut child = Command::new(bin())
         .args(["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
+        .args(["--meta-listen", &testkit::free_addr(), "--node-listen", &testkit::free_addr()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

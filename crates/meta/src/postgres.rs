@@ -21,11 +21,11 @@
 use crate::error::MetaError;
 use crate::locks::Held;
 use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
-use proto::policy::Policy;
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
