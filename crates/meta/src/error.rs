@@ -77,6 +77,15 @@ pub enum MetaError {
     UnsupportedUrl { url: String, reason: String },
     #[error("{0}")]
     WrongCluster(String),
+    /// A node registered under an id no operator admitted (it is listed as pending).
+    #[error("node {0} is not admitted; run `locus node admit {0}` on the cluster")]
+    NotAdmitted(String),
+    /// A node registered under an id `locus node remove` removed.
+    #[error(
+        "node {0} was removed from the cluster (`locus node remove`); its registrations are refused \
+         until an operator runs `locus node admit {0}` again"
+    )]
+    Removed(String),
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -110,6 +119,7 @@ impl MetaError {
             | MetaError::Damaged { .. }
             | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
             MetaError::WrongCluster(_) => ErrorCode::NotPermitted,
+            MetaError::NotAdmitted(_) | MetaError::Removed(_) => ErrorCode::PermissionDenied,
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Internal(_) => ErrorCode::Internal,

@@ -21,11 +21,11 @@
 use crate::error::MetaError;
 use crate::locks::Held;
 use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
-use proto::policy::Policy;
 use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -85,6 +85,7 @@ CREATE TABLE policies (
     ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
     rpo_secs BIGINT NOT NULL);
 CREATE TABLE drained_nodes (id TEXT PRIMARY KEY);
+CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -864,6 +865,27 @@ impl Txn for PgConn {
     fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
         let rows = self.query("SELECT id FROM drained_nodes ORDER BY id", &[])?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    fn get_admission(&mut self, node: &str) -> Result<Option<bool>, MetaError> {
+        let rows = self.query("SELECT admitted FROM node_admissions WHERE id = $1", &[&node])?;
+        rows.first().map(|r| Ok(r.try_get::<_, i64>(0)? != 0)).transpose()
+    }
+
+    fn set_admission(&mut self, node: &str, admitted: bool) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO node_admissions (id, admitted) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET admitted = excluded.admitted",
+            &[&node, &i64::from(admitted)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {
+        self.exec("DELETE FROM nodes WHERE id = $1", &[&node])?;
+        self.exec("DELETE FROM drained_nodes WHERE id = $1", &[&node])?;
+        self.exec("DELETE FROM chunk_nodes WHERE node = $1", &[&node])?;
+        Ok(())
     }
 }
 

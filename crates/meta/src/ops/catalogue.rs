@@ -17,6 +17,11 @@ pub(super) fn register_node(
             node.id, node.addr, ctx.cluster_id
         )));
     }
+    match t.get_admission(&node.id)? {
+        Some(true) => {}
+        Some(false) => return Err(MetaError::Removed(node.id.clone())),
+        None => return Err(MetaError::NotAdmitted(node.id.clone())),
+    }
     if let Some((old, seen)) = t.get_node(&node.id)?
         && old.store_id != node.store_id
         && ctx.now_ms.saturating_sub(seen) < NODE_CLAIM_WINDOW_MS
@@ -50,6 +55,26 @@ pub(super) fn drain(t: &mut dyn Txn, node: &str, drained: bool) -> Result<(), Me
         return Err(MetaError::NotFound(format!("node {node:?} is not registered")));
     }
     t.set_drained(node, drained)
+}
+
+/// Admits a node id: registered or not yet (an operator may admit a node before it
+/// first starts), and also one removed before.
+pub(super) fn admit(t: &mut dyn Txn, node: &str) -> Result<(), MetaError> {
+    if node.is_empty() {
+        return Err(MetaError::InvalidArgument("an empty node id".into()));
+    }
+    t.set_admission(node, true)
+}
+
+/// Removes a node: its row, drained mark and chunk locations go, and its future
+/// registrations are refused. The caller (`locus node remove`) first drained it
+/// and waited until its chunks were copied elsewhere.
+pub(super) fn remove(t: &mut dyn Txn, node: &str) -> Result<(), MetaError> {
+    if t.get_node(node)?.is_none() && t.get_admission(node)?.is_none() {
+        return Err(MetaError::NotFound(format!("node {node:?}")));
+    }
+    t.delete_node(node)?;
+    t.set_admission(node, false)
 }
 
 pub(super) fn forget_chunk(t: &mut dyn Txn, id: &ChunkId) -> Result<(), MetaError> {
