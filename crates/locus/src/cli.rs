@@ -211,6 +211,9 @@ pub struct MetaArgs {
     /// name a line, reread when it changes, sent to every node and client.
     #[arg(long, value_name = "FILE")]
     pub revoked: Option<PathBuf>,
+    /// Admits this node id at start, as `locus node admit` would (repeat for more).
+    #[arg(long = "admit-node", value_name = "ID")]
+    pub admit_nodes: Vec<String>,
 }
 
 /// Administrative actions of `locus meta` on a database no meta is serving.
@@ -304,6 +307,39 @@ pub enum NodeAction {
         #[arg(long)]
         meta: Option<String>,
     },
+    /// Lets a node join: meta accepts its registrations from now on (a node not yet
+    /// admitted waits, listed by `locus status` as pending admission).
+    Admit {
+        /// The node's id (its certificate's name).
+        id: String,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
+    /// Drains a node, waits until every chunk it holds has a copy on another node,
+    /// then removes it: meta forgets it and refuses its registrations from then on.
+    Remove {
+        /// The node's id.
+        id: String,
+        /// Remove it now, without waiting for its chunks to be copied: chunks only it
+        /// holds are lost.
+        #[arg(long)]
+        force: bool,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
+}
+
+impl NodeAction {
+    /// The `--meta` flag of the action.
+    pub fn meta(&self) -> Option<&str> {
+        match self {
+            NodeAction::Drain { meta, .. } | NodeAction::Admit { meta, .. } | NodeAction::Remove { meta, .. } => {
+                meta.as_deref()
+            }
+        }
+    }
 }
 
 #[derive(Args, Debug)]

@@ -259,7 +259,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
     let membership = Arc::new(Membership::load(&config.data_dir)?);
-    register(&meta, &config, &membership, &store, &site, Vec::new()).await?;
+    wait_for_admission(&meta, &config, &membership, &store, &site).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
@@ -329,6 +329,32 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
+}
+
+/// Registers with meta; while meta refuses for want of an operator's admission
+/// (`locus node admit`), logs its refusal and asks again every heartbeat. Until then the
+/// node serves nothing and meta lists it only as pending, so it gets no chunks.
+async fn wait_for_admission(
+    meta: &RpcClient,
+    config: &NodeConfig,
+    membership: &Membership,
+    store: &ChunkStore,
+    site: &SiteLink,
+) -> Result<(), NodeError> {
+    let mut last = String::new();
+    loop {
+        match register(meta, config, membership, store, site, Vec::new()).await {
+            Err(NodeError::Refused { source, .. }) if source.code == ErrorCode::PermissionDenied => {
+                if source.message != last {
+                    tracing::warn!(meta = %config.meta_addr, "meta refuses this node: {}; asking again every {:?}",
+                        source.message, config.heartbeat);
+                    last = source.message;
+                }
+                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Sends one `RegisterNode` with current stats and checks (or, the first time, adopts)

@@ -207,8 +207,26 @@ impl Cluster {
         self.add_node_with(id, site, &[]);
     }
 
-    /// Starts a node with extra `locus node` flags (cache size, metrics, ...).
+    /// Starts a node with extra `locus node` flags (cache size, metrics, ...), admitted
+    /// first (`locus node admit`).
     pub fn add_node_with(&mut self, id: &str, site: &str, extra: &[&str]) {
+        self.admit(id);
+        self.start_node(id, site, extra);
+    }
+
+    /// Admits node `id` (`locus node admit`), panicking with its output if that fails.
+    pub fn admit(&self, id: &str) {
+        let out = self.locus(&["node", "admit", id, "--meta", &self.meta.addr]);
+        assert!(out.status.success(), "locus node admit {id}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Starts a node that nobody admitted: it waits, listed as pending, until `admit`.
+    pub fn add_pending_node(&mut self, id: &str, site: &str) {
+        self.start_node(id, site, &[]);
+    }
+
+    /// Starts `locus node` as `id` and waits until it listens.
+    fn start_node(&mut self, id: &str, site: &str, extra: &[&str]) {
         let mut args: Vec<String> = vec![
             "node".into(),
             "--listen".into(),
@@ -239,7 +257,7 @@ impl Cluster {
             let listed = text
                 .lines()
                 .skip_while(|l| !l.starts_with("nodes:"))
-                .take_while(|l| !l.starts_with("sessions:"))
+                .take_while(|l| !l.starts_with("sessions:") && !l.starts_with("pending admission"))
                 .filter(|l| l.starts_with("  ") && l.contains(" 127.0.0.1:"))
                 .count();
             if out.status.success() && listed >= n {
