@@ -286,13 +286,19 @@ impl MetaService {
         certificate: Option<(String, String)>,
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
-        let registering = match &req {
-            MetaRequest::RegisterNode(m) => Some(m.node.clone()),
-            _ => None,
+        let (registering, removing) = match &req {
+            MetaRequest::RegisterNode(m) => (Some(m.node.clone()), None),
+            MetaRequest::RemoveNode(m) => (None, Some(m.node.clone())),
+            _ => (None, None),
         };
         let result = self.answer(req).await;
         if let Some(node) = registering {
             self.note_registration(certificate, node, &result);
+        }
+        // A removed node's last reports go with it from `locus status`.
+        if let (Some(node), Ok(_)) = (removing, &result) {
+            lock(&self.reports).remove(&format!("node {node}"));
+            lock(&self.lags).remove(&node);
         }
         result
     }

@@ -225,6 +225,17 @@ impl Cluster {
         self.start_node(id, site, &[]);
     }
 
+    /// Kills node `i` and starts it again with the same arguments and store (it need
+    /// not register: a removed node is refused and keeps asking).
+    pub fn restart_node(&mut self, i: usize) {
+        let _ = self.nodes[i].child.kill();
+        let _ = self.nodes[i].child.wait();
+        let args = self.nodes[i].args.clone();
+        let id = args.iter().position(|a| a == "--id").map(|i| args[i + 1].clone()).unwrap_or_default();
+        let log = self.path().join(format!("{id}.log"));
+        self.nodes[i] = spawn_and_wait(&self.bin, &args, "locus node listening on", &log, None);
+    }
+
     /// Starts `locus node` as `id` and waits until it listens.
     fn start_node(&mut self, id: &str, site: &str, extra: &[&str]) {
         let mut args: Vec<String> = vec![
