@@ -316,6 +316,15 @@ pub async fn node_action(action: crate::cli::NodeAction) -> anyhow::Result<ExitC
                 "node {id} is admitted: meta accepts its registrations (a waiting node joins at its next heartbeat)"
             );
         }
+        A::Token { ttl, .. } => {
+            let t = meta_call(&meta, MakeJoinToken { ttl_secs: ttl.as_secs() }).await?;
+            println!("{}", t.token);
+            eprintln!(
+                "join token valid for {} s, once: `locus node --join-token TOKEN ...` (a node certificate of this \
+                 cluster is still required)",
+                t.ttl_secs
+            );
+        }
         A::Remove { id, force, .. } => remove_node(&meta, &id, force).await?,
     }
     Ok(ExitCode::SUCCESS)

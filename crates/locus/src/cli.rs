@@ -288,6 +288,10 @@ pub struct NodeArgs {
     /// Pause between complete scrub passes over the store, e.g. 24h.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub scrub_every: std::time::Duration,
+    /// A join token (`locus node token`) that admits this node if no operator ran
+    /// `locus node admit` for it; spent once.
+    #[arg(long, env = "LOCUS_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
     /// Instead of running a node, act on one.
     #[command(subcommand)]
     pub action: Option<NodeAction>,
@@ -316,6 +320,16 @@ pub enum NodeAction {
         #[arg(long)]
         meta: Option<String>,
     },
+    /// Makes a single-use join token: `locus node --join-token TOKEN` then joins without
+    /// `locus node admit` (meta keeps only its hash).
+    Token {
+        /// How long it stays valid, e.g. 1h.
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
     /// Drains a node, waits until every chunk it holds has a copy on another node,
     /// then removes it: meta forgets it and refuses its registrations from then on.
     Remove {
@@ -335,9 +349,10 @@ impl NodeAction {
     /// The `--meta` flag of the action.
     pub fn meta(&self) -> Option<&str> {
         match self {
-            NodeAction::Drain { meta, .. } | NodeAction::Admit { meta, .. } | NodeAction::Remove { meta, .. } => {
-                meta.as_deref()
-            }
+            NodeAction::Drain { meta, .. }
+            | NodeAction::Admit { meta, .. }
+            | NodeAction::Token { meta, .. }
+            | NodeAction::Remove { meta, .. } => meta.as_deref(),
         }
     }
 }

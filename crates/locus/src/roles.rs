@@ -106,6 +106,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             scrub_every: args.scrub_every,
         },
         metrics: None,
+        join_token: args.join_token.clone(),
     }
 }
 
@@ -286,6 +287,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         repair_every: Duration::from_secs(10),
         scrub_rate: 16 << 20,
         scrub_every: Duration::from_secs(24 * 3600),
+        join_token: None,
         action: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();

@@ -2,6 +2,7 @@
 //! the cluster stays pending (listed by `locus status`, given no chunks) until an
 //! operator runs `locus node admit`; `locus node remove` drains it, waits until its
 //! chunks have copies elsewhere, removes it, and its later registrations are refused.
+//! A join token (`locus node token`) admits the one node that spends it first.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -69,7 +70,7 @@ fn a_node_joins_only_once_admitted_and_a_removed_node_cannot_return() {
     c.wait_for_nodes(2);
 
     // A node with a valid certificate that nobody admitted waits, listed as pending.
-    c.add_pending_node("n2", "a");
+    c.add_pending_node("n2", "a", &[]);
     let log = c.path().join("n2.log");
     eventually("the pending node logs its refusal", 10, || {
         fs::read_to_string(&log).unwrap_or_default().contains("node n2 is not admitted; run `locus node admit n2`")
@@ -114,4 +115,23 @@ fn a_node_joins_only_once_admitted_and_a_removed_node_cannot_return() {
     let last = c.mount_at("a");
     assert!(fs::read(last.join("f")).unwrap() == data, "f reads whole without n2");
     assert!(fs::read(last.join("g")).unwrap() == more, "g reads whole without n2");
+}
+
+#[test]
+fn a_join_token_admits_one_node_once() {
+    let mut c = Cluster::start(Path::new(BIN), 1);
+    let out = c.locus(&["node", "token", "--ttl", "1h", "--meta", &c.meta.addr]);
+    assert!(out.status.success(), "{}", text(&out));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(token.starts_with("locus-join-"), "{}", text(&out));
+    c.add_pending_node("t1", "default", &["--join-token", &token]);
+    c.wait_for_nodes(2);
+    // The same token again: refused, and the node stops with the reason.
+    c.add_pending_node("t2", "default", &["--join-token", &token]);
+    let exit = c.nodes[2].child.wait().unwrap();
+    assert!(!exit.success(), "a second node joined with a spent token");
+    let log = fs::read_to_string(c.path().join("t2.log")).unwrap();
+    assert!(log.contains("node t2 offered a join token meta does not know"), "{log}");
+    let s = status(&c);
+    assert!(listed(&s, "t1") && !listed(&s, "t2"), "{s}");
 }

@@ -86,6 +86,12 @@ pub enum MetaError {
          until an operator runs `locus node admit {0}` again"
     )]
     Removed(String),
+    /// A join token that was never made, is used up or expired.
+    #[error(
+        "node {0} offered a join token meta does not know (used already, expired, or never made); make a new \
+         one with `locus node token --ttl 1h`, or run `locus node admit {0}` on the cluster"
+    )]
+    BadJoinToken(String),
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -119,7 +125,9 @@ impl MetaError {
             | MetaError::Damaged { .. }
             | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
             MetaError::WrongCluster(_) => ErrorCode::NotPermitted,
-            MetaError::NotAdmitted(_) | MetaError::Removed(_) => ErrorCode::PermissionDenied,
+            MetaError::NotAdmitted(_) | MetaError::Removed(_) | MetaError::BadJoinToken(_) => {
+                ErrorCode::PermissionDenied
+            }
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Internal(_) => ErrorCode::Internal,

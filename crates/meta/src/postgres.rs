@@ -86,6 +86,7 @@ CREATE TABLE policies (
     rpo_secs BIGINT NOT NULL);
 CREATE TABLE drained_nodes (id TEXT PRIMARY KEY);
 CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL);
+CREATE TABLE join_tokens (hash BYTEA PRIMARY KEY, expires BIGINT NOT NULL);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -879,6 +880,16 @@ impl Txn for PgConn {
             &[&node, &i64::from(admitted)],
         )?;
         Ok(())
+    }
+
+    fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError> {
+        self.exec("INSERT INTO join_tokens (hash, expires) VALUES ($1, $2)", &[&&hash[..], &expires_ms])?;
+        Ok(())
+    }
+
+    fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError> {
+        let rows = self.query("DELETE FROM join_tokens WHERE hash = $1 RETURNING expires", &[&&hash[..]])?;
+        rows.first().map(|r| Ok(r.try_get::<_, i64>(0)?)).transpose()
     }
 
     fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {

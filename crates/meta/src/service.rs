@@ -236,6 +236,7 @@ impl MetaService {
             MetaRequest::UpdateLocations(m) => as_node(&m.node, None),
             MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
             MetaRequest::ReportLag(m) => as_node(&m.node, None),
+            MetaRequest::JoinNode(m) => as_node(&m.node, None),
             MetaRequest::Hello(m) if m.session.site != who.site => {
                 Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
             }

@@ -110,24 +110,30 @@ fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
 }
 
 /// Node admission (`locus node admit` / `remove`): a node id registers only once
-/// admitted (1); a removed one (0) is refused.
-const ADMISSION_TABLE: &str =
-    "CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL) WITHOUT ROWID;";
+/// admitted (1); a removed one (0) is refused. Join tokens are kept as BLAKE3 hashes.
+const ADMISSION_TABLES: &str = "
+CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL) WITHOUT ROWID;
+CREATE TABLE join_tokens (hash BLOB PRIMARY KEY, expires BIGINT NOT NULL) WITHOUT ROWID;";
 
-/// Next version: registrations need an operator's admission; the nodes a cluster
-/// already has are admitted, so an upgrade keeps them serving.
+/// Next version: registrations need an operator's admission (or a join token); the
+/// nodes a cluster already has are admitted, so an upgrade keeps them serving.
 fn add_node_admissions(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch(ADMISSION_TABLE)?;
+    conn.execute_batch(ADMISSION_TABLES)?;
     conn.execute("INSERT INTO node_admissions (id, admitted) SELECT id, 1 FROM nodes", [])?;
     Ok(())
 }
 
 /// A random cluster id: 128 bits from the kernel, in hex.
 pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
+    random_hex()
+}
+
+/// 128 random bits from the kernel, in hex (cluster ids, join tokens).
+pub(crate) fn random_hex() -> Result<String, MetaError> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom for a cluster id: {e}")))?;
+        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom for a random id: {e}")))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -953,6 +959,17 @@ impl Txn for SqlConn {
         )?;
         st.execute(params![node, i64::from(admitted)])?;
         Ok(())
+    }
+
+    fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError> {
+        let mut st = self.conn.prepare_cached("INSERT INTO join_tokens (hash, expires) VALUES (?1, ?2)")?;
+        st.execute(params![&hash[..], expires_ms])?;
+        Ok(())
+    }
+
+    fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError> {
+        let mut st = self.conn.prepare_cached("DELETE FROM join_tokens WHERE hash = ?1 RETURNING expires")?;
+        Ok(st.query_row([&hash[..]], |r| r.get(0)).optional()?)
     }
 
     fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {

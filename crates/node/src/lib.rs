@@ -23,7 +23,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
+use proto::meta::{JoinNode, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -64,6 +64,8 @@ pub struct NodeConfig {
     pub replication: ReplicationConfig,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
+    /// A join token (`locus node token`) spent to admit this node if meta has not.
+    pub join_token: Option<String>,
 }
 
 /// How a node keeps the copies policies ask for.
@@ -342,8 +344,20 @@ async fn wait_for_admission(
     site: &SiteLink,
 ) -> Result<(), NodeError> {
     let mut last = String::new();
+    let mut token = config.join_token.clone();
     loop {
         match register(meta, config, membership, store, site, Vec::new()).await {
+            Err(NodeError::Refused { source, .. })
+                if source.code == ErrorCode::PermissionDenied
+                    && let Some(token) = token.take() =>
+            {
+                let addr = config.meta_addr.clone();
+                match meta.ask(JoinNode { node: config.id.clone(), token }).await {
+                    Ok(Ok(())) => tracing::info!(meta = %addr, "admitted by a join token"),
+                    Ok(Err(source)) => return Err(NodeError::Refused { addr, id: config.id.clone(), source }),
+                    Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
+                }
+            }
             Err(NodeError::Refused { source, .. }) if source.code == ErrorCode::PermissionDenied => {
                 if source.message != last {
                     tracing::warn!(meta = %config.meta_addr, "meta refuses this node: {}; asking again every {:?}",

@@ -164,7 +164,9 @@ impl MetaRequest {
             | R::ReportWorkers(_)
             | R::Revocations(_)
             | R::AdmitNode(_)
-            | R::RemoveNode(_) => None,
+            | R::RemoveNode(_)
+            | R::MakeJoinToken(_)
+            | R::JoinNode(_) => None,
         }
     }
 }
@@ -491,6 +493,25 @@ meta_requests! {
     RemoveNode {
         node: NodeId,
     } => ();
+    /// Makes a single-use join token (`locus node token --ttl 1h`); meta keeps only its
+    /// hash, until it is used or expires.
+    MakeJoinToken {
+        ttl_secs: u64,
+    } => JoinToken;
+    /// A node not yet admitted spends a join token to admit itself (a removed node
+    /// cannot: that takes `locus node admit`).
+    JoinNode {
+        node: NodeId,
+        token: String,
+    } => ();
+}
+
+/// A join token as `locus node token` prints it once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinToken {
+    pub token: String,
+    /// Seconds it stays valid.
+    pub ttl_secs: u64,
 }
 
 /// Revoked certificate serials (hex) and names, as meta distributes them.
@@ -629,6 +650,7 @@ meta_replies! {
     Warnings(Vec<String>),
     Shortfalls(ShortfallPage),
     Revoked(RevocationList),
+    Token(JoinToken),
 }
 
 impl From<()> for MetaReply {

@@ -220,9 +220,10 @@ impl Cluster {
         assert!(out.status.success(), "locus node admit {id}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
-    /// Starts a node that nobody admitted: it waits, listed as pending, until `admit`.
-    pub fn add_pending_node(&mut self, id: &str, site: &str) {
-        self.start_node(id, site, &[]);
+    /// Starts a node that nobody admitted (with extra flags such as `--join-token`):
+    /// without a token it waits, listed as pending, until `admit`.
+    pub fn add_pending_node(&mut self, id: &str, site: &str, extra: &[&str]) {
+        self.start_node(id, site, extra);
     }
 
     /// Kills node `i` and starts it again with the same arguments and store (it need

@@ -1323,3 +1323,34 @@ pub fn node_admission(b: &dyn Factory) {
     admit(&s, &["n5"]);
     ok(&s, register("n5", "10.0.0.5:7000"));
 }
+
+/// Conformance case `join_tokens`: a token admits the node that spends it, once; an
+/// expired or unknown token admits nobody, and no token brings back a removed node.
+pub fn join_tokens(b: &dyn Factory) {
+    let s = b.open();
+    let token = |s: &Arc<MetaService>, ttl_secs| match ok(s, MetaRequest::MakeJoinToken(MakeJoinToken { ttl_secs })) {
+        MetaReply::Token(t) => t.token,
+        other => panic!("expected Token, got {other:?}"),
+    };
+    let join = |node: &str, token: &str| MetaRequest::JoinNode(JoinNode { node: node.into(), token: token.into() });
+    let register = |id: &str| {
+        MetaRequest::RegisterNode(RegisterNode { node: node(id, "10.0.0.7:7000", 1000, 100), cluster_id: None })
+    };
+    let t = token(&s, 3600);
+    assert!(t.starts_with("locus-join-") && t.len() > 40, "{t}");
+    assert_eq!(err(&s, register("n7")), ErrorCode::PermissionDenied);
+    ok(&s, join("n7", &t));
+    ok(&s, register("n7"));
+    assert_eq!(err(&s, join("n8", &t)), ErrorCode::PermissionDenied, "a token is single-use");
+    assert_eq!(err(&s, join("n8", "locus-join-made-up")), ErrorCode::PermissionDenied);
+    let expired = token(&s, 0);
+    assert_eq!(err(&s, join("n8", &expired)), ErrorCode::PermissionDenied, "an expired token");
+    let kept = token(&s, 3600);
+    drop(s);
+    let s = b.open();
+    ok(&s, MetaRequest::RemoveNode(RemoveNode { node: "n7".into() }));
+    let e = call(&s, join("n7", &kept)).unwrap_err();
+    assert!(e.message.contains("was removed"), "a token does not bring back a removed node: {}", e.message);
+    ok(&s, join("n8", &kept));
+    ok(&s, register("n8"));
+}

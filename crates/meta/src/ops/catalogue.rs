@@ -77,6 +77,28 @@ pub(super) fn remove(t: &mut dyn Txn, node: &str) -> Result<(), MetaError> {
     t.set_admission(node, false)
 }
 
+/// Makes a join token valid for `ttl_secs`: 128 random bits, of which meta keeps
+/// only the BLAKE3 hash.
+pub(super) fn make_join_token(t: &mut dyn Txn, ctx: &Ctx, ttl_secs: u64) -> Result<proto::meta::JoinToken, MetaError> {
+    let token = format!("locus-join-{}", crate::sqlite::random_hex()?);
+    let expires = ctx.now_ms.saturating_add(i64::try_from(ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
+    t.put_join_token(blake3::hash(token.as_bytes()).as_bytes(), expires)?;
+    Ok(proto::meta::JoinToken { token, ttl_secs })
+}
+
+/// Spends a join token (once, before it expires) to admit a node not yet decided on.
+pub(super) fn join(t: &mut dyn Txn, ctx: &Ctx, node: &str, token: &str) -> Result<(), MetaError> {
+    match t.get_admission(node)? {
+        Some(true) => return Ok(()),
+        Some(false) => return Err(MetaError::Removed(node.to_string())),
+        None => {}
+    }
+    match t.take_join_token(blake3::hash(token.as_bytes()).as_bytes())? {
+        Some(expires) if expires > ctx.now_ms => admit(t, node),
+        _ => Err(MetaError::BadJoinToken(node.to_string())),
+    }
+}
+
 pub(super) fn forget_chunk(t: &mut dyn Txn, id: &ChunkId) -> Result<(), MetaError> {
     if let Some(c) = t.get_chunk(id)?
         && c.refcount == 0

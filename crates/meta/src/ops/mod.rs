@@ -9,7 +9,7 @@ mod namespace;
 mod policy;
 mod sessions;
 
-use catalogue::{admit, drain, forget_chunk, nodes, register_node, remove};
+use catalogue::{admit, drain, forget_chunk, join, make_join_token, nodes, register_node, remove};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
@@ -117,7 +117,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::SetPolicy(_)
         | R::DrainNode(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
-        R::AdmitNode(_) | R::RemoveNode(_) => Access::Write { durable: true },
+        R::AdmitNode(_) | R::RemoveNode(_) | R::MakeJoinToken(_) | R::JoinNode(_) => Access::Write { durable: true },
     }
 }
 
@@ -305,6 +305,8 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
         R::AdmitNode(m) => serve(m, |m| admit(t, &m.node)),
         R::RemoveNode(m) => serve(m, |m| remove(t, &m.node)),
+        R::MakeJoinToken(m) => serve(m, |m| make_join_token(t, ctx, m.ttl_secs)),
+        R::JoinNode(m) => serve(m, |m| join(t, ctx, &m.node, &m.token)),
         R::ForgetChunks(m) => serve(m, |m| {
             for id in &m.ids {
                 forget_chunk(t, id)?;
