@@ -40,7 +40,7 @@ pub enum Command {
     /// Run the metadata service.
     Meta(MetaArgs),
     /// Run a storage node.
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Mount the namespace with FUSE.
     Mount(MountArgs),
     /// Show nodes, capacity, chunks and sessions.
