@@ -83,6 +83,13 @@ fn a_node_joins_only_once_admitted_and_a_removed_node_cannot_return() {
     write_synced(&m.join("f"), &data);
     assert!(chunks_on(&c, "n2").is_empty(), "a pending node got chunks");
 
+    // Its own node certificate cannot admit it.
+    let mut own = vec!["node".to_string(), "admit".into(), "n2".into(), "--meta".into(), c.meta.addr.clone()];
+    own.extend(c.cert("node", "n2", "a"));
+    let out = std::process::Command::new(BIN).args(&own).output().unwrap();
+    assert!(!out.status.success(), "a node admitted itself");
+    assert!(text(&out).contains("may not admit or remove nodes"), "{}", text(&out));
+
     // Admitted, it joins at its next heartbeat and takes writes.
     let out = c.locus(&["node", "admit", "n2", "--meta", &c.meta.addr]);
     assert!(out.status.success(), "{}", text(&out));

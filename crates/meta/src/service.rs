@@ -237,6 +237,14 @@ impl MetaService {
             MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
             MetaRequest::ReportLag(m) => as_node(&m.node, None),
             MetaRequest::JoinNode(m) => as_node(&m.node, None),
+            // A node must not admit itself (or mint tokens): membership is an operator's.
+            MetaRequest::AdmitNode(_) | MetaRequest::RemoveNode(_) | MetaRequest::MakeJoinToken(_)
+                if who.role != net::Role::Client =>
+            {
+                Err(MetaError::NotPermitted(format!(
+                    "{who} may not admit or remove nodes: that takes an operator's client certificate"
+                )))
+            }
             MetaRequest::Hello(m) if m.session.site != who.site => {
                 Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
             }
