@@ -131,7 +131,6 @@ impl MetaService {
         out
     }
 
-    /// The latest lag report of every node still alive, by node.
     /// Admits these node ids (`locus meta --admit-node`, and `locus up` for its own
     /// node), as `locus node admit` would.
     pub async fn admit_nodes(self: &Arc<Self>, ids: &[String]) -> Result<(), MetaError> {
@@ -184,6 +183,7 @@ impl MetaService {
         out
     }
 
+    /// The latest lag report of every node still alive, by node.
     fn lag_reports(&self) -> Vec<(String, ReplicationLag)> {
         let mut lags = lock(&self.lags);
         lags.retain(|_, (at, _)| at.elapsed() < self.session_expiry);
