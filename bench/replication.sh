@@ -125,7 +125,7 @@ wait_line "$LOG/wan-up.out" "^ready" 30 "locus-wan up"
 CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
 set_path 0
 
-ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init >"$LOG/meta.out" 2>"$LOG/meta.err" &
+ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b >"$LOG/meta.out" 2>"$LOG/meta.err" &
 META_PID=$!
 wait_line "$LOG/meta.out" listening 30 "locus meta"
 ip netns exec "$NSA" "$LOCUS" node --listen "$IPA:7101" --meta "$META" --data-dir "$WORK/node-a" --id node-a \

@@ -135,6 +135,16 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("  total: {} used of {}", human(used), human(cap));
+    if !s.pending.is_empty() {
+        println!("\npending admission (`locus node admit ID` lets one join):");
+        for p in &s.pending {
+            let certificate = match &p.certificate {
+                Some((name, site)) => format!("certificate {name} of site {site}"),
+                None => "no certificate (TLS off)".into(),
+            };
+            println!("  {:<16} {:<10} {:<22} {certificate}, asked {}s ago", p.id, p.site, p.addr, p.last_seen_secs);
+        }
+    }
     if !s.site_rtts.is_empty() {
         println!(
             "
@@ -280,22 +290,108 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `locus node drain ID [--undo]`.
+/// `locus node drain ID [--undo]`, `locus node admit ID`, `locus node remove ID [--force]`.
 pub async fn node_action(action: crate::cli::NodeAction) -> anyhow::Result<ExitCode> {
-    let crate::cli::NodeAction::Drain { id, undo, meta } = action;
-    let addr = crate::local::meta_addr(meta.as_deref());
+    use crate::cli::NodeAction as A;
+    let addr = crate::local::meta_addr(action.meta());
     let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
         .await
         .with_context(|| format!("meta at {addr} is unreachable"))?;
-    meta_call(&meta, DrainNode { node: id.clone(), drained: !undo }).await.with_context(|| format!("node {id}"))?;
-    if undo {
-        println!("node {id} takes chunks again");
-    } else {
-        println!(
-            "node {id} is draining: the repair workers copy its chunks to other nodes; `locus fsck` shows what is left"
-        );
+    match action {
+        A::Drain { id, undo, .. } => {
+            meta_call(&meta, DrainNode { node: id.clone(), drained: !undo })
+                .await
+                .with_context(|| format!("node {id}"))?;
+            if undo {
+                println!("node {id} takes chunks again");
+            } else {
+                println!(
+                    "node {id} is draining: the repair workers copy its chunks to other nodes; `locus fsck` shows what is left"
+                );
+            }
+        }
+        A::Admit { id, .. } => {
+            meta_call(&meta, AdmitNode { node: id.clone() }).await.with_context(|| format!("node {id}"))?;
+            println!(
+                "node {id} is admitted: meta accepts its registrations (a waiting node joins at its next heartbeat)"
+            );
+        }
+        A::Token { ttl, .. } => {
+            let t = meta_call(&meta, MakeJoinToken { ttl_secs: ttl.as_secs() }).await?;
+            println!("{}", t.token);
+            eprintln!(
+                "join token valid for {} s, once: `locus node --join-token TOKEN ...` (a node certificate of this \
+                 cluster is still required)",
+                t.ttl_secs
+            );
+        }
+        A::Remove { id, force, .. } => remove_node(&meta, &id, force).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Drains `id` and waits, showing progress, until no chunk is held by it alone
+/// (among live, undrained nodes); then removes it.
+async fn remove_node(meta: &RpcClient, id: &str, force: bool) -> anyhow::Result<()> {
+    let registered = meta_call(meta, ListNodes {}).await?.iter().any(|n| n.id == id);
+    if registered {
+        meta_call(meta, DrainNode { node: id.to_string(), drained: true })
+            .await
+            .with_context(|| format!("node {id}"))?;
+    }
+    let mut only_here = sole_copies(meta, id).await?;
+    if force {
+        if only_here > 0 {
+            eprintln!(
+                "WARNING: --force: node {id} is removed now, with {only_here} chunks of which it holds the only copy; \
+                 the files using them become unreadable (`locus fsck` lists them)"
+            );
+        }
+    } else if only_here > 0 {
+        println!("node {id} is draining: waiting until the {only_here} chunks only it holds are copied elsewhere");
+        let (bar, total) = (progress(only_here, "copied"), only_here);
+        while only_here > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            only_here = sole_copies(meta, id).await?;
+            bar.set_position(total.saturating_sub(only_here));
+            // Without a terminal (scripts, logs) the bar is hidden: print a line instead.
+            if bar.is_hidden() {
+                println!("node {id}: {only_here} chunks still held only there");
+            }
+        }
+        bar.finish_and_clear();
+    }
+    meta_call(meta, RemoveNode { node: id.to_string() }).await.with_context(|| format!("node {id}"))?;
+    println!(
+        "node {id} is removed: meta forgot it and refuses its registrations from now on. Its certificate stays valid \
+         for other uses until you revoke it: `locus ca revoke {id}` (then restart meta with the new list, or let it \
+         reload --revoked)"
+    );
+    Ok(())
+}
+
+/// How many referenced chunks `id` holds that no other live, undrained node holds.
+async fn sole_copies(meta: &RpcClient, id: &str) -> anyhow::Result<u64> {
+    let others: HashSet<String> = meta_call(meta, ListNodes {})
+        .await?
+        .into_iter()
+        .filter(|n| n.id != id && !n.drained && n.last_seen_secs < 60)
+        .map(|n| n.id)
+        .collect();
+    let (mut after, mut count) = (None, 0);
+    loop {
+        let page = meta_call(meta, ListChunks { after, limit: PAGE }).await?;
+        count += page
+            .iter()
+            .filter(|c| {
+                c.refcount > 0 && c.nodes.iter().any(|n| n == id) && !c.nodes.iter().any(|n| others.contains(n))
+            })
+            .count() as u64;
+        match page.last() {
+            Some(last) if page.len() == PAGE as usize => after = Some(last.id),
+            _ => return Ok(count),
+        }
+    }
 }
 
 /// The third part of fsck: chunks whose live copies fall short of their policy,

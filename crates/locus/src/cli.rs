@@ -40,7 +40,7 @@ pub enum Command {
     /// Run the metadata service.
     Meta(MetaArgs),
     /// Run a storage node.
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Mount the namespace with FUSE.
     Mount(MountArgs),
     /// Show nodes, capacity, chunks and sessions.
@@ -215,6 +215,9 @@ pub struct MetaArgs {
     /// name a line, reread when it changes, sent to every node and client.
     #[arg(long, value_name = "FILE")]
     pub revoked: Option<PathBuf>,
+    /// Admits this node id at start, as `locus node admit` would (repeat for more).
+    #[arg(long = "admit-node", value_name = "ID")]
+    pub admit_nodes: Vec<String>,
 }
 
 /// Administrative actions of `locus meta` on a database no meta is serving.
@@ -289,6 +292,10 @@ pub struct NodeArgs {
     /// Pause between complete scrub passes over the store, e.g. 24h.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub scrub_every: std::time::Duration,
+    /// A join token (`locus node token`) that admits this node if no operator ran
+    /// `locus node admit` for it; spent once.
+    #[arg(long, env = "LOCUS_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
     /// Instead of running a node, act on one.
     #[command(subcommand)]
     pub action: Option<NodeAction>,
@@ -308,6 +315,50 @@ pub enum NodeAction {
         #[arg(long)]
         meta: Option<String>,
     },
+    /// Lets a node join: meta accepts its registrations from now on (a node not yet
+    /// admitted waits, listed by `locus status` as pending admission).
+    Admit {
+        /// The node's id (its certificate's name).
+        id: String,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
+    /// Makes a single-use join token: `locus node --join-token TOKEN` then joins without
+    /// `locus node admit` (meta keeps only its hash).
+    Token {
+        /// How long it stays valid, e.g. 1h.
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
+    /// Drains a node, waits until every chunk it holds has a copy on another node,
+    /// then removes it: meta forgets it and refuses its registrations from then on.
+    Remove {
+        /// The node's id.
+        id: String,
+        /// Remove it now, without waiting for its chunks to be copied: chunks only it
+        /// holds are lost.
+        #[arg(long)]
+        force: bool,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
+}
+
+impl NodeAction {
+    /// The `--meta` flag of the action.
+    pub fn meta(&self) -> Option<&str> {
+        match self {
+            NodeAction::Drain { meta, .. }
+            | NodeAction::Admit { meta, .. }
+            | NodeAction::Token { meta, .. }
+            | NodeAction::Remove { meta, .. } => meta.as_deref(),
+        }
+    }
 }
 
 #[derive(Args, Debug)]

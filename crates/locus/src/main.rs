@@ -90,9 +90,14 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
             pki::install(&tls, "locus meta")?;
             roles::meta(a).await
         }
+        Node(a) if a.action.is_some() => {
+            let meta = a.action.as_ref().and_then(|x| x.meta()).map(str::to_string);
+            pki::install(&local::admin_tls(tls, meta.as_deref()), "locus node")?;
+            roles::node(*a).await
+        }
         Node(a) => {
             pki::install(&tls, "locus node")?;
-            roles::node(a).await
+            roles::node(*a).await
         }
         Mount(a) => {
             pki::install(&tls, "locus mount")?;

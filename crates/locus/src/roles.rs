@@ -41,6 +41,7 @@ async fn start_meta(
     init: bool,
     session_expiry: Duration,
     revoked: Option<PathBuf>,
+    admit: &[String],
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
     let config = meta::MetaConfig {
@@ -52,6 +53,7 @@ async fn start_meta(
     };
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
+    service.admit_nodes(admit).await.context("cannot admit the nodes named by --admit-node")?;
     service.spawn_background();
     if let Some(path) = revoked {
         service.watch_revocations(path);
@@ -74,7 +76,9 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let expiry = Duration::from_secs(args.session_expiry_secs);
-    let addr = start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry, args.revoked.clone()).await?;
+    let addr =
+        start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry, args.revoked.clone(), &args.admit_nodes)
+            .await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -110,6 +114,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             scrub_every: args.scrub_every,
         },
         metrics: None,
+        join_token: args.join_token.clone(),
     }
 }
 
@@ -268,7 +273,9 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
     let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
-    let meta_addr = start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), revoked).await?;
+    let meta_addr =
+        start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), revoked, &[LOCAL_NODE.to_string()])
+            .await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
@@ -289,6 +296,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         repair_every: Duration::from_secs(10),
         scrub_rate: 16 << 20,
         scrub_every: Duration::from_secs(24 * 3600),
+        join_token: None,
         action: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();

@@ -77,6 +77,21 @@ pub enum MetaError {
     UnsupportedUrl { url: String, reason: String },
     #[error("{0}")]
     WrongCluster(String),
+    /// A node registered under an id no operator admitted (it is listed as pending).
+    #[error("node {0} is not admitted; run `locus node admit {0}` on the cluster")]
+    NotAdmitted(String),
+    /// A node registered under an id `locus node remove` removed.
+    #[error(
+        "node {0} was removed from the cluster (`locus node remove`); its registrations are refused \
+         until an operator runs `locus node admit {0}` again"
+    )]
+    Removed(String),
+    /// A join token that was never made, is used up or expired.
+    #[error(
+        "node {0} offered a join token meta does not know (used already, expired, or never made); make a new \
+         one with `locus node token --ttl 1h`, or run `locus node admit {0}` on the cluster"
+    )]
+    BadJoinToken(String),
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -110,6 +125,9 @@ impl MetaError {
             | MetaError::Damaged { .. }
             | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
             MetaError::WrongCluster(_) => ErrorCode::NotPermitted,
+            MetaError::NotAdmitted(_) | MetaError::Removed(_) | MetaError::BadJoinToken(_) => {
+                ErrorCode::PermissionDenied
+            }
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Internal(_) => ErrorCode::Internal,

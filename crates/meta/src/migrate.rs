@@ -221,6 +221,7 @@ mod tests {
             cache_bytes: 0,
             drained: false,
         };
+        ask(&source, MetaRequest::AdmitNode(AdmitNode { node: node.id.clone() }));
         ask(&source, MetaRequest::RegisterNode(RegisterNode { node, cluster_id: None }));
         let before = everything(&source);
         let cluster = source.cluster_id().to_string();

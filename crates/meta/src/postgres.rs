@@ -87,6 +87,8 @@ CREATE TABLE policies (
     ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
     rpo_secs BIGINT NOT NULL);
 CREATE TABLE drained_nodes (id TEXT PRIMARY KEY);
+CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL);
+CREATE TABLE join_tokens (hash BYTEA PRIMARY KEY, expires BIGINT NOT NULL);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -1057,6 +1059,37 @@ impl Txn for PgConn {
     fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
         let rows = self.query("SELECT id FROM drained_nodes ORDER BY id", &[])?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    fn get_admission(&mut self, node: &str) -> Result<Option<bool>, MetaError> {
+        let rows = self.query("SELECT admitted FROM node_admissions WHERE id = $1", &[&node])?;
+        rows.first().map(|r| Ok(r.try_get::<_, i64>(0)? != 0)).transpose()
+    }
+
+    fn set_admission(&mut self, node: &str, admitted: bool) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO node_admissions (id, admitted) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET admitted = excluded.admitted",
+            &[&node, &i64::from(admitted)],
+        )?;
+        Ok(())
+    }
+
+    fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError> {
+        self.exec("INSERT INTO join_tokens (hash, expires) VALUES ($1, $2)", &[&&hash[..], &expires_ms])?;
+        Ok(())
+    }
+
+    fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError> {
+        let rows = self.query("DELETE FROM join_tokens WHERE hash = $1 RETURNING expires", &[&&hash[..]])?;
+        rows.first().map(|r| Ok(r.try_get::<_, i64>(0)?)).transpose()
+    }
+
+    fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {
+        self.exec("DELETE FROM nodes WHERE id = $1", &[&node])?;
+        self.exec("DELETE FROM drained_nodes WHERE id = $1", &[&node])?;
+        self.exec("DELETE FROM chunk_nodes WHERE node = $1", &[&node])?;
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use crate::error::MetaError;
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{MetaPush, PushAnswer, RevocationList, SessionInfo};
+use proto::meta::{MetaPush, PendingNode, PushAnswer, RevocationList, SessionInfo};
 use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::policy::ReplicationLag;
 use proto::types::{SessionId, WorkerStatus};
@@ -51,6 +51,9 @@ pub struct MetaService {
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
     /// The revocation list meta applies and distributes (`watch_revocations`).
     revoked: Mutex<Vec<String>>,
+    /// Nodes refused for want of admission, by id, with their latest attempt: their
+    /// heartbeat repeats it, so after a restart of meta they reappear within one.
+    pending: Mutex<HashMap<String, (std::time::Instant, PendingNode)>>,
 }
 
 impl MetaService {
@@ -72,6 +75,7 @@ impl MetaService {
             lags: Mutex::default(),
             clients: Mutex::default(),
             revoked: Mutex::default(),
+            pending: Mutex::default(),
         })
     }
 
@@ -129,6 +133,58 @@ impl MetaService {
         out
     }
 
+    /// Admits these node ids (`locus meta --admit-node`, and `locus up` for its own
+    /// node), as `locus node admit` would.
+    pub async fn admit_nodes(self: &Arc<Self>, ids: &[String]) -> Result<(), MetaError> {
+        for id in ids {
+            self.answer(MetaRequest::AdmitNode(proto::meta::AdmitNode { node: id.clone() })).await?;
+        }
+        Ok(())
+    }
+
+    /// Notes the outcome of a registration: a node refused for want of admission is
+    /// listed as pending (with what its certificate proves); an accepted one is not.
+    fn note_registration(
+        &self,
+        certificate: Option<(String, String)>,
+        node: proto::types::NodeInfo,
+        result: &Result<MetaReply, MetaError>,
+    ) {
+        let mut pending = lock(&self.pending);
+        match result {
+            Err(MetaError::NotAdmitted(_)) => {
+                if !pending.contains_key(&node.id) {
+                    tracing::warn!(node = %node.id, site = %node.site, addr = %node.addr, ?certificate,
+                        "a node asks to join but is not admitted; `locus node admit {}` admits it", node.id);
+                }
+                let entry = PendingNode {
+                    id: node.id.clone(),
+                    site: node.site,
+                    addr: node.addr,
+                    certificate,
+                    last_seen_secs: 0,
+                };
+                pending.insert(node.id, (std::time::Instant::now(), entry));
+            }
+            Ok(_) | Err(MetaError::Removed(_)) => {
+                pending.remove(&node.id);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Nodes waiting for admission that tried within the session expiry.
+    fn pending_nodes(&self) -> Vec<PendingNode> {
+        let mut pending = lock(&self.pending);
+        pending.retain(|_, (at, _)| at.elapsed() < self.session_expiry);
+        let mut out: Vec<PendingNode> = pending
+            .values()
+            .map(|(at, p)| PendingNode { last_seen_secs: at.elapsed().as_secs(), ..p.clone() })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
     /// The latest lag report of every node still alive, by node.
     fn lag_reports(&self) -> Vec<(String, ReplicationLag)> {
         let mut lags = lock(&self.lags);
@@ -182,6 +238,15 @@ impl MetaService {
             MetaRequest::UpdateLocations(m) => as_node(&m.node, None),
             MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
             MetaRequest::ReportLag(m) => as_node(&m.node, None),
+            MetaRequest::JoinNode(m) => as_node(&m.node, None),
+            // A node must not admit itself (or mint tokens): membership is an operator's.
+            MetaRequest::AdmitNode(_) | MetaRequest::RemoveNode(_) | MetaRequest::MakeJoinToken(_)
+                if who.role != net::Role::Client =>
+            {
+                Err(MetaError::NotPermitted(format!(
+                    "{who} may not admit or remove nodes: that takes an operator's client certificate"
+                )))
+            }
             MetaRequest::Hello(m) if m.session.site != who.site => {
                 Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
             }
@@ -222,7 +287,31 @@ impl MetaService {
             static RT: tokio::runtime::Runtime =
                 tokio::runtime::Builder::new_current_thread().enable_all().build().expect("test runtime");
         }
-        RT.with(|rt| rt.block_on(self.answer(req))).map_err(Into::into)
+        RT.with(|rt| rt.block_on(self.answer_as(None, req))).map_err(Into::into)
+    }
+
+    /// Answers a request from a peer whose certificate proved `certificate` (name,
+    /// site), noting a refused registration as pending.
+    async fn answer_as(
+        self: &Arc<Self>,
+        certificate: Option<(String, String)>,
+        req: MetaRequest,
+    ) -> Result<MetaReply, MetaError> {
+        let (registering, removing) = match &req {
+            MetaRequest::RegisterNode(m) => (Some(m.node.clone()), None),
+            MetaRequest::RemoveNode(m) => (None, Some(m.node.clone())),
+            _ => (None, None),
+        };
+        let result = self.answer(req).await;
+        if let Some(node) = registering {
+            self.note_registration(certificate, node, &result);
+        }
+        // A removed node's last reports go with it from `locus status`.
+        if let (Some(node), Ok(_)) = (removing, &result) {
+            lock(&self.reports).remove(&format!("node {node}"));
+            lock(&self.lags).remove(&node);
+        }
+        result
     }
 
     /// Answers one request. Writes are queued to the store's writer and awaited
@@ -250,6 +339,7 @@ impl MetaService {
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
                         status.lag = self.lag_reports();
+                        status.pending = self.pending_nodes();
                         MetaReply::Status(status)
                     }
                     other => other,
@@ -375,7 +465,8 @@ impl net::Service for MetaService {
         {
             return (Err(e.into()), Bytes::new());
         }
-        let result = self.answer(req).await;
+        let certificate = peer.identity().map(|who| (who.name.clone(), who.site.clone()));
+        let result = self.answer_as(certificate, req).await;
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());

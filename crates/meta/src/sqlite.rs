@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -82,7 +82,8 @@ CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
 
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies];
+const MIGRATIONS: &[Migration] =
+    &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies, add_node_admissions];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -108,12 +109,31 @@ fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// Node admission (`locus node admit` / `remove`): a node id registers only once
+/// admitted (1); a removed one (0) is refused. Join tokens are kept as BLAKE3 hashes.
+const ADMISSION_TABLES: &str = "
+CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL) WITHOUT ROWID;
+CREATE TABLE join_tokens (hash BLOB PRIMARY KEY, expires BIGINT NOT NULL) WITHOUT ROWID;";
+
+/// Next version: registrations need an operator's admission (or a join token); the
+/// nodes a cluster already has are admitted, so an upgrade keeps them serving.
+fn add_node_admissions(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch(ADMISSION_TABLES)?;
+    conn.execute("INSERT INTO node_admissions (id, admitted) SELECT id, 1 FROM nodes", [])?;
+    Ok(())
+}
+
 /// A random cluster id: 128 bits from the kernel, in hex.
 pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
+    random_hex()
+}
+
+/// 128 random bits from the kernel, in hex (cluster ids, join tokens).
+pub(crate) fn random_hex() -> Result<String, MetaError> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom for a cluster id: {e}")))?;
+        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom for a random id: {e}")))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -341,6 +361,7 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute_batch(SCHEMA)?;
     w.conn.execute_batch(OPENS_AND_LOCKS)?;
     add_replication_policies(&w.conn)?;
+    add_node_admissions(&w.conn)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
     w.put_inode(&root_inode())
@@ -925,6 +946,42 @@ impl Txn for SqlConn {
         let mut st = self.conn.prepare_cached("SELECT id FROM drained_nodes ORDER BY id")?;
         Ok(st.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?)
     }
+
+    fn get_admission(&mut self, node: &str) -> Result<Option<bool>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT admitted FROM node_admissions WHERE id = ?1")?;
+        Ok(st.query_row([node], |r| r.get::<_, i64>(0)).optional()?.map(|a| a != 0))
+    }
+
+    fn set_admission(&mut self, node: &str, admitted: bool) -> Result<(), MetaError> {
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO node_admissions (id, admitted) VALUES (?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET admitted = excluded.admitted",
+        )?;
+        st.execute(params![node, i64::from(admitted)])?;
+        Ok(())
+    }
+
+    fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError> {
+        let mut st = self.conn.prepare_cached("INSERT INTO join_tokens (hash, expires) VALUES (?1, ?2)")?;
+        st.execute(params![&hash[..], expires_ms])?;
+        Ok(())
+    }
+
+    fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError> {
+        let mut st = self.conn.prepare_cached("DELETE FROM join_tokens WHERE hash = ?1 RETURNING expires")?;
+        Ok(st.query_row([&hash[..]], |r| r.get(0)).optional()?)
+    }
+
+    fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {
+        for sql in [
+            "DELETE FROM nodes WHERE id = ?1",
+            "DELETE FROM drained_nodes WHERE id = ?1",
+            "DELETE FROM chunk_nodes WHERE node = ?1",
+        ] {
+            self.conn.prepare_cached(sql)?.execute([node])?;
+        }
+        Ok(())
+    }
 }
 
 /// A policy row's columns as stored: (sites, copies, mode, rpo_secs).
@@ -1080,6 +1137,13 @@ mod tests {
         assert_eq!(ask(MetaRequest::ReadLink(ReadLink { ino: link.ino })), MetaReply::Bytes(b"docs/a.txt".to_vec()));
         let MetaReply::Nodes(nodes) = ask(MetaRequest::ListNodes(ListNodes {})) else { panic!("expected nodes") };
         assert_eq!(nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["n1"]);
+        // Nodes a cluster had before admission existed are admitted by the upgrade.
+        let mut n1 = nodes[0].clone();
+        n1.last_seen_secs = 0;
+        assert!(matches!(
+            s.handle_blocking(MetaRequest::RegisterNode(RegisterNode { node: n1, cluster_id: None })),
+            Ok(MetaReply::Registered(_))
+        ));
         let MetaReply::Chunks(chunks) = ask(MetaRequest::ListChunks(ListChunks { after: None, limit: 10 })) else {
             panic!("expected chunks")
         };

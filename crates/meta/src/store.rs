@@ -142,6 +142,17 @@ pub trait Txn {
     fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError>;
     /// The ids of drained nodes, sorted.
     fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError>;
+    /// Whether a node id may register: `Some(true)` admitted, `Some(false)` removed,
+    /// `None` never decided on (pending).
+    fn get_admission(&mut self, node: &str) -> Result<Option<bool>, MetaError>;
+    /// Admits a node id (`true`) or marks it removed (`false`).
+    fn set_admission(&mut self, node: &str, admitted: bool) -> Result<(), MetaError>;
+    /// Deletes a node's row, its drained mark and every chunk location it had.
+    fn delete_node(&mut self, node: &str) -> Result<(), MetaError>;
+    /// Keeps the hash of a join token until `expires_ms`.
+    fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError>;
+    /// Deletes a join token by its hash, answering its expiry if it existed.
+    fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError>;
 }
 
 /// A backend's one write connection, driven by the shared group commit in `engine`.

@@ -23,7 +23,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
+use proto::meta::{JoinNode, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -64,6 +64,8 @@ pub struct NodeConfig {
     pub replication: ReplicationConfig,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
+    /// A join token (`locus node token`) spent to admit this node if meta has not.
+    pub join_token: Option<String>,
 }
 
 /// How a node keeps the copies policies ask for.
@@ -259,7 +261,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
     let membership = Arc::new(Membership::load(&config.data_dir)?);
-    register(&meta, &config, &membership, &store, &site, Vec::new()).await?;
+    wait_for_admission(&meta, &config, &membership, &store, &site).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
@@ -329,6 +331,44 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
+}
+
+/// Registers with meta; while meta refuses for want of an operator's admission
+/// (`locus node admit`), logs its refusal and asks again every heartbeat. Until then the
+/// node serves nothing and meta lists it only as pending, so it gets no chunks.
+async fn wait_for_admission(
+    meta: &RpcClient,
+    config: &NodeConfig,
+    membership: &Membership,
+    store: &ChunkStore,
+    site: &SiteLink,
+) -> Result<(), NodeError> {
+    let mut last = String::new();
+    let mut token = config.join_token.clone();
+    loop {
+        match register(meta, config, membership, store, site, Vec::new()).await {
+            Err(NodeError::Refused { source, .. })
+                if source.code == ErrorCode::PermissionDenied
+                    && let Some(token) = token.take() =>
+            {
+                let addr = config.meta_addr.clone();
+                match meta.ask(JoinNode { node: config.id.clone(), token }).await {
+                    Ok(Ok(())) => tracing::info!(meta = %addr, "admitted by a join token"),
+                    Ok(Err(source)) => return Err(NodeError::Refused { addr, id: config.id.clone(), source }),
+                    Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
+                }
+            }
+            Err(NodeError::Refused { source, .. }) if source.code == ErrorCode::PermissionDenied => {
+                if source.message != last {
+                    tracing::warn!(meta = %config.meta_addr, "meta refuses this node: {}; asking again every {:?}",
+                        source.message, config.heartbeat);
+                    last = source.message;
+                }
+                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Sends one `RegisterNode` with current stats and checks (or, the first time, adopts)

@@ -207,6 +207,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         reclaim: node::ReclaimConfig::default(),
         replication: node::ReplicationConfig::default(),
         metrics: None,
+        join_token: None,
     }
 }
 

@@ -162,7 +162,11 @@ impl MetaRequest {
             | R::DrainNode(_)
             | R::ReportLag(_)
             | R::ReportWorkers(_)
-            | R::Revocations(_) => None,
+            | R::Revocations(_)
+            | R::AdmitNode(_)
+            | R::RemoveNode(_)
+            | R::MakeJoinToken(_)
+            | R::JoinNode(_) => None,
         }
     }
 }
@@ -479,6 +483,35 @@ meta_requests! {
     /// The certificates meta's revocation list names; nodes and clients ask with
     /// every heartbeat and drop connections of the peers it names.
     Revocations {} => RevocationList;
+    /// Admits a node id (`locus node admit`): its registrations are accepted from now
+    /// on, also after an earlier `RemoveNode`.
+    AdmitNode {
+        node: NodeId,
+    } => ();
+    /// Removes a node (`locus node remove`, after its chunks were copied elsewhere):
+    /// deletes its row and its chunk locations and refuses its future registrations.
+    RemoveNode {
+        node: NodeId,
+    } => ();
+    /// Makes a single-use join token (`locus node token --ttl 1h`); meta keeps only its
+    /// hash, until it is used or expires.
+    MakeJoinToken {
+        ttl_secs: u64,
+    } => JoinToken;
+    /// A node not yet admitted spends a join token to admit itself (a removed node
+    /// cannot: that takes `locus node admit`).
+    JoinNode {
+        node: NodeId,
+        token: String,
+    } => ();
+}
+
+/// A join token as `locus node token` prints it once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinToken {
+    pub token: String,
+    /// Seconds it stays valid.
+    pub ttl_secs: u64,
 }
 
 /// Revoked certificate serials (hex) and names, as meta distributes them.
@@ -507,6 +540,22 @@ pub struct ClusterStatus {
     pub policy_warnings: Vec<String>,
     /// Copies owed, per reporting node (the latest report of each live node).
     pub lag: Vec<(NodeId, ReplicationLag)>,
+    /// Nodes that tried to register without being admitted (kept in meta's memory).
+    pub pending: Vec<PendingNode>,
+}
+
+/// A node that registered without being admitted: what `locus status` shows so an
+/// operator can decide on `locus node admit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingNode {
+    pub id: NodeId,
+    pub site: String,
+    /// Where it serves chunks.
+    pub addr: String,
+    /// Its certificate's name and site (`None` without TLS: nothing proven).
+    pub certificate: Option<(String, String)>,
+    /// Seconds since its last attempt.
+    pub last_seen_secs: u64,
 }
 
 /// `statfs` numbers in bytes and inodes.
@@ -601,6 +650,7 @@ meta_replies! {
     Warnings(Vec<String>),
     Shortfalls(ShortfallPage),
     Revoked(RevocationList),
+    Token(JoinToken),
 }
 
 impl From<()> for MetaReply {

@@ -212,8 +212,38 @@ impl Cluster {
         self.add_node_with(id, site, &[]);
     }
 
-    /// Starts a node with extra `locus node` flags (cache size, metrics, ...).
+    /// Starts a node with extra `locus node` flags (cache size, metrics, ...), admitted
+    /// first (`locus node admit`).
     pub fn add_node_with(&mut self, id: &str, site: &str, extra: &[&str]) {
+        self.admit(id);
+        self.start_node(id, site, extra);
+    }
+
+    /// Admits node `id` (`locus node admit`), panicking with its output if that fails.
+    pub fn admit(&self, id: &str) {
+        let out = self.locus(&["node", "admit", id, "--meta", &self.meta.addr]);
+        assert!(out.status.success(), "locus node admit {id}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Starts a node that nobody admitted (with extra flags such as `--join-token`):
+    /// without a token it waits, listed as pending, until `admit`.
+    pub fn add_pending_node(&mut self, id: &str, site: &str, extra: &[&str]) {
+        self.start_node(id, site, extra);
+    }
+
+    /// Kills node `i` and starts it again with the same arguments and store (it need
+    /// not register: a removed node is refused and keeps asking).
+    pub fn restart_node(&mut self, i: usize) {
+        let _ = self.nodes[i].child.kill();
+        let _ = self.nodes[i].child.wait();
+        let args = self.nodes[i].args.clone();
+        let id = args.iter().position(|a| a == "--id").map(|i| args[i + 1].clone()).unwrap_or_default();
+        let log = self.path().join(format!("{id}.log"));
+        self.nodes[i] = spawn_and_wait(&self.bin, &args, "locus node listening on", &log, None);
+    }
+
+    /// Starts `locus node` as `id` and waits until it listens.
+    fn start_node(&mut self, id: &str, site: &str, extra: &[&str]) {
         let mut args: Vec<String> = vec![
             "node".into(),
             "--listen".into(),
@@ -244,7 +274,7 @@ impl Cluster {
             let listed = text
                 .lines()
                 .skip_while(|l| !l.starts_with("nodes:"))
-                .take_while(|l| !l.starts_with("sessions:"))
+                .take_while(|l| !l.starts_with("sessions:") && !l.starts_with("pending admission"))
                 .filter(|l| l.starts_with("  ") && l.contains(" 127.0.0.1:"))
                 .count();
             if out.status.success() && listed >= n {

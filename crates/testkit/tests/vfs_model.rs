@@ -60,6 +60,7 @@ fn env() -> &'static Env {
                 session_expiry: Duration::from_secs(30),
             };
             let service = meta::MetaService::open(&config).unwrap();
+            service.admit_nodes(&["n0".to_string()]).await.unwrap();
             service.spawn_background();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let meta_addr = listener.local_addr().unwrap().to_string();
@@ -77,6 +78,7 @@ fn env() -> &'static Env {
                 reclaim: node::ReclaimConfig::default(),
                 replication: node::ReplicationConfig::default(),
                 metrics: None,
+                join_token: None,
             };
             tokio::spawn(node::run(node, listener));
             meta_addr

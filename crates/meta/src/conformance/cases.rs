@@ -34,6 +34,13 @@ fn ok(s: &Arc<MetaService>, req: MetaRequest) -> MetaReply {
 }
 
 #[track_caller]
+/// Admits node ids, as `locus node admit` does before a node may register.
+fn admit(s: &Arc<MetaService>, ids: &[&str]) {
+    for id in ids {
+        ok(s, MetaRequest::AdmitNode(AdmitNode { node: id.to_string() }));
+    }
+}
+
 fn err(s: &Arc<MetaService>, req: MetaRequest) -> ErrorCode {
     let shown = format!("{req:?}");
     match call(s, req) {
@@ -806,6 +813,7 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
 /// Conformance case `nodes`.
 pub fn nodes(b: &dyn Factory) {
     let s = b.open();
+    admit(&s, &["n1", "n2"]);
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n2", "10.0.0.2:7000", 2000, 300), cluster_id: None }));
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 150), cluster_id: None }));
@@ -982,6 +990,7 @@ pub fn locks(b: &dyn Factory) {
 /// Conformance case `chunk_catalogue`.
 pub fn chunk_catalogue(b: &dyn Factory) {
     let s = b.open();
+    admit(&s, &["n1", "n2", "n3", "b1"]);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
     let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n1".into(), "n2".into()] }];
@@ -1073,6 +1082,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
 /// Conformance case `site_round_trips`.
 pub fn site_round_trips(b: &dyn Factory) {
     let s = b.open();
+    admit(&s, &["n1", "n9"]);
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
     let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
     far.site = "s2".into();
@@ -1090,6 +1100,7 @@ pub fn site_round_trips(b: &dyn Factory) {
 /// Conformance case `cluster_identity`.
 pub fn cluster_identity(b: &dyn Factory) {
     let s = b.open();
+    admit(&s, &["n1"]);
     let id = match ok(
         &s,
         MetaRequest::Hello(Hello {
@@ -1138,6 +1149,7 @@ fn effective(s: &Arc<MetaService>, ino: InodeId) -> proto::policy::EffectivePoli
 pub fn replication_policies(b: &dyn Factory) {
     use proto::policy::{Policy, ReplicationMode as M};
     let s = b.open();
+    admit(&s, &["n1", "n9"]);
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
     let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
     far.site = "s2".into();
@@ -1209,6 +1221,7 @@ pub fn replication_policies(b: &dyn Factory) {
 /// restart), undraining clears it, and an unknown node cannot be drained.
 pub fn node_drain(b: &dyn Factory) {
     let s = b.open();
+    admit(&s, &["n1", "n2"]);
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
     ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n2", "10.0.0.2:7000", 1000, 100), cluster_id: None }));
     let drained = |s: &Arc<MetaService>| match ok(s, MetaRequest::ListNodes(ListNodes {})) {
@@ -1245,6 +1258,7 @@ fn short(s: &Arc<MetaService>, node: Option<&str>) -> Vec<(u8, Vec<String>)> {
 /// short again.
 pub fn under_replication(b: &dyn Factory) {
     let s = b.open();
+    admit(&s, &["n1", "n2", "n3"]);
     for (id, addr) in [("n1", "10.0.0.1:7000"), ("n2", "10.0.0.2:7000"), ("n3", "10.0.0.3:7000")] {
         ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node(id, addr, 1000, 100), cluster_id: None }));
     }
@@ -1261,4 +1275,83 @@ pub fn under_replication(b: &dyn Factory) {
     ok(&s, MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true }));
     assert_eq!(short(&s, Some("n2")), vec![(7, vec!["s1".to_string()])], "n2 is now the holder that counts");
     assert!(short(&s, Some("n1")).is_empty() && short(&s, Some("n3")).is_empty());
+}
+
+/// Conformance case `node_admission`: a node registers only once admitted (until
+/// then it is listed as pending); a removed node loses its row and chunk locations,
+/// is refused from then on (also after a restart of meta) until admitted again.
+pub fn node_admission(b: &dyn Factory) {
+    let s = b.open();
+    let register = |id: &str, addr: &str| {
+        MetaRequest::RegisterNode(RegisterNode { node: node(id, addr, 1000, 100), cluster_id: None })
+    };
+    let e = call(&s, register("n5", "10.0.0.5:7000")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied);
+    assert!(e.message.contains("run `locus node admit n5`"), "{}", e.message);
+    let listed = |s: &Arc<MetaService>| match ok(s, MetaRequest::Status(Status {})) {
+        MetaReply::Status(st) => (
+            st.nodes.iter().map(|n| n.id.clone()).collect::<Vec<_>>(),
+            st.pending.iter().map(|p| p.id.clone()).collect::<Vec<_>>(),
+        ),
+        other => panic!("expected Status, got {other:?}"),
+    };
+    assert_eq!(listed(&s), (vec![], vec!["n5".to_string()]), "n5 is pending, not a node");
+    admit(&s, &["n5", "n6"]);
+    ok(&s, register("n5", "10.0.0.5:7000"));
+    ok(&s, register("n6", "10.0.0.6:7000"));
+    assert_eq!(listed(&s), (vec!["n5".to_string(), "n6".into()], vec![]));
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    let chunks = vec![StoredChunk { id: cid(3), size: 100, nodes: vec!["n5".into(), "n6".into()] }];
+    let extents = vec![ext(0, 100, 3, 0)];
+    ok(&s, MetaRequest::CommitWrite(CommitWrite { ino: f.ino, extents, chunks, min_size: 0, mtime: Timestamp::now() }));
+    ok(&s, MetaRequest::RemoveNode(RemoveNode { node: "n5".into() }));
+    assert_eq!(listed(&s), (vec!["n6".to_string()], vec![]));
+    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(3)] })) {
+        MetaReply::Chunks(c) => assert_eq!(c[0].nodes, vec!["n6".to_string()], "n5's locations went with it"),
+        other => panic!("expected Chunks, got {other:?}"),
+    }
+    let copy = StoredChunk { id: cid(3), size: 100, nodes: vec![] };
+    let report =
+        MetaRequest::UpdateLocations(UpdateLocations { node: "n5".into(), added: vec![copy], removed: vec![] });
+    assert_eq!(err(&s, report), ErrorCode::PermissionDenied, "a removed node records no copies");
+    drop(s);
+    let s = b.open();
+    let e = call(&s, register("n5", "10.0.0.5:7000")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied);
+    assert!(e.message.contains("was removed"), "{}", e.message);
+    assert_eq!(listed(&s), (vec!["n6".to_string()], vec![]), "a removed node is not pending");
+    assert_eq!(err(&s, MetaRequest::RemoveNode(RemoveNode { node: "nobody".into() })), ErrorCode::NotFound);
+    admit(&s, &["n5"]);
+    ok(&s, register("n5", "10.0.0.5:7000"));
+}
+
+/// Conformance case `join_tokens`: a token admits the node that spends it, once; an
+/// expired or unknown token admits nobody, and no token brings back a removed node.
+pub fn join_tokens(b: &dyn Factory) {
+    let s = b.open();
+    let token = |s: &Arc<MetaService>, ttl_secs| match ok(s, MetaRequest::MakeJoinToken(MakeJoinToken { ttl_secs })) {
+        MetaReply::Token(t) => t.token,
+        other => panic!("expected Token, got {other:?}"),
+    };
+    let join = |node: &str, token: &str| MetaRequest::JoinNode(JoinNode { node: node.into(), token: token.into() });
+    let register = |id: &str| {
+        MetaRequest::RegisterNode(RegisterNode { node: node(id, "10.0.0.7:7000", 1000, 100), cluster_id: None })
+    };
+    let t = token(&s, 3600);
+    assert!(t.starts_with("locus-join-") && t.len() > 40, "{t}");
+    assert_eq!(err(&s, register("n7")), ErrorCode::PermissionDenied);
+    ok(&s, join("n7", &t));
+    ok(&s, register("n7"));
+    assert_eq!(err(&s, join("n8", &t)), ErrorCode::PermissionDenied, "a token is single-use");
+    assert_eq!(err(&s, join("n8", "locus-join-made-up")), ErrorCode::PermissionDenied);
+    let expired = token(&s, 0);
+    assert_eq!(err(&s, join("n8", &expired)), ErrorCode::PermissionDenied, "an expired token");
+    let kept = token(&s, 3600);
+    drop(s);
+    let s = b.open();
+    ok(&s, MetaRequest::RemoveNode(RemoveNode { node: "n7".into() }));
+    let e = call(&s, join("n7", &kept)).unwrap_err();
+    assert!(e.message.contains("was removed"), "a token does not bring back a removed node: {}", e.message);
+    ok(&s, join("n8", &kept));
+    ok(&s, register("n8"));
 }

@@ -17,6 +17,11 @@ pub(super) fn register_node(
             node.id, node.addr, ctx.cluster_id
         )));
     }
+    match t.get_admission(&node.id)? {
+        Some(true) => {}
+        Some(false) => return Err(MetaError::Removed(node.id.clone())),
+        None => return Err(MetaError::NotAdmitted(node.id.clone())),
+    }
     if let Some((old, seen)) = t.get_node(&node.id)?
         && old.store_id != node.store_id
         && ctx.now_ms.saturating_sub(seen) < NODE_CLAIM_WINDOW_MS
@@ -50,6 +55,48 @@ pub(super) fn drain(t: &mut dyn Txn, node: &str, drained: bool) -> Result<(), Me
         return Err(MetaError::NotFound(format!("node {node:?} is not registered")));
     }
     t.set_drained(node, drained)
+}
+
+/// Admits a node id: registered or not yet (an operator may admit a node before it
+/// first starts), and also one removed before.
+pub(super) fn admit(t: &mut dyn Txn, node: &str) -> Result<(), MetaError> {
+    if node.is_empty() {
+        return Err(MetaError::InvalidArgument("an empty node id".into()));
+    }
+    t.set_admission(node, true)
+}
+
+/// Removes a node: its row, drained mark and chunk locations go, and its future
+/// registrations are refused. The caller (`locus node remove`) first drained it
+/// and waited until its chunks were copied elsewhere.
+pub(super) fn remove(t: &mut dyn Txn, node: &str) -> Result<(), MetaError> {
+    if t.get_node(node)?.is_none() && t.get_admission(node)?.is_none() {
+        return Err(MetaError::NotFound(format!("node {node:?}")));
+    }
+    t.delete_node(node)?;
+    t.set_admission(node, false)
+}
+
+/// Makes a join token valid for `ttl_secs`: 128 random bits, of which meta keeps
+/// only the BLAKE3 hash.
+pub(super) fn make_join_token(t: &mut dyn Txn, ctx: &Ctx, ttl_secs: u64) -> Result<proto::meta::JoinToken, MetaError> {
+    let token = format!("locus-join-{}", crate::sqlite::random_hex()?);
+    let expires = ctx.now_ms.saturating_add(i64::try_from(ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
+    t.put_join_token(blake3::hash(token.as_bytes()).as_bytes(), expires)?;
+    Ok(proto::meta::JoinToken { token, ttl_secs })
+}
+
+/// Spends a join token (once, before it expires) to admit a node not yet decided on.
+pub(super) fn join(t: &mut dyn Txn, ctx: &Ctx, node: &str, token: &str) -> Result<(), MetaError> {
+    match t.get_admission(node)? {
+        Some(true) => return Ok(()),
+        Some(false) => return Err(MetaError::Removed(node.to_string())),
+        None => {}
+    }
+    match t.take_join_token(blake3::hash(token.as_bytes()).as_bytes())? {
+        Some(expires) if expires > ctx.now_ms => admit(t, node),
+        _ => Err(MetaError::BadJoinToken(node.to_string())),
+    }
 }
 
 pub(super) fn forget_chunk(t: &mut dyn Txn, id: &ChunkId) -> Result<(), MetaError> {

@@ -9,7 +9,7 @@ mod namespace;
 mod policy;
 mod sessions;
 
-use catalogue::{drain, forget_chunk, nodes, register_node};
+use catalogue::{admit, drain, forget_chunk, join, make_join_token, nodes, register_node, remove};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
@@ -117,6 +117,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::SetPolicy(_)
         | R::DrainNode(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
+        R::AdmitNode(_) | R::RemoveNode(_) | R::MakeJoinToken(_) | R::JoinNode(_) => Access::Write { durable: true },
     }
 }
 
@@ -209,6 +210,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 // Kept in the service's memory; it fills them in.
                 workers: Vec::new(),
                 lag: Vec::new(),
+                pending: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
@@ -285,6 +287,10 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
+            // A node not (or no longer) admitted records no copies: `remove` took its locations.
+            if t.get_admission(&m.node)? != Some(true) {
+                return Err(MetaError::NotAdmitted(m.node));
+            }
             for chunk in m.added {
                 // No nodes named: the reporting node's own copy (its site cache).
                 let nodes = if chunk.nodes.is_empty() { vec![m.node.clone()] } else { chunk.nodes };
@@ -297,6 +303,10 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         }),
         R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
         R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
+        R::AdmitNode(m) => serve(m, |m| admit(t, &m.node)),
+        R::RemoveNode(m) => serve(m, |m| remove(t, &m.node)),
+        R::MakeJoinToken(m) => serve(m, |m| make_join_token(t, ctx, m.ttl_secs)),
+        R::JoinNode(m) => serve(m, |m| join(t, ctx, &m.node, &m.token)),
         R::ForgetChunks(m) => serve(m, |m| {
             for id in &m.ids {
                 forget_chunk(t, id)?;
