@@ -1,6 +1,6 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, TlsArgs, UpArgs};
+use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, PromoteArgs, TlsArgs, UpArgs};
 use crate::local::LocalCluster;
 use crate::pki::{LOCAL_NODE, LOCAL_SITE, LocalPki};
 use anyhow::{Context, anyhow, bail};
@@ -40,6 +40,7 @@ async fn start_meta(
     read_db_url: Option<String>,
     init: bool,
     session_expiry: Duration,
+    primary_lease: Option<Duration>,
     revoked: Option<PathBuf>,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
@@ -49,6 +50,7 @@ async fn start_meta(
         init,
         heartbeat: Duration::from_secs(2),
         session_expiry,
+        primary_lease,
     };
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
@@ -58,6 +60,22 @@ async fn start_meta(
     }
     tokio::spawn(net::serve(listener, service));
     Ok(addr)
+}
+
+/// `locus meta promote`: makes a PostgreSQL standby the primary of a new epoch and
+/// prints what it did (the failover drill reads the epoch and the time).
+pub async fn promote(args: PromoteArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let done = tokio::task::spawn_blocking(move || meta::promote(&args.db)).await??;
+    println!(
+        "promoted: epoch {} (was standby: {}; waited {} ms for the old leases; {} ms in all); restart the metas \
+         with --db at this server",
+        done.epoch,
+        done.was_standby,
+        done.waited_for_leases.as_millis(),
+        started.elapsed().as_millis()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `locus meta migrate`: copies a SQLite namespace into an empty PostgreSQL database
@@ -74,7 +92,9 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let expiry = Duration::from_secs(args.session_expiry_secs);
-    let addr = start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry, args.revoked.clone()).await?;
+    let lease = (args.primary_lease_ms > 0).then(|| Duration::from_millis(args.primary_lease_ms));
+    let addr =
+        start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry, lease, args.revoked.clone()).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -268,7 +288,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
     let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
-    let meta_addr = start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), revoked).await?;
+    let meta_addr = start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), None, revoked).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
