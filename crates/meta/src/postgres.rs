@@ -328,7 +328,11 @@ impl PrimaryLease {
 }
 
 impl WriteConn for PgConn {
+    /// A meta whose lease ran out refuses at once, before trying an unreachable server.
     fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
+        if let Some(lease) = &self.fence {
+            lease.check()?;
+        }
         self.durable = durable;
         self.ensure_begun(begin_write!())
     }
