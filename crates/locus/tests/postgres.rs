@@ -199,14 +199,14 @@ fn meta_reading_from_a_hot_standby_serves_a_mount() {
     fsck_clean(&c);
 }
 
+/// One attempted write of the workload: file name, when it ended, its data once
+/// acknowledged or the errno it failed with.
+type Attempt = (String, std::time::Instant, Result<Vec<u8>, i32>);
+
 /// One site's workload: files of 64 KiB written and fsynced one after another in
 /// `dir`, each recorded with the time its fsync returned (acknowledged) or with the
 /// error it failed with; stops when `stop` is set.
-fn workload(
-    dir: &Path,
-    site: &str,
-    stop: &std::sync::atomic::AtomicBool,
-) -> Vec<(String, std::time::Instant, Result<Vec<u8>, i32>)> {
+fn workload(dir: &Path, site: &str, stop: &std::sync::atomic::AtomicBool) -> Vec<Attempt> {
     use std::io::Write;
     let mut done = Vec::new();
     let mut i = 0u64;
@@ -300,7 +300,7 @@ fn failover_to_the_standby_site_loses_no_acknowledged_write() {
         (a.join().unwrap(), b.join().unwrap(), cut, back)
     });
 
-    let acked = |ops: &[(String, Instant, Result<Vec<u8>, i32>)]| -> Vec<(String, Vec<u8>)> {
+    let acked = |ops: &[Attempt]| -> Vec<(String, Vec<u8>)> {
         ops.iter().filter_map(|(n, _, r)| r.as_ref().ok().map(|d| (n.clone(), d.clone()))).collect()
     };
     let accepted_at_a_after_cut = ops_a.iter().filter(|(_, t, r)| *t > cut && r.is_ok()).count();
