@@ -38,6 +38,7 @@ impl VfsError {
             Busy => libc::EBUSY,
             Unsupported => libc::EOPNOTSUPP,
             TooManyLinks => libc::EMLINK,
+            ReadOnly => libc::EROFS,
             TimedOut => libc::ETIMEDOUT,
         }
     }

@@ -115,7 +115,7 @@ pub fn mount(vfs: Arc<Vfs>, rt: Handle, mountpoint: &Path, config: &MountConfig)
 fn errno(op: &str, e: &VfsError) -> Errno {
     use proto::error::ErrorCode::*;
     match e.code {
-        Io | Corrupt | Internal | TimedOut | Unreachable | NotReplicated => {
+        Io | Corrupt | Internal | TimedOut | Unreachable | NotReplicated | ReadOnly => {
             tracing::warn!(op, code = ?e.code, "{op} failed: {e}")
         }
         _ => tracing::debug!(op, code = ?e.code, "{op}: {e}"),

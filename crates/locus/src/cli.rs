@@ -211,6 +211,12 @@ pub struct MetaArgs {
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
+    /// PostgreSQL: milliseconds of this meta's lease on the primary role; once it
+    /// cannot be renewed for that long (primary or its synchronous standby cut off),
+    /// writes are refused with EROFS. `locus meta promote` waits this long at most.
+    /// 0: no lease (no fencing).
+    #[arg(long, default_value_t = 10_000)]
+    pub primary_lease_ms: u64,
     /// Revocation list (`locus ca revoke` writes `CA_DIR/revoked`): one serial or
     /// name a line, reread when it changes, sent to every node and client.
     #[arg(long, value_name = "FILE")]
@@ -226,6 +232,17 @@ pub enum MetaAction {
     /// Copy a whole namespace (and its cluster id) from a SQLite database into an empty
     /// PostgreSQL database, in one transaction, and check every table's row count.
     Migrate(MigrateArgs),
+    /// Failover: make a PostgreSQL hot standby the primary of a new epoch (promote it,
+    /// wait out the old epoch's leases, bump the epoch); then restart the metas with
+    /// --db at it. Run it only once the old primary's site is lost or fenced.
+    Promote(PromoteArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PromoteArgs {
+    /// The standby's database: `postgres://user@host:port/database`.
+    #[arg(long)]
+    pub db: String,
 }
 
 #[derive(Args, Debug)]

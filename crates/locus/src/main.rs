@@ -86,6 +86,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
     match args.command {
         Up(a) => roles::up(a, tls).await,
         Meta(cli::MetaArgs { action: Some(cli::MetaAction::Migrate(m)), .. }) => roles::migrate(m).await,
+        Meta(cli::MetaArgs { action: Some(cli::MetaAction::Promote(p)), .. }) => roles::promote(p).await,
         Meta(a) => {
             pki::install(&tls, "locus meta")?;
             roles::meta(a).await

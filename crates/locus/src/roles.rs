@@ -1,6 +1,6 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, TlsArgs, UpArgs};
+use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, PromoteArgs, TlsArgs, UpArgs};
 use crate::local::LocalCluster;
 use crate::pki::{LOCAL_NODE, LOCAL_SITE, LocalPki};
 use anyhow::{Context, anyhow, bail};
@@ -32,25 +32,18 @@ fn expand_home(p: &str) -> PathBuf {
     }
 }
 
-/// Starts meta on `listener` over the database at `db_url` (formatting a new one with
-/// `init`); returns the address clients use.
+/// How often meta tells clients to heartbeat.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Starts meta on `listener` over the database `config` names (formatting a new one
+/// with `init`), admits the node ids `admit`; returns the address clients use.
 async fn start_meta(
     listener: TcpListener,
-    db_url: &str,
-    read_db_url: Option<String>,
-    init: bool,
-    session_expiry: Duration,
+    config: meta::MetaConfig,
     revoked: Option<PathBuf>,
     admit: &[String],
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
-    let config = meta::MetaConfig {
-        db_url: db_url.to_string(),
-        read_db_url,
-        init,
-        heartbeat: Duration::from_secs(2),
-        session_expiry,
-    };
     let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.admit_nodes(admit).await.context("cannot admit the nodes named by --admit-node")?;
@@ -60,6 +53,22 @@ async fn start_meta(
     }
     tokio::spawn(net::serve(listener, service));
     Ok(addr)
+}
+
+/// `locus meta promote`: makes a PostgreSQL standby the primary of a new epoch and
+/// prints what it did (the failover drill reads the epoch and the time).
+pub async fn promote(args: PromoteArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let done = tokio::task::spawn_blocking(move || meta::promote(&args.db)).await??;
+    println!(
+        "promoted: epoch {} (was standby: {}; waited {} ms for the old leases; {} ms in all); restart the metas \
+         with --db at this server",
+        done.epoch,
+        done.was_standby,
+        done.waited_for_leases.as_millis(),
+        started.elapsed().as_millis()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `locus meta migrate`: copies a SQLite namespace into an empty PostgreSQL database
@@ -76,9 +85,16 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let expiry = Duration::from_secs(args.session_expiry_secs);
-    let addr =
-        start_meta(listener, &args.db, args.read_db.clone(), args.init, expiry, args.revoked.clone(), &args.admit_nodes)
-            .await?;
+    let lease = (args.primary_lease_ms > 0).then(|| Duration::from_millis(args.primary_lease_ms));
+    let config = meta::MetaConfig {
+        db_url: args.db.clone(),
+        read_db_url: args.read_db.clone(),
+        init: args.init,
+        heartbeat: HEARTBEAT,
+        session_expiry: expiry,
+        primary_lease: lease,
+    };
+    let addr = start_meta(listener, config, args.revoked.clone(), &args.admit_nodes).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -271,11 +287,16 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     // Both ports first: a taken port is reported before anything starts.
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
-    let db_url = db.display().to_string();
     let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
-    let meta_addr =
-        start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), revoked, &[LOCAL_NODE.to_string()])
-            .await?;
+    let config = meta::MetaConfig {
+        db_url: db.display().to_string(),
+        read_db_url: None,
+        init,
+        heartbeat: HEARTBEAT,
+        session_expiry: Duration::from_secs(30),
+        primary_lease: None,
+    };
+    let meta_addr = start_meta(meta_listener, config, revoked, &[LOCAL_NODE.to_string()]).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

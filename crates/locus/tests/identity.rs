@@ -67,6 +67,7 @@ fn a_damaged_database_is_refused() {
             init: true,
             heartbeat: std::time::Duration::from_secs(2),
             session_expiry: std::time::Duration::from_secs(30),
+            primary_lease: None,
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

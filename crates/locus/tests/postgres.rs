@@ -198,3 +198,149 @@ fn meta_reading_from_a_hot_standby_serves_a_mount() {
     }
     fsck_clean(&c);
 }
+
+/// One attempted write of the workload: file name, when it ended, its data once
+/// acknowledged or the errno it failed with.
+type Attempt = (String, std::time::Instant, Result<Vec<u8>, i32>);
+
+/// One site's workload: files of 64 KiB written and fsynced one after another in
+/// `dir`, each recorded with the time its fsync returned (acknowledged) or with the
+/// error it failed with; stops when `stop` is set.
+fn workload(dir: &Path, site: &str, stop: &std::sync::atomic::AtomicBool) -> Vec<Attempt> {
+    use std::io::Write;
+    let mut done = Vec::new();
+    let mut i = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let name = format!("{site}{i}");
+        let data = testkit::pattern(64 << 10, i + if site == "a" { 0 } else { 1 << 32 });
+        let wrote = fs::File::create(dir.join(&name)).and_then(|mut f| {
+            f.write_all(&data)?;
+            f.sync_all()
+        });
+        let outcome = wrote.map(|()| data).map_err(|e| e.raw_os_error().unwrap_or(-1));
+        if outcome.is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        done.push((name, std::time::Instant::now(), outcome));
+        i += 1;
+    }
+    done
+}
+
+/// The failover drill (issue 9, part 5), on loopback with real processes: site A has
+/// the primary PostgreSQL, a meta and node a0; site B a streaming standby (synchronous:
+/// a durable commit at A waits for B), a meta reading from it and node b0; `/w` has a
+/// sync a,b policy and both sites write and fsync there. A is cut off by crashing its
+/// PostgreSQL and killing its node (A's meta and mount keep running, cut off from
+/// anything durable); `locus meta promote` makes B's standby the primary of epoch 2,
+/// B's meta restarts on it, and `/w` is set to site b alone while A is gone. Every
+/// acknowledged file must be readable byte-exact at B, A must accept no write after
+/// the cut, and fsck must be clean once A rejoins (its old database discarded, its
+/// meta re-pointed at B's primary, its node restarted with its chunks). Prints the
+/// figures (`bench/failover.sh` writes them to bench/results/failover.md).
+#[test]
+fn failover_to_the_standby_site_loses_no_acknowledged_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    const LEASE_MS: u64 = 2000;
+    let primary = PgServer::start();
+    let url = primary.create_database();
+    let db_name = url.rsplit('/').next().unwrap().to_string();
+    let standby = primary.start_standby();
+    primary.sql("postgres", "ALTER SYSTEM SET synchronous_standby_names = '*'");
+    primary.sql("postgres", "SELECT pg_reload_conf()");
+    let standby_url = standby.url(&db_name);
+    let lease = LEASE_MS.to_string();
+    // The cluster's first meta is B's (it keeps its port across the failover).
+    let mut c = Cluster::start_on_db_with(bin(), 0, &url, &["--read-db", &standby_url, "--primary-lease-ms", &lease]);
+    let meta_b = c.meta.addr.clone();
+    let meta_a = c.add_meta_without(&["--read-db"]);
+    c.add_node("a0", "a");
+    c.add_node("b0", "b");
+    c.wait_for_nodes(2);
+    let at_a = c.mount_through(&meta_a, "a", &[]);
+    let at_b = c.mount_through(&meta_b, "b", &[]);
+    fs::create_dir(at_b.join("w")).unwrap();
+    let policy = |c: &Cluster, sites: &str| {
+        let out = c.locus(&["policy", "set", "/w", "--sites", sites, "--mode", "sync", "--meta", &meta_b]);
+        assert!(out.status.success(), "policy set: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    policy(&c, "a,b");
+    let sync_state = primary.sql("postgres", "SELECT sync_state FROM pg_stat_replication");
+    assert_eq!(sync_state, "sync", "B's standby is synchronous");
+
+    let stop_a = AtomicBool::new(false);
+    let stop_b = AtomicBool::new(false);
+    let (ops_a, ops_b, cut, back) = std::thread::scope(|s| {
+        let a = s.spawn(|| workload(&at_a.join("w"), "a", &stop_a));
+        let b = s.spawn(|| workload(&at_b.join("w"), "b", &stop_b));
+        std::thread::sleep(Duration::from_secs(3));
+        // The cut: everything durable at A is gone at once.
+        let cut = Instant::now();
+        let _ = c.nodes[0].child.kill();
+        let _ = c.nodes[0].child.wait();
+        primary.crash();
+        // The procedure at B.
+        let out = c.locus(&["meta", "promote", "--db", &standby_url]);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && said.contains("promoted: epoch 2"), "promote: {said}");
+        c.use_meta_db(&standby_url);
+        c.drop_meta_flag("--read-db");
+        c.restart_meta();
+        policy(&c, "b");
+        let back = cut.elapsed();
+        // A keeps trying past the end of its lease.
+        std::thread::sleep(Duration::from_millis(LEASE_MS + 3000));
+        stop_a.store(true, Ordering::Relaxed);
+        stop_b.store(true, Ordering::Relaxed);
+        (a.join().unwrap(), b.join().unwrap(), cut, back)
+    });
+
+    let acked = |ops: &[Attempt]| -> Vec<(String, Vec<u8>)> {
+        ops.iter().filter_map(|(n, _, r)| r.as_ref().ok().map(|d| (n.clone(), d.clone()))).collect()
+    };
+    let accepted_at_a_after_cut = ops_a.iter().filter(|(_, t, r)| *t > cut && r.is_ok()).count();
+    let refused_erofs_at_a = ops_a.iter().filter(|(_, t, r)| *t > cut && *r == Err(libc::EROFS)).count();
+    let first_b_after_cut = ops_b.iter().find(|(_, t, r)| *t > cut && r.is_ok()).map(|(_, t, _)| *t - cut);
+    let mut all = acked(&ops_a);
+    all.extend(acked(&ops_b));
+    std::thread::sleep(Duration::from_millis(1500));
+    let lost: Vec<&String> =
+        all.iter().filter(|(n, d)| fs::read(at_b.join("w").join(n)).ok().as_ref() != Some(d)).map(|(n, _)| n).collect();
+
+    // A rejoins: its meta (cut off, fenced) is replaced by one over B's primary, its
+    // old database is discarded, its node comes back with its chunks.
+    drop(primary);
+    let _ = c.other_metas[0].child.kill();
+    let _ = c.other_metas[0].child.wait();
+    c.add_meta();
+    c.add_node("a0", "a");
+    c.wait_for_nodes(2);
+    policy(&c, "a,b");
+    let fsck = c.locus(&["fsck", "--meta", &meta_b]);
+    let fsck_text = String::from_utf8_lossy(&fsck.stdout).into_owned() + &String::from_utf8_lossy(&fsck.stderr);
+    let meta_a_log = fs::read_to_string(c.path().join("meta1.log")).unwrap_or_default();
+
+    println!("FAILOVER loopback (127.0.0.1, processes killed/crashed; no network namespaces)");
+    println!("FAILOVER lease_ms {LEASE_MS}");
+    println!(
+        "FAILOVER acknowledged_before_cut a={} b={}",
+        acked(&ops_a).len(),
+        ops_b.iter().filter(|(_, t, r)| *t <= cut && r.is_ok()).count()
+    );
+    println!("FAILOVER procedure_done_ms {}", back.as_millis());
+    println!("FAILOVER b_accepts_writes_again_ms {}", first_b_after_cut.map_or(-1, |d| d.as_millis() as i64));
+    println!("FAILOVER acknowledged_ops_lost {}", lost.len());
+    println!("FAILOVER writes_accepted_at_a_after_cut {accepted_at_a_after_cut}");
+    println!("FAILOVER writes_refused_erofs_at_a_after_cut {refused_erofs_at_a}");
+    println!("FAILOVER fsck_after_rejoin {}", if fsck.status.success() { "clean" } else { "NOT clean" });
+    assert!(lost.is_empty(), "acknowledged files lost or different at B: {lost:?}");
+    assert_eq!(accepted_at_a_after_cut, 0, "A accepted writes after the cut");
+    assert!(first_b_after_cut.is_some(), "B never accepted a write again");
+    assert!(fsck.status.success(), "fsck after A rejoined: {fsck_text}");
+    assert!(meta_a_log.contains("lease on the primary role expired") || refused_erofs_at_a == 0, "{meta_a_log}");
+}

@@ -8,6 +8,7 @@
 use crate::error::MetaError;
 use crate::store::{Backend, ReadConn, Txn, WriteConn};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::time::Duration;
 use util::sync::lock;
 
 /// Most write operations put into one transaction.
@@ -40,6 +41,7 @@ pub struct Store {
     readers: Mutex<Vec<Box<dyn ReadConn>>>,
     returned: Condvar,
     local_reads: bool,
+    lease: Option<Arc<crate::postgres::PrimaryLease>>,
 }
 
 impl Store {
@@ -55,6 +57,7 @@ impl Store {
             readers: Mutex::new(backend.readers),
             returned: Condvar::new(),
             local_reads: backend.local_reads,
+            lease: backend.lease,
         })
     }
 
@@ -118,6 +121,11 @@ impl Store {
     pub fn cluster_id(&self) -> &str {
         &self.cluster_id
     }
+
+    /// The writer's lease on the primary role, if it holds one (to be renewed).
+    pub fn primary_lease(&self) -> Option<Arc<crate::postgres::PrimaryLease>> {
+        self.lease.clone()
+    }
 }
 
 /// Opens the metadata store named by `url`: `sqlite:///path/meta.db`, a bare path, or
@@ -125,13 +133,20 @@ impl Store {
 /// have been formatted by meta; with it, a missing or empty database is formatted with
 /// a new cluster id.
 /// `standby` (PostgreSQL only) names a hot standby of `url` to read from.
-pub fn open_store(url: &str, standby: Option<&str>, init: bool) -> Result<Store, MetaError> {
+/// `lease` (a holder name and duration) makes a PostgreSQL writer hold a lease on the
+/// primary role (SQLite has no failover and ignores it).
+pub fn open_store(
+    url: &str,
+    standby: Option<&str>,
+    init: bool,
+    lease: Option<(String, Duration)>,
+) -> Result<Store, MetaError> {
     let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };
     let path = match url.split_once("://") {
         None => url,
         Some(("sqlite", path)) if !path.is_empty() => path,
         Some(("sqlite", _)) => return Err(unsupported("the URL names no file".into())),
-        Some(("postgres" | "postgresql", _)) => return Store::new(crate::postgres::open(url, standby, init)?),
+        Some(("postgres" | "postgresql", _)) => return Store::new(crate::postgres::open(url, standby, init, lease)?),
         Some((scheme, _)) => return Err(unsupported(format!("unknown scheme {scheme:?}"))),
     };
     if standby.is_some() {
@@ -170,9 +185,13 @@ fn run_batch(conn: &mut dyn WriteConn, mut batch: Vec<Job>) {
             if let Err(e) = conn.rollback() {
                 tracing::warn!(error = %e, "rollback after a failed commit failed");
             }
-            let msg = e.to_string();
+            // Fencing keeps its kind (EROFS at the client); any other failure is internal.
+            let answer = || match &e {
+                MetaError::Fenced(why) => MetaError::Fenced(why.clone()),
+                e => MetaError::Internal(format!("commit failed: {e}")),
+            };
             for job in batch {
-                (job.done)(Err(MetaError::Internal(format!("commit failed: {msg}"))));
+                (job.done)(Err(answer()));
             }
         }
     }

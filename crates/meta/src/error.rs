@@ -92,6 +92,10 @@ pub enum MetaError {
          one with `locus node token --ttl 1h`, or run `locus node admit {0}` on the cluster"
     )]
     BadJoinToken(String),
+    /// This meta lost the primary role (its lease ran out, or the epoch moved on):
+    /// it refuses writes so that none is accepted the new primary does not have.
+    #[error("fenced: {0}")]
+    Fenced(String),
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -130,6 +134,7 @@ impl MetaError {
             }
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
+            MetaError::Fenced(_) => ErrorCode::ReadOnly,
             MetaError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -154,7 +159,7 @@ impl From<postgres::Error> for MetaError {
     /// PostgreSQL's serialization failure and deadlock (SQLSTATE 40001, 40P01), and a
     /// unique violation (23505, which a concurrent insert of the same key raises
     /// instead of 40001 when the transaction had not read the key), are conflicts
-    /// to retry; everything else is an error.
+    /// to retry; a commit's epoch check (LF001) is fencing; everything else is an error.
     fn from(e: postgres::Error) -> Self {
         use postgres::error::SqlState;
         match e.code() {
@@ -162,6 +167,7 @@ impl From<postgres::Error> for MetaError {
                 MetaError::Conflict(pg_detail(&e))
             }
             Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict(pg_detail(&e)),
+            Some(c) if c.code() == crate::postgres::FENCED_SQLSTATE => MetaError::Fenced(pg_detail(&e)),
             _ => MetaError::Postgres(e),
         }
     }

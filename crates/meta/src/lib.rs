@@ -20,5 +20,6 @@ pub use engine::{Store, open_store};
 pub use error::MetaError;
 pub use locks::Held;
 pub use migrate::migrate;
+pub use postgres::{PrimaryLease, Promotion, promote};
 pub use service::{MetaConfig, MetaService};
 pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

@@ -29,8 +29,10 @@ use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use util::sync::lock;
 
 /// Read connections: each read holds one for its round trips to the server.
 const READERS: usize = 8;
@@ -89,6 +91,9 @@ CREATE TABLE policies (
 CREATE TABLE drained_nodes (id TEXT PRIMARY KEY);
 CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL);
 CREATE TABLE join_tokens (hash BYTEA PRIMARY KEY, expires BIGINT NOT NULL);
+CREATE TABLE primary_epoch (epoch BIGINT NOT NULL);
+INSERT INTO primary_epoch (epoch) VALUES (1);
+CREATE TABLE primary_leases (holder TEXT PRIMARY KEY, epoch BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -117,6 +122,9 @@ pub(crate) struct PgConn {
     /// A savepoint was released but the RELEASE not sent yet: it goes with the next
     /// SAVEPOINT (COMMIT and ROLLBACK make it moot), saving a round trip per op.
     release_pending: bool,
+    /// The writer of a meta holding the primary role's lease: each commit checks the
+    /// lease is still held and, in the same transaction, that the epoch is unchanged.
+    fence: Option<Arc<PrimaryLease>>,
 }
 
 /// How a write transaction begins: see the module's note on isolation.
@@ -234,10 +242,99 @@ impl PgConn {
         self.begun = true;
         Ok(())
     }
+
+    /// The epoch check to run before this writer's COMMIT (empty without a lease);
+    /// refuses at once if the lease has run out.
+    fn fence_check(&mut self) -> Result<String, MetaError> {
+        let Some(lease) = self.fence.clone() else { return Ok(String::new()) };
+        lease.check()?;
+        Ok(format!(
+            "DO $$BEGIN IF (SELECT epoch FROM primary_epoch) IS DISTINCT FROM {} THEN RAISE EXCEPTION \
+             'locus: the primary role moved on past epoch {}' USING ERRCODE = '{FENCED_SQLSTATE}'; END IF; END$$; ",
+            lease.epoch, lease.epoch
+        ))
+    }
+}
+
+/// The SQLSTATE of a commit refused because the epoch changed (class LF: Locus fencing).
+pub(crate) const FENCED_SQLSTATE: &str = "LF001";
+
+/// This meta's lease on the primary role: while it holds one, its writes are accepted;
+/// once it could not renew it for its whole duration (the primary unreachable, or
+/// blocked because its synchronous standby at the other site is cut off), every write
+/// is refused (EROFS) until a renewal succeeds again. `promote` waits out the leases
+/// of the old epoch before the new primary accepts writes, so the two sides never
+/// accept writes at the same time.
+pub struct PrimaryLease {
+    holder: String,
+    /// The epoch this meta started under; a write under another one is refused.
+    epoch: i64,
+    duration: Duration,
+    /// When the lease runs out, by this process's monotonic clock: `duration` after the
+    /// start of the last renewal that succeeded (so it ends before the database's
+    /// `expires_at`, which counts from the renewal's commit).
+    valid_until: Mutex<Instant>,
+    /// A connection of its own: a renewal may block (waiting for a cut-off
+    /// synchronous standby) without holding the writer.
+    conn: Mutex<PgConn>,
+}
+
+impl PrimaryLease {
+    /// The epoch this lease belongs to.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// How long the lease lasts; the renewal worker runs at a third of it.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// Extends the lease by a synchronously replicated commit of its row (blocking);
+    /// refused for good once the epoch moved on.
+    pub fn renew(&self) -> Result<(), MetaError> {
+        let started = Instant::now();
+        let ms = self.duration.as_millis() as i64;
+        let renewed = lock(&self.conn).exec(
+            "INSERT INTO primary_leases (holder, epoch, expires_at) \
+             SELECT $1, epoch, now() + $2::bigint * interval '1 millisecond' FROM primary_epoch WHERE epoch = $3 \
+             ON CONFLICT (holder) DO UPDATE SET epoch = EXCLUDED.epoch, expires_at = EXCLUDED.expires_at",
+            &[&self.holder as &(dyn ToSql + Sync), &ms, &self.epoch],
+        )?;
+        if renewed == 0 {
+            return Err(MetaError::Fenced(format!(
+                "the primary role moved on past epoch {}: this meta no longer accepts writes (restart it \
+                 with --db at the new primary)",
+                self.epoch
+            )));
+        }
+        let mut until = lock(&self.valid_until);
+        *until = (*until).max(started + self.duration);
+        Ok(())
+    }
+
+    /// Refuses a write once the lease has run out.
+    fn check(&self) -> Result<(), MetaError> {
+        let until = *lock(&self.valid_until);
+        if Instant::now() < until {
+            return Ok(());
+        }
+        tracing::error!(holder = %self.holder, epoch = self.epoch, "lease on the primary role expired: refusing writes");
+        Err(MetaError::Fenced(format!(
+            "this meta's lease on the primary role (epoch {}) ran out {:?} ago without a renewal: the primary \
+             or its synchronous standby is unreachable; writes are refused until a renewal succeeds",
+            self.epoch,
+            Instant::now() - until
+        )))
+    }
 }
 
 impl WriteConn for PgConn {
+    /// A meta whose lease ran out refuses at once, before trying an unreachable server.
     fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
+        if let Some(lease) = &self.fence {
+            lease.check()?;
+        }
         self.durable = durable;
         self.ensure_begun(begin_write!())
     }
@@ -264,16 +361,17 @@ impl WriteConn for PgConn {
     /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
     /// durable one turns it on for its own commit, which also flushes every earlier one.
     fn commit(&mut self) -> Result<(), MetaError> {
+        let fence = self.fence_check()?;
         if let Some(committed) = self.committed.clone() {
             self.durable = false;
-            return self.commit_reporting_lsn(&committed);
+            return self.commit_reporting_lsn(&fence, &committed);
         }
         let end = if std::mem::take(&mut self.durable) {
             concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
         } else {
             concat!("COMMIT; ", begin_write!())
         };
-        self.end(end)
+        if fence.is_empty() { self.end(end) } else { self.end(&(fence + end)) }
     }
 
     fn rollback(&mut self) -> Result<(), MetaError> {
@@ -300,10 +398,10 @@ impl PgConn {
     /// `committed`.
     /// (The next BEGIN cannot ride along: after the SELECT, it would find a query
     /// already run in its implicit transaction.)
-    fn commit_reporting_lsn(&mut self, committed: &AtomicU64) -> Result<(), MetaError> {
+    fn commit_reporting_lsn(&mut self, fence: &str, committed: &AtomicU64) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
-        let answers = self.client().simple_query("COMMIT; SELECT pg_current_wal_flush_lsn()::text")?;
+        let answers = self.client().simple_query(&format!("{fence}COMMIT; SELECT pg_current_wal_flush_lsn()::text"))?;
         let lsn = answers.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(row) => row.get(0).and_then(parse_lsn),
             _ => None,
@@ -395,6 +493,7 @@ fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> 
         begun: false,
         durable: false,
         release_pending: false,
+        fence: None,
     })
 }
 
@@ -414,11 +513,36 @@ fn parse(url: &str) -> Result<(postgres::Config, String), MetaError> {
 /// tables) is formatted with a new cluster id. A database holding anything else is
 /// refused either way. With `standby` (a hot standby of `url`'s server, at this
 /// site), reads go there once it has replayed this meta's latest commit.
-pub fn open(url: &str, standby: Option<&str>, init: bool) -> Result<Backend, MetaError> {
+/// With `lease` (a holder name and duration), the writer holds a lease on the
+/// primary role (`PrimaryLease`), taken here and renewed by the meta's `primary-lease`
+/// worker.
+pub fn open(
+    url: &str,
+    standby: Option<&str>,
+    init: bool,
+    lease: Option<(String, Duration)>,
+) -> Result<Backend, MetaError> {
     let (config, shown) = parse(url)?;
     let mut writer = connect(&config, &shown)?;
     init_schema(&mut writer, &shown, init)?;
     let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
+    let lease = match lease {
+        None => None,
+        Some((holder, duration)) => {
+            let epoch: i64 = writer.one("SELECT epoch FROM primary_epoch", &[])?.try_get(0)?;
+            let lease = Arc::new(PrimaryLease {
+                holder,
+                epoch,
+                duration,
+                valid_until: Mutex::new(Instant::now()),
+                conn: Mutex::new(connect(&config, &shown)?),
+            });
+            lease.renew()?;
+            tracing::info!(epoch, ?duration, "holding a lease on the primary role");
+            writer.fence = Some(lease.clone());
+            Some(lease)
+        }
+    };
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
     match standby {
         None => {
@@ -443,7 +567,56 @@ pub fn open(url: &str, standby: Option<&str>, init: bool) -> Result<Backend, Met
             }
         }
     }
-    Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: false })
+    Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: false, lease })
+}
+
+/// What `promote` did, for the operator.
+#[derive(Debug)]
+pub struct Promotion {
+    /// The server was a standby (else it was already a primary: only the epoch moved).
+    pub was_standby: bool,
+    /// How long it waited for the old epoch's leases to run out.
+    pub waited_for_leases: Duration,
+    /// The new epoch: metas of older ones have their writes refused here.
+    pub epoch: i64,
+}
+
+/// Makes the database at `url` the primary of a new epoch: promotes the server if it
+/// is a hot standby (`pg_promote`), drops its synchronous standby setting (the old
+/// primary's site is gone), waits until every lease of the old epoch it replicated
+/// has run out by its clock (the old side has then stopped accepting writes, given
+/// clocks within a few ms), and bumps `primary_epoch`. Run it only once the old
+/// primary's site is lost or fenced; metas then restart with `--db` at this server.
+pub fn promote(url: &str) -> Result<Promotion, MetaError> {
+    let (config, shown) = parse(url)?;
+    let mut c = connect(&config, &shown)?;
+    let was_standby: bool = c.one("SELECT pg_is_in_recovery()", &[])?.try_get(0)?;
+    if was_standby {
+        let done: bool = c.one("SELECT pg_promote(true, 60)", &[])?.try_get(0)?;
+        if !done {
+            return Err(MetaError::Internal(format!("{shown} did not finish its promotion within 60 s")));
+        }
+    }
+    let sync_names: String = c.one("SELECT current_setting('synchronous_standby_names')", &[])?.try_get(0)?;
+    if !sync_names.is_empty() {
+        c.batch("ALTER SYSTEM RESET synchronous_standby_names")?;
+        c.batch("SELECT pg_reload_conf()")?;
+    }
+    let started = Instant::now();
+    let remaining_ms: f64 = c
+        .one(
+            "SELECT COALESCE(EXTRACT(EPOCH FROM MAX(expires_at) - now()) * 1000, 0)::float8 FROM primary_leases \
+             WHERE epoch = (SELECT epoch FROM primary_epoch)",
+            &[],
+        )?
+        .try_get(0)?;
+    if remaining_ms > 0.0 {
+        tracing::info!(remaining_ms, "waiting for the old epoch's leases to run out");
+        std::thread::sleep(Duration::from_secs_f64(remaining_ms / 1000.0));
+    }
+    let epoch: i64 = c.one("UPDATE primary_epoch SET epoch = epoch + 1 RETURNING epoch", &[])?.try_get(0)?;
+    c.exec("DELETE FROM primary_leases WHERE epoch < $1", &[&epoch])?;
+    Ok(Promotion { was_standby, waited_for_leases: started.elapsed(), epoch })
 }
 
 /// Formats an empty database (with `init`) or checks the schema version of a
@@ -1111,17 +1284,18 @@ mod tests {
     fn an_empty_or_foreign_database_is_refused_with_a_reason() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let err = open(&url, None, false).err().expect("an empty database must be refused");
+        let err = open(&url, None, false, None).err().expect("an empty database must be refused");
         assert!(matches!(err, MetaError::NotFormatted { .. }), "{err}");
         assert!(err.to_string().contains("is empty") && err.to_string().contains("--init"), "{err}");
         let foreign = server.create_database();
         raw(&foreign).batch_execute("CREATE TABLE t (x INTEGER)").unwrap();
-        let err = open(&foreign, None, true).err().expect("a foreign database must be refused");
+        let err = open(&foreign, None, true, None).err().expect("a foreign database must be refused");
         assert!(err.to_string().contains("not a Locus metadata database"), "{err}");
         let missing = server.url("no_such_database");
-        let err = open(&missing, None, true).err().expect("a missing database must be refused");
+        let err = open(&missing, None, true, None).err().expect("a missing database must be refused");
         assert!(matches!(err, MetaError::Connect { .. }) && err.to_string().contains("no_such_database"), "{err}");
-        let err = open("postgres://locus:secret@127.0.0.1:1/x", None, true).err().expect("nothing listens on port 1");
+        let err =
+            open("postgres://locus:secret@127.0.0.1:1/x", None, true, None).err().expect("nothing listens on port 1");
         assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
     }
 
@@ -1129,11 +1303,11 @@ mod tests {
     fn reopen_keeps_the_cluster_id_and_a_newer_schema_is_refused() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let first = open(&url, None, true).unwrap().cluster_id;
+        let first = open(&url, None, true, None).unwrap().cluster_id;
         assert_eq!(first.len(), 32);
-        assert_eq!(open(&url, None, false).unwrap().cluster_id, first);
+        assert_eq!(open(&url, None, false, None).unwrap().cluster_id, first);
         raw(&url).execute("UPDATE meta_version SET version = $1", &[&(SCHEMA_VERSION + 1)]).unwrap();
-        let err = open(&url, None, false).err().expect("a newer schema must be refused");
+        let err = open(&url, None, false, None).err().expect("a newer schema must be refused");
         assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
     }
 
@@ -1183,7 +1357,7 @@ mod tests {
     fn reads_at_a_standby_see_this_metas_writes() {
         let primary = testkit::postgres::PgServer::start();
         let url = primary.create_database();
-        drop(open(&url, None, true).unwrap());
+        drop(open(&url, None, true, None).unwrap());
         let standby = primary.start_standby();
         let read_url = standby.url(url.rsplit('/').next().unwrap());
         let url_of_primary = url.clone();
@@ -1250,5 +1424,87 @@ mod tests {
             panic!("expected entries")
         };
         assert_eq!(entries.len(), NAMES, "no entry lost or duplicated");
+    }
+
+    /// A meta over `url` holding a lease of `duration` (not renewed: no workers run).
+    fn with_lease(url: &str, duration: Duration) -> (Arc<MetaService>, Arc<PrimaryLease>) {
+        let backend = open(url, None, false, Some(("test".into(), duration))).unwrap();
+        let lease = backend.lease.clone().unwrap();
+        let store = Arc::new(crate::engine::Store::new(backend).unwrap());
+        (MetaService::with_store(store, &test_config(Default::default())), lease)
+    }
+
+    /// A write under an epoch the database has moved past is refused (EROFS) by the
+    /// check inside its own transaction, even while the lease is held; nothing of it
+    /// is committed.
+    #[test]
+    fn a_write_under_an_old_epoch_is_refused() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let (meta, lease) = with_lease(&url, Duration::from_secs(60));
+        create(&meta, "before").unwrap();
+        raw(&url).batch_execute("UPDATE primary_epoch SET epoch = epoch + 1").unwrap();
+        assert_eq!(create(&meta, "after"), Err(ErrorCode::ReadOnly));
+        assert_eq!(create(&meta, "after"), Err(ErrorCode::ReadOnly), "and stays refused");
+        let names: i64 =
+            raw(&url).query_one("SELECT COUNT(*) FROM dentries WHERE name = 'after'::bytea", &[]).unwrap().get(0);
+        assert_eq!(names, 0, "the refused write left nothing behind");
+        assert!(matches!(lease.renew(), Err(MetaError::Fenced(_))), "the lease cannot be renewed either");
+    }
+
+    /// Without renewals (no background worker here) the lease runs out and writes are
+    /// refused with EROFS; a renewal lets them in again.
+    #[test]
+    fn writes_are_refused_once_the_lease_runs_out() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let (meta, lease) = with_lease(&url, Duration::from_millis(400));
+        create(&meta, "held").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(create(&meta, "late"), Err(ErrorCode::ReadOnly));
+        lease.renew().unwrap();
+        create(&meta, "renewed").unwrap();
+    }
+
+    /// `promote` on a hot standby: promotes it, waits out the primary's lease, bumps
+    /// the epoch; a meta over the promoted server writes, and every committed entry
+    /// is there.
+    #[test]
+    fn promote_makes_the_standby_a_primary_of_a_new_epoch() {
+        let primary = testkit::postgres::PgServer::start();
+        let url = primary.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let standby = primary.start_standby();
+        let standby_url = standby.url(url.rsplit('/').next().unwrap());
+        let (old, _lease) = with_lease(&url, Duration::from_millis(1500));
+        for i in 0..10 {
+            create(&old, &format!("f{i}")).unwrap();
+        }
+        // Let the standby catch up (no synchronous standby configured in this test).
+        let lsn: String = raw(&url).query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !raw(&standby_url)
+            .query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn])
+            .unwrap()
+            .get::<_, bool>(0)
+        {
+            assert!(Instant::now() < deadline, "the standby did not replay");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(primary);
+        let done = promote(&standby_url).unwrap();
+        assert!(done.was_standby);
+        assert_eq!(done.epoch, 2);
+        assert!(done.waited_for_leases <= Duration::from_millis(1600), "{done:?}");
+        let (new, _lease) = with_lease(&standby_url, Duration::from_secs(10));
+        for i in 0..10 {
+            assert_eq!(create(&new, &format!("f{i}")), Err(ErrorCode::Exists), "f{i} survived the failover");
+        }
+        create(&new, "after").unwrap();
+        let again = promote(&standby_url).unwrap();
+        assert!(!again.was_standby && again.epoch == 3, "{again:?}");
+        assert_eq!(create(&new, "fenced"), Err(ErrorCode::ReadOnly), "a meta of epoch 2 is fenced at epoch 3");
     }
 }

@@ -34,6 +34,9 @@ pub struct MetaConfig {
     pub heartbeat: Duration,
     /// A session silent for longer loses its locks and open-file records.
     pub session_expiry: Duration,
+    /// PostgreSQL: hold a lease on the primary role of this duration; writes are
+    /// refused once it could not be renewed for that long (failover fencing).
+    pub primary_lease: Option<Duration>,
 }
 
 /// The metadata service: one per cluster, shared by every connection.
@@ -59,7 +62,8 @@ pub struct MetaService {
 impl MetaService {
     /// Opens the database named by `config.db_url` (see `open_store`).
     pub fn open(config: &MetaConfig) -> Result<Arc<MetaService>, MetaError> {
-        let store = engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init)?;
+        let lease = config.primary_lease.map(|d| (format!("meta-pid{}", std::process::id()), d));
+        let store = engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init, lease)?;
         Ok(Self::with_store(Arc::new(store), config))
     }
 
@@ -84,6 +88,9 @@ impl MetaService {
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
+        if let Some(lease) = self.store.primary_lease() {
+            self.workers.spawn(LeaseRenewal { lease, renewed: 0 });
+        }
     }
 
     /// Applies and distributes the revocation list in `path` (one certificate serial
@@ -397,6 +404,39 @@ impl Worker for SessionExpiry {
 
     async fn wait_for_work(&mut self) -> Step {
         every(self.period).await
+    }
+}
+
+/// The `primary-lease` worker: renews this meta's lease on the primary role at a
+/// third of its duration. A renewal blocked on a cut-off primary or synchronous
+/// standby simply never returns in time, and the writes it guards are refused.
+struct LeaseRenewal {
+    lease: Arc<crate::postgres::PrimaryLease>,
+    renewed: u64,
+}
+
+impl Worker for LeaseRenewal {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "primary-lease".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("epoch {}, {} renewals", self.lease.epoch(), self.renewed)
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let lease = self.lease.clone();
+        tokio::task::spawn_blocking(move || lease.renew())
+            .await
+            .map_err(|e| MetaError::Internal(format!("lease renewal task failed: {e}")))??;
+        self.renewed += 1;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(self.lease.duration() / 3).await
     }
 }
 

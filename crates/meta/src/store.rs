@@ -196,4 +196,7 @@ pub struct Backend {
     /// then run inline on an async worker. A backend whose reads cross a network
     /// (PostgreSQL) says `false`, and every read runs off the runtime's workers.
     pub local_reads: bool,
+    /// The writer's lease on the primary role (PostgreSQL with `--lease-ms`), which
+    /// the meta service renews.
+    pub lease: Option<std::sync::Arc<crate::postgres::PrimaryLease>>,
 }

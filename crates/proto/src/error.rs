@@ -39,6 +39,9 @@ pub enum ErrorCode {
     /// The copies a replication policy requires could not be made in time (a listed
     /// site unreachable); the write is not acknowledged (EIO).
     NotReplicated,
+    /// The metadata service lost the primary role (failover fencing): writes are
+    /// refused there (EROFS).
+    ReadOnly,
 }
 
 /// The error half of every RPC reply.

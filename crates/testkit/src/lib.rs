@@ -37,6 +37,23 @@ pub struct Cluster {
     failpoints: Option<String>,
 }
 
+/// `args` without each flag of `dropped` and the value after it.
+fn without_flags(args: &[String], dropped: &[&str]) -> Vec<String> {
+    let mut kept = Vec::with_capacity(args.len());
+    let mut skip = false;
+    for a in args {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if dropped.contains(&a.as_str()) {
+            skip = true;
+            continue;
+        }
+        kept.push(a.clone());
+    }
+    kept
+}
+
 /// Starts `bin` with `args` and waits (bounded) for a stdout line starting with
 /// `prefix`; returns the rest of that line.
 /// `failpoints` arms crash points in the new process (see `util::failpoint`).
@@ -122,6 +139,11 @@ impl Cluster {
     /// Like `start_on_db`, with extra `locus meta` flags (e.g. `--read-db`).
     pub fn start_on_db_with(bin: &Path, nodes: usize, db_url: &str, meta_extra: &[&str]) -> Cluster {
         Self::launch(bin, nodes, Some(db_url), meta_extra, None)
+    }
+
+    /// Removes `flag` and its value from meta's arguments (from its next start).
+    pub fn drop_meta_flag(&mut self, flag: &str) {
+        self.meta.args = without_flags(&self.meta.args, &[flag]);
     }
 
     /// Points meta at another database from its next `restart` on (e.g. one that
@@ -298,7 +320,13 @@ impl Cluster {
     /// Starts another `locus meta` over the same database on a new port (the database
     /// must be one several metas can share: PostgreSQL) and returns its address.
     pub fn add_meta(&mut self) -> String {
-        let mut args = self.meta.args.clone();
+        self.add_meta_without(&[])
+    }
+
+    /// Like `add_meta`, without the flags `dropped` (and their values) of the first
+    /// meta's arguments (a site's meta without the other site's `--read-db`).
+    pub fn add_meta_without(&mut self, dropped: &[&str]) -> String {
+        let mut args = without_flags(&self.meta.args, dropped);
         if let Some(i) = args.iter().position(|a| a == "--listen") {
             args[i + 1] = "127.0.0.1:0".into();
         }

@@ -174,6 +174,38 @@ impl PgServer {
         standby
     }
 
+    /// Runs `sql` in database `db` with psql and returns its unaligned output.
+    pub fn sql(&self, db: &str, sql: &str) -> String {
+        let port = self.port.to_string();
+        let out = self
+            .tool("psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                SUPERUSER,
+                "-d",
+                db,
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("run psql");
+        assert!(out.status.success(), "psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Stops the server as a crash would (`pg_ctl stop -m immediate`: no shutdown
+    /// checkpoint, nothing more sent to its standbys).
+    pub fn crash(&self) {
+        self.run("pg_ctl", &["stop", "-w", "-t", "30", "-m", "immediate", "-D", &self.data_dir()]);
+    }
+
     /// The server's directory (its log is `server.log` there).
     pub fn path(&self) -> &Path {
         self.dir.path()

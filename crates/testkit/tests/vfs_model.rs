@@ -58,6 +58,7 @@ fn env() -> &'static Env {
                 init: true,
                 heartbeat: Duration::from_secs(2),
                 session_expiry: Duration::from_secs(30),
+                primary_lease: None,
             };
             let service = meta::MetaService::open(&config).unwrap();
             service.admit_nodes(&["n0".to_string()]).await.unwrap();

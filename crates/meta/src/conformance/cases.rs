@@ -17,6 +17,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         init: true,
         heartbeat: Duration::from_secs(5),
         session_expiry: Duration::from_secs(30),
+        primary_lease: None,
     }
 }
 
