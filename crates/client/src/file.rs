@@ -134,6 +134,8 @@ pub(crate) struct FileInner {
     /// Size or mtime changed locally since the last commit.
     pub modified: bool,
     pub opens: usize,
+    /// Meta recorded an open for writing by this session (see `Vfs::open`).
+    pub writable: bool,
     /// Lock owners that took a byte-range lock here; their locks go on close.
     pub lock_owners: HashSet<u64>,
 }

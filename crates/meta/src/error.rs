@@ -18,6 +18,8 @@ pub enum MetaError {
     NotEmpty(String),
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("name of {len} bytes is longer than the 255-byte limit")]
@@ -80,6 +82,7 @@ impl MetaError {
             MetaError::IsDir(_) => ErrorCode::IsDir,
             MetaError::NotEmpty(_) => ErrorCode::NotEmpty,
             MetaError::NotPermitted(_) => ErrorCode::NotPermitted,
+            MetaError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             MetaError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             MetaError::NameTooLong { .. } => ErrorCode::NameTooLong,
             MetaError::NoAttribute(_) => ErrorCode::NoAttribute,

@@ -3,6 +3,7 @@
 //! once in `engine`, above the row-level backend traits of `store`; SQLite is the first
 //! backend, chosen by URL in `open_store`.
 
+pub mod authority;
 mod engine;
 mod error;
 mod locks;

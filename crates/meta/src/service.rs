@@ -9,9 +9,9 @@ use crate::opens::OpenTable;
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{LockKind, MetaReply, MetaRequest, MetaResult};
+use proto::meta::{LockKind, MetaCall, MetaReply, MetaRequest, MetaResult};
 use proto::meta::{MetaPush, PushAnswer, SessionInfo};
-use proto::types::{SessionId, Timestamp, WorkerStatus};
+use proto::types::{Caller, SessionId, Timestamp, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -173,24 +173,33 @@ impl MetaService {
         Ok(expired)
     }
 
-    /// Answers one request from a blocking context (tests), on a per-thread runtime.
+    /// Answers one request from a blocking context (tests), on a per-thread runtime,
+    /// as the superuser.
     #[cfg(any(test, feature = "conformance"))]
     pub fn handle_blocking(self: &Arc<Self>, req: MetaRequest) -> MetaResult {
+        self.handle_blocking_as(Caller::ROOT, req)
+    }
+
+    /// Answers one request for `caller` (as resolved from a peer) from a blocking
+    /// context (tests), on a per-thread runtime.
+    #[cfg(any(test, feature = "conformance"))]
+    pub fn handle_blocking_as(self: &Arc<Self>, caller: Caller, req: MetaRequest) -> MetaResult {
         thread_local! {
             static RT: tokio::runtime::Runtime =
                 tokio::runtime::Builder::new_current_thread().enable_all().build().expect("test runtime");
         }
-        RT.with(|rt| rt.block_on(self.answer(req))).map_err(Into::into)
+        RT.with(|rt| rt.block_on(self.answer(caller, req))).map_err(Into::into)
     }
 
-    /// Answers one request. Writes are queued to the store's writer and awaited
-    /// without holding a thread; reads run in `block_in_place` (see `engine`).
-    async fn answer(self: &Arc<Self>, req: MetaRequest) -> Result<MetaReply, MetaError> {
-        let ctx = self.ctx();
+    /// Answers one request for `caller`. Writes are queued to the store's writer and
+    /// awaited without holding a thread; reads run in `block_in_place` (see `engine`).
+    async fn answer(self: &Arc<Self>, caller: Caller, req: MetaRequest) -> Result<MetaReply, MetaError> {
+        let ctx = self.ctx().acting_for(caller);
         match ops::access(&req) {
             Access::Locks => self.lock_request(req),
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
+                    ops::perm::check_privileged(&ctx.caller, "reporting workers")?;
                     lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
                     Ok(())
                 }),
@@ -224,12 +233,12 @@ impl MetaService {
                 }
                 open => {
                     let opened = match &open {
-                        MetaRequest::Open(m) => Some((m.session, m.ino)),
+                        MetaRequest::Open(m) => Some((m.session, m.ino, m.access.write)),
                         _ => None,
                     };
                     let reply = engine::read_async(&self.store, true, move |t| ops::read(t, &ctx, open)).await?;
-                    if let Some((session, ino)) = opened {
-                        self.opens.add(session, ino);
+                    if let Some((session, ino, write)) = opened {
+                        self.opens.add(session, ino, write);
                     }
                     Ok(reply)
                 }
@@ -321,19 +330,22 @@ impl Worker for SessionExpiry {
 }
 
 impl net::Service for MetaService {
-    type Request = MetaRequest;
+    type Request = MetaCall;
     type Reply = MetaResult;
 
     /// A session's `Welcome` binds that session to the connection it came on; a
     /// request acting for a session must come on a connection bound to it (or bind an
-    /// unbound one), so one connection never acts for two live sessions.
-    async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
+    /// unbound one), so one connection never acts for two live sessions. The request
+    /// acts for the caller the peer may act as (`authority::resolve`).
+    async fn handle(self: Arc<Self>, peer: net::Peer, call: MetaCall, _bulk: Bytes) -> (MetaResult, Bytes) {
+        let MetaCall { caller, request: req } = call;
         if let Some(claimed) = req.claimed_session()
             && let Err(e) = self.check_claim(&peer, claimed)
         {
             return (Err(e.into()), Bytes::new());
         }
-        let result = self.answer(req).await;
+        let caller = crate::authority::resolve(peer.identity(), caller);
+        let result = self.answer(caller, req).await;
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());
@@ -356,7 +368,6 @@ mod tests {
             name: name.into_bytes(),
             node: NewNode::File,
             mode: 0o644,
-            caller: Caller { uid: 1, gid: 1 },
             exclusive: true,
         })
     }
@@ -412,18 +423,24 @@ mod tests {
         let client = Arc::new(net::RpcClient::connect(&addr, 2, Duration::from_secs(30)).await.unwrap());
 
         let info = SessionInfo { site: "s".into(), host: "h".into(), pid: 9, purpose: "test".into() };
-        let hello: MetaResult =
-            client.call(&MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })).await.unwrap();
+        let hello: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })))
+            .await
+            .unwrap();
         let Ok(MetaReply::Welcome(Welcome { heartbeat_ms: 5000, cluster_id, .. })) = hello else { panic!("{hello:?}") };
         assert_eq!(cluster_id, cluster);
 
-        let made: MetaResult = client.call(&create(ROOT_INODE, "one".into())).await.unwrap();
+        let made: MetaResult = client.call(&MetaCall::from(create(ROOT_INODE, "one".into()))).await.unwrap();
         let Ok(MetaReply::Attr(one)) = made else { panic!("create failed: {made:?}") };
-        let found: MetaResult =
-            client.call(&MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"one".to_vec() })).await.unwrap();
+        let found: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"one".to_vec() })))
+            .await
+            .unwrap();
         assert_eq!(found, Ok(MetaReply::Attr(one)));
-        let missing: MetaResult =
-            client.call(&MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"two".to_vec() })).await.unwrap();
+        let missing: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"two".to_vec() })))
+            .await
+            .unwrap();
         assert_eq!(missing.map_err(|e| e.code), Err(proto::error::ErrorCode::NotFound));
 
         // Many concurrent creates: the writer group-commits them.
@@ -433,7 +450,8 @@ mod tests {
                 tokio::spawn(async move {
                     let mut inos = Vec::new();
                     for i in 0..25 {
-                        let r: MetaResult = client.call(&create(ROOT_INODE, format!("t{t}-{i}"))).await.unwrap();
+                        let r: MetaResult =
+                            client.call(&MetaCall::from(create(ROOT_INODE, format!("t{t}-{i}")))).await.unwrap();
                         match r {
                             Ok(MetaReply::Attr(a)) => inos.push(a.ino),
                             other => panic!("create failed: {other:?}"),
@@ -450,10 +468,13 @@ mod tests {
         inos.sort();
         inos.dedup();
         assert_eq!(inos.len(), 1000);
-        let root: MetaResult = client.call(&MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await.unwrap();
+        let root: MetaResult =
+            client.call(&MetaCall::from(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }))).await.unwrap();
         let Ok(MetaReply::Attr(Attr { nlink: 2, .. })) = root else { panic!("{root:?}") };
-        let listed: MetaResult =
-            client.call(&MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })).await.unwrap();
+        let listed: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })))
+            .await
+            .unwrap();
         let Ok(MetaReply::Entries(entries)) = listed else { panic!("{listed:?}") };
         assert_eq!(entries.len(), 1001);
     }
@@ -501,7 +522,8 @@ mod tests {
                     let service = service.clone();
                     tokio::spawn(async move {
                         for _ in 0..per_task {
-                            let r = service.answer(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await;
+                            let r =
+                                service.answer(Caller::ROOT, MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await;
                             assert!(r.is_ok(), "{r:?}");
                         }
                     })

@@ -845,7 +845,6 @@ mod tests {
                     name,
                     node: proto::meta::NewNode::File,
                     mode: 0o644,
-                    caller: proto::types::Caller { uid: 0, gid: 0 },
                     exclusive: true,
                 });
                 s.handle_blocking(req).unwrap();

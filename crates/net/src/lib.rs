@@ -12,7 +12,7 @@ mod server;
 
 pub use client::{PushHandler, RpcClient};
 pub use directory::{NodeDirectory, PoolSize};
-pub use server::{ConnHandle, Peer, Service, serve, serve_with};
+pub use server::{ConnHandle, Peer, PeerIdentity, Role, Service, serve, serve_with};
 
 use proto::error::ErrorCode;
 use std::time::Duration;

@@ -44,6 +44,25 @@ pub struct Peer {
     addr: SocketAddr,
     conn: Arc<Conn>,
     session: Arc<Mutex<Option<SessionId>>>,
+    /// What the peer's certificate proves; `None` only when TLS is explicitly disabled.
+    identity: Option<Arc<PeerIdentity>>,
+}
+
+/// What a peer's certificate proves about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// Certificate subject: the host's principal.
+    pub name: String,
+    pub role: Role,
+    pub site: String,
+}
+
+/// What a certificate allows its holder to act as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Role {
+    Meta,
+    Node,
+    Client,
 }
 
 impl Peer {
@@ -67,6 +86,12 @@ impl Peer {
     /// from it. A later `Hello` on the same connection rebinds it.
     pub fn set_session(&self, session: SessionId) {
         *lock(&self.session) = Some(session);
+    }
+
+    /// What the peer's certificate proves about it; `None` only when TLS is
+    /// explicitly disabled (services then trust what requests claim).
+    pub fn identity(&self) -> Option<&PeerIdentity> {
+        self.identity.as_deref()
     }
 
     /// A handle to send requests to this peer on its own connection (server push).
@@ -186,7 +211,7 @@ impl Server {
             idle: Some(self.limits.idle_timeout),
             frame: self.limits.frame_timeout,
         };
-        let peer = Peer { addr, conn: conn.clone(), session: Arc::default() };
+        let peer = Peer { addr, conn: conn.clone(), session: Arc::default(), identity: None };
         let handler = Arc::new(ServiceHandler { service: service.clone(), peer });
         conns.insert(id, Entry { conn: conn.clone(), in_flight });
         drop(conns);

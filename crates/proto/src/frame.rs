@@ -130,11 +130,11 @@ mod tests {
                 name: b"name".to_vec(),
                 node: NewNode::Symlink { target: b"t".to_vec() },
                 mode: 0o755,
-                caller: Caller { uid: 1, gid: 2 },
                 exclusive: true,
             }),
             MetaRequest::CommitWrite(CommitWrite {
                 ino: 9,
+                session: 3,
                 extents: vec![ext, ext],
                 chunks: vec![StoredChunk { id: ChunkId([1; 32]), size: 10, nodes: vec!["n".into()] }],
                 min_size: 14,

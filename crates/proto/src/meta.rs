@@ -110,6 +110,48 @@ pub enum AllocateMode {
     ZeroRange,
 }
 
+/// How a file is opened (`O_RDONLY`, `O_WRONLY`, `O_RDWR`); meta checks the matching
+/// permission and remembers a write open, so writes through it outlive a later chmod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OpenAccess {
+    pub read: bool,
+    pub write: bool,
+}
+
+/// A request to meta as it travels: the request and, for a client acting for one of
+/// its users, that user's credentials. Meta checks every permission against them (as
+/// mapped for the peer's site); `None` is the client host itself (its root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaCall {
+    pub caller: Option<Caller>,
+    pub request: MetaRequest,
+}
+
+impl From<MetaRequest> for MetaCall {
+    /// A request that acts for no particular user.
+    fn from(request: MetaRequest) -> MetaCall {
+        MetaCall { caller: None, request }
+    }
+}
+
+/// A request sent on behalf of a user: `ask(As(caller, request))`.
+#[derive(Debug, Clone)]
+pub struct As<M>(pub Caller, pub M);
+
+impl<M: MetaMessage> crate::Call for As<M> {
+    type Wire = MetaCall;
+    type Answer = MetaResult;
+    type Output = M::Response;
+
+    fn into_wire(self) -> MetaCall {
+        MetaCall { caller: Some(self.0), request: self.1.into() }
+    }
+
+    fn output(answer: MetaResult) -> Result<M::Response, WireError> {
+        <M as crate::Call>::output(answer)
+    }
+}
+
 impl MetaRequest {
     /// The session a request says it acts for, if it names one. Meta holds it against
     /// the session bound to the connection (see `net::Peer::session`).
@@ -124,6 +166,9 @@ impl MetaRequest {
             R::GetLock(m) => Some(m.session),
             R::SetLock(m) => Some(m.session),
             R::ReleaseLocks(m) => Some(m.session),
+            R::CommitWrite(m) => Some(m.session),
+            R::Fallocate(m) => Some(m.session),
+            R::Compact(m) => Some(m.session),
             R::Hello(_)
             | R::Lookup(_)
             | R::GetAttr(_)
@@ -141,9 +186,6 @@ impl MetaRequest {
             | R::RemoveXattr(_)
             | R::StatFs(_)
             | R::Extents(_)
-            | R::CommitWrite(_)
-            | R::Fallocate(_)
-            | R::Compact(_)
             | R::SyncAll(_)
             | R::RegisterNode(_)
             | R::ListNodes(_)
@@ -180,12 +222,12 @@ pub trait MetaMessage: Into<MetaRequest> {
 }
 
 impl<M: MetaMessage> crate::Call for M {
-    type Wire = MetaRequest;
+    type Wire = MetaCall;
     type Answer = MetaResult;
     type Output = M::Response;
 
-    fn into_wire(self) -> MetaRequest {
-        self.into()
+    fn into_wire(self) -> MetaCall {
+        MetaCall { caller: None, request: self.into() }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
@@ -251,7 +293,6 @@ meta_requests! {
     SetAttr {
         ino: InodeId,
         set: AttrChanges,
-        caller: Caller,
     } => Attr;
     /// mknod/mkdir/symlink/create. `mode` is final (umask already applied).
     /// With `exclusive` false an existing regular file is returned instead of `Exists`.
@@ -260,7 +301,6 @@ meta_requests! {
         name: Vec<u8>,
         node: NewNode,
         mode: u32,
-        caller: Caller,
         exclusive: bool,
     } => Attr;
     /// `Create` of a regular file that also records it as open by `session` (create and
@@ -268,6 +308,8 @@ meta_requests! {
     CreateOpen {
         create: Create,
         session: SessionId,
+        /// Checked only when the file already exists (a new file's creator may write it).
+        access: OpenAccess,
     } => Opened;
     /// A new name for an existing inode (hard link).
     Link {
@@ -333,6 +375,7 @@ meta_requests! {
         ino: InodeId,
         session: SessionId,
         truncate: bool,
+        access: OpenAccess,
     } => Opened;
     /// Drops one open record; reclaims an orphan nobody has open any more.
     Release {
@@ -347,6 +390,9 @@ meta_requests! {
     /// their chunks are stored, and raises the size to at least `min_size`.
     CommitWrite {
         ino: InodeId,
+        /// The session that has the file open for writing (or the caller needs write
+        /// permission now).
+        session: SessionId,
         extents: Vec<Extent>,
         chunks: Vec<StoredChunk>,
         min_size: u64,
@@ -355,6 +401,7 @@ meta_requests! {
     /// `fallocate(2)` in one of the modes Locus supports.
     Fallocate {
         ino: InodeId,
+        session: SessionId,
         offset: u64,
         len: u64,
         mode: AllocateMode,
@@ -363,6 +410,7 @@ meta_requests! {
     /// (`Stale`) if the file's `data_version` is no longer the one the compactor read.
     Compact {
         ino: InodeId,
+        session: SessionId,
         data_version: u64,
         extents: Vec<Extent>,
         chunks: Vec<StoredChunk>,

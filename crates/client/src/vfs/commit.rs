@@ -68,6 +68,7 @@ impl Vfs {
         }
         let req = CommitWrite {
             ino,
+            session: self.meta.session(),
             extents: std::mem::take(&mut f.pending),
             chunks,
             min_size: f.attr.size,
@@ -84,7 +85,7 @@ impl Vfs {
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
         self.commit_locked(ino, &mut f).await?;
-        f.attr = self.meta.call(Fallocate { ino, offset, len, mode }).await?;
+        f.attr = self.meta.call(Fallocate { ino, session: self.meta.session(), offset, len, mode }).await?;
         if matches!(mode, AllocateMode::PunchHole | AllocateMode::ZeroRange) {
             f.extents.punch(offset, offset + len);
         }

@@ -24,11 +24,19 @@ impl Vfs {
                 drop(f);
                 return Box::pin(self.open(ino, opts)).await;
             }
+            if opts.access.write && !f.writable {
+                // First open for writing here: meta checks and records it (an open
+                // it counts, released at once; the write record stays while the
+                // session has the file open).
+                let session = self.meta.session();
+                self.meta.call(Open { ino, session, truncate: false, access: opts.access }).await?;
+                self.meta.call(Release { ino, session }).await?;
+                f.writable = true;
+            }
             if opts.truncate {
                 self.commit_locked(ino, &mut f).await?;
                 let set = AttrChanges { size: Some(0), ..AttrChanges::default() };
-                let caller = Caller { uid: f.attr.uid, gid: f.attr.gid };
-                f.attr = self.meta.call(SetAttr { ino, set, caller }).await?;
+                f.attr = self.meta.call(SetAttr { ino, set }).await?;
                 f.extents = ExtentMap::default();
             }
             f.opens += 1;
@@ -36,8 +44,9 @@ impl Vfs {
             return Ok((self.new_handle(file), true));
         }
         let session = self.meta.session();
-        let Opened { attr, extents } = self.meta.call(Open { ino, session, truncate: opts.truncate }).await?;
-        Ok(self.adopt(session, attr, extents).await)
+        let req = Open { ino, session, truncate: opts.truncate, access: opts.access };
+        let Opened { attr, extents } = self.meta.call(req).await?;
+        Ok(self.adopt(session, attr, extents, opts.access.write).await)
     }
 
     /// Creates a regular file and opens it in one request.
@@ -46,19 +55,19 @@ impl Vfs {
         parent: InodeId,
         name: &[u8],
         mode: u32,
-        caller: Caller,
         exclusive: bool,
         opts: OpenOptions,
     ) -> Result<(Attr, FileHandle)> {
         let session = self.meta.session();
-        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, caller, exclusive };
-        let req = CreateOpen { create, session };
+        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, exclusive };
+        let req = CreateOpen { create, session, access: opts.access };
         let Opened { attr, extents } = self.meta.call(req).await?;
         let (ino, existed) = (attr.ino, attr.size > 0);
-        let (fh, _) = self.adopt(session, attr, extents).await;
+        // Meta lets the creator of a new file write it; an existing one as `access` says.
+        let (fh, _) = self.adopt(session, attr, extents, opts.access.write || !existed).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
-            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, caller).await?;
+            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }).await?;
             return Ok((attr, fh));
         }
         let attr = self.getattr(ino).await?;
@@ -72,6 +81,7 @@ impl Vfs {
         session: SessionId,
         attr: Attr,
         extents: Vec<Extent>,
+        writable: bool,
     ) -> (FileHandle, bool) {
         let ino = attr.ino;
         let keep_cache = lock(&self.seen_versions).get(&ino) == Some(&attr.data_version);
@@ -85,6 +95,7 @@ impl Vfs {
                 uploads: Vec::new(),
                 modified: false,
                 opens: 1,
+                writable,
                 lock_owners: HashSet::new(),
             }),
         });
@@ -101,7 +112,11 @@ impl Vfs {
         let file = match raced {
             // Another thread opened it meanwhile: share its state, drop our record.
             Some(existing) => {
-                existing.inner.lock().await.opens += 1;
+                let mut e = existing.inner.lock().await;
+                e.opens += 1;
+                // Our open's write record stays while the session has the file open.
+                e.writable |= writable;
+                drop(e);
                 let _ = self.meta.call(Release { ino, session }).await;
                 existing
             }
@@ -142,7 +157,7 @@ impl Vfs {
             lock(&self.files).remove(&ino);
             lock(&self.seen_versions).insert(ino, f.attr.data_version);
             if crate::compact::is_fragmented(&f.extents, f.attr.size, self.config.chunk_size) {
-                let _ = self.compact_queue.send(ino);
+                let _ = self.compact_queue.send((ino, crate::meta_link::current_caller()));
             }
             let session = self.meta.session();
             for owner in f.lock_owners.drain() {

@@ -29,7 +29,7 @@ macro_rules! conformance_tests {
             rmdir, rename_replace, rename_noreplace_exchange, rename_dirs, setattr_truncate,
             commit_write_splits, compact_checks_the_version, fallocate, open_truncate_and_sync, xattrs,
             readdir_paging, persistence, nodes, cluster_identity, sessions, session_expiry,
-            orphans_are_reaped_after_restart, locks, chunk_catalogue, site_round_trips);
+            orphans_are_reaped_after_restart, locks, chunk_catalogue, site_round_trips, permissions);
     };
     (@cases $fresh:path; $($case:ident),* $(,)?) => {
         $(

@@ -5,11 +5,13 @@
 mod catalogue;
 mod data;
 mod namespace;
+pub mod perm;
 mod sessions;
 
 use catalogue::{forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
+use perm::{MAY_EXEC, MAY_READ, MAY_WRITE, check, check_data_write, check_privileged, check_xattr};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
@@ -18,8 +20,8 @@ use crate::opens::OpenTable;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open, Opened,
-    Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
+    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open, OpenAccess,
+    Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
@@ -47,13 +49,28 @@ pub struct Ctx {
     pub opens: Arc<OpenTable>,
     /// The cluster this database was formatted for.
     pub cluster_id: Arc<str>,
+    /// Whom the request acts for, as meta resolved it from the peer and the request:
+    /// every permission is checked against it (`perm`); uid 0 is the superuser.
+    pub caller: Caller,
 }
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
     pub fn now(heartbeat_ms: u64, opens: Arc<OpenTable>, cluster_id: Arc<str>) -> Ctx {
         let now = Timestamp::now();
-        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, opens, cluster_id }
+        Ctx {
+            now,
+            now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000),
+            heartbeat_ms,
+            opens,
+            cluster_id,
+            caller: Caller::ROOT,
+        }
+    }
+
+    /// The same moment, acting for `caller`.
+    pub fn acting_for(self, caller: Caller) -> Ctx {
+        Ctx { caller, ..self }
     }
 }
 
@@ -131,11 +148,12 @@ pub fn serve<M: MetaMessage>(
 pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     match req {
-        R::Lookup(m) => serve(m, |m| lookup(t, m.parent, &m.name)),
+        R::Lookup(m) => serve(m, |m| lookup(t, &ctx.caller, m.parent, &m.name)),
         R::GetAttr(m) => serve(m, |m| Ok(inode(t, m.ino)?.attr)),
         R::Open(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let attr = inode(t, m.ino)?.attr;
+            check_open(&ctx.caller, &attr, m.access, false)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             Ok(Opened { attr, extents })
         }),
@@ -146,15 +164,17 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             }
             Ok(i.target)
         }),
-        R::ReadDir(m) => serve(m, |m| read_dir(t, m.ino, m.after, m.limit)),
+        R::ReadDir(m) => serve(m, |m| read_dir(t, &ctx.caller, m.ino, m.after, m.limit)),
         R::GetXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
-            inode(t, m.ino)?;
+            check_xattr(&ctx.caller, &inode(t, m.ino)?.attr, &m.name, false)?;
             t.get_xattr(m.ino, &m.name)?.ok_or_else(|| MetaError::NoAttribute(show(&m.name)))
         }),
         R::ListXattr(m) => serve(m, |m| {
             inode(t, m.ino)?;
-            t.list_xattrs(m.ino)
+            let mut names = t.list_xattrs(m.ino)?;
+            names.retain(|n| perm::xattr_visible(&ctx.caller, n));
+            Ok(names)
         }),
         R::StatFs(m) => serve(m, |_| {
             let nodes = t.list_nodes()?;
@@ -167,6 +187,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
+            check(&ctx.caller, &attr, MAY_READ)?;
             Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)? })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
@@ -179,9 +200,16 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             }
             Ok(out)
         }),
-        R::ListChunks(m) => serve(m, |m| t.list_chunks(m.after.as_ref(), page(m.limit))),
-        R::ListExtents(m) => serve(m, |m| t.list_extents(m.after, page(m.limit))),
+        R::ListChunks(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "listing the chunk catalogue")?;
+            t.list_chunks(m.after.as_ref(), page(m.limit))
+        }),
+        R::ListExtents(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "listing every extent")?;
+            t.list_extents(m.after, page(m.limit))
+        }),
         R::Unreferenced(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "asking which chunks are unreferenced")?;
             let mut out = Vec::new();
             for id in m.ids {
                 match t.get_chunk(&id)? {
@@ -226,28 +254,35 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.put_session(&s)
         }),
         R::Goodbye(m) => serve(m, |m| end_session(t, &ctx.opens, m.session)),
-        R::SetAttr(m) => serve(m, |m| set_attr(t, now, m.ino, &m.set, &m.caller)),
-        R::Create(m) => serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)),
+        R::SetAttr(m) => serve(m, |m| set_attr(t, now, m.ino, &m.set, &ctx.caller)),
+        R::Create(m) => {
+            serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.0))
+        }
         R::CreateOpen(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let c = m.create;
-            let attr = create(t, now, c.parent, &c.name, c.node, c.mode, &c.caller, c.exclusive)?;
+            let (attr, created) = create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
-            ctx.opens.add(m.session, attr.ino);
+            if !created {
+                check_open(&ctx.caller, &attr, m.access, false)?;
+            }
+            // The creator of a new file may write it whatever its mode says.
+            ctx.opens.add(m.session, attr.ino, m.access.write || created);
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
             Ok(Opened { attr, extents })
         }),
-        R::Link(m) => serve(m, |m| link(t, now, m.ino, m.new_parent, &m.new_name)),
+        R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
-            let (ino, orphaned) = unlink(t, &ctx.opens, now, m.parent, &m.name)?;
+            let (ino, orphaned) = unlink(t, &ctx.caller, &ctx.opens, now, m.parent, &m.name)?;
             Ok(Unlinked { ino, orphaned })
         }),
-        R::Rmdir(m) => serve(m, |m| rmdir(t, now, m.parent, &m.name)),
-        R::Rename(m) => serve(m, |m| rename(t, &ctx.opens, now, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
-        R::SetXattr(m) => serve(m, |m| set_xattr(t, now, m.ino, &m.name, &m.value, m.mode)),
+        R::Rmdir(m) => serve(m, |m| rmdir(t, &ctx.caller, now, m.parent, &m.name)),
+        R::Rename(m) => serve(m, |m| rename(t, ctx, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
+        R::SetXattr(m) => serve(m, |m| set_xattr(t, &ctx.caller, now, m.ino, &m.name, &m.value, m.mode)),
         R::RemoveXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
             let mut i = inode(t, m.ino)?;
+            check_xattr(&ctx.caller, &i.attr, &m.name, true)?;
             if !t.delete_xattr(m.ino, &m.name)? {
                 return Err(MetaError::NoAttribute(show(&m.name)));
             }
@@ -258,21 +293,33 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let mut i = inode(t, m.ino)?;
             require_file(&i)?;
+            check_open(&ctx.caller, &i.attr, m.access, true)?;
             truncate(t, &mut i, 0, now)?;
             t.put_inode(&i)?;
-            ctx.opens.add(m.session, m.ino);
+            ctx.opens.add(m.session, m.ino, m.access.write);
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             Ok(Opened { attr: i.attr, extents })
         }),
-        R::CommitWrite(m) => serve(m, |m| commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)),
-        R::Fallocate(m) => serve(m, |m| fallocate(t, now, m.ino, m.offset, m.len, m.mode)),
-        R::Compact(m) => serve(m, |m| compact(t, m.ino, m.data_version, &m.extents, &m.chunks)),
+        R::CommitWrite(m) => serve(m, |m| {
+            check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
+            commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)
+        }),
+        R::Fallocate(m) => serve(m, |m| {
+            check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
+            fallocate(t, now, m.ino, m.offset, m.len, m.mode)
+        }),
+        R::Compact(m) => serve(m, |m| {
+            check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
+            compact(t, m.ino, m.data_version, &m.extents, &m.chunks)
+        }),
         R::SyncAll(m) => serve(m, |_| t.next_id(Counter::Sync).map(drop)),
         R::RegisterNode(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "registering a node")?;
             register_node(t, ctx, &m.node, m.cluster_id.as_deref())?;
             Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "reporting chunk locations")?;
             for chunk in &m.added {
                 t.upsert_chunk(&StoredChunk { nodes: vec![m.node.clone()], ..chunk.clone() })?;
             }
@@ -282,6 +329,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(())
         }),
         R::ForgetChunks(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "forgetting chunks")?;
             for id in &m.ids {
                 forget_chunk(t, id)?;
             }
@@ -289,6 +337,13 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         }),
         other => Err(MetaError::Internal(format!("{other:?} is not a write request"))),
     }
+}
+
+/// Opening a file checks read or write permission as `access` says, and write
+/// permission for a truncation.
+fn check_open(c: &Caller, a: &Attr, access: OpenAccess, truncate: bool) -> Result<(), MetaError> {
+    let want = if access.read { MAY_READ } else { 0 } | if access.write || truncate { MAY_WRITE } else { 0 };
+    check(c, a, want)
 }
 
 fn page(limit: u32) -> u32 {
