@@ -72,7 +72,7 @@ impl MetaLink {
     /// returns its typed answer.
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
         Ok(match current_caller() {
-            Some(caller) => self.rpc.ask(As(caller, msg)).await??,
+            Some(caller) => self.rpc.ask(As { caller, site: self.info.site.clone(), request: msg }).await??,
             None => self.rpc.ask(msg).await??,
         })
     }

@@ -79,6 +79,23 @@ pub struct MetaArgs {
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
+    /// SITE=FILE: the site's identity map (grid-mapfile shape: `"<principal>" name uid`
+    /// lines, a `[groups]` section, `nobody UID GID`), reloaded when it changes.
+    /// Repeat per site; a site without one numbers owners with its local ids.
+    #[arg(long = "identity-map", value_name = "SITE=FILE", value_parser = site_file)]
+    pub identity_maps: Vec<(String, PathBuf)>,
+    /// Trust root on this site's clients (by default root is squashed to nobody once
+    /// TLS proves the site). Repeat per site.
+    #[arg(long = "no-root-squash", value_name = "SITE")]
+    pub no_root_squash: Vec<String>,
+}
+
+/// `SITE=FILE` of `--identity-map`.
+fn site_file(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((site, file)) if !site.is_empty() && !file.is_empty() => Ok((site.to_string(), PathBuf::from(file))),
+        _ => Err(format!("expected SITE=FILE, got {s:?}")),
+    }
 }
 
 #[derive(Args, Debug)]

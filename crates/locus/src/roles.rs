@@ -31,18 +31,27 @@ fn expand_home(p: &str) -> PathBuf {
     }
 }
 
+/// Each site's identity map file and the sites whose root is trusted.
+type IdentityConfig = (Vec<(String, PathBuf)>, Vec<String>);
+
 /// Starts meta on `listener` over the database at `db_url` (formatting a new one with
-/// `init`); returns the address clients use.
+/// `init`) with the sites' identity maps; returns the address clients use.
 async fn start_meta(
     listener: TcpListener,
     db_url: &str,
     init: bool,
     session_expiry: Duration,
+    (maps, no_root_squash): IdentityConfig,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
     let config =
         meta::MetaConfig { db_url: db_url.to_string(), init, heartbeat: Duration::from_secs(2), session_expiry };
-    let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
+    let service = tokio::task::spawn_blocking(move || {
+        let service = meta::MetaService::open(&config)?;
+        service.configure_identities(maps, no_root_squash)?;
+        Ok::<_, meta::MetaError>(service)
+    })
+    .await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
     tokio::spawn(net::serve(listener, service));
@@ -51,7 +60,9 @@ async fn start_meta(
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
-    let addr = start_meta(listener, &args.db, args.init, Duration::from_secs(args.session_expiry_secs)).await?;
+    let identities = (args.identity_maps.clone(), args.no_root_squash.clone());
+    let expiry = Duration::from_secs(args.session_expiry_secs);
+    let addr = start_meta(listener, &args.db, args.init, expiry, identities).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -226,7 +237,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
-    let meta_addr = start_meta(meta_listener, &db_url, init, Duration::from_secs(30)).await?;
+    let meta_addr =
+        start_meta(meta_listener, &db_url, init, Duration::from_secs(30), IdentityConfig::default()).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

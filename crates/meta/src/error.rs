@@ -66,6 +66,8 @@ pub enum MetaError {
     UnsupportedUrl { url: String, reason: String },
     #[error("{0}")]
     WrongCluster(String),
+    #[error("identity map {path}:{line}: {msg}")]
+    IdentityMap { path: String, line: usize, msg: String },
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -95,6 +97,7 @@ impl MetaError {
             | MetaError::Damaged { .. }
             | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
             MetaError::WrongCluster(_) => ErrorCode::NotPermitted,
+            MetaError::IdentityMap { .. } => ErrorCode::InvalidArgument,
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Internal(_) => ErrorCode::Internal,

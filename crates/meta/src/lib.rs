@@ -6,6 +6,7 @@
 pub mod authority;
 mod engine;
 mod error;
+mod identity;
 mod locks;
 mod opens;
 mod ops;
@@ -18,5 +19,6 @@ pub mod conformance;
 
 pub use engine::{Store, open_store};
 pub use error::MetaError;
+pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_map};
 pub use service::{MetaConfig, MetaService};
 pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

@@ -4,6 +4,7 @@
 
 use crate::engine::{self, Store};
 use crate::error::MetaError;
+use crate::identity::{Acting, Identities};
 use crate::locks::LockTable;
 use crate::opens::OpenTable;
 use crate::ops::{self, Access, Ctx};
@@ -47,6 +48,8 @@ pub struct MetaService {
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
+    /// Each site's identity map (none configured: every site numbers owners itself).
+    identities: std::sync::RwLock<Arc<Identities>>,
     /// Orphans are reaped only once every session alive before a restart of meta
     /// (whose open records were in memory) has had time to expire: this many ms
     /// after the service started.
@@ -72,15 +75,44 @@ impl MetaService {
             workers: Workers::default(),
             reports: Mutex::default(),
             clients: Mutex::default(),
+            identities: std::sync::RwLock::new(Arc::new(Identities::empty())),
             reap_after_ms: Timestamp::now().secs * 1000 + config.session_expiry.as_millis() as i64,
         })
     }
 
-    /// Starts meta's workers (session expiry and orphan reaping) on the current tokio
-    /// runtime; they stop once the service is dropped.
+    /// Loads each site's identity map (`site`, file) and the sites whose root is not
+    /// squashed; the principals they name get rows in the principal table. Blocking.
+    pub fn configure_identities(
+        &self,
+        maps: Vec<(String, std::path::PathBuf)>,
+        no_root_squash: Vec<String>,
+    ) -> Result<(), MetaError> {
+        let ids = Identities::load(maps, no_root_squash, &mut |names| self.principals(names))?;
+        *self.identities.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ids);
+        Ok(())
+    }
+
+    /// The principal-table rows of `names`, adding the ones not there yet. Blocking.
+    fn principals(&self, names: &[String]) -> Result<Vec<u32>, MetaError> {
+        let names = names.to_vec();
+        engine::write(&self.store, false, move |t| {
+            names.iter().map(|n| if let Some(id) = t.principal(n)? { Ok(id) } else { t.add_principal(n) }).collect()
+        })
+    }
+
+    fn identities(&self) -> Arc<Identities> {
+        self.identities.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Starts meta's workers (session expiry and orphan reaping, and identity-map
+    /// reloading when maps are configured) on the current tokio runtime; they stop
+    /// once the service is dropped.
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
+        if self.identities().has_sources() {
+            self.workers.spawn(IdentityReload { service: Arc::downgrade(self), reloads: 0 });
+        }
     }
 
     /// Meta's own workers, those of every connected client (asked on its connection
@@ -290,6 +322,41 @@ impl MetaService {
     }
 }
 
+/// The `identity-maps` worker: rereads a site's map file when it changes (a broken
+/// file keeps the previous map and shows as this worker's last error).
+struct IdentityReload {
+    service: Weak<MetaService>,
+    reloads: u64,
+}
+
+impl Worker for IdentityReload {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "identity-maps".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("{} map reloads", self.reloads)
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        let reloaded = tokio::task::spawn_blocking(move || {
+            let ids = service.identities();
+            ids.reload(&mut |names| service.principals(names))
+        })
+        .await
+        .map_err(|e| MetaError::Internal(format!("identity map reload task failed: {e}")))??;
+        self.reloads += reloaded.len() as u64;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(Duration::from_secs(2)).await
+    }
+}
+
 /// The `session-expiry` worker: ends sessions that stopped heartbeating (dropping their
 /// locks and open records) and reaps orphans nobody has open any more.
 struct SessionExpiry {
@@ -338,20 +405,37 @@ impl net::Service for MetaService {
     /// unbound one), so one connection never acts for two live sessions. The request
     /// acts for the caller the peer may act as (`authority::resolve`).
     async fn handle(self: Arc<Self>, peer: net::Peer, call: MetaCall, _bulk: Bytes) -> (MetaResult, Bytes) {
-        let MetaCall { caller, request: req } = call;
+        let MetaCall { caller, site, request: mut req } = call;
         if let Some(claimed) = req.claimed_session()
             && let Err(e) = self.check_claim(&peer, claimed)
         {
             return (Err(e.into()), Bytes::new());
         }
-        let caller = crate::authority::resolve(peer.identity(), caller);
-        let result = self.answer(caller, req).await;
+        let acting = crate::authority::resolve(&self.identities(), peer.identity(), site.as_deref(), caller);
+        if let MetaRequest::SetAttr(m) = &mut req {
+            match acting.owner_in(m.set.uid, m.set.gid) {
+                Ok((uid, gid)) => (m.set.uid, m.set.gid) = (uid, gid),
+                Err(e) => return (Err(e.into()), Bytes::new()),
+            }
+        }
+        let result = self.answer(acting.caller.clone(), req).await.map(|reply| localize(reply, &acting));
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());
         }
         (result.map_err(Into::into), Bytes::new())
     }
+}
+
+/// Shows the owners in an answer in the numbering of the caller's site.
+fn localize(mut reply: MetaReply, acting: &Acting) -> MetaReply {
+    match &mut reply {
+        MetaReply::Attr(a) => acting.localize(a),
+        MetaReply::Opened(o) => acting.localize(&mut o.attr),
+        MetaReply::Entries(entries) => entries.iter_mut().for_each(|e| acting.localize(&mut e.attr)),
+        _ => {}
+    }
+    reply
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -56,11 +56,12 @@ CREATE TABLE site_rtts (
     WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
 CREATE TABLE cluster (id TEXT NOT NULL);
+CREATE TABLE principals (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 ";
 
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster];
+const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster, add_principals];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -70,6 +71,13 @@ type Migration = fn(&Connection) -> Result<(), MetaError>;
 fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
     conn.execute_batch("CREATE TABLE cluster (id TEXT NOT NULL)")?;
     conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    Ok(())
+}
+
+/// Version 2 -> 3: owners may be global principals (grid identities), numbered by
+/// their row in this table (see `identity`).
+fn add_principals(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch("CREATE TABLE principals (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")?;
     Ok(())
 }
 
@@ -757,6 +765,17 @@ impl Txn for SqlConn {
             "SELECT id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen FROM nodes ORDER BY id",
         )?;
         Ok(st.query_map([], node_row)?.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT id FROM principals WHERE name = ?1")?;
+        Ok(st.query_row([name], |r| r.get::<_, i64>(0)).optional()?.map(|id| id as u32))
+    }
+
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError> {
+        let mut st = self.conn.prepare_cached("INSERT INTO principals (name) VALUES (?1)")?;
+        st.execute([name])?;
+        Ok(self.conn.last_insert_rowid() as u32)
     }
 }
 

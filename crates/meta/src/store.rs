@@ -112,6 +112,11 @@ pub trait Txn {
     fn put_node(&mut self, node: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError>;
     fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError>;
     fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError>;
+
+    /// The row number of a global principal (a grid identity's name), if known.
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError>;
+    /// Adds a principal; returns its row number (1, 2, ...; never reused).
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError>;
 }
 
 /// A backend's one write connection, driven by the shared group commit in `engine`.

@@ -124,19 +124,26 @@ pub struct OpenAccess {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaCall {
     pub caller: Option<Caller>,
+    /// The site whose numbering `caller` uses; meta believes it only when TLS is
+    /// disabled (otherwise the peer's certificate names the site).
+    pub site: Option<String>,
     pub request: MetaRequest,
 }
 
 impl From<MetaRequest> for MetaCall {
     /// A request that acts for no particular user.
     fn from(request: MetaRequest) -> MetaCall {
-        MetaCall { caller: None, request }
+        MetaCall { caller: None, site: None, request }
     }
 }
 
-/// A request sent on behalf of a user: `ask(As(caller, request))`.
+/// A request sent on behalf of a user of a site: `ask(As { caller, site, request })`.
 #[derive(Debug, Clone)]
-pub struct As<M>(pub Caller, pub M);
+pub struct As<M> {
+    pub caller: Caller,
+    pub site: String,
+    pub request: M,
+}
 
 impl<M: MetaMessage> crate::Call for As<M> {
     type Wire = MetaCall;
@@ -144,7 +151,7 @@ impl<M: MetaMessage> crate::Call for As<M> {
     type Output = M::Response;
 
     fn into_wire(self) -> MetaCall {
-        MetaCall { caller: Some(self.0), request: self.1.into() }
+        MetaCall { caller: Some(self.caller), site: Some(self.site), request: self.request.into() }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
@@ -227,7 +234,7 @@ impl<M: MetaMessage> crate::Call for M {
     type Output = M::Response;
 
     fn into_wire(self) -> MetaCall {
-        MetaCall { caller: None, request: self.into() }
+        MetaCall { caller: None, site: None, request: self.into() }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
