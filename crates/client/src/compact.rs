@@ -127,7 +127,9 @@ pub(crate) async fn compact(
     chunk_size: u64,
     ino: InodeId,
 ) -> Result<usize, VfsError> {
-    let Opened { attr, extents } = meta.call(Extents { ino }).await?;
+    let opened = meta.call(Extents { ino }).await?;
+    data.learn_caps(ino, &opened);
+    let Opened { attr, extents, .. } = opened;
     let extents = ExtentMap::from_extents(extents);
     if !is_fragmented(&extents, attr.size, chunk_size) {
         return Ok(0);
@@ -147,7 +149,7 @@ pub(crate) async fn compact(
         }
         let id = ChunkId::of(&bytes);
         let bytes = bytes::Bytes::from(bytes);
-        chunks.push(data.store_chunk(id, &bytes).await?);
+        chunks.push(data.store_chunk(ino, id, &bytes).await?);
         new_extents.push(Extent { file_offset: *start, len: bytes.len() as u64, chunk: id, chunk_offset: 0 });
     }
     let req = Compact { ino, session: meta.session(), data_version: attr.data_version, extents: new_extents, chunks };

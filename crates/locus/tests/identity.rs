@@ -131,7 +131,7 @@ fn gc_refuses_to_empty_the_nodes_and_dry_run_deletes_nothing() {
         let node = net::RpcClient::connect(&c.nodes[0].addr, 1, std::time::Duration::from_secs(10)).await.unwrap();
         for i in 0..120u32 {
             let data = format!("stray chunk {i}").into_bytes();
-            let req = proto::node::NodeRequest::Put { id: proto::types::ChunkId::of(&data) };
+            let req = proto::node::NodeRequest::Put { id: proto::types::ChunkId::of(&data), cap: None };
             let (r, _): (proto::node::NodeResult, _) = node.call_bulk(&req, bytes::Bytes::from(data)).await.unwrap();
             r.unwrap();
         }

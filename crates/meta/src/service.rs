@@ -48,6 +48,8 @@ pub struct MetaService {
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
+    /// The key chunk capabilities are signed with; nodes get it when they register.
+    cap_key: proto::cap::CapKey,
     /// Each site's identity map (none configured: every site numbers owners itself).
     identities: std::sync::RwLock<Arc<Identities>>,
     /// Orphans are reaped only once every session alive before a restart of meta
@@ -66,6 +68,7 @@ impl MetaService {
     /// A service over any backend's store (`db_url` and `init` in `config` are unused).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
         Arc::new(MetaService {
+            cap_key: random_key(),
             cluster_id: store.cluster_id().into(),
             store,
             locks: Mutex::new(LockTable::default()),
@@ -418,12 +421,74 @@ impl net::Service for MetaService {
                 Err(e) => return (Err(e.into()), Bytes::new()),
             }
         }
-        let result = self.answer(acting.caller.clone(), req).await.map(|reply| localize(reply, &acting));
+        let grants = granted_caps(&req);
+        let result = self.answer(acting.caller.clone(), req).await.map(|reply| {
+            let holder = peer.identity().map_or("", |i| i.name.as_str());
+            self.with_caps(localize(reply, &acting), grants, holder, peer.identity())
+        });
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());
         }
         (result.map_err(Into::into), Bytes::new())
+    }
+}
+
+/// A fresh capability key: 256 bits from the kernel (a key per meta process: after a
+/// restart nodes learn the new one at their next registration and clients ask again).
+fn random_key() -> proto::cap::CapKey {
+    let mut key = [0u8; 32];
+    if let Err(e) = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key)) {
+        // Without randomness meta must not run with a guessable key.
+        panic!("cannot read /dev/urandom for the capability key: {e}");
+    }
+    key
+}
+
+/// Which capabilities an answer to `req` carries (meta checked the permission
+/// behind each): reads for an open for reading or `Extents`, puts for an open for
+/// writing.
+fn granted_caps(req: &MetaRequest) -> (bool, bool) {
+    match req {
+        MetaRequest::Open(m) => (m.access.read, m.access.write),
+        MetaRequest::CreateOpen(m) => (m.access.read, m.access.write),
+        MetaRequest::Extents(_) => (true, false),
+        _ => (false, false),
+    }
+}
+
+impl MetaService {
+    /// Adds the capabilities `grants` allows to an `Opened` answer, bound to `holder`
+    /// (the peer's certificate name), and the capability key to a node's
+    /// registration (only a node, meta or a peer of an insecure cluster gets it).
+    fn with_caps(
+        &self,
+        mut reply: MetaReply,
+        (read, put): (bool, bool),
+        holder: &str,
+        peer: Option<&net::PeerIdentity>,
+    ) -> MetaReply {
+        use proto::cap::{CAP_LIFETIME_MS, CapOp, sign};
+        let expires = self.ctx().now_ms + CAP_LIFETIME_MS;
+        match &mut reply {
+            MetaReply::Opened(o) => {
+                if read {
+                    o.caps.read = o
+                        .extents
+                        .iter()
+                        .map(|e| sign(&self.cap_key, CapOp::Read, holder, Some(&e.chunk), expires))
+                        .collect();
+                }
+                if put {
+                    o.caps.put = Some(sign(&self.cap_key, CapOp::Write, holder, None, expires));
+                }
+            }
+            MetaReply::Registered(r) if peer.is_none_or(|p| p.role != net::Role::Client) => {
+                r.cap_key = Some(self.cap_key);
+            }
+            _ => {}
+        }
+        reply
     }
 }
 
@@ -493,6 +558,42 @@ mod tests {
         bob.ask(Goodbye { session: b }).await.unwrap().unwrap();
         let b2 = bob_again.ask(hello()).await.unwrap().unwrap().session;
         bob.ask(Heartbeat { session: b2 }).await.unwrap().unwrap();
+    }
+
+    /// Opens hand out capabilities for what meta allowed, bound to the peer's name;
+    /// only nodes and meta (or anyone, with TLS disabled) learn the key.
+    #[test]
+    fn capabilities_follow_the_grants_and_the_key_goes_to_nodes_only() {
+        use proto::cap::{CapOp, verify};
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
+        let ident = |role| net::PeerIdentity { name: "/CN=host.a".into(), role, site: "a".into() };
+        let registered = || MetaReply::Registered(Registered { cluster_id: "c".into(), cap_key: None });
+        let key_for = |peer: Option<&net::PeerIdentity>| match service.with_caps(registered(), (false, false), "", peer)
+        {
+            MetaReply::Registered(r) => r.cap_key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key_for(Some(&ident(net::Role::Client))), None, "a client never learns the key");
+        let key = key_for(Some(&ident(net::Role::Node))).expect("a node learns the key");
+        assert_eq!(key_for(None), Some(key));
+        let chunk = proto::types::ChunkId([3; 32]);
+        let extent = proto::types::Extent { file_offset: 0, len: 1, chunk, chunk_offset: 0 };
+        let attr = match service.handle_blocking(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).unwrap() {
+            MetaReply::Attr(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let opened = MetaReply::Opened(Opened { attr, extents: vec![extent], caps: ChunkCaps::default() });
+        let now = Timestamp::now().millis();
+        let MetaReply::Opened(read) = service.with_caps(opened.clone(), (true, false), "/CN=host.a", None) else {
+            panic!()
+        };
+        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&chunk), read.caps.read.first(), now), Ok(()));
+        assert!(verify(&key, CapOp::Read, "/CN=host.b", Some(&chunk), read.caps.read.first(), now).is_err());
+        assert_eq!(read.caps.put, None, "no put capability without an open for writing");
+        let MetaReply::Opened(write) = service.with_caps(opened, (false, true), "/CN=host.a", None) else { panic!() };
+        assert!(write.caps.read.is_empty(), "no read capabilities without read permission");
+        assert_eq!(verify(&key, CapOp::Write, "/CN=host.a", None, write.caps.put.as_ref(), now), Ok(()));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

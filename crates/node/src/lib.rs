@@ -3,11 +3,13 @@
 //! into a site cache (`site`), and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
 
+mod authz;
 mod cluster;
 mod metrics;
 mod reclaim;
 mod site;
 
+use authz::CapKeyCell;
 use cluster::Membership;
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
@@ -93,16 +95,18 @@ pub struct NodeService {
     loading: SingleFlight<ChunkId, Bytes>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
+    /// The key clients' capabilities are checked with (from meta's registration).
+    cap_key: Arc<CapKeyCell>,
 }
 
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None)
+        NodeService::with_site(store, None, Arc::default())
     }
 
-    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>) -> Self {
-        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site }
+    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, cap_key: Arc<CapKeyCell>) -> Self {
+        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, cap_key }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -165,10 +169,16 @@ impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
 
-    async fn handle(self: Arc<Self>, _peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+    /// Every request is first authorized on the peer's certificate (`authz`).
+    async fn handle(self: Arc<Self>, peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+        if let Err(e) = authz::authorize(peer.identity(), &req, &self.cap_key, proto::types::Timestamp::now().millis())
+        {
+            tracing::warn!(peer = %peer.addr(), "refused: {e}");
+            return (Err(e), Bytes::new());
+        }
         let reply = match req {
-            NodeRequest::Put { id } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
-            NodeRequest::Get { id, offset, len, local_only } => {
+            NodeRequest::Put { id, .. } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            NodeRequest::Get { id, offset, len, local_only, .. } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
                     (Err(e), Some(site)) if e.code == ErrorCode::NotFound && !local_only => {
@@ -220,7 +230,8 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
     let membership = Arc::new(Membership::load(&config.data_dir)?);
-    register(&meta, &config, &membership, &store, &site, Vec::new()).await?;
+    let cap_key = Arc::new(CapKeyCell::default());
+    register(&meta, &config, &membership, &cap_key, &store, &site, Vec::new()).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
@@ -245,13 +256,14 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         meta,
         config,
         membership,
+        cap_key: cap_key.clone(),
         store: store.clone(),
         site: site.clone(),
         period,
         failing: false,
         workers: report,
     });
-    let service = NodeService::with_site(store, Some(site));
+    let service = NodeService::with_site(store, Some(site), cap_key);
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
@@ -263,6 +275,7 @@ async fn register(
     meta: &RpcClient,
     config: &NodeConfig,
     membership: &Membership,
+    cap_key: &CapKeyCell,
     store: &ChunkStore,
     site: &SiteLink,
     site_rtts: Vec<(String, u64)>,
@@ -282,7 +295,11 @@ async fn register(
     };
     let addr = config.meta_addr.clone();
     match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {
-        Ok(Ok(Registered { cluster_id })) => membership.confirm(&addr, &cluster_id),
+        Ok(Ok(Registered { cluster_id, cap_key: key })) => {
+            membership.confirm(&addr, &cluster_id)?;
+            cap_key.set(key);
+            Ok(())
+        }
         Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId { addr, id: config.id.clone() }),
         Ok(Err(source)) => Err(NodeError::Refused { addr, id: config.id.clone(), source }),
         Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
@@ -296,6 +313,7 @@ struct Registration {
     meta: Arc<RpcClient>,
     config: NodeConfig,
     membership: Arc<Membership>,
+    cap_key: Arc<CapKeyCell>,
     store: Arc<ChunkStore>,
     site: Arc<SiteLink>,
     period: Duration,
@@ -317,7 +335,7 @@ impl Worker for Registration {
 
     async fn work(&mut self) -> Result<Step, NodeError> {
         let rtts = self.site.site_rtts();
-        match register(&self.meta, &self.config, &self.membership, &self.store, &self.site, rtts).await {
+        match register(&self.meta, &self.config, &self.membership, &self.cap_key, &self.store, &self.site, rtts).await {
             Ok(()) if self.failing => {
                 tracing::info!(meta = %self.config.meta_addr, "heartbeat to meta succeeds again");
                 self.failing = false;

@@ -2,6 +2,7 @@
 //! frame codec that carries them. Nothing here does I/O, so every other crate can
 //! share these definitions and the decoders can be fuzzed in isolation.
 
+pub mod cap;
 pub mod error;
 pub mod extent;
 pub mod frame;

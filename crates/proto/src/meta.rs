@@ -528,6 +528,8 @@ pub struct Welcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub cluster_id: String,
+    /// The key meta signs chunk capabilities with, which the node checks them with.
+    pub cap_key: Option<crate::cap::CapKey>,
 }
 
 /// `Unlink`'s answer: the inode and whether it lives on as an orphan.
@@ -537,11 +539,22 @@ pub struct Unlinked {
     pub orphaned: bool,
 }
 
-/// A file as an open sees it: attributes and extents at one instant.
+/// A file as an open sees it: attributes and extents at one instant, with the
+/// capabilities nodes ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Opened {
     pub attr: Attr,
     pub extents: Vec<Extent>,
+    pub caps: ChunkCaps,
+}
+
+/// Capabilities meta hands out with an open: reading the file's chunks (one per
+/// extent, in the order of `extents`, when the caller may read) and putting chunks
+/// (when it opened the file for writing).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkCaps {
+    pub read: Vec<crate::cap::Cap>,
+    pub put: Option<crate::cap::Cap>,
 }
 
 /// Every answer type as one enum on the wire, each variant convertible to and from its

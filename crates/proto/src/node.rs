@@ -1,5 +1,6 @@
 //! The data-path protocol: clients and tools talk to `locus node` directly for bytes.
 
+use crate::cap::Cap;
 use crate::error::WireError;
 use crate::types::ChunkId;
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,8 @@ pub enum NodeRequest {
     /// refuses a mismatch. Idempotent.
     Put {
         id: ChunkId,
+        /// Meta's write capability for a client (nodes and meta need none).
+        cap: Option<Cap>,
     },
     /// Bytes `[offset, offset+len)` of a chunk (clipped to its end), verified against its
     /// id before serving; answered with `Data` and the bytes as bulk.
@@ -21,6 +24,8 @@ pub enum NodeRequest {
         /// Serve only what this node holds: set by a node fetching for its site, so
         /// a miss never turns into a chain of fetches between sites.
         local_only: bool,
+        /// Meta's read capability for this chunk, for a client.
+        cap: Option<Cap>,
     },
     /// Which of these chunks the node holds (one flag per id, in order).
     Has {

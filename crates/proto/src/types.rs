@@ -52,6 +52,11 @@ pub struct Timestamp {
 }
 
 impl Timestamp {
+    /// Milliseconds since the epoch (capability expiry is counted in these).
+    pub fn millis(&self) -> i64 {
+        self.secs * 1000 + i64::from(self.nanos / 1_000_000)
+    }
+
     pub fn now() -> Self {
         let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }

@@ -57,7 +57,9 @@ impl Vfs {
             // The data is lost: forget the pending extents so reads show what meta has.
             f.pending.clear();
             f.modified = false;
-            if let Ok(Opened { attr, extents }) = self.meta.call(Extents { ino }).await {
+            if let Ok(opened) = self.meta.call(Extents { ino }).await {
+                self.data.learn_caps(ino, &opened);
+                let Opened { attr, extents, .. } = opened;
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);
             }

@@ -29,7 +29,8 @@ impl Vfs {
                 // it counts, released at once; the write record stays while the
                 // session has the file open).
                 let session = self.meta.session();
-                self.meta.call(Open { ino, session, truncate: false, access: opts.access }).await?;
+                let opened = self.meta.call(Open { ino, session, truncate: false, access: opts.access }).await?;
+                self.data.learn_caps(ino, &opened);
                 self.meta.call(Release { ino, session }).await?;
                 f.writable = true;
             }
@@ -45,7 +46,9 @@ impl Vfs {
         }
         let session = self.meta.session();
         let req = Open { ino, session, truncate: opts.truncate, access: opts.access };
-        let Opened { attr, extents } = self.meta.call(req).await?;
+        let opened = self.meta.call(req).await?;
+        self.data.learn_caps(ino, &opened);
+        let Opened { attr, extents, .. } = opened;
         Ok(self.adopt(session, attr, extents, opts.access.write).await)
     }
 
@@ -61,7 +64,9 @@ impl Vfs {
         let session = self.meta.session();
         let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, exclusive };
         let req = CreateOpen { create, session, access: opts.access };
-        let Opened { attr, extents } = self.meta.call(req).await?;
+        let opened = self.meta.call(req).await?;
+        self.data.learn_caps(opened.attr.ino, &opened);
+        let Opened { attr, extents, .. } = opened;
         let (ino, existed) = (attr.ino, attr.size > 0);
         // Meta lets the creator of a new file write it; an existing one as `access` says.
         let (fh, _) = self.adopt(session, attr, extents, opts.access.write || !existed).await;

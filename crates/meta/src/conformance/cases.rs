@@ -123,7 +123,7 @@ fn refcount(s: &Arc<MetaService>, tag: u8) -> Option<u64> {
 
 fn extents(s: &Arc<MetaService>, ino: InodeId) -> Vec<(u64, u64, u8, u64)> {
     match ok(s, MetaRequest::Extents(Extents { ino })) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!(attr.ino, ino);
             extents.into_iter().map(|e| (e.file_offset, e.len, e.chunk.0[0], e.chunk_offset)).collect()
         }
@@ -301,7 +301,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert!(extents.is_empty());
             attr
         }
@@ -310,7 +310,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     commit(&s, c.ino, vec![ext(0, 10, 7, 0)], 10);
     // A non-exclusive create of an existing file opens it with its extents.
     match ok(&s, req("c", false)) {
-        MetaReply::Opened(Opened { attr, extents }) => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
+        MetaReply::Opened(Opened { attr, extents, .. }) => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
         other => panic!("expected Opened, got {other:?}"),
     }
     assert_eq!(
@@ -637,14 +637,14 @@ pub fn open_truncate_and_sync(b: &dyn Factory) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
     match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() })) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!(attr.size, 100);
             assert_eq!(extents, vec![ext(0, 100, 1, 0)]);
         }
         other => panic!("expected Opened, got {other:?}"),
     }
     match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: true, access: OpenAccess::default() })) {
-        MetaReply::Opened(Opened { attr, extents }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!((attr.size, attr.data_version), (0, 2));
             assert!(extents.is_empty());
         }
@@ -1105,12 +1105,12 @@ pub fn cluster_identity(b: &dyn Factory) {
     assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
     let first =
         MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
-    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone() }));
+    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None }));
     let again = MetaRequest::RegisterNode(RegisterNode {
         node: node("n1", "10.0.0.1:7000", 1000, 100),
         cluster_id: Some(id.clone()),
     });
-    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone() }));
+    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None }));
     let foreign = MetaRequest::RegisterNode(RegisterNode {
         node: node("n2", "10.0.0.2:7000", 1000, 100),
         cluster_id: Some("f".repeat(32)),

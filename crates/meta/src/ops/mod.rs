@@ -20,8 +20,8 @@ use crate::opens::OpenTable;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open, OpenAccess,
-    Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
+    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open,
+    OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
@@ -155,7 +155,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             let attr = inode(t, m.ino)?.attr;
             check_open(&ctx.caller, &attr, m.access, false)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default() })
         }),
         R::ReadLink(m) => serve(m, |m| {
             let i = inode(t, m.ino)?;
@@ -188,7 +188,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
-            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)? })
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, caps: ChunkCaps::default() })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -269,7 +269,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             // The creator of a new file may write it whatever its mode says.
             ctx.opens.add(m.session, attr.ino, m.access.write || created);
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default() })
         }),
         R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
@@ -298,7 +298,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.put_inode(&i)?;
             ctx.opens.add(m.session, m.ino, m.access.write);
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr: i.attr, extents })
+            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default() })
         }),
         R::CommitWrite(m) => serve(m, |m| {
             check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
@@ -316,7 +316,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::RegisterNode(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "registering a node")?;
             register_node(t, ctx, &m.node, m.cluster_id.as_deref())?;
-            Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
+            Ok(Registered { cluster_id: ctx.cluster_id.to_string(), cap_key: None })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "reporting chunk locations")?;
