@@ -24,15 +24,16 @@ impl Vfs {
                 drop(f);
                 return Box::pin(self.open(ino, opts)).await;
             }
-            if opts.access.write && !f.writable {
-                // First open for writing here: meta checks and records it (an open
-                // it counts, released at once; the write record stays while the
-                // session has the file open).
+            if (opts.access.write && !f.granted.write) || (opts.access.read && !f.granted.read) {
+                // First open for writing (or reading) here: meta checks it, records a
+                // write open and hands out capabilities (an open it counts, released at
+                // once; the write record stays while the session has the file open).
                 let session = self.meta.session();
                 let opened = self.meta.call(Open { ino, session, truncate: false, access: opts.access }).await?;
                 self.data.learn_caps(ino, &opened);
                 self.meta.call(Release { ino, session }).await?;
-                f.writable = true;
+                f.granted.read |= opts.access.read;
+                f.granted.write |= opts.access.write;
             }
             if opts.truncate {
                 self.commit_locked(ino, &mut f).await?;
@@ -49,7 +50,7 @@ impl Vfs {
         let opened = self.meta.call(req).await?;
         self.data.learn_caps(ino, &opened);
         let Opened { attr, extents, .. } = opened;
-        Ok(self.adopt(session, attr, extents, opts.access.write).await)
+        Ok(self.adopt(session, attr, extents, opts.access).await)
     }
 
     /// Creates a regular file and opens it in one request.
@@ -69,7 +70,8 @@ impl Vfs {
         let Opened { attr, extents, .. } = opened;
         let (ino, existed) = (attr.ino, attr.size > 0);
         // Meta lets the creator of a new file write it; an existing one as `access` says.
-        let (fh, _) = self.adopt(session, attr, extents, opts.access.write || !existed).await;
+        let granted = OpenAccess { read: opts.access.read, write: opts.access.write || !existed };
+        let (fh, _) = self.adopt(session, attr, extents, granted).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
             let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }).await?;
@@ -86,7 +88,7 @@ impl Vfs {
         session: SessionId,
         attr: Attr,
         extents: Vec<Extent>,
-        writable: bool,
+        granted: OpenAccess,
     ) -> (FileHandle, bool) {
         let ino = attr.ino;
         let keep_cache = lock(&self.seen_versions).get(&ino) == Some(&attr.data_version);
@@ -100,7 +102,7 @@ impl Vfs {
                 uploads: Vec::new(),
                 modified: false,
                 opens: 1,
-                writable,
+                granted,
                 lock_owners: HashSet::new(),
             }),
         });
@@ -120,7 +122,8 @@ impl Vfs {
                 let mut e = existing.inner.lock().await;
                 e.opens += 1;
                 // Our open's write record stays while the session has the file open.
-                e.writable |= writable;
+                e.granted.read |= granted.read;
+                e.granted.write |= granted.write;
                 drop(e);
                 let _ = self.meta.call(Release { ino, session }).await;
                 existing
