@@ -346,7 +346,7 @@ impl Filesystem for LocusFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -362,7 +362,7 @@ impl Filesystem for LocusFs {
             mtime: mtime.map(time_set),
         };
         let (vfs, ttl) = (self.vfs.clone(), self.ttl);
-        self.run(req, "setattr", reply, async move { vfs.setattr(ino.0, set).await }, move |r, a| {
+        self.run(req, "setattr", reply, async move { vfs.setattr(ino.0, set, fh.is_some()).await }, move |r, a| {
             r.attr(&ttl, &file_attr(&a))
         });
     }

@@ -84,7 +84,10 @@ fn meta_refuses_what_the_caller_may_not_do_whatever_the_client() {
     let create = Create { parent: dir.ino(), name: b"x".to_vec(), node: NewNode::File, mode: 0o644, exclusive: true };
     assert_eq!(raw.ask(&nobody, create).err(), Some(ErrorCode::PermissionDenied));
     let setuid = AttrChanges { mode: Some(0o4777), uid: Some(65534), ..Default::default() };
-    assert_eq!(raw.ask(&nobody, SetAttr { ino: file.ino(), set: setuid }).err(), Some(ErrorCode::NotPermitted));
+    assert_eq!(
+        raw.ask(&nobody, SetAttr { ino: file.ino(), set: setuid, session: None }).err(),
+        Some(ErrorCode::NotPermitted)
+    );
     let forget = ForgetChunks { ids: Vec::new() };
     assert_eq!(raw.ask(&nobody, forget).err(), Some(ErrorCode::NotPermitted));
     let session = raw.rt.block_on(raw.rpc.ask(Hello {

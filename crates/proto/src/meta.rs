@@ -176,10 +176,10 @@ impl MetaRequest {
             R::CommitWrite(m) => Some(m.session),
             R::Fallocate(m) => Some(m.session),
             R::Compact(m) => Some(m.session),
+            R::SetAttr(m) => m.session,
             R::Hello(_)
             | R::Lookup(_)
             | R::GetAttr(_)
-            | R::SetAttr(_)
             | R::Create(_)
             | R::Link(_)
             | R::Unlink(_)
@@ -300,6 +300,9 @@ meta_requests! {
     SetAttr {
         ino: InodeId,
         set: AttrChanges,
+        /// For a change through an open file (ftruncate): the session whose open for
+        /// writing allows a truncation without write permission now.
+        session: Option<SessionId>,
     } => Attr;
     /// mknod/mkdir/symlink/create. `mode` is final (umask already applied).
     /// With `exclusive` false an existing regular file is returned instead of `Exists`.

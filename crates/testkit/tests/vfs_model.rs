@@ -119,7 +119,7 @@ async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Truncate { file, size } => {
                 let ino = vfs.lookup(dir.ino, &name(file)).await.unwrap().ino;
-                vfs.setattr(ino, AttrChanges { size: Some(size), ..AttrChanges::default() }).await.unwrap();
+                vfs.setattr(ino, AttrChanges { size: Some(size), ..AttrChanges::default() }, false).await.unwrap();
                 model.get_mut(&file).unwrap().resize(size as usize, 0);
             }
             Op::Rename { from, to } if from != to => {

@@ -38,7 +38,7 @@ impl Vfs {
             if opts.truncate {
                 self.commit_locked(ino, &mut f).await?;
                 let set = AttrChanges { size: Some(0), ..AttrChanges::default() };
-                f.attr = self.meta.call(SetAttr { ino, set }).await?;
+                f.attr = self.meta.call(SetAttr { ino, set, session: Some(self.meta.session()) }).await?;
                 f.extents = ExtentMap::default();
             }
             f.opens += 1;
@@ -74,7 +74,7 @@ impl Vfs {
         let (fh, _) = self.adopt(session, attr, extents, granted).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
-            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }).await?;
+            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, true).await?;
             return Ok((attr, fh));
         }
         let attr = self.getattr(ino).await?;

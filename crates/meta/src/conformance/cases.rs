@@ -217,6 +217,7 @@ pub fn setgid_inheritance(b: &dyn Factory) {
         MetaRequest::SetAttr(SetAttr {
             ino: d.ino,
             set: AttrChanges { mode: Some(0o2775), gid: Some(500), ..Default::default() },
+            session: None,
         }),
     );
     let f = mk(&s, d.ino, "f", NewNode::File);
@@ -479,12 +480,12 @@ pub fn setattr_truncate(b: &dyn Factory) {
     commit(&s, f.ino, vec![ext(0, 100, 1, 0), ext(100, 100, 2, 0)], 200);
     let v0 = get(&s, f.ino).data_version;
     let set = AttrChanges { size: Some(50), ..Default::default() };
-    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set })));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, session: None })));
     assert_eq!((a.size, a.data_version), (50, v0 + 1));
     assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
     assert_eq!((refcount(&s, 1), refcount(&s, 2)), (Some(1), Some(0)));
     let set = AttrChanges { size: Some(1 << 30), ..Default::default() };
-    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set })));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, session: None })));
     assert_eq!(a.size, 1 << 30);
     assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
 
@@ -497,13 +498,16 @@ pub fn setattr_truncate(b: &dyn Factory) {
         mtime: Some(TimeSet::Now),
         ..Default::default()
     };
-    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set })));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, session: None })));
     assert_eq!((a.mode, a.uid, a.gid, a.atime), (0o4755, 7, 8, when));
     assert!(a.mtime > when && a.ctime >= a.mtime);
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     let set = AttrChanges { size: Some(0), ..Default::default() };
-    assert_eq!(err(&s, MetaRequest::SetAttr(SetAttr { ino: d.ino, set })), ErrorCode::IsDir);
-    assert_eq!(err(&s, MetaRequest::SetAttr(SetAttr { ino: 9999, set: AttrChanges::default() })), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::SetAttr(SetAttr { ino: d.ino, set, session: None })), ErrorCode::IsDir);
+    assert_eq!(
+        err(&s, MetaRequest::SetAttr(SetAttr { ino: 9999, set: AttrChanges::default(), session: None })),
+        ErrorCode::NotFound
+    );
 }
 
 /// Conformance case `commit_write_splits`.
@@ -1130,7 +1134,7 @@ pub fn permissions(b: &dyn Factory) {
     let alice = Caller { uid: 1001, gid: 1001, groups: vec![50] };
     let bob = Caller::new(1002, 1002);
     let chown = |uid: u32, gid: u32| AttrChanges { uid: Some(uid), gid: Some(gid), ..Default::default() };
-    let set = |ino, set| MetaRequest::SetAttr(SetAttr { ino, set });
+    let set = |ino, set| MetaRequest::SetAttr(SetAttr { ino, set, session: None });
     let chmod = |ino, mode| set(ino, AttrChanges { mode: Some(mode), ..Default::default() });
     // A 0700 home of alice's with a 0600 secret in it.
     let home = mk(&s, ROOT_INODE, "home", NewNode::Dir);
@@ -1173,6 +1177,12 @@ pub fn permissions(b: &dyn Factory) {
     assert!(as_user(&s, &alice, open(secret.ino, false, true)).is_ok());
     assert!(as_user(&s, &alice, chmod(secret.ino, 0o400)).is_ok());
     assert!(as_user(&s, &alice, write(secret.ino, session)).is_ok());
+    let trunc = |session| {
+        let set = AttrChanges { size: Some(3), ..Default::default() };
+        MetaRequest::SetAttr(SetAttr { ino: secret.ino, set, session })
+    };
+    assert!(as_user(&s, &alice, trunc(Some(session))).is_ok(), "ftruncate through her open");
+    assert_eq!(as_user(&s, &alice, trunc(None)), Err(PermissionDenied), "truncate by name needs write permission");
     let other = hello(&s);
     assert_eq!(as_user(&s, &alice, write(secret.ino, other)), Err(PermissionDenied), "only that session");
     assert_eq!(as_user(&s, &alice, open(secret.ino, false, true)), Err(PermissionDenied));

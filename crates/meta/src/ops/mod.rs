@@ -254,7 +254,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.put_session(&s)
         }),
         R::Goodbye(m) => serve(m, |m| end_session(t, &ctx.opens, m.session)),
-        R::SetAttr(m) => serve(m, |m| set_attr(t, now, m.ino, &m.set, &ctx.caller)),
+        R::SetAttr(m) => serve(m, |m| set_attr(t, ctx, m.ino, &m.set, m.session)),
         R::Create(m) => {
             serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.0))
         }

@@ -357,13 +357,15 @@ pub(super) fn time_of(set: TimeSet, now: Timestamp) -> Timestamp {
 
 pub(super) fn set_attr(
     t: &mut dyn Txn,
-    now: Timestamp,
+    ctx: &Ctx,
     ino: InodeId,
     set: &AttrChanges,
-    caller: &Caller,
+    session: Option<SessionId>,
 ) -> Result<Attr, MetaError> {
+    let now = ctx.now;
     let mut i = inode(t, ino)?;
-    let new_mode = perm::check_set_attr(caller, &i.attr, set)?;
+    let open_for_writing = session.is_some_and(|s| ctx.opens.writable(s, ino));
+    let new_mode = perm::check_set_attr(&ctx.caller, &i.attr, set, open_for_writing)?;
     if let Some(size) = set.size {
         require_file(&i)?;
         truncate(t, &mut i, size, now)?;

@@ -96,12 +96,17 @@ fn refuse(c: &Caller, a: &Attr, what: &str) -> MetaError {
 
 /// Checks a `setattr` and returns the mode to store if `set.mode` is given (with the
 /// setgid bit cleared where a non-member sets it). Rules: truncation needs write
-/// permission; chown only by root (or to the same owner); chgrp by the owner to one of
+/// permission or an open for writing (`open_for_writing`: ftruncate); chown only by root (or to the same owner); chgrp by the owner to one of
 /// its groups; chmod by the owner, except that anyone allowed to write may clear the
 /// setuid/setgid bits (the kernel does that on a write); explicit times by the owner,
 /// "now" by the owner or a writer.
-pub fn check_set_attr(c: &Caller, a: &Attr, set: &AttrChanges) -> Result<Option<u32>, MetaError> {
-    if set.size.is_some() {
+pub fn check_set_attr(
+    c: &Caller,
+    a: &Attr,
+    set: &AttrChanges,
+    open_for_writing: bool,
+) -> Result<Option<u32>, MetaError> {
+    if set.size.is_some() && !open_for_writing {
         check(c, a, MAY_WRITE)?;
     }
     if let Some(uid) = set.uid
