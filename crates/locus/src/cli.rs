@@ -136,6 +136,11 @@ pub struct NodeArgs {
     /// Unreferenced chunks written more recently than this are kept (writes in flight).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reclaim_grace: std::time::Duration,
+    /// Encrypt chunks at rest with the key in FILE (64 hex digits, e.g. from
+    /// `openssl rand -hex 32`; keep it off the node's data disk). Chunk ids stay the
+    /// hash of the plaintext (see SECURITY.md).
+    #[arg(long, value_name = "FILE")]
+    pub encrypt_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -91,6 +91,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             ..node::ReclaimConfig::default()
         },
         metrics: None,
+        encrypt_key: args.encrypt_key.clone(),
     }
 }
 
@@ -254,6 +255,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         metrics: None,
         reclaim_above: 90.0,
         reclaim_grace: Duration::from_secs(300),
+        encrypt_key: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());

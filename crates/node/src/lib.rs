@@ -60,6 +60,8 @@ pub struct NodeConfig {
     pub reclaim: ReclaimConfig,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
+    /// A key file: chunks (stored and cached) are encrypted at rest with it.
+    pub encrypt_key: Option<PathBuf>,
 }
 
 /// Why a node could not start or stopped serving.
@@ -212,15 +214,21 @@ impl Service for NodeService {
 /// Runs a node until its task is dropped: opens the store, registers with meta (refusing
 /// to start if meta is unreachable or refuses), heartbeats, and serves `listener`.
 pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
-    let (dir, capacity) = (config.data_dir.clone(), config.capacity_bytes);
-    let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity))
+    let key = config.encrypt_key.as_deref().map(chunk::seal::AtRest::from_key_file).transpose()?;
+    let seal = move |store: ChunkStore, key: &Option<chunk::seal::AtRest>| match key {
+        Some(key) => store.encrypted(key.clone()),
+        None => store,
+    };
+    let (dir, capacity, k) = (config.data_dir.clone(), config.capacity_bytes, key.clone());
+    let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity).map(|s| seal(s, &k)))
         .await
         .map_err(|e| NodeError::Internal(format!("opening the chunk store panicked: {e}")))??;
     let store = Arc::new(store);
     let (cache_dir, cache_cap) = (config.data_dir.join("cache"), config.wan.cache_bytes);
-    let cache = tokio::task::spawn_blocking(move || ChunkStore::open_cache(&cache_dir, cache_cap))
-        .await
-        .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
+    let cache =
+        tokio::task::spawn_blocking(move || ChunkStore::open_cache(&cache_dir, cache_cap).map(|s| seal(s, &key)))
+            .await
+            .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
 
     let meta = Arc::new(
         RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)

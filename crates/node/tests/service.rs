@@ -202,6 +202,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         wan: node::WanConfig::default(),
         reclaim: node::ReclaimConfig::default(),
         metrics: None,
+        encrypt_key: None,
     }
 }
 

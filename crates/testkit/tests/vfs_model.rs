@@ -68,6 +68,7 @@ fn env() -> &'static Env {
                 wan: node::WanConfig::default(),
                 reclaim: node::ReclaimConfig::default(),
                 metrics: None,
+                encrypt_key: None,
             };
             tokio::spawn(node::run(node, listener));
             meta_addr
