@@ -102,8 +102,9 @@ impl Worker for Compactor {
                 self.compacted += 1;
                 tracing::debug!(ino, runs, "compacted");
             }
-            // Changed or deleted meanwhile: nothing to do.
-            Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound) => {}
+            // Changed or deleted meanwhile, or the user who closed it may not rewrite
+            // it (meta checks write permission): nothing to do.
+            Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound | ErrorCode::PermissionDenied) => {}
             Err(e) => return Err(VfsError::new(e.code, format!("compacting inode {ino}: {}", e.context))),
         }
         Ok(if self.waiting.is_empty() { Step::Idle } else { Step::Busy })
