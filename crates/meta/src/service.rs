@@ -48,6 +48,9 @@ pub struct MetaService {
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
+    /// The certificate name each session said `Hello` with (TLS only): another peer's
+    /// connection may not act for it.
+    owners: Mutex<HashMap<SessionId, String>>,
     /// The key chunk capabilities are signed with; nodes get it when they register.
     cap_key: proto::cap::CapKey,
     /// Each site's identity map (none configured: every site numbers owners itself).
@@ -78,6 +81,7 @@ impl MetaService {
             workers: Workers::default(),
             reports: Mutex::default(),
             clients: Mutex::default(),
+            owners: Mutex::default(),
             identities: std::sync::RwLock::new(Arc::new(Identities::empty())),
             reap_after_ms: Timestamp::now().secs * 1000 + config.session_expiry.as_millis() as i64,
         })
@@ -158,8 +162,9 @@ impl MetaService {
     }
 
     /// Lets `peer` act for `claimed`: its connection is bound to that session, or to
-    /// none, or to one that has ended (the client opened a new session). Until TLS
-    /// proves who is at the other end, a new connection may still claim any session.
+    /// none, or to one that has ended (the client opened a new session); a connection
+    /// binding itself must come from the certificate the session said `Hello` with.
+    /// Without TLS a new connection may claim any session.
     fn check_claim(&self, peer: &net::Peer, claimed: SessionId) -> Result<(), MetaError> {
         match peer.session() {
             Some(bound) if bound == claimed => Ok(()),
@@ -167,6 +172,7 @@ impl MetaService {
                 "this connection acts for session {bound}; it may not act for session {claimed}"
             ))),
             _ => {
+                may_bind(lock(&self.owners).get(&claimed).map(String::as_str), peer.identity(), claimed)?;
                 peer.set_session(claimed);
                 Ok(())
             }
@@ -204,6 +210,7 @@ impl MetaService {
         for s in &expired {
             locks.drop_session(*s);
             clients.remove(s);
+            lock(&self.owners).remove(s);
         }
         Ok(expired)
     }
@@ -287,6 +294,7 @@ impl MetaService {
                 if let Some(session) = goodbye {
                     self.locks().drop_session(session);
                     lock(&self.clients).remove(&session);
+                    lock(&self.owners).remove(&session);
                 }
                 Ok(reply)
             }
@@ -429,8 +437,24 @@ impl net::Service for MetaService {
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());
+            if let Some(id) = peer.identity() {
+                lock(&self.owners).insert(welcome.session, id.name.clone());
+            }
         }
         (result.map_err(Into::into), Bytes::new())
+    }
+}
+
+/// Whether a connection of `peer` may bind itself to `session`, which said `Hello`
+/// with the certificate named `owner` (`None`: no record, as without TLS or after a
+/// restart of meta).
+fn may_bind(owner: Option<&str>, peer: Option<&net::PeerIdentity>, session: SessionId) -> Result<(), MetaError> {
+    match (owner, peer) {
+        (Some(owner), Some(peer)) if owner != peer.name => Err(MetaError::NotPermitted(format!(
+            "session {session} belongs to {owner}; {} may not act for it",
+            peer.name
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -558,6 +582,19 @@ mod tests {
         bob.ask(Goodbye { session: b }).await.unwrap().unwrap();
         let b2 = bob_again.ask(hello()).await.unwrap().unwrap().session;
         bob.ask(Heartbeat { session: b2 }).await.unwrap().unwrap();
+    }
+
+    /// A connection from another certificate cannot take over a session (a Goodbye
+    /// or a lock for somebody else's session); the same host's pooled connections can.
+    #[test]
+    fn only_the_sessions_own_certificate_binds_new_connections_to_it() {
+        let ident = |name: &str| net::PeerIdentity { name: name.into(), role: net::Role::Client, site: "a".into() };
+        let refused = may_bind(Some("/CN=host.a"), Some(&ident("/CN=host.b")), 7).unwrap_err();
+        assert!(matches!(refused, MetaError::NotPermitted(_)), "{refused}");
+        assert!(refused.to_string().contains("session 7 belongs to /CN=host.a"));
+        assert!(may_bind(Some("/CN=host.a"), Some(&ident("/CN=host.a")), 7).is_ok());
+        assert!(may_bind(None, Some(&ident("/CN=host.b")), 7).is_ok(), "no record (meta restarted)");
+        assert!(may_bind(None, None, 7).is_ok(), "TLS disabled");
     }
 
     /// Opens hand out capabilities for what meta allowed, bound to the peer's name;
