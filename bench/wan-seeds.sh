@@ -35,6 +35,7 @@
 #   COPY_TIMEOUT=90       cap on one copy (s)
 #   RA_KB=1024            read_ahead_kb set on each FUSE mount's bdi (as bench/run.sh does)
 #   LOCUS_MOUNT_ARGS= LOCUS_NODE_ARGS=   extra flags for `locus mount` / `locus node`
+#   NO_TLS=0         1: every process runs with --insecure-no-tls (the cost of TLS on the WAN)
 #   SKIP_BUILD=0 SKIP_APT=0   1: use existing target/release binaries / skip apt-get
 #   WORK=/tmp/wan-seeds   scratch directory (on the local disk)
 #   PREFIX=lws-           namespace prefix
@@ -184,6 +185,25 @@ cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$BIN/"
 LOCUS=$BIN/locus
 WAN=$BIN/locus-wan
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
+# Mutual TLS: a CA for this run and a certificate per process (binaries from before TLS have
+# no `ca` command and run without). NO_TLS=1 measures the same run with --insecure-no-tls.
+TLS_DIR=$WORK/tls
+HAS_TLS=0
+if "$LOCUS" ca --help >/dev/null 2>&1; then
+    HAS_TLS=1
+    "$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
+    for c in "meta meta a" "node node-a a" "node node-b b" "client client-a a" "client client-b b"; do
+        read -r role name site <<<"$c"
+        "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
+    done
+fi
+tls_flags() { # certificate name
+    if ((HAS_TLS)) && [[ ${NO_TLS:-0} == 1 ]]; then
+        echo "--insecure-no-tls"
+    elif ((HAS_TLS)); then
+        echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"
+    fi
+}
 : >"$TSV"
 
 # ---------------------------------------------------------------- helpers
@@ -255,7 +275,9 @@ else:
 # ---------------------------------------------------------------- Locus roles
 
 start_meta() {
-    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init >"$LOG/meta.out" 2>"$LOG/meta.err" &
+    # shellcheck disable=SC2046 # tls_flags is a list of flags
+    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init $(tls_flags meta) \
+        >"$LOG/meta.out" 2>"$LOG/meta.err" &
     META_PID=$!
     wait_line "$LOG/meta.out" "listening" 30 "$META_PID" "locus meta"
 }
@@ -264,7 +286,7 @@ start_node() { # a|b
     if [[ $1 == a ]]; then ns=$NSA ip=$IPA dir=$NODEA_DIR port=7101; else ns=$NSB ip=$IPB dir=$NODEB_DIR port=7102; fi
     # shellcheck disable=SC2086
     ip netns exec "$ns" "$LOCUS" node --listen "$ip:$port" --meta "$META" --data-dir "$dir" --id "node-$1" \
-        --site "$1" $LOCUS_NODE_ARGS ${NODE_CONN_ARG:-} >"$LOG/node-$1.out" 2>>"$LOG/node-$1.err" &
+        --site "$1" $LOCUS_NODE_ARGS ${NODE_CONN_ARG:-} $(tls_flags "node-$1") >"$LOG/node-$1.out" 2>>"$LOG/node-$1.err" &
     if [[ $1 == a ]]; then NODEA_PID=$!; else NODEB_PID=$!; fi
     wait_line "$LOG/node-$1.out" "listening" 30 "$!" "locus node $1"
 }
@@ -277,7 +299,7 @@ start_mount() { # a|b
     : >"$LOG/mount-$1.out"
     # shellcheck disable=SC2086
     nsenter --net="/run/netns/$([[ $1 == a ]] && echo "$NSA" || echo "$NSB")" "$LOCUS" mount "$mnt" --meta "$META" \
-        --site "$1" $LOCUS_MOUNT_ARGS ${MOUNT_CONN_ARG:-} >"$LOG/mount-$1.out" 2>>"$LOG/mount-$1.err" &
+        --site "$1" $LOCUS_MOUNT_ARGS ${MOUNT_CONN_ARG:-} $(tls_flags "client-$1") >"$LOG/mount-$1.out" 2>>"$LOG/mount-$1.err" &
     if [[ $1 == a ]]; then MOUNTA_PID=$!; else MOUNTB_PID=$!; fi
     wait_line "$LOG/mount-$1.out" "mounted" 60 "$!" "locus mount $1"
     set_ra "$mnt"

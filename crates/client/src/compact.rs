@@ -130,7 +130,7 @@ pub(crate) async fn compact(
 ) -> Result<usize, VfsError> {
     let opened = meta.call(Extents { ino }).await?;
     data.learn_caps(ino, &opened);
-    let Opened { attr, extents, .. } = opened;
+    let Opened { attr, extents, policy, .. } = opened;
     let extents = ExtentMap::from_extents(extents);
     if !is_fragmented(&extents, attr.size, chunk_size) {
         return Ok(0);
@@ -150,7 +150,7 @@ pub(crate) async fn compact(
         }
         let id = ChunkId::of(&bytes);
         let bytes = bytes::Bytes::from(bytes);
-        chunks.push(data.store_chunk(ino, id, &bytes).await?);
+        chunks.push(data.store_chunk(ino, id, &bytes, &policy).await?);
         new_extents.push(Extent { file_offset: *start, len: bytes.len() as u64, chunk: id, chunk_offset: 0 });
     }
     let req = Compact { ino, session: meta.session(), data_version: attr.data_version, extents: new_extents, chunks };

@@ -12,6 +12,7 @@ use proto::error::ErrorCode;
 use proto::meta::{ChunkLocations, Extents, ListNodes, Open, OpenAccess, Opened, Release, StoredChunk};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::placement::rendezvous;
+use proto::policy::{Policy, Replicate};
 use proto::types::{ChunkId, InodeId, NodeInfo};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -107,7 +108,7 @@ impl DataPath {
     /// (every live node if the site has none).
     pub async fn refresh_nodes(&self) -> Result<()> {
         let list = self.meta.call(ListNodes {}).await?;
-        let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30).collect();
+        let live: Vec<&NodeInfo> = list.iter().filter(|n| n.last_seen_secs < 30 && !n.drained).collect();
         let mine: Vec<&NodeInfo> = live.iter().copied().filter(|n| n.site == self.site).collect();
         let chosen = if mine.is_empty() { &live } else { &mine };
         let mut ids: Vec<String> = chosen.iter().map(|n| n.id.clone()).collect();
@@ -150,8 +151,12 @@ impl DataPath {
     }
 
     /// Stores a chunk of file `ino` on the first node of its placement that accepts
-    /// it (with meta's put capability, asked again once if a node refuses it).
-    pub async fn store_chunk(&self, ino: InodeId, id: ChunkId, data: &Bytes) -> Result<StoredChunk> {
+    /// it (with meta's put capability, asked again once if a node refuses it); that
+    /// node makes the other copies `policy` asks for and answers where they all are.
+    /// A failed replication (`NotReplicated`) is final: another node of this site
+    /// would meet the same unreachable site.
+    pub async fn store_chunk(&self, ino: InodeId, id: ChunkId, data: &Bytes, policy: &Policy) -> Result<StoredChunk> {
+        let replicate = Replicate::for_writer(policy, &self.site);
         let mut last = VfsError::new(ErrorCode::Io, "no storage node is registered at this site");
         let mut nodes = self.placement(&id);
         if nodes.is_empty() {
@@ -163,14 +168,21 @@ impl DataPath {
         let mut i = 0;
         while i < nodes.len() {
             let node = &nodes[i];
-            let put = NodeRequest::Put { id, cap: *lock(&self.put_cap) };
+            let put = NodeRequest::Put { id, cap: *lock(&self.put_cap), replicate: replicate.clone() };
             match self.node_call(node, &put, data.clone()).await {
+                Ok((NodeReply::Stored(nodes), _)) if !nodes.is_empty() => {
+                    return Ok(StoredChunk { id, size: data.len() as u64, nodes });
+                }
                 Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node.clone()] }),
                 Err(e) if e.code == ErrorCode::PermissionDenied && !refreshed => {
                     refreshed = true;
                     tracing::debug!(chunk = %id, %node, "put capability refused, asking meta again: {e}");
                     self.refresh_caps(ino, true).await?;
                     continue;
+                }
+                Err(e) if e.code == ErrorCode::NotReplicated => {
+                    tracing::error!(chunk = %id, %node, "the write fails: {e}");
+                    return Err(e);
                 }
                 Err(e) => {
                     tracing::warn!(chunk = %id, %node, "store failed, trying the next node: {e}");

@@ -4,6 +4,7 @@
 use crate::error::VfsError;
 use proto::extent::ExtentMap;
 use proto::meta::StoredChunk;
+use proto::policy::Policy;
 use proto::types::{Attr, Extent, InodeId};
 use std::collections::{BTreeMap, HashSet};
 use tokio::task::JoinHandle;
@@ -130,6 +131,8 @@ pub(crate) struct FileInner {
     pub dirty: DirtyBuffer,
     /// Extents stored (or being stored) but not yet committed to meta, in write order.
     pub pending: Vec<Extent>,
+    /// The replication policy its chunks are stored under (as of the open).
+    pub policy: Policy,
     pub uploads: Vec<JoinHandle<Result<StoredChunk, VfsError>>>,
     /// Size or mtime changed locally since the last commit.
     pub modified: bool,

@@ -5,7 +5,7 @@ use crate::data::DataPath;
 use crate::error::VfsError;
 use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
-use proto::meta::Heartbeat;
+use proto::meta::{Heartbeat, Revocations};
 use std::sync::Arc;
 use std::time::Duration;
 use util::worker::{Step, Worker, every};
@@ -39,6 +39,10 @@ impl Worker for SessionKeeper {
             }
             Err(e) => return Err(VfsError::new(e.code, format!("heartbeat: {}", e.context))),
             Ok(_) => {}
+        }
+        // The revocation list meta distributes: connections of revoked peers go.
+        if let Ok(list) = self.meta.call(Revocations {}).await {
+            net::set_revoked(list.entries);
         }
         self.data.refresh_nodes().await?;
         Ok(Step::Idle)

@@ -117,7 +117,9 @@ pub fn mount(vfs: Arc<Vfs>, rt: Handle, mountpoint: &Path, config: &MountConfig)
 fn errno(op: &str, e: &VfsError) -> Errno {
     use proto::error::ErrorCode::*;
     match e.code {
-        Io | Corrupt | Internal | TimedOut | Unreachable => tracing::warn!(op, code = ?e.code, "{op} failed: {e}"),
+        Io | Corrupt | Internal | TimedOut | Unreachable | NotReplicated => {
+            tracing::warn!(op, code = ?e.code, "{op} failed: {e}")
+        }
         _ => tracing::debug!(op, code = ?e.code, "{op}: {e}"),
     }
     Errno::from_i32(e.errno())

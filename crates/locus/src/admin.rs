@@ -71,6 +71,32 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// Copies owed per policy and site, summed over the nodes that owe them; a lag
+/// older than its policy's RPO is a warning.
+fn print_lag(lag: &[(String, proto::policy::ReplicationLag)]) {
+    let mut by_key: std::collections::BTreeMap<(String, String), (u64, u64, u64, u64)> = Default::default();
+    for (_, l) in lag {
+        let e = by_key.entry((l.policy.to_string(), l.site.clone())).or_default();
+        e.0 += l.chunks;
+        e.1 += l.bytes;
+        e.2 = e.2.max(l.oldest_secs);
+        e.3 = l.policy.rpo_secs;
+    }
+    println!("\nreplication lag (copies not yet made):");
+    if by_key.is_empty() {
+        println!("  none");
+    }
+    for ((policy, site), (chunks, bytes, oldest, rpo)) in by_key {
+        println!(
+            "  to site {site:<10} {chunks:>8} chunks {:>12}  oldest {oldest:>5}s  rpo {rpo}s  [{policy}]",
+            human(bytes)
+        );
+        if oldest > rpo {
+            println!("  warning: RPO breached: copies owed to site {site} are {oldest}s old (rpo {rpo}s) [{policy}]");
+        }
+    }
+}
+
 pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let addr = crate::local::meta_addr(args.meta.as_deref());
     let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
@@ -104,6 +130,9 @@ pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
             human(n.cache_bytes),
             n.last_seen_secs
         );
+        if n.drained {
+            println!("  {:<16} (draining: takes no new chunks; its copies are being made elsewhere)", "");
+        }
     }
     println!("  total: {} used of {}", human(used), human(cap));
     if !s.site_rtts.is_empty() {
@@ -115,6 +144,16 @@ round trips between sites (measured by nodes):"
             println!("  {from:<10} -> {to:<10} {:>9.2} ms", *micros as f64 / 1000.0);
         }
     }
+    println!("\nreplication policies:");
+    println!("  {:<40} {}", "/ (default)", proto::policy::Policy::default());
+    for (ino, p) in &s.policies {
+        let path = crate::policy::path_of(&meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})"));
+        println!("  {path:<40} {p}");
+    }
+    for w in &s.policy_warnings {
+        println!("  warning: {w}");
+    }
+    print_lag(&s.lag);
     println!("\nsessions:");
     for (id, info, idle) in &s.sessions {
         println!("  #{id:<6} site {:<10} {}:{:<8} {:<30} idle {idle}s", info.site, info.host, info.pid, info.purpose);
@@ -228,6 +267,7 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("fsck: {extents} extents, {} referenced chunks, {verified} stored chunks verified", referenced.len());
+    report_under_replicated(&cluster.meta).await?;
     if damage.is_empty() {
         println!("fsck: clean");
         Ok(ExitCode::SUCCESS)
@@ -238,6 +278,58 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         println!("fsck: {} problems found", damage.len());
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// `locus node drain ID [--undo]`.
+pub async fn node_action(action: crate::cli::NodeAction) -> anyhow::Result<ExitCode> {
+    let crate::cli::NodeAction::Drain { id, undo, meta } = action;
+    let addr = crate::local::meta_addr(meta.as_deref());
+    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("meta at {addr} is unreachable"))?;
+    meta_call(&meta, DrainNode { node: id.clone(), drained: !undo }).await.with_context(|| format!("node {id}"))?;
+    if undo {
+        println!("node {id} takes chunks again");
+    } else {
+        println!(
+            "node {id} is draining: the repair workers copy its chunks to other nodes; `locus fsck` shows what is left"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The third part of fsck: chunks whose live copies fall short of their policy,
+/// counted per policy and site (the repair workers restore them; a chunk with no
+/// copy at all is damage found above).
+async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<()> {
+    let mut per: std::collections::BTreeMap<(String, String), (u64, u64, Vec<ChunkId>)> = Default::default();
+    let mut after = None;
+    loop {
+        let page = meta_call(meta, UnderReplicated { node: None, after, limit: PAGE }).await?;
+        for c in page.chunks {
+            let sites = if c.sites.is_empty() { "no live copy".to_string() } else { c.sites.join(",") };
+            let e = per.entry((c.policy.to_string(), sites)).or_default();
+            e.0 += 1;
+            e.1 += c.size;
+            if e.2.len() < 3 {
+                e.2.push(c.id);
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    if per.is_empty() {
+        println!("fsck: every chunk has the copies its policy asks for");
+    }
+    for ((policy, sites), (chunks, bytes, examples)) in per {
+        println!(
+            "UNDER-REPLICATED: {chunks} chunks ({}) short at {sites} under [{policy}], e.g. {examples:?}",
+            human(bytes)
+        );
+    }
+    Ok(())
 }
 
 /// gc refuses (without `--force`) when more than this share of the stored chunks, and

@@ -23,6 +23,12 @@ pub struct Cli {
     /// A server closes a connection whose started frame is not complete within this.
     #[arg(long, global = true, default_value = "60s", value_parser = parse_duration)]
     pub frame_timeout: std::time::Duration,
+    /// A server drops a new connection that has not completed its TLS handshake
+    /// within this.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: std::time::Duration,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -43,6 +49,123 @@ pub enum Command {
     Fsck(AdminArgs),
     /// Delete chunks that no file references any more.
     Gc(GcArgs),
+    /// Replication policies of directories (which sites hold the data, how many copies,
+    /// when a write is acknowledged).
+    Policy(PolicyArgs),
+    /// The cluster's certificate authority: make it, issue certificates, revoke them.
+    #[command(subcommand)]
+    Ca(CaCommand),
+}
+
+/// How this process proves itself and checks its peers (mutual TLS 1.3).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// The CA certificate(s) every peer's certificate must chain to (PEM): `ca.pem`
+    /// of `locus ca init`, or an existing CA of the grid.
+    #[arg(long, global = true, env = "LOCUS_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// This process's certificate (PEM), from `locus ca issue` or the site's CA.
+    #[arg(long, global = true, env = "LOCUS_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(long, global = true, env = "LOCUS_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Run without TLS: anybody who can reach a port can read, change and delete
+    /// every file. Only for closed test networks.
+    #[arg(long, global = true, env = "LOCUS_INSECURE_NO_TLS")]
+    pub insecure_no_tls: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaCommand {
+    /// Create a new CA (`ca.pem`, `ca.key`) in --dir.
+    Init {
+        /// Where the CA lives.
+        #[arg(long, default_value = "locus-ca")]
+        dir: PathBuf,
+        /// The CA's common name.
+        #[arg(long, default_value = "Locus cluster CA")]
+        name: String,
+    },
+    /// Issue a certificate for one meta, node or client host; writes NAME.pem and
+    /// NAME.key into --out (default: the CA directory).
+    Issue(IssueArgs),
+    /// Add certificate serials (hex) or names to the revocation list meta
+    /// distributes (`DIR/revoked`, read by `locus meta --revoked`).
+    Revoke {
+        /// Where the CA lives.
+        #[arg(long, default_value = "locus-ca")]
+        dir: PathBuf,
+        /// Serials or names to revoke.
+        #[arg(required = true)]
+        entries: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct IssueArgs {
+    /// Where the CA lives (`ca.pem`, `ca.key`).
+    #[arg(long, default_value = "locus-ca")]
+    pub dir: PathBuf,
+    /// Bring your own CA: its certificate (PEM) instead of DIR/ca.pem.
+    #[arg(long, requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// Bring your own CA: its private key (PEM) instead of DIR/ca.key.
+    #[arg(long, requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// meta, node or client.
+    #[arg(long)]
+    pub role: net::Role,
+    /// The holder's name (CN): a node's id, a host name, a principal.
+    #[arg(long)]
+    pub name: String,
+    /// The site the holder belongs to.
+    #[arg(long)]
+    pub site: String,
+    /// Days the certificate is valid (0: it expires now, for tests of expiry).
+    #[arg(long, default_value_t = 365)]
+    pub days: u64,
+    /// Where to write NAME.pem and NAME.key [default: --dir].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+    #[arg(long, global = true)]
+    pub meta: Option<String>,
+    #[command(subcommand)]
+    pub command: PolicyCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Sets the policy of a directory (a path in the namespace, e.g. /projects/x);
+    /// everything below it follows it unless it sets its own.
+    Set {
+        path: String,
+        /// Sites that must hold every chunk, e.g. a,b [default: the writer's site].
+        #[arg(long, value_delimiter = ',')]
+        sites: Vec<String>,
+        /// Copies on distinct nodes inside each listed site.
+        #[arg(long, default_value_t = 2)]
+        copies: u32,
+        /// sync (durable at every copy), semi-sync (durable here, received at the
+        /// other sites) or async (durable here, shipped in the background).
+        #[arg(long, default_value = "sync")]
+        mode: proto::policy::ReplicationMode,
+        /// Most lag accepted before status warns, e.g. 30s.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        rpo: std::time::Duration,
+        /// Removes the directory's own policy (it inherits its parent's again).
+        #[arg(long, conflicts_with_all = ["sites", "mode"])]
+        clear: bool,
+    },
+    /// Shows the policy that applies to a path and where it comes from.
+    Get { path: String },
+    /// Lists every directory that sets a policy.
+    List,
 }
 
 #[derive(Args, Debug)]
@@ -66,10 +189,15 @@ pub struct UpArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct MetaArgs {
+    /// Instead of serving: an administrative action on a metadata database.
+    #[command(subcommand)]
+    pub action: Option<MetaAction>,
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Metadata database: `sqlite:///path/meta.db` or a bare path to a SQLite file.
+    /// Metadata database: `sqlite:///path/meta.db`, a bare path to a SQLite file, or
+    /// `postgres://user@host:port/database` (an existing database, empty for --init).
     #[arg(long, default_value = "locus-meta.db")]
     pub db: String,
     /// Format a new cluster if the database is missing or empty; without it meta
@@ -88,6 +216,10 @@ pub struct MetaArgs {
     /// TLS proves the site). Repeat per site.
     #[arg(long = "no-root-squash", value_name = "SITE")]
     pub no_root_squash: Vec<String>,
+    /// Revocation list (`locus ca revoke` writes `CA_DIR/revoked`): one serial or
+    /// name a line, reread when it changes, sent to every node and client.
+    #[arg(long, value_name = "FILE")]
+    pub revoked: Option<PathBuf>,
 }
 
 /// `SITE=FILE` of `--identity-map`.
@@ -96,6 +228,24 @@ fn site_file(s: &str) -> Result<(String, PathBuf), String> {
         Some((site, file)) if !site.is_empty() && !file.is_empty() => Ok((site.to_string(), PathBuf::from(file))),
         _ => Err(format!("expected SITE=FILE, got {s:?}")),
     }
+}
+
+/// Administrative actions of `locus meta` on a database no meta is serving.
+#[derive(Subcommand, Debug)]
+pub enum MetaAction {
+    /// Copy a whole namespace (and its cluster id) from a SQLite database into an empty
+    /// PostgreSQL database, in one transaction, and check every table's row count.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// The SQLite database: `sqlite:///path/meta.db` or a bare path (meta stopped).
+    #[arg(long)]
+    pub from: String,
+    /// The PostgreSQL database, which must be empty: `postgres://user@host:port/database`.
+    #[arg(long)]
+    pub to: String,
 }
 
 #[derive(Args, Debug)]
@@ -107,9 +257,9 @@ pub struct NodeArgs {
     pub advertise: Option<String>,
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub meta: String,
-    /// Chunk store directory.
+    /// Chunk store directory (required to run a node).
     #[arg(long)]
-    pub data_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
     /// Unique node id (defaults to the listen address).
     #[arg(long)]
     pub id: Option<String>,
@@ -141,6 +291,41 @@ pub struct NodeArgs {
     /// hash of the plaintext (see SECURITY.md).
     #[arg(long, value_name = "FILE")]
     pub encrypt_key: Option<PathBuf>,
+    /// How long a sync or semi-sync write waits for its copies at other nodes and sites
+    /// before it fails (EIO at fsync/close), e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub sync_timeout: std::time::Duration,
+    /// Bytes per second the repair worker may send to restore missing copies, e.g. 64M.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub repair_rate: u64,
+    /// Pause between the repair worker's scans for under-replicated chunks.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub repair_every: std::time::Duration,
+    /// Bytes per second the scrub worker may re-hash, e.g. 16M.
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    pub scrub_rate: u64,
+    /// Pause between complete scrub passes over the store, e.g. 24h.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub scrub_every: std::time::Duration,
+    /// Instead of running a node, act on one.
+    #[command(subcommand)]
+    pub action: Option<NodeAction>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeAction {
+    /// Empties a node before it is removed: it takes no new chunks, and the repair
+    /// workers copy its chunks to other nodes (progress: `locus fsck`, `locus status`).
+    Drain {
+        /// The node's id.
+        id: String,
+        /// Stop draining: the node takes chunks again.
+        #[arg(long)]
+        undo: bool,
+        /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+        #[arg(long)]
+        meta: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -2,6 +2,7 @@
 //! point), in its data directory and in a per-user file, so that `status`, `fsck` and
 //! `gc` find it without `--meta`.
 
+use crate::cli::TlsArgs;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,9 @@ pub struct LocalCluster {
     pub mountpoint: PathBuf,
     /// Process id of the `locus up` that wrote the record.
     pub pid: u32,
+    /// The CA and certificates `locus up` made (`DATA_DIR/tls`), for admin commands.
+    #[serde(default)]
+    pub tls: Option<PathBuf>,
 }
 
 /// The per-user record: `$XDG_STATE_HOME/locus/`, else `~/.local/state/locus/`.
@@ -73,4 +77,19 @@ pub fn meta_addr(flag: Option<&str>) -> String {
         return addr.to_string();
     }
     user_record().and_then(|p| read(&p)).map_or_else(|| DEFAULT_META.to_string(), |r| r.meta)
+}
+
+/// The TLS set-up of an admin command: its flags if it has any, else the admin
+/// certificate of the `locus up` cluster it talks to (recorded beside its address).
+pub fn admin_tls(args: TlsArgs, meta_flag: Option<&str>) -> TlsArgs {
+    if args.insecure_no_tls || args.ca.is_some() || args.cert.is_some() || args.key.is_some() {
+        return args;
+    }
+    let record = user_record().and_then(|p| read(&p));
+    match record {
+        Some(LocalCluster { tls: Some(dir), meta, .. }) if meta_flag.is_none_or(|m| m == meta) => {
+            crate::pki::LocalPki { dir }.admin()
+        }
+        _ => args,
+    }
 }

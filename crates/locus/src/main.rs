@@ -4,6 +4,8 @@
 mod admin;
 mod cli;
 mod local;
+mod pki;
+mod policy;
 mod roles;
 
 /// Keeps chunk-sized buffers (MiBs) in the heap and the heap from being trimmed, so a
@@ -77,15 +79,41 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
     net::set_limits(net::Limits {
         idle_timeout: args.idle_timeout,
         frame_timeout: args.frame_timeout,
+        handshake_timeout: args.handshake_timeout,
         ..net::Limits::default()
     });
+    let tls = args.tls;
     match args.command {
-        Up(a) => roles::up(a).await,
-        Meta(a) => roles::meta(a).await,
-        Node(a) => roles::node(a).await,
-        Mount(a) => roles::mount(a).await,
-        Status(a) => admin::status(a).await,
-        Fsck(a) => admin::fsck(a).await,
-        Gc(a) => admin::gc(a).await,
+        Up(a) => roles::up(a, tls).await,
+        Meta(cli::MetaArgs { action: Some(cli::MetaAction::Migrate(m)), .. }) => roles::migrate(m).await,
+        Meta(a) => {
+            pki::install(&tls, "locus meta")?;
+            roles::meta(a).await
+        }
+        Node(a) => {
+            pki::install(&tls, "locus node")?;
+            roles::node(a).await
+        }
+        Mount(a) => {
+            pki::install(&tls, "locus mount")?;
+            roles::mount(a).await
+        }
+        Status(a) => {
+            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus status")?;
+            admin::status(a).await
+        }
+        Fsck(a) => {
+            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus fsck")?;
+            admin::fsck(a).await
+        }
+        Gc(a) => {
+            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus gc")?;
+            admin::gc(a).await
+        }
+        Policy(a) => {
+            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus policy")?;
+            policy::run(a).await
+        }
+        Ca(c) => pki::command(c),
     }
 }

@@ -1,7 +1,8 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MountArgs, NodeArgs, UpArgs};
+use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, TlsArgs, UpArgs};
 use crate::local::LocalCluster;
+use crate::pki::{LOCAL_NODE, LOCAL_SITE, LocalPki};
 use anyhow::{Context, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -42,6 +43,7 @@ async fn start_meta(
     init: bool,
     session_expiry: Duration,
     (maps, no_root_squash): IdentityConfig,
+    revoked: Option<PathBuf>,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
     let config =
@@ -54,15 +56,29 @@ async fn start_meta(
     .await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.spawn_background();
+    if let Some(path) = revoked {
+        service.watch_revocations(path);
+    }
     tokio::spawn(net::serve(listener, service));
     Ok(addr)
+}
+
+/// `locus meta migrate`: copies a SQLite namespace into an empty PostgreSQL database
+/// and prints each table's row count (checked equal on both sides).
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let copied = tokio::task::spawn_blocking(move || meta::migrate(&args.from, &args.to)).await??;
+    for (table, rows) in &copied {
+        println!("{table}: {rows} rows");
+    }
+    println!("migrated {} tables; start meta with the new --db", copied.len());
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let identities = (args.identity_maps.clone(), args.no_root_squash.clone());
     let expiry = Duration::from_secs(args.session_expiry_secs);
-    let addr = start_meta(listener, &args.db, args.init, expiry, identities).await?;
+    let addr = start_meta(listener, &args.db, args.init, expiry, identities, args.revoked.clone()).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -74,7 +90,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
     node::NodeConfig {
         id: args.id.clone().unwrap_or_else(|| advertise.clone()),
         site: args.site.clone(),
-        data_dir: args.data_dir.clone(),
+        data_dir: args.data_dir.clone().unwrap_or_default(),
         capacity_bytes: args.capacity,
         meta_addr: args.meta.clone(),
         advertise_addr: advertise,
@@ -90,12 +106,25 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
             grace: args.reclaim_grace,
             ..node::ReclaimConfig::default()
         },
+        replication: node::ReplicationConfig {
+            sync_timeout: args.sync_timeout,
+            repair_rate: args.repair_rate,
+            repair_every: args.repair_every,
+            scrub_rate: args.scrub_rate,
+            scrub_every: args.scrub_every,
+        },
         metrics: None,
         encrypt_key: args.encrypt_key.clone(),
     }
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(action) = args.action {
+        return crate::admin::node_action(action).await;
+    }
+    if args.data_dir.is_none() {
+        anyhow::bail!("locus node needs --data-dir (the chunk store directory)");
+    }
     let listener = bind(&args.listen, "node").await?;
     let advertise = args.advertise.clone().unwrap_or(listener.local_addr()?.to_string());
     let mut config = node_config(&args, advertise);
@@ -221,7 +250,7 @@ pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let data_dir = expand_home(&args.data_dir);
     let (db, chunks) = (data_dir.join("meta.db"), data_dir.join("chunks"));
@@ -233,21 +262,27 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let probe = data_dir.join(".write-test");
     std::fs::write(&probe, b"ok").with_context(|| format!("data directory {} is not writable", data_dir.display()))?;
     let _ = std::fs::remove_file(probe);
+    // Loopback needs no set-up: a CA and certificates are made in the data directory
+    // on first start, unless the operator gave certificates or chose no TLS.
+    let explicit = tls.insecure_no_tls || tls.ca.is_some() || tls.cert.is_some() || tls.key.is_some();
+    let local_pki = if explicit { None } else { Some(LocalPki::ensure(&data_dir)?) };
+    crate::pki::install(&local_pki.as_ref().map_or(tls, LocalPki::process), "locus up")?;
 
     // Both ports first: a taken port is reported before anything starts.
     let meta_listener = bind_flag(&args.meta_listen, "meta", Some("--meta-listen")).await?;
     let node_listener = bind_flag(&args.node_listen, "node", Some("--node-listen")).await?;
     let db_url = db.display().to_string();
+    let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
     let meta_addr =
-        start_meta(meta_listener, &db_url, init, Duration::from_secs(30), IdentityConfig::default()).await?;
+        start_meta(meta_listener, &db_url, init, Duration::from_secs(30), IdentityConfig::default(), revoked).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
         advertise: None,
         meta: meta_addr.clone(),
-        data_dir: chunks,
-        id: Some("local".into()),
-        site: "default".into(),
+        data_dir: Some(chunks),
+        id: Some(LOCAL_NODE.into()),
+        site: LOCAL_SITE.into(),
         capacity: args.capacity,
         cache: 0,
         wan_connections: 1,
@@ -256,6 +291,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         reclaim_above: 90.0,
         reclaim_grace: Duration::from_secs(300),
         encrypt_key: None,
+        sync_timeout: Duration::from_secs(10),
+        repair_rate: 64 << 20,
+        repair_every: Duration::from_secs(10),
+        scrub_rate: 16 << 20,
+        scrub_every: Duration::from_secs(24 * 3600),
+        action: None,
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());
@@ -266,14 +307,19 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     });
     wait_for_node(&meta_addr, &node_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
-    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), "default".into(), purpose, &args.tuning)).await?;
+    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)).await?;
     println!(
         "locus: meta {meta_addr}, node {node_addr}, data in {}, mounted on {}; Ctrl-C to stop",
         data_dir.display(),
         mountpoint.display()
     );
-    let record =
-        LocalCluster { meta: meta_addr, node: node_addr, mountpoint: mountpoint.clone(), pid: std::process::id() };
+    let record = LocalCluster {
+        meta: meta_addr,
+        node: node_addr,
+        mountpoint: mountpoint.clone(),
+        pid: std::process::id(),
+        tls: local_pki.map(|p| p.dir),
+    };
     record.save(&data_dir)?;
     let served = serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await;
     record.remove(&data_dir);

@@ -25,7 +25,7 @@ fn every_command_has_help() {
 #[test]
 fn unreachable_meta_is_named() {
     // Port 1 on loopback: nothing listens there.
-    let o = locus(&["status", "--meta", "127.0.0.1:1"]);
+    let o = locus(&["status", "--meta", "127.0.0.1:1", "--insecure-no-tls"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("127.0.0.1:1") && stderr(&o).contains("unreachable"), "{}", stderr(&o));
 }
@@ -48,9 +48,9 @@ fn config_file_supplies_defaults_and_flags_win() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("locus.toml");
     std::fs::write(&cfg, "[status]\nmeta = \"127.0.0.1:2\"\n").unwrap();
-    let o = locus(&["--config", cfg.to_str().unwrap(), "status"]);
+    let o = locus(&["--config", cfg.to_str().unwrap(), "status", "--insecure-no-tls"]);
     assert!(stderr(&o).contains("127.0.0.1:2"), "config value not used: {}", stderr(&o));
-    let o = locus(&["--config", cfg.to_str().unwrap(), "status", "--meta", "127.0.0.1:3"]);
+    let o = locus(&["--config", cfg.to_str().unwrap(), "status", "--meta", "127.0.0.1:3", "--insecure-no-tls"]);
     assert!(stderr(&o).contains("127.0.0.1:3"), "flag did not win: {}", stderr(&o));
 }
 
@@ -61,16 +61,22 @@ fn mountpoint_missing_or_busy_and_duplicate_node_ids_are_refused() {
         return;
     }
     let mut c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 1);
-    let o = locus(&["mount", "/nonexistent/locus-mnt", "--meta", &c.meta.addr]);
+    let client = c.cert("client", "client-default", "default");
+    let with = |args: &[&str], tls: &[String]| {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend_from_slice(tls);
+        Command::new(env!("CARGO_BIN_EXE_locus")).args(&all).stdin(Stdio::null()).output().unwrap()
+    };
+    let o = with(&["mount", "/nonexistent/locus-mnt", "--meta", &c.meta.addr], &client);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
     let m = c.mount();
-    let o = locus(&["mount", m.to_str().unwrap(), "--meta", &c.meta.addr]);
+    let o = with(&["mount", m.to_str().unwrap(), "--meta", &c.meta.addr], &client);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("busy"), "{}", stderr(&o));
     // Starts a node that must fail, returning its error output.
     let node = |dir: &std::path::Path, id: &str| {
-        let o = locus(&[
+        let args = [
             "node",
             "--listen",
             "127.0.0.1:0",
@@ -80,7 +86,8 @@ fn mountpoint_missing_or_busy_and_duplicate_node_ids_are_refused() {
             dir.to_str().unwrap(),
             "--id",
             id,
-        ]);
+        ];
+        let o = with(&args, &c.cert("node", id, "default"));
         assert!(!o.status.success(), "node {id} started");
         stderr(&o)
     };
@@ -88,6 +95,10 @@ fn mountpoint_missing_or_busy_and_duplicate_node_ids_are_refused() {
     let err = node(&c.path().join("impostor"), "node0");
     assert!(err.contains("node id \"node0\": another node is already registered"), "{err}");
     // A data directory another node holds.
+    assert!(
+        stderr(&locus(&["node", "--data-dir", "/tmp/x"])).contains("needs a certificate"),
+        "a node without a certificate must be refused"
+    );
     let err = node(&c.node_dir("node0"), "node9");
     assert!(err.contains("in use by another process"), "{err}");
 }

@@ -21,7 +21,8 @@ fn stderr(o: &Output) -> String {
 
 /// Starts `locus meta` on `db` and asserts it refuses, returning its error output.
 fn refused_meta(db: &str) -> String {
-    let o = locus(&["meta", "--listen", "127.0.0.1:0", "--db", db]);
+    // Refusals of the database, not of certificates: no TLS needed to reach them.
+    let o = locus(&["meta", "--listen", "127.0.0.1:0", "--db", db, "--insecure-no-tls"]);
     assert!(!o.status.success(), "meta started on {db}");
     stderr(&o)
 }
@@ -106,7 +107,7 @@ fn a_node_of_another_cluster_is_refused() {
     a.kill_all();
     let b = Cluster::start(bin(), 0);
     let stray = a.node_dir("node0");
-    let o = locus(&[
+    let mut args: Vec<String> = [
         "node",
         "--listen",
         "127.0.0.1:0",
@@ -116,7 +117,12 @@ fn a_node_of_another_cluster_is_refused() {
         stray.to_str().unwrap(),
         "--id",
         "stray",
-    ]);
+    ]
+    .map(String::from)
+    .into();
+    // A valid node certificate of cluster B: the cluster id still tells them apart.
+    args.extend(b.cert("node", "stray", "default"));
+    let o = Command::new(bin()).args(&args).stdin(Stdio::null()).output().unwrap();
     assert!(!o.status.success(), "a node of cluster A registered with cluster B");
     let err = stderr(&o);
     assert!(err.contains(&format!("belongs to cluster {}", ids[0])), "{err}");
@@ -128,10 +134,15 @@ fn gc_refuses_to_empty_the_nodes_and_dry_run_deletes_nothing() {
     // 120 chunks on the node that the catalogue knows nothing about.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let node = net::RpcClient::connect(&c.nodes[0].addr, 1, std::time::Duration::from_secs(10)).await.unwrap();
+        // A node's certificate: clients may not put without meta's capability.
+        let f = c.cert("node", "putter", "default");
+        let tls = net::Tls::load(Path::new(&f[1]), Path::new(&f[3]), Path::new(&f[5])).unwrap();
+        let timeout = std::time::Duration::from_secs(10);
+        let node = net::RpcClient::connect_as(&c.nodes[0].addr, 1, timeout, Some(tls.into())).await.unwrap();
         for i in 0..120u32 {
             let data = format!("stray chunk {i}").into_bytes();
-            let req = proto::node::NodeRequest::Put { id: proto::types::ChunkId::of(&data), cap: None };
+            let id = proto::types::ChunkId::of(&data);
+            let req = proto::node::NodeRequest::Put { id, cap: None, replicate: Default::default() };
             let (r, _): (proto::node::NodeResult, _) = node.call_bulk(&req, bytes::Bytes::from(data)).await.unwrap();
             r.unwrap();
         }

@@ -13,8 +13,13 @@ use util::sync::lock;
 /// Most write operations put into one transaction.
 const MAX_BATCH: usize = 512;
 
-/// One write operation as the engine runs it.
-type WriteOp = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + Send>;
+/// Times a batch runs again after the backend reported a serialization conflict
+/// (another transaction, e.g. another meta's, touched the same rows).
+const MAX_RETRIES: u32 = 50;
+
+/// One write operation as the engine runs it; it may run more than once, as a batch
+/// that hit a serialization conflict is run again whole.
+type WriteOp = Box<dyn FnMut(&mut dyn Txn) -> Result<(), MetaError> + Send>;
 /// Called once a write is committed (or failed), from whichever thread committed it.
 type WriteDone = Box<dyn FnOnce(Result<(), MetaError>) + Send>;
 
@@ -115,77 +120,108 @@ impl Store {
     }
 }
 
-/// Opens the metadata store named by `url`: `sqlite:///path/meta.db` or a bare path.
-/// Without `init` the database must exist and have been formatted by meta; with it, a
-/// missing or empty database is formatted with a new cluster id.
+/// Opens the metadata store named by `url`: `sqlite:///path/meta.db`, a bare path, or
+/// `postgres://user@host:port/database`. Without `init` the database must exist and
+/// have been formatted by meta; with it, a missing or empty database is formatted with
+/// a new cluster id.
 pub fn open_store(url: &str, init: bool) -> Result<Store, MetaError> {
     let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };
     let path = match url.split_once("://") {
         None => url,
         Some(("sqlite", path)) if !path.is_empty() => path,
         Some(("sqlite", _)) => return Err(unsupported("the URL names no file".into())),
-        Some(("postgres" | "postgresql", _)) => {
-            return Err(unsupported("the PostgreSQL backend is not built yet".into()));
-        }
+        Some(("postgres" | "postgresql", _)) => return Store::new(crate::postgres::open(url, init)?),
         Some((scheme, _)) => return Err(unsupported(format!("unknown scheme {scheme:?}"))),
     };
     Store::new(crate::sqlite::open(std::path::Path::new(path), init)?)
 }
 
 /// Runs a batch in one transaction, each op inside a savepoint, and answers each op
-/// after the single commit.
-fn run_batch(conn: &mut dyn WriteConn, batch: Vec<Job>) {
-    let durable = batch.iter().any(|j| j.durable);
-    let mut replies = Vec::with_capacity(batch.len());
-    let outcome = (|| -> Result<(), MetaError> {
-        conn.begin(durable)?;
-        // A lone write needs no savepoint: its failure rolls back the whole transaction.
-        let alone = batch.len() == 1;
-        for job in batch {
-            if !alone {
-                conn.savepoint()?;
-            }
-            let op = job.op;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(conn.txn())))
-                .unwrap_or_else(|_| Err(MetaError::Internal("a metadata operation panicked".into())));
-            if alone {
-                if result.is_err() {
-                    conn.rollback()?;
-                    replies.push((job.done, result));
-                    return Ok(());
+/// after the single commit. A serialization conflict (reported by a backend with
+/// concurrent writers) anywhere in the batch rolls it back and runs it again whole,
+/// after a short randomised pause, up to `MAX_RETRIES` times.
+fn run_batch(conn: &mut dyn WriteConn, mut batch: Vec<Job>) {
+    let mut attempt = 0;
+    let outcome = loop {
+        match try_batch(conn, &mut batch) {
+            Err(e) if e.is_conflict() && attempt < MAX_RETRIES => {
+                if let Err(e) = conn.rollback() {
+                    tracing::warn!(error = %e, "rollback after a serialization conflict failed");
                 }
-            } else if result.is_err() {
-                conn.rollback_to_savepoint()?;
-            } else {
-                conn.release_savepoint()?;
+                attempt += 1;
+                std::thread::sleep(backoff(attempt));
             }
-            replies.push((job.done, result));
+            outcome => break outcome,
         }
-        util::crash_point!("meta-before-commit");
-        conn.commit()
-    })();
-    if let Err(e) = outcome {
-        tracing::error!(error = %e, "metadata commit failed");
-        if let Err(e) = conn.rollback() {
-            tracing::warn!(error = %e, "rollback after a failed commit failed");
+    };
+    match outcome {
+        Ok(results) => {
+            util::crash_point!("meta-after-commit");
+            for (job, result) in batch.into_iter().zip(results) {
+                (job.done)(result);
+            }
         }
-        let msg = e.to_string();
-        for (done, result) in replies {
-            done(result.and(Err(MetaError::Internal(format!("commit failed: {msg}")))));
-        }
-    } else {
-        util::crash_point!("meta-after-commit");
-        for (done, result) in replies {
-            done(result);
+        Err(e) => {
+            tracing::error!(error = %e, attempt, "metadata commit failed");
+            if let Err(e) = conn.rollback() {
+                tracing::warn!(error = %e, "rollback after a failed commit failed");
+            }
+            let msg = e.to_string();
+            for job in batch {
+                (job.done)(Err(MetaError::Internal(format!("commit failed: {msg}"))));
+            }
         }
     }
+}
+
+/// One attempt at a batch: each op's result, in order, once committed.
+fn try_batch(conn: &mut dyn WriteConn, batch: &mut [Job]) -> Result<Vec<Result<(), MetaError>>, MetaError> {
+    let mut results = Vec::with_capacity(batch.len());
+    conn.begin(batch.iter().any(|j| j.durable))?;
+    // A lone write needs no savepoint: its failure rolls back the whole transaction.
+    let alone = batch.len() == 1;
+    for job in batch.iter_mut() {
+        if !alone {
+            conn.savepoint()?;
+        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.op)(conn.txn())))
+            .unwrap_or_else(|_| Err(MetaError::Internal("a metadata operation panicked".into())));
+        match result {
+            Err(e) if e.is_conflict() => return Err(e),
+            Err(e) if alone => {
+                conn.rollback()?;
+                return Ok(vec![Err(e)]);
+            }
+            Err(e) => {
+                conn.rollback_to_savepoint()?;
+                results.push(Err(e));
+            }
+            Ok(()) => {
+                if !alone {
+                    conn.release_savepoint()?;
+                }
+                results.push(Ok(()));
+            }
+        }
+    }
+    util::crash_point!("meta-before-commit");
+    conn.commit()?;
+    Ok(results)
+}
+
+/// The pause before retry `attempt`: random within a window that doubles up to 64 ms,
+/// so two writers that collided do not collide again in lockstep.
+fn backoff(attempt: u32) -> std::time::Duration {
+    let window_us = 1000u64 << attempt.min(6);
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    std::time::Duration::from_micros(u64::from(seed) % window_us)
 }
 
 /// Typed write that calls `done` with `f`'s result once it is committed.
 fn submit<R: Send + 'static>(
     store: &Store,
     durable: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
+    mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
     done: impl FnOnce(Result<R, MetaError>) + Send + 'static,
 ) {
     let slot = Arc::new(Mutex::new(None));
@@ -212,7 +248,7 @@ fn submit<R: Send + 'static>(
 pub fn write<R: Send + 'static>(
     store: &Store,
     durable: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
+    f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
 ) -> Result<R, MetaError> {
     let (tx, rx) = mpsc::sync_channel(1);
     submit(store, durable, f, move |r| {
@@ -221,19 +257,21 @@ pub fn write<R: Send + 'static>(
     rx.recv().map_err(|_| MetaError::Internal("the store dropped a write".into()))?
 }
 
-/// Typed write for async callers. A plain write may commit on the calling thread
-/// (it takes tens of microseconds); a durable one waits for an fsync, so it is
-/// submitted from the blocking pool.
+/// Typed write for async callers. A plain write on a local backend may commit on the
+/// calling thread (it takes tens of microseconds); a durable one waits for an fsync,
+/// and a backend across a network waits for its server (its client library blocks on
+/// a runtime of its own, which cannot run inside ours), so those are submitted from
+/// the blocking pool.
 pub async fn write_async<R: Send + 'static>(
     store: Arc<Store>,
     durable: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
+    f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
 ) -> Result<R, MetaError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let done = move |r| {
         let _ = tx.send(r);
     };
-    if durable {
+    if durable || !store.local_reads {
         tokio::task::spawn_blocking(move || submit(&store, durable, f, done));
     } else {
         submit(&store, durable, f, done);
@@ -246,7 +284,8 @@ pub async fn write_async<R: Send + 'static>(
 /// away would (measured: `block_in_place` for every read cost 15 % of the create rate).
 /// Every other read runs in `block_in_place` on the caller's thread while the runtime
 /// moves this worker's other tasks elsewhere; on a current-thread runtime (tests),
-/// where nothing else could run anyway, inline.
+/// where nothing else could run anyway, inline for a local backend and on a thread of
+/// its own for a remote one (whose client cannot block inside our runtime).
 pub async fn read_async<R: Send + 'static>(
     store: &Store,
     point: bool,
@@ -258,6 +297,9 @@ pub async fn read_async<R: Send + 'static>(
     }
     match Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| store.read(f)),
+        Ok(_) if !store.local_reads => std::thread::scope(|s| {
+            s.spawn(|| store.read(f)).join().unwrap_or_else(|_| Err(MetaError::Internal("a read panicked".into())))
+        }),
         _ => store.read(f),
     }
 }

@@ -34,6 +34,14 @@ pub enum MetaError {
     Stale(String),
     #[error("metadata database error: {0}")]
     Db(#[from] rusqlite::Error),
+    #[error("PostgreSQL metadata database error: {0}")]
+    Postgres(postgres::Error),
+    /// Another transaction (e.g. another meta's) touched the same rows; the engine
+    /// runs the whole transaction again.
+    #[error("serialization conflict: {0}")]
+    Conflict(String),
+    #[error("cannot connect to the PostgreSQL metadata database {url}: {source}")]
+    Connect { url: String, source: postgres::Error },
     #[error(
         "metadata database {path} has schema version {found}, newer than the {supported} this \
          binary understands; run a newer locus"
@@ -57,11 +65,16 @@ pub enum MetaError {
          it: restore it from a backup"
     )]
     Damaged { path: String, detail: String },
+    #[error(
+        "PostgreSQL database {url} is not empty ({tables} tables): migrate copies only into an empty \
+         database (create a new one with createdb)"
+    )]
+    TargetNotEmpty { url: String, tables: u64 },
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error(
-        "cannot open metadata database {url:?}: {reason}; supported: sqlite:///path/to/meta.db \
-         or a bare path"
+        "cannot open metadata database {url:?}: {reason}; supported: sqlite:///path/to/meta.db, \
+         a bare path, or postgres://user@host:port/database"
     )]
     UnsupportedUrl { url: String, reason: String },
     #[error("{0}")]
@@ -91,9 +104,14 @@ impl MetaError {
             MetaError::Range(_) => ErrorCode::Range,
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
             MetaError::Stale(_) => ErrorCode::Stale,
-            MetaError::Db(_) | MetaError::Io { .. } => ErrorCode::Io,
+            MetaError::Db(_)
+            | MetaError::Postgres(_)
+            | MetaError::Conflict(_)
+            | MetaError::Connect { .. }
+            | MetaError::Io { .. } => ErrorCode::Io,
             MetaError::NotFormatted { .. }
             | MetaError::InUse { .. }
+            | MetaError::TargetNotEmpty { .. }
             | MetaError::Damaged { .. }
             | MetaError::UnsupportedUrl { .. } => ErrorCode::Internal,
             MetaError::WrongCluster(_) => ErrorCode::NotPermitted,
@@ -101,6 +119,30 @@ impl MetaError {
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl MetaError {
+    /// A serialization conflict: the transaction is worth running again whole.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, MetaError::Conflict(_))
+    }
+}
+
+impl From<postgres::Error> for MetaError {
+    /// PostgreSQL's serialization failure and deadlock (SQLSTATE 40001, 40P01), and a
+    /// unique violation (23505, which a concurrent insert of the same key raises
+    /// instead of 40001 when the transaction had not read the key), are conflicts
+    /// to retry; everything else is an error.
+    fn from(e: postgres::Error) -> Self {
+        use postgres::error::SqlState;
+        match e.code() {
+            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
+                MetaError::Conflict(e.to_string())
+            }
+            Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict(e.to_string()),
+            _ => MetaError::Postgres(e),
         }
     }
 }

@@ -1,15 +1,16 @@
 //! The metadata service of Locus: namespace, extents, chunk catalogue, sessions and
 //! byte-range locks. POSIX rules live once in `ops` and group commit and the read pool
-//! once in `engine`, above the row-level backend traits of `store`; SQLite is the first
-//! backend, chosen by URL in `open_store`.
+//! once in `engine`, above the row-level backend traits of `store`; the backends are SQLite
+//! (embedded, the default) and PostgreSQL, chosen by URL in `open_store`.
 
 pub mod authority;
 mod engine;
 mod error;
 mod identity;
 mod locks;
-mod opens;
+mod migrate;
 mod ops;
+mod postgres;
 mod service;
 mod sqlite;
 mod store;
@@ -20,5 +21,7 @@ pub mod conformance;
 pub use engine::{Store, open_store};
 pub use error::MetaError;
 pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_map};
+pub use locks::Held;
+pub use migrate::migrate;
 pub use service::{MetaConfig, MetaService};
-pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+pub use store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

@@ -1,11 +1,13 @@
-//! POSIX byte-range locks (fcntl F_GETLK/F_SETLK), held in memory by the service:
-//! locks die with the session that took them, so they never need to be persisted.
+//! POSIX byte-range locks (fcntl F_GETLK/F_SETLK): the pure algebra of conflicts,
+//! splits and merges over one inode's held locks. The locks themselves are rows of
+//! the store (`Txn::locks_on`/`put_locks`), so they survive a restart of meta and
+//! every meta over one database sees the same ones; `ops::locks` applies this algebra
+//! inside a transaction. A lock dies with the session that took them.
 
 use proto::meta::{LockKind, LockRange};
 use proto::types::{InodeId, SessionId};
-use std::collections::HashMap;
 
-/// One held lock. `end` is inclusive.
+/// One held lock, a row of the store's lock table. `end` is inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
     pub session: SessionId,
@@ -25,7 +27,8 @@ impl Held {
         self.start <= end && start <= self.end
     }
 
-    fn as_range(&self, ino: InodeId) -> LockRange {
+    /// The lock as the wire describes it (F_GETLK's answer).
+    pub fn as_range(&self, ino: InodeId) -> LockRange {
         LockRange {
             ino,
             owner: self.owner,
@@ -90,51 +93,6 @@ pub fn apply(held: &mut Vec<Held>, session: SessionId, req: &LockRange) {
     *held = out;
 }
 
-/// Every lock the service holds, by inode.
-#[derive(Debug, Default)]
-pub struct LockTable {
-    by_ino: HashMap<InodeId, Vec<Held>>,
-}
-
-impl LockTable {
-    /// F_GETLK: the first lock conflicting with `req`.
-    pub fn get(&self, session: SessionId, req: &LockRange) -> Option<LockRange> {
-        let held = self.by_ino.get(&req.ino)?;
-        conflict(held, session, req).map(|h| h.as_range(req.ino))
-    }
-
-    /// F_SETLK: takes, converts or releases a range; on conflict returns the holder.
-    pub fn set(&mut self, session: SessionId, req: &LockRange) -> Result<(), LockRange> {
-        let held = self.by_ino.entry(req.ino).or_default();
-        if let Some(h) = conflict(held, session, req) {
-            return Err(h.as_range(req.ino));
-        }
-        apply(held, session, req);
-        if held.is_empty() {
-            self.by_ino.remove(&req.ino);
-        }
-        Ok(())
-    }
-
-    /// Drops every lock `owner` of `session` holds on `ino` (close(2)).
-    pub fn release(&mut self, session: SessionId, ino: InodeId, owner: u64) {
-        if let Some(held) = self.by_ino.get_mut(&ino) {
-            held.retain(|h| !h.same_owner(session, owner));
-            if held.is_empty() {
-                self.by_ino.remove(&ino);
-            }
-        }
-    }
-
-    /// Drops every lock of a session that ended or expired.
-    pub fn drop_session(&mut self, session: SessionId) {
-        self.by_ino.retain(|_, held| {
-            held.retain(|h| h.session != session);
-            !held.is_empty()
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,9 +102,29 @@ mod tests {
         LockRange { ino: 7, owner, start, end, kind, pid: owner as u32 }
     }
 
+    /// One inode's locks, with F_GETLK and F_SETLK as `ops::locks` runs them.
+    #[derive(Default)]
+    struct Table {
+        held: Vec<Held>,
+    }
+
+    impl Table {
+        fn get(&self, session: SessionId, req: &LockRange) -> Option<LockRange> {
+            conflict(&self.held, session, req).map(|h| h.as_range(req.ino))
+        }
+
+        fn set(&mut self, session: SessionId, req: &LockRange) -> Result<(), LockRange> {
+            if let Some(h) = conflict(&self.held, session, req) {
+                return Err(h.as_range(req.ino));
+            }
+            apply(&mut self.held, session, req);
+            Ok(())
+        }
+    }
+
     #[test]
     fn read_locks_share_write_locks_exclude() {
-        let mut t = LockTable::default();
+        let mut t = Table::default();
         t.set(1, &req(1, 0, 99, LockKind::Read)).unwrap();
         t.set(2, &req(1, 50, 150, LockKind::Read)).unwrap();
         let err = t.set(2, &req(2, 10, 10, LockKind::Write)).unwrap_err();
@@ -157,11 +135,11 @@ mod tests {
 
     #[test]
     fn same_owner_converts_and_splits() {
-        let mut t = LockTable::default();
+        let mut t = Table::default();
         t.set(1, &req(1, 0, u64::MAX, LockKind::Write)).unwrap();
         // Converting the middle to Read splits the write lock into three pieces.
         t.set(1, &req(1, 10, 19, LockKind::Read)).unwrap();
-        let mut held = t.by_ino[&7].clone();
+        let mut held = t.held.clone();
         held.sort_by_key(|h| h.start);
         let shape: Vec<_> = held.iter().map(|h| (h.start, h.end, h.write)).collect();
         assert_eq!(shape, vec![(0, 9, true), (10, 19, false), (20, u64::MAX, true)]);
@@ -170,9 +148,7 @@ mod tests {
         assert!(t.set(2, &req(1, 5, 15, LockKind::Read)).is_err());
         // Unlocking everything of owner 1 leaves only the other session's lock.
         t.set(1, &req(1, 0, u64::MAX, LockKind::Unlock)).unwrap();
-        assert_eq!(t.by_ino[&7].len(), 1);
-        t.release(2, 7, 1);
-        assert!(t.by_ino.is_empty());
+        assert_eq!(t.held.len(), 1);
     }
 
     #[test]
@@ -183,16 +159,6 @@ mod tests {
         apply(&mut held, 1, &req(1, 10, 19, LockKind::Read));
         assert_eq!(held.len(), 1);
         assert_eq!((held[0].start, held[0].end), (0, 29));
-    }
-
-    #[test]
-    fn drop_session_frees_its_locks() {
-        let mut t = LockTable::default();
-        t.set(1, &req(1, 0, 9, LockKind::Write)).unwrap();
-        t.set(2, &req(1, 20, 29, LockKind::Write)).unwrap();
-        t.drop_session(1);
-        assert!(t.set(3, &req(1, 0, 9, LockKind::Write)).is_ok());
-        assert!(t.set(3, &req(1, 20, 20, LockKind::Write)).is_err());
     }
 
     const BYTES: usize = 48;
@@ -212,7 +178,7 @@ mod tests {
         /// and owner, whether that owner holds nothing, a read or a write lock.
         #[test]
         fn table_matches_byte_model(ops in prop::collection::vec((0usize..4, 0u64..BYTES as u64, 0u64..16, 0u8..3, any::<bool>()), 1..60)) {
-            let mut table = LockTable::default();
+            let mut table = Table::default();
             // model[byte][owner] = 0 none, 1 read, 2 write
             let mut model = vec![[0u8; 4]; BYTES];
             for (who, start, len, kind, probe) in ops {
@@ -228,7 +194,7 @@ mod tests {
                 if let Some(c) = got {
                     prop_assert!(c.start <= end && start <= c.end);
                     prop_assert!(c.kind == LockKind::Write || kind == LockKind::Write);
-                    let held = &table.by_ino[&1];
+                    let held = &table.held;
                     prop_assert!(held.iter().any(|h| h.owner == c.owner && h.start == c.start && h.end == c.end && !(h.session == session && h.owner == owner)));
                 }
                 if probe {
@@ -241,7 +207,7 @@ mod tests {
                     for b in start..=end { model[b as usize][who] = v; }
                 }
                 // Compare every byte, and check an owner's locks never overlap each other.
-                let held = table.by_ino.get(&1).cloned().unwrap_or_default();
+                let held = table.held.clone();
                 let mut seen = vec![[0u8; 4]; BYTES];
                 for h in &held {
                     let o = OWNERS.iter().position(|&(s, ow)| s == h.session && ow == h.owner).unwrap();

@@ -1,18 +1,17 @@
 //! The RPC face of meta: dispatches `MetaRequest`s to the store (reads on its reader
-//! threads, never on the async runtime) or the in-memory lock table, and expires silent
-//! sessions in the background.
+//! threads, never on the async runtime; locks and open-file records are rows there
+//! too), and expires silent sessions in the background.
 
 use crate::engine::{self, Store};
 use crate::error::MetaError;
 use crate::identity::{Acting, Identities};
-use crate::locks::LockTable;
-use crate::opens::OpenTable;
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{LockKind, MetaCall, MetaReply, MetaRequest, MetaResult};
-use proto::meta::{MetaPush, PushAnswer, SessionInfo};
-use proto::types::{Caller, SessionId, Timestamp, WorkerStatus};
+use proto::meta::{MetaCall, MetaPush, PushAnswer, RevocationList, SessionInfo};
+use proto::meta::{MetaReply, MetaRequest, MetaResult};
+use proto::policy::ReplicationLag;
+use proto::types::{Caller, SessionId, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -25,7 +24,8 @@ const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// What `locus meta` needs to run; the binary builds it from its config file.
 #[derive(Debug, Clone)]
 pub struct MetaConfig {
-    /// Where the database is: `sqlite:///path/meta.db` or a bare path.
+    /// Where the database is: `sqlite:///path/meta.db`, a bare path, or
+    /// `postgres://user@host:port/database`.
     pub db_url: String,
     /// Format a new cluster if the database is missing or empty (else that is refused).
     pub init: bool,
@@ -39,13 +39,13 @@ pub struct MetaConfig {
 pub struct MetaService {
     store: Arc<Store>,
     cluster_id: Arc<str>,
-    locks: Mutex<LockTable>,
-    opens: Arc<OpenTable>,
     heartbeat: Duration,
     session_expiry: Duration,
     workers: Workers,
     /// The latest worker report of each other process, and when it came.
     reports: Mutex<HashMap<String, (std::time::Instant, Vec<WorkerStatus>)>>,
+    /// The latest replication lag report of each node, and when it came.
+    lags: Mutex<HashMap<String, (std::time::Instant, Vec<ReplicationLag>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
     /// The certificate name each session said `Hello` with (TLS only): another peer's
@@ -55,10 +55,8 @@ pub struct MetaService {
     cap_key: proto::cap::CapKey,
     /// Each site's identity map (none configured: every site numbers owners itself).
     identities: std::sync::RwLock<Arc<Identities>>,
-    /// Orphans are reaped only once every session alive before a restart of meta
-    /// (whose open records were in memory) has had time to expire: this many ms
-    /// after the service started.
-    reap_after_ms: i64,
+    /// The revocation list meta applies and distributes (`watch_revocations`).
+    revoked: Mutex<Vec<String>>,
 }
 
 impl MetaService {
@@ -74,16 +72,15 @@ impl MetaService {
             cap_key: random_key(),
             cluster_id: store.cluster_id().into(),
             store,
-            locks: Mutex::new(LockTable::default()),
-            opens: Arc::new(OpenTable::default()),
             heartbeat: config.heartbeat,
             session_expiry: config.session_expiry,
             workers: Workers::default(),
             reports: Mutex::default(),
+            lags: Mutex::default(),
             clients: Mutex::default(),
             owners: Mutex::default(),
             identities: std::sync::RwLock::new(Arc::new(Identities::empty())),
-            reap_after_ms: Timestamp::now().secs * 1000 + config.session_expiry.as_millis() as i64,
+            revoked: Mutex::default(),
         })
     }
 
@@ -120,6 +117,14 @@ impl MetaService {
         if self.identities().has_sources() {
             self.workers.spawn(IdentityReload { service: Arc::downgrade(self), reloads: 0 });
         }
+    }
+
+    /// Applies and distributes the revocation list in `path` (one certificate serial
+    /// in hex or subject name a line, `#` comments), read again whenever it changes:
+    /// connections of the peers it names are dropped here at once, and at every
+    /// node and client at their next heartbeat.
+    pub fn watch_revocations(self: &Arc<Self>, path: std::path::PathBuf) {
+        self.workers.spawn(RevocationWatch { service: Arc::downgrade(self), path, seen: None });
     }
 
     /// Meta's own workers, those of every connected client (asked on its connection
@@ -161,6 +166,16 @@ impl MetaService {
         out
     }
 
+    /// The latest lag report of every node still alive, by node.
+    fn lag_reports(&self) -> Vec<(String, ReplicationLag)> {
+        let mut lags = lock(&self.lags);
+        lags.retain(|_, (at, _)| at.elapsed() < self.session_expiry);
+        let mut out: Vec<(String, ReplicationLag)> =
+            lags.iter().flat_map(|(node, (_, l))| l.iter().map(|l| (node.clone(), l.clone()))).collect();
+        out.sort_by(|a, b| (&a.0, &a.1.site).cmp(&(&b.0, &b.1.site)));
+        out
+    }
+
     /// Lets `peer` act for `claimed`: its connection is bound to that session, or to
     /// none, or to one that has ended (the client opened a new session); a connection
     /// binding itself must come from the certificate the session said `Hello` with.
@@ -179,8 +194,42 @@ impl MetaService {
         }
     }
 
+    /// What the peer's certificate lets it do: only a node may register, report
+    /// cached copies or its workers, and only as itself (its certificate's name is
+    /// its node id) at its own site; a session's site is its certificate's. Without
+    /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
+    fn check_identity(peer: &net::Peer, req: &MetaRequest) -> Result<(), MetaError> {
+        let Some(who) = peer.identity() else { return Ok(()) };
+        let as_node = |id: &str, site: Option<&str>| {
+            if who.role != net::Role::Node {
+                return Err(MetaError::NotPermitted(format!(
+                    "{who} is not a node: only a node certificate may do this"
+                )));
+            }
+            if who.name != id {
+                return Err(MetaError::NotPermitted(format!("{who} may not act as node {id}")));
+            }
+            match site {
+                Some(site) if site != who.site => {
+                    Err(MetaError::NotPermitted(format!("{who} may not register at site {site}")))
+                }
+                _ => Ok(()),
+            }
+        };
+        match req {
+            MetaRequest::RegisterNode(m) => as_node(&m.node.id, Some(&m.node.site)),
+            MetaRequest::UpdateLocations(m) => as_node(&m.node, None),
+            MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
+            MetaRequest::ReportLag(m) => as_node(&m.node, None),
+            MetaRequest::Hello(m) if m.session.site != who.site => {
+                Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn ctx(&self) -> Ctx {
-        Ctx::now(self.heartbeat.as_millis() as u64, self.opens.clone(), self.cluster_id.clone())
+        Ctx::now(self.heartbeat.as_millis() as u64, self.cluster_id.clone())
     }
 
     /// The cluster this meta serves.
@@ -188,27 +237,18 @@ impl MetaService {
         &self.cluster_id
     }
 
-    fn locks(&self) -> std::sync::MutexGuard<'_, LockTable> {
-        lock(&self.locks)
-    }
-
     /// Ends every session whose last heartbeat is older than `session_expiry` at
-    /// `now_ms`, dropping its locks and open records. Blocking.
+    /// `now_ms`, dropping its locks and open records, and reaps orphans nobody has
+    /// open. Blocking.
     pub fn expire_sessions_at(&self, now_ms: i64) -> Result<Vec<SessionId>, MetaError> {
         let cutoff = now_ms.saturating_sub(self.session_expiry.as_millis() as i64);
-        let opens = self.opens.clone();
-        let reap = now_ms >= self.reap_after_ms;
         let expired = engine::write(&self.store, false, move |t| {
-            let expired = ops::expire_sessions(t, &opens, cutoff)?;
-            if reap {
-                ops::reap_orphans(t, &opens)?;
-            }
+            let expired = ops::expire_sessions(t, cutoff)?;
+            ops::reap_orphans(t)?;
             Ok(expired)
         })?;
-        let mut locks = self.locks();
         let mut clients = lock(&self.clients);
         for s in &expired {
-            locks.drop_session(*s);
             clients.remove(s);
             lock(&self.owners).remove(s);
         }
@@ -238,13 +278,19 @@ impl MetaService {
     async fn answer(self: &Arc<Self>, caller: Caller, req: MetaRequest) -> Result<MetaReply, MetaError> {
         let ctx = self.ctx().acting_for(caller);
         match ops::access(&req) {
-            Access::Locks => self.lock_request(req),
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
                     ops::perm::check_privileged(&ctx.caller, "reporting workers")?;
                     lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
                     Ok(())
                 }),
+                MetaRequest::ReportLag(m) => ops::serve(m, |m| {
+                    lock(&self.lags).insert(m.node, (std::time::Instant::now(), m.lag));
+                    Ok(())
+                }),
+                MetaRequest::Revocations(m) => {
+                    ops::serve(m, |_| Ok(RevocationList { entries: lock(&self.revoked).clone() }))
+                }
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
@@ -252,83 +298,25 @@ impl MetaService {
                     // Worker reports live in memory, beside the store.
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
+                        status.lag = self.lag_reports();
                         MetaReply::Status(status)
                     }
                     other => other,
                 })
             }
-            // Opening and closing are bookkeeping in memory; only a release that leaves
-            // an orphan unopened costs a transaction (to reclaim it).
-            Access::Open => match req {
-                MetaRequest::Release(m) => {
-                    let ino = m.ino;
-                    let orphan = engine::read_async(&self.store, true, move |t| {
-                        Ok(t.get_inode(ino)?.is_some_and(|i| i.attr.nlink == 0))
-                    })
-                    .await?;
-                    if self.opens.remove(m.session, ino) && orphan && self.opens.count(ino) == 0 {
-                        let opens = self.opens.clone();
-                        engine::write_async(self.store.clone(), false, move |t| ops::reclaim_if_unused(t, &opens, ino))
-                            .await?;
-                    }
-                    ops::serve(m, |_| Ok(()))
-                }
-                open => {
-                    let opened = match &open {
-                        MetaRequest::Open(m) => Some((m.session, m.ino, m.access.write)),
-                        _ => None,
-                    };
-                    let reply = engine::read_async(&self.store, true, move |t| ops::read(t, &ctx, open)).await?;
-                    if let Some((session, ino, write)) = opened {
-                        self.opens.add(session, ino, write);
-                    }
-                    Ok(reply)
-                }
-            },
             Access::Write { durable } => {
                 let goodbye = match &req {
                     MetaRequest::Goodbye(m) => Some(m.session),
                     _ => None,
                 };
-                let reply = engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req)).await?;
+                let reply =
+                    engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone())).await?;
                 if let Some(session) = goodbye {
-                    self.locks().drop_session(session);
                     lock(&self.clients).remove(&session);
                     lock(&self.owners).remove(&session);
                 }
                 Ok(reply)
             }
-        }
-    }
-
-    fn lock_request(&self, req: MetaRequest) -> Result<MetaReply, MetaError> {
-        let valid = |start: u64, end: u64| {
-            if start > end {
-                Err(MetaError::InvalidArgument(format!("lock range {start}..={end} is empty")))
-            } else {
-                Ok(())
-            }
-        };
-        match req {
-            MetaRequest::GetLock(m) => ops::serve(m, |m| {
-                valid(m.lock.start, m.lock.end)?;
-                Ok(self.locks().get(m.session, &m.lock))
-            }),
-            MetaRequest::SetLock(m) => ops::serve(m, |m| {
-                valid(m.lock.start, m.lock.end)?;
-                self.locks().set(m.session, &m.lock).map_err(|held| {
-                    let kind = if held.kind == LockKind::Write { "write" } else { "read" };
-                    MetaError::WouldBlock(format!(
-                        "inode {} bytes {}..={} hold a {kind} lock of pid {}",
-                        held.ino, held.start, held.end, held.pid
-                    ))
-                })
-            }),
-            MetaRequest::ReleaseLocks(m) => ops::serve(m, |m| {
-                self.locks().release(m.session, m.ino, m.owner);
-                Ok(())
-            }),
-            other => Err(MetaError::Internal(format!("{other:?} is not a lock request"))),
         }
     }
 }
@@ -407,6 +395,54 @@ impl Worker for SessionExpiry {
     }
 }
 
+/// The `revocations` worker: reads the revocation list whenever the file changes.
+struct RevocationWatch {
+    service: Weak<MetaService>,
+    path: std::path::PathBuf,
+    /// The file's text when last applied.
+    seen: Option<String>,
+}
+
+impl Worker for RevocationWatch {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "revocations".into()
+    }
+
+    fn progress(&self) -> String {
+        let n = self.service.upgrade().map_or(0, |s| lock(&s.revoked).len());
+        format!("{n} revoked, from {}", self.path.display())
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        // A missing file is an empty list (nothing revoked yet).
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(MetaError::Internal(format!("{}: {e}", self.path.display()))),
+        };
+        if self.seen.as_ref() != Some(&text) {
+            let entries: Vec<String> = text
+                .lines()
+                .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect();
+            let dropped = net::set_revoked(entries.clone());
+            tracing::info!(revoked = entries.len(), dropped, "revocation list {} applied", self.path.display());
+            if let Some(service) = self.service.upgrade() {
+                *lock(&service.revoked) = entries;
+            }
+            self.seen = Some(text);
+        }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(Duration::from_secs(1)).await
+    }
+}
+
 impl net::Service for MetaService {
     type Request = MetaCall;
     type Reply = MetaResult;
@@ -417,6 +453,10 @@ impl net::Service for MetaService {
     /// acts for the caller the peer may act as (`authority::resolve`).
     async fn handle(self: Arc<Self>, peer: net::Peer, call: MetaCall, _bulk: Bytes) -> (MetaResult, Bytes) {
         let MetaCall { caller, site, request: mut req } = call;
+        if let Err(e) = Self::check_identity(&peer, &req) {
+            tracing::warn!(addr = %peer.addr(), "refused: {e}");
+            return (Err(e.into()), Bytes::new());
+        }
         if let Some(claimed) = req.claimed_session()
             && let Err(e) = self.check_claim(&peer, claimed)
         {
@@ -620,8 +660,13 @@ mod tests {
             MetaReply::Attr(a) => a,
             other => panic!("{other:?}"),
         };
-        let opened = MetaReply::Opened(Opened { attr, extents: vec![extent], caps: ChunkCaps::default() });
-        let now = Timestamp::now().millis();
+        let opened = MetaReply::Opened(Opened {
+            attr,
+            extents: vec![extent],
+            caps: ChunkCaps::default(),
+            policy: Default::default(),
+        });
+        let now = proto::types::Timestamp::now().millis();
         let MetaReply::Opened(read) = service.with_caps(opened.clone(), (true, false), "/CN=host.a", None) else {
             panic!()
         };

@@ -5,8 +5,10 @@
 //! damaged (`PRAGMA quick_check`), and not in use by another meta (an exclusive lock).
 
 use crate::error::MetaError;
-use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+use crate::locks::Held;
+use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::fs::File;
@@ -16,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -56,12 +58,33 @@ CREATE TABLE site_rtts (
     WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
 CREATE TABLE cluster (id TEXT NOT NULL);
-CREATE TABLE principals (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 ";
+
+/// Open-file records and byte-range locks, kept in the database so that they survive
+/// a restart of meta (version 3).
+const OPENS_AND_LOCKS: &str = "
+CREATE TABLE opens (
+    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, writable BIGINT NOT NULL,
+    PRIMARY KEY (session, ino)) WITHOUT ROWID;
+CREATE INDEX opens_by_ino ON opens (ino);
+CREATE TABLE locks (
+    ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
+    range_end BIGINT NOT NULL, is_write BIGINT NOT NULL, pid BIGINT NOT NULL);
+CREATE INDEX locks_by_ino ON locks (ino);
+CREATE INDEX locks_by_session ON locks (session);
+";
+
+/// The replication tables: policies (directory inode -> policy; `sites` is a comma
+/// list) and the nodes being drained.
+const REPLICATION_TABLES: &str = "CREATE TABLE policies (
+    ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
+    rpo_secs BIGINT NOT NULL) WITHOUT ROWID;
+CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
 
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] = &[adopt_into_a_cluster, add_principals];
+const MIGRATIONS: &[Migration] =
+    &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies, add_principals];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -74,7 +97,20 @@ fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Version 2 -> 3: owners may be global principals (grid identities), numbered by
+/// Version 2 -> 3: open-file records and locks move from meta's memory into tables
+/// (empty: whatever a running meta held died with it before this upgrade).
+fn persist_opens_and_locks(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch(OPENS_AND_LOCKS)?;
+    Ok(())
+}
+
+/// Version 3 -> 4: directories may carry a replication policy; nodes may be drained.
+fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch(REPLICATION_TABLES)?;
+    Ok(())
+}
+
+/// Version 4 -> 5: owners may be global principals (grid identities), numbered by
 /// their row in this table (see `identity`).
 fn add_principals(conn: &Connection) -> Result<(), MetaError> {
     conn.execute_batch("CREATE TABLE principals (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")?;
@@ -82,7 +118,7 @@ fn add_principals(conn: &Connection) -> Result<(), MetaError> {
 }
 
 /// A random cluster id: 128 bits from the kernel, in hex.
-fn new_cluster_id() -> Result<String, MetaError> {
+pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -312,10 +348,18 @@ fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<(), MetaError
 fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute_batch("CREATE TABLE meta_version (version BIGINT NOT NULL)")?;
     w.conn.execute_batch(SCHEMA)?;
+    w.conn.execute_batch(OPENS_AND_LOCKS)?;
+    add_replication_policies(&w.conn)?;
+    add_principals(&w.conn)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    w.put_inode(&root_inode())
+}
+
+/// The root directory of a newly formatted namespace.
+pub(crate) fn root_inode() -> Inode {
     let now = Timestamp::now();
-    let root = Inode {
+    Inode {
         attr: Attr {
             ino: ROOT_INODE,
             kind: FileKind::Dir,
@@ -332,16 +376,16 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
         },
         parent: ROOT_INODE,
         target: Vec::new(),
-    };
-    w.put_inode(&root)
+    }
 }
 
 /// Offsets are stored as BIGINT; files never exceed `i64::MAX` (POSIX `off_t`).
-fn off(v: u64) -> i64 {
+pub(crate) fn off(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-fn kind_code(k: FileKind) -> i64 {
+/// A file kind as stored in the `kind` column (the same codes on every backend).
+pub(crate) fn kind_code(k: FileKind) -> i64 {
     match k {
         FileKind::File => 1,
         FileKind::Dir => 2,
@@ -353,7 +397,8 @@ fn kind_code(k: FileKind) -> i64 {
     }
 }
 
-fn kind_of(code: i64) -> Option<FileKind> {
+/// The file kind stored as `code`, if it is one.
+pub(crate) fn kind_of(code: i64) -> Option<FileKind> {
     Some(match code {
         1 => FileKind::File,
         2 => FileKind::Dir,
@@ -366,7 +411,8 @@ fn kind_of(code: i64) -> Option<FileKind> {
     })
 }
 
-fn chunk_id(bytes: Vec<u8>) -> Result<ChunkId, MetaError> {
+/// A chunk id column's bytes back into a `ChunkId` (refused unless 32 bytes long).
+pub(crate) fn chunk_id(bytes: Vec<u8>) -> Result<ChunkId, MetaError> {
     let arr: [u8; 32] =
         bytes.try_into().map_err(|b: Vec<u8>| MetaError::Corrupt(format!("chunk id of {} bytes", b.len())))?;
     Ok(ChunkId(arr))
@@ -431,6 +477,7 @@ fn node_row(r: &Row<'_>) -> rusqlite::Result<(NodeInfo, i64)> {
             last_seen_secs: 0,
             site_rtts: Vec::new(),
             cache_bytes: r.get::<_, i64>(7)? as u64,
+            drained: false,
         },
         r.get(8)?,
     ))
@@ -724,6 +771,81 @@ impl Txn for SqlConn {
         Ok(())
     }
 
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT session, owner, range_start, range_end, is_write, pid FROM locks WHERE ino = ?1")?;
+        let rows = st.query_map([ino as i64], |r| {
+            Ok(Held {
+                session: r.get::<_, i64>(0)? as u64,
+                owner: r.get::<_, i64>(1)? as u64,
+                start: r.get::<_, i64>(2)? as u64,
+                end: r.get::<_, i64>(3)? as u64,
+                write: r.get::<_, i64>(4)? != 0,
+                pid: r.get::<_, i64>(5)? as u32,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError> {
+        self.conn.prepare_cached("DELETE FROM locks WHERE ino = ?1")?.execute([ino as i64])?;
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO locks (ino, session, owner, range_start, range_end, is_write, pid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?;
+        for h in held {
+            // u64 values (an owner, an end of u64::MAX) are kept bit for bit in the i64 column.
+            st.execute(params![
+                ino as i64,
+                h.session as i64,
+                h.owner as i64,
+                h.start as i64,
+                h.end as i64,
+                i64::from(h.write),
+                i64::from(h.pid)
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError> {
+        self.conn.prepare_cached("DELETE FROM locks WHERE session = ?1")?.execute([session as i64])?;
+        Ok(())
+    }
+
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT count, writable FROM opens WHERE session = ?1 AND ino = ?2")?;
+        let row: Option<(i64, i64)> =
+            st.query_row(params![session as i64, ino as i64], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+        Ok(row.map_or_else(OpenRow::default, |(count, w)| OpenRow { count: count as u32, writable: w != 0 }))
+    }
+
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
+        if open.count == 0 {
+            let mut st = self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1 AND ino = ?2")?;
+            st.execute(params![session as i64, ino as i64])?;
+        } else {
+            let mut st = self.conn.prepare_cached(
+                "INSERT INTO opens (session, ino, count, writable) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count, writable = excluded.writable",
+            )?;
+            st.execute(params![session as i64, ino as i64, i64::from(open.count), i64::from(open.writable)])?;
+        }
+        Ok(())
+    }
+
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT COALESCE(SUM(count), 0) FROM opens WHERE ino = ?1")?;
+        Ok(st.query_row([ino as i64], |r| r.get::<_, i64>(0))? as u64)
+    }
+
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        let mut st = self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1 RETURNING ino")?;
+        let rows = st.query_map([session as i64], |r| r.get::<_, i64>(0))?;
+        Ok(rows.map(|r| r.map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
+    }
+
     fn put_node(&mut self, n: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {
         let mut st = self.conn.prepare_cached(
             "INSERT INTO nodes (id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen)
@@ -777,6 +899,70 @@ impl Txn for SqlConn {
         st.execute([name])?;
         Ok(self.conn.last_insert_rowid() as u32)
     }
+
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT sites, copies, mode, rpo_secs FROM policies WHERE ino = ?1")?;
+        let row = st.query_row([ino as i64], policy_row).optional()?;
+        row.map(policy_of).transpose()
+    }
+
+    fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (ino) DO UPDATE SET sites = excluded.sites, copies = excluded.copies,
+             mode = excluded.mode, rpo_secs = excluded.rpo_secs",
+        )?;
+        st.execute(params![ino as i64, p.sites.join(","), p.copies as i64, p.mode.to_string(), p.rpo_secs as i64])?;
+        Ok(())
+    }
+
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.conn.prepare_cached("DELETE FROM policies WHERE ino = ?1")?.execute([ino as i64])?;
+        Ok(())
+    }
+
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
+        let mut st =
+            self.conn.prepare_cached("SELECT sites, copies, mode, rpo_secs, ino FROM policies ORDER BY ino")?;
+        let rows = st.query_map([], |r| Ok((policy_row(r)?, r.get::<_, i64>(4)? as u64)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (p, ino) = row?;
+            out.push((ino, policy_of(p)?));
+        }
+        Ok(out)
+    }
+
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
+        let sql = if drained {
+            "INSERT INTO drained_nodes (id) VALUES (?1) ON CONFLICT (id) DO NOTHING"
+        } else {
+            "DELETE FROM drained_nodes WHERE id = ?1"
+        };
+        self.conn.prepare_cached(sql)?.execute([node])?;
+        Ok(())
+    }
+
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT id FROM drained_nodes ORDER BY id")?;
+        Ok(st.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
+/// A policy row's columns as stored: (sites, copies, mode, rpo_secs).
+pub(crate) type PolicyColumns = (String, i64, String, i64);
+
+fn policy_row(r: &Row<'_>) -> rusqlite::Result<PolicyColumns> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+pub(crate) fn policy_of((sites, copies, mode, rpo): PolicyColumns) -> Result<Policy, MetaError> {
+    Ok(Policy {
+        sites: sites.split(',').filter(|s| !s.is_empty()).map(String::from).collect(),
+        copies: copies as u32,
+        mode: mode.parse().map_err(MetaError::Corrupt)?,
+        rpo_secs: rpo as u64,
+    })
 }
 
 #[cfg(test)]

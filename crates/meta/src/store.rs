@@ -3,7 +3,9 @@
 //! shared `engine` and `ops` are written once above them.
 
 use crate::error::MetaError;
+use crate::locks::Held;
 use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
 
 /// An inode row: the attributes plus what only meta needs.
@@ -26,6 +28,16 @@ pub struct SessionRow {
 }
 
 /// A directory entry row.
+/// One session's opens of one file (a row of `opens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenRow {
+    /// How many opens are not yet released.
+    pub count: u32,
+    /// Whether one of them was opened for writing (permission checked then): the
+    /// session may change the file's data whatever its mode says now.
+    pub writable: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DentryRow {
     pub name: Vec<u8>,
@@ -108,10 +120,38 @@ pub trait Txn {
     fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError>;
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError>;
 
+    /// Byte-range locks held on `ino`, in no particular order.
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError>;
+    /// Replaces every lock held on `ino` with `held`.
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError>;
+    /// Drops every lock of a session.
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError>;
+
+    /// How many times `session` has `ino` open, and whether for writing (default if never).
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError>;
+    /// Records `session`'s opens of `ino` (a count of 0 removes the record).
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError>;
+    /// Opens of `ino` across all sessions.
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError>;
+    /// Drops every open record of a session, returning the inodes it had open.
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError>;
+
     /// Upserts a node; its `last_seen_secs` is ignored in favour of `last_seen_ms`.
     fn put_node(&mut self, node: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError>;
     fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError>;
     fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError>;
+
+    /// The replication policy a directory sets itself (not inherited), if any.
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError>;
+    /// Inserts or overwrites a directory's policy.
+    fn put_policy(&mut self, ino: InodeId, policy: &Policy) -> Result<(), MetaError>;
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError>;
+    /// Every directory that sets a policy, in inode order.
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError>;
+    /// Marks a node drained (or no longer drained).
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError>;
+    /// The ids of drained nodes, sorted.
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError>;
 
     /// The row number of a global principal (a grid identity's name), if known.
     fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError>;

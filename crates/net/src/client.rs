@@ -4,14 +4,15 @@
 //! requests the server pushes through the client's `PushHandler`, if it has one.
 
 use crate::conn::{Budget, Conn, Handler, ReaderRules, Work, encode_answer};
-use crate::{MAX_FRAME, NetError, tune};
+use crate::tls::Tls;
+use crate::{MAX_FRAME, NetError, PeerIdentity, tune};
 use bytes::Bytes;
 use proto::error::WireError;
 use proto::frame;
 use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -53,16 +54,27 @@ pub struct RpcClient {
     next_slot: AtomicUsize,
     timeout: Duration,
     push: Option<Arc<dyn Handler>>,
+    /// `None`: plain TCP.
+    tls: Option<Arc<Tls>>,
 }
-
-static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 impl RpcClient {
     /// A client with `connections` sockets to `addr`; the first is opened now so a
     /// wrong address fails here, the rest on first use. `timeout` bounds each connect,
     /// send and wait for an answer.
     pub async fn connect(addr: &str, connections: usize, timeout: Duration) -> Result<Self, NetError> {
-        Self::open(addr, connections, timeout, None).await
+        Self::open(addr, connections, timeout, None, crate::tls::current()).await
+    }
+
+    /// Like `connect`, with a TLS set-up other than the process's (`None`: plain
+    /// TCP), for tools and tests that play several parts in one process.
+    pub async fn connect_as(
+        addr: &str,
+        connections: usize,
+        timeout: Duration,
+        tls: Option<Arc<Tls>>,
+    ) -> Result<Self, NetError> {
+        Self::open(addr, connections, timeout, None, tls).await
     }
 
     /// Like `connect`, and every connection answers the server's pushes with `push`.
@@ -72,7 +84,7 @@ impl RpcClient {
         timeout: Duration,
         push: Arc<H>,
     ) -> Result<Self, NetError> {
-        Self::open(addr, connections, timeout, Some(Arc::new(Push(push)))).await
+        Self::open(addr, connections, timeout, Some(Arc::new(Push(push))), crate::tls::current()).await
     }
 
     async fn open(
@@ -80,6 +92,7 @@ impl RpcClient {
         connections: usize,
         timeout: Duration,
         push: Option<Arc<dyn Handler>>,
+        tls: Option<Arc<Tls>>,
     ) -> Result<Self, NetError> {
         let client = RpcClient {
             addr: addr.to_string(),
@@ -87,6 +100,7 @@ impl RpcClient {
             next_slot: AtomicUsize::new(0),
             timeout,
             push,
+            tls,
         };
         client.conn(0).await?;
         Ok(client)
@@ -95,6 +109,19 @@ impl RpcClient {
     /// The peer's address.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// What the server's certificate proved, from the most recent connection (`None`
+    /// without TLS or before any connection).
+    pub async fn server_identity(&self) -> Option<PeerIdentity> {
+        for slot in &self.slots {
+            if let Some(c) = slot.lock().await.as_ref()
+                && let Some(p) = &c.proven
+            {
+                return Some(p.identity.as_ref().clone());
+            }
+        }
+        None
     }
 
     /// Connections in the pool: how many transfers can stream side by side.
@@ -115,8 +142,19 @@ impl RpcClient {
             Err(_) => return Err(NetError::Timeout { addr: self.addr.clone(), what: "connect", after: self.timeout }),
         };
         tune(&stream);
-        let (reader, writer) = stream.into_split();
-        let conn = Conn::new(NEXT_CONN.fetch_add(1, Ordering::Relaxed), self.addr.clone(), writer, self.timeout);
+        let secured = match tokio::time::timeout(self.timeout, crate::tls::connect(stream, self.tls.clone())).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(reason)) => {
+                tracing::warn!(addr = %self.addr, "{reason}");
+                return Err(NetError::Refused { addr: self.addr.clone(), reason });
+            }
+            Err(_) => {
+                return Err(NetError::Timeout { addr: self.addr.clone(), what: "handshake", after: self.timeout });
+            }
+        };
+        let id = crate::conn::next_conn_id();
+        let conn = Conn::new(id, self.addr.clone(), secured.proven, secured.writer, self.timeout);
+        let reader = secured.reader;
         let rules = ReaderRules {
             in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
             in_flight_max: PUSH_IN_FLIGHT,

@@ -4,6 +4,7 @@
 //! client's requests and a server's pushes travel the same way.
 
 use crate::NetError;
+use crate::tls::Proven;
 use bytes::Bytes;
 use proto::frame::{self, FrameKind, HEADER_LEN, Header};
 use serde::{Serialize, de::DeserializeOwned};
@@ -13,8 +14,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use util::sync::lock;
 
@@ -42,6 +42,12 @@ pub(crate) fn encode_answer<T: Serialize>(request_id: u64, reply: &T, bulk: Byte
             (Vec::new(), Bytes::new())
         }
     }
+}
+
+/// Connection ids, unique in the process across servers and clients.
+pub(crate) fn next_conn_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Process-wide milliseconds, for activity stamps that fit an atomic.
@@ -131,12 +137,19 @@ pub(crate) struct ReaderRules {
     pub(crate) frame: Duration,
 }
 
+/// Either half of a connection's stream: a TCP socket or a TLS session over one.
+pub(crate) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half, as `ReadHalf`.
+pub(crate) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
 /// The shared state of one connection.
 pub(crate) struct Conn {
     pub(crate) id: u64,
     /// The peer's address, for messages.
     pub(crate) addr: String,
-    writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    /// What the TLS handshake proved about the peer (`None` without TLS).
+    pub(crate) proven: Option<Proven>,
+    writer: tokio::sync::Mutex<Option<WriteHalf>>,
     /// Calls this end is waiting on; `None` once the connection is dead.
     pending: Mutex<Option<HashMap<u64, oneshot::Sender<Answer>>>>,
     next_id: AtomicU64,
@@ -146,13 +159,22 @@ pub(crate) struct Conn {
     /// Set when the connection was closed because the peer stopped taking bytes.
     hung: AtomicBool,
     reader: OnceLock<tokio::task::AbortHandle>,
+    /// Why the reader stopped (a TLS alert names a refused certificate), for errors.
+    ended: OnceLock<String>,
 }
 
 impl Conn {
-    pub(crate) fn new(id: u64, addr: String, writer: OwnedWriteHalf, send_timeout: Duration) -> Arc<Conn> {
-        Arc::new(Conn {
+    pub(crate) fn new(
+        id: u64,
+        addr: String,
+        proven: Option<Proven>,
+        writer: WriteHalf,
+        send_timeout: Duration,
+    ) -> Arc<Conn> {
+        let conn = Arc::new(Conn {
             id,
             addr,
+            proven,
             writer: tokio::sync::Mutex::new(Some(writer)),
             pending: Mutex::new(Some(HashMap::new())),
             next_id: AtomicU64::new(1),
@@ -161,7 +183,12 @@ impl Conn {
             closed: AtomicBool::new(false),
             hung: AtomicBool::new(false),
             reader: OnceLock::new(),
-        })
+            ended: OnceLock::new(),
+        });
+        if let Some(p) = &conn.proven {
+            crate::tls::track(&conn, p);
+        }
+        conn
     }
 
     pub(crate) fn is_alive(&self) -> bool {
@@ -217,6 +244,11 @@ impl Conn {
                 failure = Some(e);
                 break;
             }
+        }
+        if failure.is_none()
+            && let Err(e) = flush_progressing(half, self.send_timeout).await
+        {
+            failure = Some(e);
         }
         let Some(e) = failure else {
             if !self.is_alive() {
@@ -276,13 +308,20 @@ impl Conn {
         if self.hung.load(Ordering::Acquire) {
             return NetError::Timeout { addr: self.addr.clone(), what: "send", after: self.send_timeout };
         }
-        NetError::Disconnected { addr: self.addr.clone(), reason: reason.to_string() }
+        let reason = match self.ended.get() {
+            Some(why) if why.contains("alert") => format!("{reason}: the peer refused this end ({why})"),
+            _ if self.proven.is_none() && crate::tls::insecure() => {
+                format!("{reason} (this process runs with --insecure-no-tls: does the peer require TLS?)")
+            }
+            _ => reason.to_string(),
+        };
+        NetError::Disconnected { addr: self.addr.clone(), reason }
     }
 
     /// Starts the reader task; it closes the connection when it ends and then runs `ended`.
     pub(crate) fn start_reader(
         self: &Arc<Self>,
-        reader: OwnedReadHalf,
+        reader: ReadHalf,
         rules: ReaderRules,
         handler: Option<Arc<dyn Handler>>,
         ended: impl FnOnce() + Send + 'static,
@@ -291,7 +330,9 @@ impl Conn {
         let task = tokio::spawn(async move {
             let reason = read_loop(&conn, reader, rules, handler).await;
             tracing::debug!(addr = %conn.addr, %reason, "connection closed");
+            let _ = conn.ended.set(reason);
             ended();
+            crate::tls::untrack(conn.id);
             conn.close();
         });
         let _ = self.reader.set(task.abort_handle());
@@ -301,7 +342,7 @@ impl Conn {
 /// Writes all of `buf`, each write making progress within `limit`; `Err(None)` is a
 /// peer that took nothing for `limit`.
 async fn write_progressing(
-    half: &mut OwnedWriteHalf,
+    half: &mut WriteHalf,
     mut buf: &[u8],
     limit: Duration,
 ) -> Result<(), Option<std::io::Error>> {
@@ -317,12 +358,21 @@ async fn write_progressing(
     Ok(())
 }
 
+/// Pushes out what a TLS session still buffers (a no-op on plain TCP), within `limit`.
+async fn flush_progressing(half: &mut WriteHalf, limit: Duration) -> Result<(), Option<std::io::Error>> {
+    use tokio::io::AsyncWriteExt;
+    match tokio::time::timeout(limit, half.flush()).await {
+        Err(_) => Err(None),
+        Ok(r) => r.map_err(Some),
+    }
+}
+
 /// Why a reader stopped.
 type Reason = String;
 
 async fn read_loop(
     conn: &Arc<Conn>,
-    mut reader: OwnedReadHalf,
+    mut reader: ReadHalf,
     rules: ReaderRules,
     handler: Option<Arc<dyn Handler>>,
 ) -> Reason {
@@ -338,7 +388,14 @@ async fn read_loop(
         let deadline = tokio::time::Instant::now() + rules.frame;
         let body = async {
             reader.read_exact(&mut head[1..]).await.map_err(|e| e.to_string())?;
-            let header = Header::decode(&head).map_err(|e| e.to_string())?;
+            let header = Header::decode(&head).map_err(|e| {
+                if crate::tls::looks_like_tls(&head) {
+                    let reason = "refusing a TLS client: this end runs without TLS (--insecure-no-tls)";
+                    tracing::warn!(addr = %conn.addr, "{reason}");
+                    return reason.to_string();
+                }
+                e.to_string()
+            })?;
             let mut charge = Charge::default();
             let payload = read_growing(&mut reader, header.payload_len as usize, &rules.budget, &mut charge).await?;
             let bulk = read_growing(&mut reader, header.bulk_len as usize, &rules.budget, &mut charge).await?;
@@ -387,7 +444,7 @@ async fn read_loop(
 /// had nothing in flight for its idle time.
 async fn wait_first_byte(
     conn: &Conn,
-    reader: &mut OwnedReadHalf,
+    reader: &mut ReadHalf,
     rules: &ReaderRules,
     byte: &mut [u8],
 ) -> Result<(), Reason> {
@@ -424,7 +481,7 @@ async fn wait_first_byte(
 /// times what has arrived plus one step: quadrupling keeps the copies of a growing
 /// 4 MiB chunk to a third of its size), charging each growth to the budget first.
 async fn read_growing(
-    reader: &mut OwnedReadHalf,
+    reader: &mut ReadHalf,
     len: usize,
     budget: &Budget,
     charge: &mut Charge,

@@ -2,7 +2,7 @@
 //! opened on first use: the one place clients, nodes and admin tools keep node
 //! addresses, so a node that restarts on a new address is reconnected everywhere alike.
 
-use crate::{NetError, RpcClient};
+use crate::{NetError, Role, RpcClient};
 use proto::types::NodeInfo;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -72,7 +72,17 @@ impl NodeDirectory {
         let client = self
             .connecting
             .run(id.to_string(), || async {
-                Ok::<_, NetError>(Arc::new(RpcClient::connect(&info.addr, connections, self.timeout).await?))
+                let client = RpcClient::connect(&info.addr, connections, self.timeout).await?;
+                // With TLS the server must prove to be this node, not any holder of a
+                // cluster certificate at that address.
+                if let Some(who) = client.server_identity().await
+                    && (who.role != Role::Node || who.name != info.id)
+                {
+                    let reason = format!("it proved to be {who}, not node {}", info.id);
+                    tracing::warn!(addr = %info.addr, "{reason}");
+                    return Err(NetError::Refused { addr: info.addr.clone(), reason });
+                }
+                Ok::<_, NetError>(Arc::new(client))
             })
             .await?;
         if let Some(e) = write(&self.nodes).get_mut(id)
@@ -100,6 +110,7 @@ mod tests {
             store_id: String::new(),
             site_rtts: Vec::new(),
             cache_bytes: 0,
+            drained: false,
         }
     }
 

@@ -8,11 +8,16 @@
 mod client;
 mod conn;
 mod directory;
+pub mod pki;
 mod server;
+mod tls;
 
 pub use client::{PushHandler, RpcClient};
 pub use directory::{NodeDirectory, PoolSize};
-pub use server::{ConnHandle, Peer, PeerIdentity, Role, Service, serve, serve_with};
+pub use server::{ConnHandle, Peer, Service, serve, serve_as, serve_with};
+pub use tls::{
+    PeerIdentity, ROLE_URI_PREFIX, Role, Security, Tls, TlsError, parse_role_uri, role_uri, secure, set_revoked,
+};
 
 use proto::error::ErrorCode;
 use std::time::Duration;
@@ -31,10 +36,14 @@ pub enum NetError {
     /// or too slow.
     #[error("{what} to {addr} timed out after {after:?}")]
     Timeout { addr: String, what: &'static str, after: Duration },
-    /// The peer sent bytes that are not a valid frame or message.
+    /// The handshake failed or the peer's certificate is not acceptable (wrong CA,
+    /// expired, revoked, wrong role, or a peer without TLS).
+    #[error("connection to {addr} refused: {reason}")]
+    Refused { addr: String, reason: String },
     /// A node id that meta has not told this process about.
     #[error("node {0} is not known to meta")]
     UnknownNode(String),
+    /// The peer sent bytes that are not a valid frame or message.
     #[error("malformed frame: {0}")]
     Frame(#[from] proto::frame::FrameError),
 }
@@ -45,9 +54,10 @@ impl NetError {
     pub fn code(&self) -> ErrorCode {
         match self {
             NetError::Timeout { .. } => ErrorCode::TimedOut,
-            NetError::Connect { .. } | NetError::Disconnected { .. } | NetError::UnknownNode(_) => {
-                ErrorCode::Unreachable
-            }
+            NetError::Connect { .. }
+            | NetError::Disconnected { .. }
+            | NetError::UnknownNode(_)
+            | NetError::Refused { .. } => ErrorCode::Unreachable,
             NetError::Frame(_) => ErrorCode::Internal,
         }
     }
@@ -74,6 +84,11 @@ pub struct Limits {
     /// An answer or push must be written within this time, or the connection is
     /// closed (a peer that never reads cannot pile answers up).
     pub send_timeout: Duration,
+    /// A new connection must finish its TLS handshake within this time.
+    pub handshake_timeout: Duration,
+    /// Connections still in their handshake; beyond it new ones are dropped at once
+    /// (a flood of silent sockets cannot hold every slot).
+    pub max_handshakes: usize,
 }
 
 impl Default for Limits {
@@ -86,6 +101,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(600),
             frame_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            max_handshakes: 1024,
         }
     }
 }

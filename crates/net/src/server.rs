@@ -3,7 +3,8 @@
 //! bounded by `Limits`; the accept loop outlives running out of file descriptors.
 
 use crate::conn::{Budget, Conn, Handler, PEAK, ReaderRules, Shared, Work, encode_answer};
-use crate::{Limits, MAX_FRAME, NetError, tune};
+use crate::tls::{Secured, Tls};
+use crate::{Limits, MAX_FRAME, NetError, PeerIdentity, tune};
 use bytes::Bytes;
 use proto::frame;
 use proto::types::SessionId;
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -36,36 +37,23 @@ pub trait Service: Send + Sync + 'static {
 }
 
 /// Who sent a request: what the connection itself establishes, never what a request
-/// claims. Today that is the remote address, the connection, and the session the
-/// service bound to this connection when it answered the session's `Hello`; once
-/// connections are TLS, it also carries the certificate identity the handshake proved.
+/// claims: the remote address, the connection, the certificate identity the TLS
+/// handshake proved, and the session the service bound to this connection when it
+/// answered the session's `Hello`.
 #[derive(Clone)]
 pub struct Peer {
     addr: SocketAddr,
     conn: Arc<Conn>,
     session: Arc<Mutex<Option<SessionId>>>,
-    /// What the peer's certificate proves; `None` only when TLS is explicitly disabled.
-    identity: Option<Arc<PeerIdentity>>,
-}
-
-/// What a peer's certificate proves about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerIdentity {
-    /// Certificate subject: the host's principal.
-    pub name: String,
-    pub role: Role,
-    pub site: String,
-}
-
-/// What a certificate allows its holder to act as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Role {
-    Meta,
-    Node,
-    Client,
 }
 
 impl Peer {
+    /// What the peer's certificate proves; `None` only when TLS is explicitly
+    /// disabled (`--insecure-no-tls`, or an in-process test that installed nothing).
+    pub fn identity(&self) -> Option<&PeerIdentity> {
+        self.conn.proven.as_ref().map(|p| p.identity.as_ref())
+    }
+
     /// The remote socket address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -86,12 +74,6 @@ impl Peer {
     /// from it. A later `Hello` on the same connection rebinds it.
     pub fn set_session(&self, session: SessionId) {
         *lock(&self.session) = Some(session);
-    }
-
-    /// What the peer's certificate proves about it; `None` only when TLS is
-    /// explicitly disabled (services then trust what requests claim).
-    pub fn identity(&self) -> Option<&PeerIdentity> {
-        self.identity.as_deref()
     }
 
     /// A handle to send requests to this peer on its own connection (server push).
@@ -167,9 +149,11 @@ struct Server {
     limits: Limits,
     conns: Mutex<HashMap<u64, Entry>>,
     buffered: Arc<Shared>,
+    /// Handshakes in progress, oldest first.
+    handshakes: Mutex<std::collections::BTreeMap<u64, tokio::task::AbortHandle>>,
+    /// `None`: plain TCP.
+    tls: Option<Arc<Tls>>,
 }
-
-static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 impl Server {
     /// Closes the connection idle the longest (nothing in flight); false if none is.
@@ -190,16 +174,48 @@ impl Server {
         }
     }
 
-    fn admit<S: Service>(self: &Arc<Self>, stream: TcpStream, addr: SocketAddr, service: &Arc<S>) {
+    /// Runs the handshake of a new connection, bounded in time and in how many run at
+    /// once: at the cap the oldest pending handshake is dropped for the newcomer, so
+    /// a flood of silent sockets cannot lock out a peer that completes its handshake
+    /// in a round trip. Without TLS the connection is admitted at once.
+    fn handshake<S: Service>(self: &Arc<Self>, stream: TcpStream, addr: SocketAddr, service: &Arc<S>) {
+        tune(&stream);
+        let Some(tls) = self.tls.clone() else {
+            return self.admit(crate::tls::plain(stream), addr, service);
+        };
+        let id = crate::conn::next_conn_id();
+        let (server, service) = (self.clone(), service.clone());
+        let mut pending = lock(&self.handshakes);
+        if pending.len() >= self.limits.max_handshakes.max(1) {
+            tracing::debug!(%addr, "too many handshakes in progress: dropping the oldest");
+            Self::drop_oldest_handshake(&mut pending);
+        }
+        let task = tokio::spawn(async move {
+            let secured = tokio::time::timeout(server.limits.handshake_timeout, crate::tls::accept(stream, tls)).await;
+            lock(&server.handshakes).remove(&id);
+            match secured {
+                Ok(Ok(secured)) => server.admit(secured, addr, &service),
+                Ok(Err(reason)) => tracing::warn!(%addr, "{reason}"),
+                Err(_) => tracing::debug!(%addr, "no handshake within {:?}", server.limits.handshake_timeout),
+            }
+        });
+        pending.insert(id, task.abort_handle());
+    }
+
+    /// Ends the handshake that has waited the longest; false if none is running.
+    fn drop_oldest_handshake(pending: &mut std::collections::BTreeMap<u64, tokio::task::AbortHandle>) -> bool {
+        pending.pop_first().map(|(_, task)| task.abort()).is_some()
+    }
+
+    fn admit<S: Service>(self: &Arc<Self>, secured: Secured, addr: SocketAddr, service: &Arc<S>) {
         let mut conns = lock(&self.conns);
         if conns.len() >= self.limits.max_connections.max(1) && !self.close_oldest_idle(&mut conns) {
             tracing::debug!(%addr, "refusing a connection: every connection is busy");
             return;
         }
-        tune(&stream);
-        let (reader, writer) = stream.into_split();
-        let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-        let conn = Conn::new(id, addr.to_string(), writer, self.limits.send_timeout);
+        let Secured { reader, writer, proven } = secured;
+        let id = crate::conn::next_conn_id();
+        let conn = Conn::new(id, addr.to_string(), proven, writer, self.limits.send_timeout);
         let in_flight = Arc::new(Semaphore::new(self.limits.max_in_flight.max(1)));
         let rules = ReaderRules {
             in_flight: in_flight.clone(),
@@ -211,7 +227,7 @@ impl Server {
             idle: Some(self.limits.idle_timeout),
             frame: self.limits.frame_timeout,
         };
-        let peer = Peer { addr, conn: conn.clone(), session: Arc::default(), identity: None };
+        let peer = Peer { addr, conn: conn.clone(), session: Arc::default() };
         let handler = Arc::new(ServiceHandler { service: service.clone(), peer });
         conns.insert(id, Entry { conn: conn.clone(), in_flight });
         drop(conns);
@@ -256,16 +272,27 @@ pub async fn serve<S: Service>(listener: TcpListener, service: Arc<S>) -> Infall
 /// concurrently. Running out of file descriptors closes the connection idle the
 /// longest and backs off (logged once per episode); this loop never stops by itself.
 pub async fn serve_with<S: Service>(listener: TcpListener, service: Arc<S>, limits: Limits) -> Infallible {
+    serve_as(listener, service, limits, crate::tls::current()).await
+}
+
+/// Like `serve_with`, with a TLS set-up other than the process's (`None`: plain TCP),
+/// for tools and tests that play several parts in one process.
+pub async fn serve_as<S: Service>(
+    listener: TcpListener,
+    service: Arc<S>,
+    limits: Limits,
+    tls: Option<Arc<Tls>>,
+) -> Infallible {
     let buffered = Arc::new(Shared::new(limits.total_buffer_bytes.max(MAX_FRAME)));
     tokio::spawn(trim_after_peaks(Arc::downgrade(&buffered)));
-    let server = Arc::new(Server { limits, conns: Mutex::default(), buffered });
+    let server = Arc::new(Server { limits, conns: Mutex::default(), buffered, handshakes: Mutex::default(), tls });
     let mut backoff: Option<Duration> = None;
     let mut warned: Option<std::time::Instant> = None;
     loop {
         match listener.accept().await {
             Ok((stream, addr)) => {
                 backoff = None;
-                server.admit(stream, addr, &service);
+                server.handshake(stream, addr, &service);
             }
             Err(e) => {
                 // Once per episode, not once per failed accept.
@@ -277,7 +304,9 @@ pub async fn serve_with<S: Service>(listener: TcpListener, service: Arc<S>, limi
                 backoff = Some(delay);
                 if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
                     let mut conns = lock(&server.conns);
-                    server.close_oldest_idle(&mut conns);
+                    if !server.close_oldest_idle(&mut conns) {
+                        Server::drop_oldest_handshake(&mut lock(&server.handshakes));
+                    }
                 }
                 tokio::time::sleep(delay).await;
             }

@@ -91,7 +91,7 @@ mod tests {
         let other = NodeRequest::Get { id: ChunkId([5; 32]), offset: 0, len: 1, local_only: false, cap: Some(read) };
         assert_eq!(code(&alice, &other, now), ErrorCode::PermissionDenied, "a capability names its chunk");
         // Puts need the write capability, not a read one.
-        let put = |cap| NodeRequest::Put { id: chunk, cap };
+        let put = |cap| NodeRequest::Put { id: chunk, cap, replicate: Default::default() };
         assert_eq!(code(&alice, &put(Some(read)), now), ErrorCode::PermissionDenied);
         let write = sign(&key, CapOp::Write, &alice.name, None, now + 1);
         assert_eq!(authorize(Some(&alice), &put(Some(write)), &cell, now), Ok(()));

@@ -7,12 +7,16 @@ mod authz;
 mod cluster;
 mod metrics;
 mod reclaim;
+mod repair;
+mod replicate;
 mod site;
 
 use authz::CapKeyCell;
 use cluster::Membership;
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
+use repair::{RepairWorker, ScrubWorker};
+use replicate::{ReplicationWorker, Replicator};
 pub use site::WanConfig;
 use site::{SiteLink, SiteLinkWorker};
 
@@ -21,7 +25,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{RegisterNode, Registered, ReportWorkers};
+use proto::meta::{RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -58,10 +62,40 @@ pub struct NodeConfig {
     pub wan: WanConfig,
     /// When unreferenced chunks are deleted without an operator.
     pub reclaim: ReclaimConfig,
+    /// Copies across nodes and sites: timeouts and the repair and scrub rates.
+    pub replication: ReplicationConfig,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<TcpListener>,
     /// A key file: chunks (stored and cached) are encrypted at rest with it.
     pub encrypt_key: Option<PathBuf>,
+}
+
+/// How a node keeps the copies policies ask for.
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    /// How long a `sync` or `semi-sync` put waits for its copies at other nodes and
+    /// sites before the write fails.
+    pub sync_timeout: Duration,
+    /// Bytes per second the repair worker may send.
+    pub repair_rate: u64,
+    /// Pause between the repair worker's scans of the catalogue.
+    pub repair_every: Duration,
+    /// Bytes per second the scrub worker may re-hash.
+    pub scrub_rate: u64,
+    /// Pause between complete scrub passes over the store.
+    pub scrub_every: Duration,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            sync_timeout: Duration::from_secs(10),
+            repair_rate: 64 << 20,
+            repair_every: Duration::from_secs(10),
+            scrub_rate: 16 << 20,
+            scrub_every: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// Why a node could not start or stopped serving.
@@ -99,16 +133,23 @@ pub struct NodeService {
     site: Option<Arc<SiteLink>>,
     /// The key clients' capabilities are checked with (from meta's registration).
     cap_key: Arc<CapKeyCell>,
+    /// Makes the copies a put's policy asks for; `None` stores only here.
+    replicator: Option<Arc<Replicator>>,
 }
 
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None, Arc::default())
+        NodeService::with_site(store, None, None, Arc::default())
     }
 
-    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, cap_key: Arc<CapKeyCell>) -> Self {
-        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, cap_key }
+    fn with_site(
+        store: Arc<ChunkStore>,
+        site: Option<Arc<SiteLink>>,
+        replicator: Option<Arc<Replicator>>,
+        cap_key: Arc<CapKeyCell>,
+    ) -> Self {
+        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, replicator, cap_key }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -179,7 +220,10 @@ impl Service for NodeService {
             return (Err(e), Bytes::new());
         }
         let reply = match req {
-            NodeRequest::Put { id, .. } => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            NodeRequest::Put { id, replicate, .. } => match &self.replicator {
+                Some(r) => r.put(id, bulk, replicate).await.map(NodeReply::Stored),
+                None => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
+            },
             NodeRequest::Get { id, offset, len, local_only, .. } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
@@ -246,9 +290,43 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let workers = Arc::new(Workers::default());
     let period = config.heartbeat.max(Duration::from_millis(10));
     workers.spawn(SiteLinkWorker { link: site.clone(), period, reported: 0 });
+    let replicator = Arc::new(Replicator::new(
+        config.id.clone(),
+        config.site.clone(),
+        site.clone(),
+        store.clone(),
+        config.replication.sync_timeout,
+    ));
+    workers.spawn(ReplicationWorker { replicator: replicator.clone(), made: 0, backoff: Duration::ZERO });
+    let rc = config.replication.clone();
+    workers.spawn(RepairWorker {
+        replicator: replicator.clone(),
+        meta: meta.clone(),
+        period: rc.repair_every,
+        rate: rc.repair_rate,
+        after: None,
+        repaired: 0,
+        repaired_bytes: 0,
+        found: 0,
+    });
+    workers.spawn(ScrubWorker {
+        replicator: replicator.clone(),
+        period: rc.scrub_every,
+        rate: rc.scrub_rate,
+        after: None,
+        checked: 0,
+        replaced: 0,
+        passes: 0,
+    });
     if let Some(metrics) = config.metrics.take() {
         let (id, site_name) = (config.id.clone(), config.site.clone());
-        tokio::spawn(metrics::serve(metrics, id, site_name, store.clone(), site.clone(), workers.clone()));
+        let parts = metrics::Parts {
+            store: store.clone(),
+            link: site.clone(),
+            replicator: replicator.clone(),
+            workers: workers.clone(),
+        };
+        tokio::spawn(metrics::serve(metrics, id, site_name, parts));
     }
     let reclaim = Reclaim {
         meta: meta.clone(),
@@ -261,6 +339,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     workers.spawn(reclaim);
     let report = Arc::downgrade(&workers);
     workers.spawn(Registration {
+        replicator: replicator.clone(),
         meta,
         config,
         membership,
@@ -271,7 +350,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         failing: false,
         workers: report,
     });
-    let service = NodeService::with_site(store, Some(site), cap_key);
+    let service = NodeService::with_site(store, Some(site), Some(replicator), cap_key);
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
@@ -300,6 +379,7 @@ async fn register(
         last_seen_secs: 0,
         site_rtts,
         cache_bytes: site.cache_bytes(),
+        drained: false,
     };
     let addr = config.meta_addr.clone();
     match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {
@@ -328,6 +408,20 @@ struct Registration {
     failing: bool,
     /// The node's workers (this one among them), reported with every heartbeat.
     workers: std::sync::Weak<Workers>,
+    /// Whose owed copies are reported with every heartbeat.
+    replicator: Arc<Replicator>,
+}
+
+impl Registration {
+    /// Sends a report to meta.
+    async fn tell_meta<M: proto::meta::MetaMessage>(&self, report: M) -> Result<(), NodeError> {
+        let addr = self.config.meta_addr.clone();
+        match self.meta.ask(report).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(source)) => Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
+            Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
+        }
+    }
 }
 
 impl Worker for Registration {
@@ -354,16 +448,17 @@ impl Worker for Registration {
                 return Err(e);
             }
         }
+        // The revocation list meta distributes: connections of revoked peers go.
+        if let Ok(Ok(list)) = self.meta.ask(Revocations {}).await {
+            net::set_revoked(list.entries);
+        }
         if let Some(workers) = self.workers.upgrade() {
             let process = format!("node {}", self.config.id);
             let report = ReportWorkers { process, workers: workers.statuses() };
-            let addr = self.config.meta_addr.clone();
-            match self.meta.ask(report).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(source)) => return Err(NodeError::Refused { addr, id: self.config.id.clone(), source }),
-                Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
-            }
+            self.tell_meta(report).await?;
         }
+        let lag = ReportLag { node: self.config.id.clone(), lag: self.replicator.lag_report() };
+        self.tell_meta(lag).await?;
         Ok(Step::Idle)
     }
 

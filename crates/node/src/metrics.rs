@@ -1,6 +1,7 @@
 //! A Prometheus text endpoint: `GET /metrics` on the address given with `--metrics`,
 //! answered by hand (one fixed response shape, no HTTP library needed).
 
+use crate::replicate::Replicator;
 use crate::site::SiteLink;
 use chunk::ChunkStore;
 use proto::types::{WorkerState, WorkerStatus};
@@ -11,10 +12,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use util::worker::Workers;
 
+/// What the metrics are read from.
+pub(crate) struct Parts {
+    pub store: Arc<ChunkStore>,
+    pub link: Arc<SiteLink>,
+    pub replicator: Arc<Replicator>,
+    pub workers: Arc<Workers>,
+}
+
 /// The counters as Prometheus exposition text.
-pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink, workers: &Workers) -> String {
+pub(crate) fn render(node: &str, site: &str, parts: &Parts) -> String {
+    let Parts { store, link, replicator, workers } = parts;
     let s = store.stats();
     let w = &link.stats;
+    let r = &replicator.stats;
+    let (lag_chunks, _, lag_oldest) = replicator.lag();
     let labels = format!("node=\"{node}\",site=\"{site}\"");
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, v: u64| {
@@ -37,6 +49,53 @@ pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink
         "Transfers that arrived corrupted and were fetched again.",
         w.corrupt_in_transit.load(Ordering::Relaxed),
     );
+    gauge(
+        "locus_replication_shipped_chunks_total",
+        "Chunks this node sent to other nodes as replicas.",
+        r.shipped_chunks.load(Ordering::Relaxed),
+    );
+    gauge(
+        "locus_replication_shipped_bytes_total",
+        "Bytes this node sent to other nodes as replicas.",
+        r.shipped_bytes.load(Ordering::Relaxed),
+    );
+    gauge(
+        "locus_replication_already_there_total",
+        "Replicas not sent because the target already held the chunk.",
+        r.already_there.load(Ordering::Relaxed),
+    );
+    gauge(
+        "locus_replication_failures_total",
+        "Replications that could not make a required copy in time.",
+        r.failures.load(Ordering::Relaxed),
+    );
+    gauge("locus_replication_lag_chunks", "Chunks whose copies are queued, not yet made.", lag_chunks);
+    gauge("locus_replication_lag_oldest_seconds", "Age of the oldest queued copy.", lag_oldest.as_secs());
+    let _ = writeln!(
+        out,
+        "# HELP locus_replication_owed_chunks Chunks owed to a site under a policy.\n\
+         # TYPE locus_replication_owed_chunks gauge"
+    );
+    let owed = replicator.owed();
+    for l in &owed {
+        let _ = writeln!(
+            out,
+            "locus_replication_owed_chunks{{{labels},to=\"{}\",policy=\"{}\"}} {}",
+            l.site, l.policy, l.chunks
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP locus_replication_owed_oldest_seconds Age of the oldest copy owed to a site.\n\
+         # TYPE locus_replication_owed_oldest_seconds gauge"
+    );
+    for l in &owed {
+        let _ = writeln!(
+            out,
+            "locus_replication_owed_oldest_seconds{{{labels},to=\"{}\",policy=\"{}\",rpo=\"{}\"}} {}",
+            l.site, l.policy, l.policy.rpo_secs, l.oldest_secs
+        );
+    }
     let statuses = workers.statuses();
     for (name, kind, help, value) in [
         (
@@ -57,17 +116,10 @@ pub(crate) fn render(node: &str, site: &str, store: &ChunkStore, link: &SiteLink
 }
 
 /// Serves the metrics until the listener fails; each connection gets one response.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    node: String,
-    site: String,
-    store: Arc<ChunkStore>,
-    link: Arc<SiteLink>,
-    workers: Arc<Workers>,
-) {
+pub(crate) async fn serve(listener: TcpListener, node: String, site: String, parts: Parts) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { return };
-        let body = render(&node, &site, &store, &link, &workers);
+        let body = render(&node, &site, &parts);
         tokio::spawn(async move {
             // Read (and ignore) the request head; bounded so a slow peer cannot hold memory.
             let mut head = [0u8; 4096];

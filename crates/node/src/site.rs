@@ -111,9 +111,11 @@ pub struct SiteLink {
     /// Best round trip per other site, as last measured (reported in the heartbeat).
     site_rtts: Mutex<Vec<(String, u64)>>,
     fetches: SingleFlight<ChunkId, Bytes>,
-    /// Location changes not yet reported to meta.
+    /// Location changes not yet reported to meta (an empty `nodes` means this node).
     pending: Mutex<(Vec<StoredChunk>, Vec<ChunkId>)>,
     pub stats: WanStats,
+    /// Meta lists this node as drained.
+    drained: std::sync::atomic::AtomicBool,
 }
 
 fn wire(e: ChunkError) -> WireError {
@@ -155,7 +157,18 @@ impl SiteLink {
             fetches: SingleFlight::default(),
             pending: Mutex::default(),
             stats: WanStats::default(),
+            drained: Default::default(),
         })
+    }
+
+    /// The cluster's other nodes as last learned from meta, with connections to them.
+    pub(crate) fn peers(&self) -> &NodeDirectory {
+        &self.peers
+    }
+
+    /// Queues copies made by replication for the next report to meta.
+    pub(crate) fn report_copies(&self, id: ChunkId, size: u64, holders: Vec<String>) {
+        lock(&self.pending).0.push(StoredChunk { id, size, nodes: holders });
     }
 
     /// Bytes held in the site cache.
@@ -192,6 +205,18 @@ impl SiteLink {
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
+        let data = self.fetch_copy(id).await?;
+        // Serve at once; the copy lands on disk behind the reader (and is in memory
+        // meanwhile, so nobody fetches it twice).
+        self.recent.insert(id, data.clone());
+        let (me, kept) = (self.clone(), data.clone());
+        tokio::spawn(async move { me.keep(id, kept).await });
+        Ok(data)
+    }
+
+    /// A verified copy of a chunk from the nearest other node that holds one (each
+    /// copy tried twice: a corrupt transfer is fetched again, never returned).
+    pub(crate) async fn fetch_copy(&self, id: ChunkId) -> Result<Bytes, WireError> {
         let mut records = crate::ask_meta(&self.meta, ChunkLocations { ids: vec![id] }).await?;
         let Some(record) = records.pop() else {
             return Err(WireError::new(ErrorCode::NotFound, format!("chunk {id} is in no catalogue")));
@@ -208,11 +233,6 @@ impl SiteLink {
                 Ok(data) if ChunkId::of(&data) == id => {
                     self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    // Serve at once; the copy lands on disk behind the reader (and is in
-                    // memory meanwhile, so nobody fetches it twice).
-                    self.recent.insert(id, data.clone());
-                    let (me, kept) = (self.clone(), data.clone());
-                    tokio::spawn(async move { me.keep(id, kept).await });
                     return Ok(data);
                 }
                 Ok(_) => {
@@ -314,10 +334,17 @@ impl SiteLink {
         out
     }
 
-    /// Learns the cluster's nodes from meta.
+    /// Learns the cluster's nodes from meta (and whether this one is being drained).
     pub async fn refresh_peers(&self) {
         let Ok(Ok(list)) = self.meta.ask(ListNodes {}).await else { return };
+        let me = list.iter().find(|n| n.id == self.me).is_some_and(|n| n.drained);
+        self.drained.store(me, std::sync::atomic::Ordering::Relaxed);
         self.peers.update(list.into_iter().filter(|n| n.id != self.me));
+    }
+
+    /// This node is being drained: its own copies do not count.
+    pub(crate) fn drained(&self) -> bool {
+        self.drained.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Times a ping to every node of another site and keeps the best round trip per

@@ -36,7 +36,14 @@ impl Node {
 
     /// Sends `data` as the request's bulk bytes (Put).
     async fn send(&self, id: ChunkId, data: Vec<u8>) -> NodeResult {
-        self.client.call_bulk::<_, NodeResult>(&NodeRequest::Put { id, cap: None }, Bytes::from(data)).await.unwrap().0
+        self.client
+            .call_bulk::<_, NodeResult>(
+                &NodeRequest::Put { id, cap: None, replicate: Default::default() },
+                Bytes::from(data),
+            )
+            .await
+            .unwrap()
+            .0
     }
 
     /// A Get, with the bytes that came back as bulk.
@@ -201,6 +208,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         heartbeat: Duration::from_secs(1),
         wan: node::WanConfig::default(),
         reclaim: node::ReclaimConfig::default(),
+        replication: node::ReplicationConfig::default(),
         metrics: None,
         encrypt_key: None,
     }

@@ -36,6 +36,9 @@ pub enum ErrorCode {
     TimedOut,
     /// A peer refused the connection or the connection broke (EIO).
     Unreachable,
+    /// The copies a replication policy requires could not be made in time (a listed
+    /// site unreachable); the write is not acknowledged (EIO).
+    NotReplicated,
 }
 
 /// The error half of every RPC reply.

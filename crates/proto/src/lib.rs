@@ -9,6 +9,7 @@ pub mod frame;
 pub mod meta;
 pub mod node;
 pub mod placement;
+pub mod policy;
 pub mod types;
 
 /// Version of the RPC protocol; meta refuses a `Hello` that names any other version

@@ -2,6 +2,7 @@
 //! Meta never carries file data; it hands out extents and chunk locations.
 
 use crate::error::WireError;
+use crate::policy::{EffectivePolicy, Policy, ReplicationLag, ShortfallPage};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
@@ -203,7 +204,14 @@ impl MetaRequest {
             | R::ForgetChunks(_)
             | R::UpdateLocations(_)
             | R::Status(_)
-            | R::ReportWorkers(_) => None,
+            | R::SetPolicy(_)
+            | R::GetPolicy(_)
+            | R::ListPolicies(_)
+            | R::UnderReplicated(_)
+            | R::DrainNode(_)
+            | R::ReportLag(_)
+            | R::ReportWorkers(_)
+            | R::Revocations(_) => None,
         }
     }
 }
@@ -476,7 +484,8 @@ meta_requests! {
         ids: Vec<ChunkId>,
     } => ();
     /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
-    /// in its site cache, so other sites can find the nearest copy.
+    /// in its site cache, so other sites can find the nearest copy. An added chunk
+    /// that names nodes reports copies its replication made on those nodes.
     UpdateLocations {
         node: NodeId,
         added: Vec<StoredChunk>,
@@ -484,6 +493,39 @@ meta_requests! {
     } => ();
     /// Everything `locus status` shows.
     Status {} => ClusterStatus;
+    /// Sets (`Some`) or clears (`None`) a directory's replication policy; answers the
+    /// warnings an operator should see (a site with fewer nodes than copies).
+    SetPolicy {
+        ino: InodeId,
+        policy: Option<Policy>,
+    } => Vec<String>;
+    /// The policy that applies to an inode: its own, the nearest ancestor's, or the default.
+    GetPolicy {
+        ino: InodeId,
+    } => EffectivePolicy;
+    /// Every directory that sets a policy, with its policy.
+    ListPolicies {} => Vec<(InodeId, Policy)>;
+    /// Drains a node (or stops draining it): it takes no new chunks and its copies stop
+    /// counting, so the repair workers copy them to other nodes.
+    DrainNode {
+        node: NodeId,
+        drained: bool,
+    } => ();
+    /// Chunks whose live copies fall short of their policy, scanning the extents after
+    /// `after` (a page of `limit` extents). With `node`, only the chunks that node is
+    /// to repair: at each short site the first live holder there, and for a short
+    /// site without any copy the first live holder anywhere.
+    UnderReplicated {
+        node: Option<NodeId>,
+        after: Option<(InodeId, u64)>,
+        limit: u32,
+    } => ShortfallPage;
+    /// The copies a node still owes other nodes, sent with its heartbeat; meta keeps
+    /// the latest report in memory for `locus status`.
+    ReportLag {
+        node: NodeId,
+        lag: Vec<ReplicationLag>,
+    } => ();
     /// What a node's background workers are doing, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status` (clients are asked instead, by a
     /// `MetaPush::Workers` on their own connection).
@@ -492,6 +534,15 @@ meta_requests! {
         process: String,
         workers: Vec<WorkerStatus>,
     } => ();
+    /// The certificates meta's revocation list names; nodes and clients ask with
+    /// every heartbeat and drop connections of the peers it names.
+    Revocations {} => RevocationList;
+}
+
+/// Revoked certificate serials (hex) and names, as meta distributes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationList {
+    pub entries: Vec<String>,
 }
 
 /// Aggregate numbers for `locus status`.
@@ -508,6 +559,12 @@ pub struct ClusterStatus {
     pub workers: Vec<(String, Vec<WorkerStatus>)>,
     /// The cluster this meta serves.
     pub cluster_id: String,
+    /// Directories that set a replication policy.
+    pub policies: Vec<(InodeId, Policy)>,
+    /// What an operator should act on about replication (too few nodes for a policy).
+    pub policy_warnings: Vec<String>,
+    /// Copies owed, per reporting node (the latest report of each live node).
+    pub lag: Vec<(NodeId, ReplicationLag)>,
 }
 
 /// `statfs` numbers in bytes and inodes.
@@ -549,6 +606,8 @@ pub struct Opened {
     pub attr: Attr,
     pub extents: Vec<Extent>,
     pub caps: ChunkCaps,
+    /// The replication policy the file's chunks are stored under.
+    pub policy: Policy,
 }
 
 /// Capabilities meta hands out with an open: reading the file's chunks (one per
@@ -608,6 +667,11 @@ meta_replies! {
     Extents(Vec<(InodeId, Extent)>),
     ChunkIds(Vec<ChunkId>),
     Status(ClusterStatus),
+    Policy(EffectivePolicy),
+    Policies(Vec<(InodeId, Policy)>),
+    Warnings(Vec<String>),
+    Shortfalls(ShortfallPage),
+    Revoked(RevocationList),
 }
 
 impl From<()> for MetaReply {

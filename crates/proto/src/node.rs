@@ -2,6 +2,7 @@
 
 use crate::cap::Cap;
 use crate::error::WireError;
+use crate::policy::Replicate;
 use crate::types::ChunkId;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,8 @@ pub enum NodeRequest {
         id: ChunkId,
         /// Meta's write capability for a client (nodes and meta need none).
         cap: Option<Cap>,
+        /// Copies the node must ensure before (or, for `async`, after) answering.
+        replicate: Replicate,
     },
     /// Bytes `[offset, offset+len)` of a chunk (clipped to its end), verified against its
     /// id before serving; answered with `Data` and the bytes as bulk.
@@ -69,6 +72,9 @@ pub enum NodeReply {
     Ids(Vec<ChunkId>),
     Count(u64),
     Stats(NodeStats),
+    /// `Put`'s answer: the nodes now holding the chunk (durably, or received for a
+    /// `semi-sync` remote site), for the catalogue.
+    Stored(Vec<String>),
 }
 
 /// The payload of every node response frame.

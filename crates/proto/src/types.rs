@@ -157,6 +157,10 @@ pub struct NodeInfo {
     pub site_rtts: Vec<(String, u64)>,
     /// Bytes this node holds as copies cached for its site (not counted in `used_bytes`).
     pub cache_bytes: u64,
+    /// Being emptied (`locus node drain`): it takes no new chunks and its copies do not
+    /// count towards a policy, so repair copies them elsewhere. Kept by meta, not
+    /// reported by the node.
+    pub drained: bool,
 }
 
 /// A chunk in the catalogue: its size and where it is stored.

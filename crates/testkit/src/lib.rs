@@ -1,6 +1,8 @@
 //! Real Locus clusters for tests: `locus meta`, `locus node` and `locus mount` as
 //! separate processes on loopback, with their state in a temporary directory. Every
-//! wait is bounded; everything is killed and unmounted on drop.
+//! cluster has its own CA (`locus ca init`) and every process its own certificate
+//! (`locus ca issue`), so every test runs over mutual TLS. Every wait is bounded;
+//! everything is killed and unmounted on drop.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -28,6 +30,9 @@ pub struct Cluster {
     pub nodes: Vec<Proc>,
     /// Mount points and their `locus mount` processes.
     pub mounts: Vec<(PathBuf, Proc)>,
+    /// Further `locus meta` processes over the same database (PostgreSQL), one per
+    /// site, from `add_meta`.
+    pub other_metas: Vec<Proc>,
     /// Fail points armed in the processes started until the next `arm` or `restart`.
     failpoints: Option<String>,
 }
@@ -77,6 +82,28 @@ pub fn spawn_command(mut cmd: Command, prefix: &str, log: &Path) -> Proc {
     }
 }
 
+/// Runs a command that must succeed.
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.stdin(Stdio::null()).output().expect("run locus");
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The sites tests mount at, whose root meta trusts by default (`--no-root-squash`).
+const TRUSTED_SITES: &[&str] = &["default", "a", "b", "c"];
+
+/// Issues (once) a certificate of the CA in `tls` and returns its `--ca --cert --key`
+/// flags.
+fn issue(bin: &Path, tls: &Path, role: &str, name: &str, site: &str) -> Vec<String> {
+    let (cert, key) = (tls.join(format!("{name}.pem")), tls.join(format!("{name}.key")));
+    if !cert.exists() {
+        run_ok(
+            Command::new(bin).args(["ca", "issue", "--role", role, "--name", name, "--site", site, "--dir"]).arg(tls),
+        );
+    }
+    let flag = |f: &str, p: &Path| [f.to_string(), p.display().to_string()];
+    [flag("--ca", &tls.join("ca.pem")), flag("--cert", &cert), flag("--key", &key)].concat()
+}
+
 /// A free TCP port on 127.0.0.1 (for tests that must pass fixed ports; the OS picks it).
 pub fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -86,38 +113,80 @@ pub fn free_addr() -> String {
 impl Cluster {
     /// Meta plus `nodes` storage nodes, all on 127.0.0.1 with ports picked by the OS.
     pub fn start(bin: &Path, nodes: usize) -> Cluster {
-        Self::launch(bin, nodes, &[], None)
+        Self::launch(bin, nodes, None, &[], None)
+    }
+
+    /// Like `start`, with meta over the database at `db_url` (e.g. an empty database of
+    /// a `postgres::PgServer`, which meta formats) instead of a SQLite file.
+    pub fn start_on_db(bin: &Path, nodes: usize, db_url: &str) -> Cluster {
+        Self::launch(bin, nodes, Some(db_url), &[], None)
+    }
+
+    /// Points meta at another database from its next `restart` on (e.g. one that
+    /// `locus meta migrate` filled).
+    pub fn use_meta_db(&mut self, db_url: &str) {
+        let args = &mut self.meta.args;
+        if let Some(i) = args.iter().position(|a| a == "--db") {
+            args[i + 1] = db_url.to_string();
+        }
     }
 
     /// Like `start`, with extra `locus meta` flags (short timeouts, ...).
     pub fn start_with(bin: &Path, nodes: usize, meta_extra: &[&str]) -> Cluster {
-        Self::launch(bin, nodes, meta_extra, None)
+        Self::launch(bin, nodes, None, meta_extra, None)
     }
 
     /// Like `start`, with crash points armed in meta and every node (`FAILPOINTS`
     /// syntax, e.g. `chunk-before-rename=3*off->return`); `restart` disarms them.
     pub fn start_armed(bin: &Path, nodes: usize, failpoints: Option<&str>) -> Cluster {
-        Self::launch(bin, nodes, &[], failpoints)
+        Self::launch(bin, nodes, None, &[], failpoints)
     }
 
-    fn launch(bin: &Path, nodes: usize, meta_extra: &[&str], failpoints: Option<&str>) -> Cluster {
+    fn launch(
+        bin: &Path,
+        nodes: usize,
+        db_url: Option<&str>,
+        meta_extra: &[&str],
+        failpoints: Option<&str>,
+    ) -> Cluster {
         let dir = tempfile::Builder::new().prefix("locus-test-").tempdir().expect("temp dir");
         let db = dir.path().join("meta.db");
+        let db = db_url.map_or_else(|| db.display().to_string(), String::from);
         let args = vec![
             "meta".into(),
             "--listen".into(),
             "127.0.0.1:0".into(),
             "--db".into(),
-            db.display().to_string(),
+            db,
             "--init".into(),
             "--session-expiry-secs".into(),
             "6".into(),
         ];
-        let args: Vec<String> = args.into_iter().chain(meta_extra.iter().map(|s| s.to_string())).collect();
+        let tls = dir.path().join("tls");
+        run_ok(Command::new(bin).args(["ca", "init", "--dir"]).arg(&tls));
+        // Admin commands (gc, fsck) list and delete chunks on nodes: a node's role.
+        issue(bin, &tls, "node", "admin", "default");
+        // Tests run as root on the client hosts of their sites and expect to act as
+        // root, unless a test sets `--no-root-squash` itself (to see squashing).
+        let trusted = if meta_extra.contains(&"--no-root-squash") { &[][..] } else { TRUSTED_SITES };
+        let args: Vec<String> = args
+            .into_iter()
+            .chain(issue(bin, &tls, "meta", "meta", "default"))
+            .chain(["--revoked".to_string(), tls.join("revoked").display().to_string()])
+            .chain(trusted.iter().flat_map(|site| ["--no-root-squash".to_string(), site.to_string()]))
+            .chain(meta_extra.iter().map(|s| s.to_string()))
+            .collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
         let failpoints = failpoints.map(String::from);
-        let mut cluster =
-            Cluster { bin: bin.to_path_buf(), dir, meta, nodes: Vec::new(), mounts: Vec::new(), failpoints };
+        let mut cluster = Cluster {
+            bin: bin.to_path_buf(),
+            dir,
+            meta,
+            nodes: Vec::new(),
+            mounts: Vec::new(),
+            other_metas: Vec::new(),
+            failpoints,
+        };
         for i in 0..nodes {
             cluster.add_node(&format!("node{i}"), "default");
         }
@@ -161,6 +230,7 @@ impl Cluster {
             "--site".into(),
             site.into(),
         ];
+        args.extend(self.cert("node", id, site));
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("{id}.log"));
         self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log, self.failpoints.as_deref()));
@@ -198,8 +268,28 @@ impl Cluster {
         self.mount_with(site, &[])
     }
 
+    /// Starts another `locus meta` over the same database on a new port (the database
+    /// must be one several metas can share: PostgreSQL) and returns its address.
+    pub fn add_meta(&mut self) -> String {
+        let mut args = self.meta.args.clone();
+        if let Some(i) = args.iter().position(|a| a == "--listen") {
+            args[i + 1] = "127.0.0.1:0".into();
+        }
+        let log = self.path().join(format!("meta{}.log", self.other_metas.len() + 1));
+        let proc = spawn_and_wait(&self.bin, &args, "locus meta listening on", &log, self.failpoints.as_deref());
+        let addr = proc.addr.clone();
+        self.other_metas.push(proc);
+        addr
+    }
+
     /// Mounts the namespace as a client of `site` with extra `locus mount` flags.
     pub fn mount_with(&mut self, site: &str, extra: &[&str]) -> PathBuf {
+        let meta = self.meta.addr.clone();
+        self.mount_through(&meta, site, extra)
+    }
+
+    /// Mounts the namespace through the meta at `meta` (see `add_meta`).
+    pub fn mount_through(&mut self, meta: &str, site: &str, extra: &[&str]) -> PathBuf {
         let n = self.mounts.len();
         let mountpoint = self.path().join(format!("mnt{n}"));
         std::fs::create_dir_all(&mountpoint).expect("create mount point");
@@ -207,12 +297,13 @@ impl Cluster {
             "mount".into(),
             mountpoint.display().to_string(),
             "--meta".into(),
-            self.meta.addr.clone(),
+            meta.into(),
             "--cache".into(),
             "64M".into(),
             "--site".into(),
             site.into(),
         ];
+        args.extend(self.cert("client", &format!("client-{site}"), site));
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("mount{n}.log"));
         let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, self.failpoints.as_deref());
@@ -220,9 +311,33 @@ impl Cluster {
         mountpoint
     }
 
-    /// Runs a `locus` command to completion (bounded by its own timeouts).
+    /// Runs a `locus` command to completion (bounded by its own timeouts), with an
+    /// admin client certificate of the cluster (`LOCUS_CA`, `LOCUS_CERT`, `LOCUS_KEY`).
     pub fn locus(&self, args: &[&str]) -> std::process::Output {
-        Command::new(&self.bin).args(args).stdin(Stdio::null()).output().expect("run locus")
+        let tls = self.tls_dir();
+        let mut cmd = Command::new(&self.bin);
+        for (var, ext) in [("LOCUS_CERT", "pem"), ("LOCUS_KEY", "key")] {
+            cmd.env(var, tls.join(format!("admin.{ext}")));
+        }
+        cmd.env("LOCUS_CA", tls.join("ca.pem")).args(args).stdin(Stdio::null()).output().expect("run locus")
+    }
+
+    /// The cluster's CA directory (`ca.pem`, `ca.key`, and each process's NAME.pem/.key).
+    pub fn tls_dir(&self) -> PathBuf {
+        self.path().join("tls")
+    }
+
+    /// Revokes certificates (serials or names) with `locus ca revoke`; meta rereads
+    /// the list within a second and nodes and clients learn it at their next heartbeat.
+    pub fn revoke(&self, entries: &[&str]) {
+        let tls = self.tls_dir();
+        run_ok(Command::new(&self.bin).args(["ca", "revoke", "--dir"]).arg(&tls).args(entries));
+    }
+
+    /// The `--ca --cert --key` flags of a certificate for `name` with `role` at
+    /// `site`, issued by the cluster's CA on first use.
+    pub fn cert(&self, role: &str, name: &str, site: &str) -> Vec<String> {
+        issue(&self.bin, &self.tls_dir(), role, name, site)
     }
 
     /// SIGKILLs every process at once, as a crash would, and clears dead mounts.
@@ -243,6 +358,18 @@ impl Cluster {
             let _ = p.child.wait();
         }
         self.mounts.clear();
+    }
+
+    /// Kills meta alone (SIGKILL, as a crash) and starts it again on the same port
+    /// with the same arguments; nodes and mounts keep running and reconnect.
+    pub fn restart_meta(&mut self) {
+        let _ = self.meta.child.kill();
+        let _ = self.meta.child.wait();
+        let mut args = self.meta.args.clone();
+        if let Some(i) = args.iter().position(|a| a == "--listen") {
+            args[i + 1] = self.meta.addr.clone();
+        }
+        self.meta = spawn_and_wait(&self.bin, &args, "locus meta listening on", &self.path().join("meta.log"), None);
     }
 
     /// Starts meta and every node again with their old arguments and state; node
@@ -318,7 +445,7 @@ impl Drop for Cluster {
         }
         let _ = self.meta.child.kill();
         let _ = self.meta.child.wait();
-        for p in &mut self.nodes {
+        for p in self.nodes.iter_mut().chain(&mut self.other_metas) {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
@@ -375,6 +502,7 @@ pub fn can_mount() -> bool {
 }
 
 pub mod netns;
+pub mod postgres;
 pub mod wan;
 
 pub use netns::{LinkProfile, WanLink};

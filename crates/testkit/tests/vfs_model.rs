@@ -44,6 +44,12 @@ fn env() -> &'static Env {
     ENV.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let dir = tempfile::tempdir().unwrap();
+        // Meta, node and clients share this process and so one certificate: the
+        // node's (its name is the node id meta checks at registration).
+        let ca = net::pki::Ca::create("vfs model").unwrap();
+        let cert = ca.issue(net::Role::Node, "n0", "default", 1).unwrap();
+        let tls = net::Tls::from_pem(ca.cert_pem().as_bytes(), cert.cert_pem.as_bytes(), cert.key_pem.as_bytes());
+        net::secure(net::Security::Tls(std::sync::Arc::new(tls.unwrap())));
         let meta_addr = rt.block_on(async {
             let config = meta::MetaConfig {
                 db_url: dir.path().join("meta.db").display().to_string(),
@@ -67,6 +73,7 @@ fn env() -> &'static Env {
                 heartbeat: Duration::from_secs(1),
                 wan: node::WanConfig::default(),
                 reclaim: node::ReclaimConfig::default(),
+                replication: node::ReplicationConfig::default(),
                 metrics: None,
                 encrypt_key: None,
             };

@@ -12,7 +12,10 @@
 //! - `chunk-before-rename`: the temp file is synced, not yet renamed into place;
 //! - `meta-before-commit`: a batch of metadata writes is applied, not yet committed;
 //! - `meta-after-commit`: the batch is committed, nobody has been answered yet;
-//! - `net-mid-bulk`: half of a frame's bulk bytes (chunk data) is sent.
+//! - `net-mid-bulk`: half of a frame's bulk bytes (chunk data) is sent;
+//! - `replicate-before-copies`: a node stored its own copy of a chunk a `sync`/`semi-sync`
+//!   put asks it to replicate (the other copies are being made at the same time);
+//! - `replicate-after-copies`: every copy is made, the sender not yet answered.
 
 pub use fail;
 

@@ -49,8 +49,7 @@ impl Vfs {
         let req = Open { ino, session, truncate: opts.truncate, access: opts.access };
         let opened = self.meta.call(req).await?;
         self.data.learn_caps(ino, &opened);
-        let Opened { attr, extents, .. } = opened;
-        Ok(self.adopt(session, attr, extents, opts.access).await)
+        Ok(self.adopt(session, opened, opts.access).await)
     }
 
     /// Creates a regular file and opens it in one request.
@@ -67,11 +66,10 @@ impl Vfs {
         let req = CreateOpen { create, session, access: opts.access };
         let opened = self.meta.call(req).await?;
         self.data.learn_caps(opened.attr.ino, &opened);
-        let Opened { attr, extents, .. } = opened;
-        let (ino, existed) = (attr.ino, attr.size > 0);
+        let (ino, existed) = (opened.attr.ino, opened.attr.size > 0);
         // Meta lets the creator of a new file write it; an existing one as `access` says.
         let granted = OpenAccess { read: opts.access.read, write: opts.access.write || !existed };
-        let (fh, _) = self.adopt(session, attr, extents, granted).await;
+        let (fh, _) = self.adopt(session, opened, granted).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
             let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, true).await?;
@@ -86,8 +84,7 @@ impl Vfs {
     pub(super) async fn adopt(
         self: &Arc<Self>,
         session: SessionId,
-        attr: Attr,
-        extents: Vec<Extent>,
+        Opened { attr, extents, policy, .. }: Opened,
         granted: OpenAccess,
     ) -> (FileHandle, bool) {
         let ino = attr.ino;
@@ -99,6 +96,7 @@ impl Vfs {
                 extents: ExtentMap::from_extents(extents),
                 dirty: DirtyBuffer::with_run_capacity(self.config.chunk_size as usize),
                 pending: Vec::new(),
+                policy,
                 uploads: Vec::new(),
                 modified: false,
                 opens: 1,

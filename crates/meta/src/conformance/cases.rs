@@ -818,6 +818,7 @@ fn node(id: &str, addr: &str, capacity: u64, used: u64) -> NodeInfo {
         last_seen_secs: 99,
         site_rtts: vec![("s2".into(), 50_000)],
         cache_bytes: 0,
+        drained: false,
     }
 }
 
@@ -914,30 +915,53 @@ pub fn session_expiry(b: &dyn Factory) {
     assert_eq!(refcount(&s, 5), Some(0));
 }
 
-/// Conformance case `orphans_are_reaped_after_restart`.
-pub fn orphans_are_reaped_after_restart(b: &dyn Factory) {
-    let f = {
+/// Conformance case `opens_and_locks_survive_a_restart`: open-file records and
+/// byte-range locks are rows of the store, so a restart of meta keeps an unlinked but
+/// open file and a held lock; the session's end releases both.
+pub fn opens_and_locks_survive_a_restart(b: &dyn Factory) {
+    let (session, f) = {
         let s = b.open();
         let session = hello(&s);
         let f = mk(&s, ROOT_INODE, "f", NewNode::File);
         commit(&s, f.ino, vec![ext(0, 10, 6, 0)], 10);
         ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() }));
+        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() }));
+        ok(&s, MetaRequest::SetLock(SetLock { session, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) }));
         ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() }));
-        f
+        (session, f)
     };
-    // Meta restarts: open records were in memory, the orphan is on disk.
+    // Meta restarts.
     let s = b.open();
-    assert_eq!(get(&s, f.ino).nlink, 0);
     let now_ms = Timestamp::now().secs * 1000;
     s.expire_sessions_at(now_ms).unwrap();
-    assert_eq!(get(&s, f.ino).nlink, 0, "kept while its opener may still come back");
-    s.expire_sessions_at(now_ms + 40_000).unwrap();
+    assert_eq!(get(&s, f.ino).nlink, 0, "the orphan is kept for its opener across the restart");
+    let other = hello(&s);
+    assert_eq!(
+        err(&s, MetaRequest::SetLock(SetLock { session: other, lock: lock(f.ino, 9, 5, 5, LockKind::Read) })),
+        ErrorCode::WouldBlock,
+        "the lock is still held after the restart"
+    );
+    match ok(&s, MetaRequest::GetLock(GetLock { session: other, lock: lock(f.ino, 9, 0, 0, LockKind::Read) })) {
+        MetaReply::Lock(Some(l)) => assert_eq!((l.start, l.end, l.kind), (0, u64::MAX, LockKind::Write)),
+        other => panic!("expected the held lock, got {other:?}"),
+    }
+    ok(&s, MetaRequest::Release(Release { session, ino: f.ino }));
+    assert_eq!(get(&s, f.ino).nlink, 0, "one of two opens remains");
+    ok(&s, MetaRequest::Release(Release { session, ino: f.ino }));
     assert_eq!(
         err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })),
         ErrorCode::NotFound,
-        "reaped after the grace period"
+        "the last close reclaims it"
     );
     assert_eq!(refcount(&s, 6), Some(0));
+    // The session's expiry drops its lock.
+    ok(&s, MetaRequest::Heartbeat(Heartbeat { session: other }));
+    let g = mk(&s, ROOT_INODE, "g", NewNode::File);
+    ok(&s, MetaRequest::SetLock(SetLock { session, lock: lock(g.ino, 1, 0, 9, LockKind::Write) }));
+    let expired = s.expire_sessions_at(now_ms + 31_000).unwrap();
+    assert!(expired.contains(&session), "{expired:?}");
+    let fresh = hello(&s);
+    ok(&s, MetaRequest::SetLock(SetLock { session: fresh, lock: lock(g.ino, 2, 0, 9, LockKind::Write) }));
 }
 
 /// Conformance case `locks`.
@@ -1268,4 +1292,148 @@ pub fn permissions(b: &dyn Factory) {
     let register =
         MetaRequest::RegisterNode(RegisterNode { node: node("rogue", "127.0.0.1:1", 1, 0), cluster_id: None });
     assert_eq!(as_user(&s, &bob, register), Err(NotPermitted));
+}
+
+fn policy(sites: &[&str], copies: u32, mode: proto::policy::ReplicationMode) -> proto::policy::Policy {
+    proto::policy::Policy { sites: sites.iter().map(|s| s.to_string()).collect(), copies, mode, rpo_secs: 30 }
+}
+
+#[track_caller]
+fn effective(s: &Arc<MetaService>, ino: InodeId) -> proto::policy::EffectivePolicy {
+    match ok(s, MetaRequest::GetPolicy(GetPolicy { ino })) {
+        MetaReply::Policy(p) => p,
+        other => panic!("expected Policy, got {other:?}"),
+    }
+}
+
+/// Conformance case `replication_policies`: set, inherit (also by what existed before
+/// the policy), override, clear, refuse files and unknown sites, warn about too few
+/// nodes, forget a removed directory's policy, survive a restart.
+pub fn replication_policies(b: &dyn Factory) {
+    use proto::policy::{Policy, ReplicationMode as M};
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
+    let mut far = node("n9", "10.0.0.9:7000", 1000, 100);
+    far.site = "s2".into();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: far, cluster_id: None }));
+    let top = mk(&s, ROOT_INODE, "top", NewNode::Dir);
+    let old = mk(&s, top.ino, "old", NewNode::File);
+    assert_eq!(effective(&s, old.ino), proto::policy::EffectivePolicy { policy: Policy::default(), set_on: None });
+
+    let both = policy(&["s1", "s2", "s1"], 1, M::Sync);
+    match ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(both) })) {
+        MetaReply::Warnings(w) => assert!(w.is_empty(), "{w:?}"),
+        other => panic!("expected Warnings, got {other:?}"),
+    }
+    let stored = policy(&["s1", "s2"], 1, M::Sync);
+    assert_eq!(effective(&s, old.ino).policy, stored, "a file created before the policy is under it");
+    assert_eq!(effective(&s, old.ino).set_on, Some(top.ino));
+    let sub = mk(&s, top.ino, "sub", NewNode::Dir);
+    let deep = mk(&s, sub.ino, "f", NewNode::File);
+    assert_eq!(effective(&s, deep.ino).policy, stored, "inherited two levels down");
+    let session = hello(&s);
+    let opened =
+        ok(&s, MetaRequest::Open(Open { ino: deep.ino, session, truncate: false, access: OpenAccess::default() }));
+    assert!(matches!(opened, MetaReply::Opened(o) if o.policy == stored), "Open carries the policy");
+
+    // A nearer policy wins; too many copies is allowed, with a warning.
+    let three = policy(&["s2"], 3, M::Async);
+    match ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: Some(three.clone()) })) {
+        MetaReply::Warnings(w) => assert!(w.len() == 1 && w[0].contains("site s2"), "{w:?}"),
+        other => panic!("expected Warnings, got {other:?}"),
+    }
+    assert_eq!(effective(&s, deep.ino).policy, three);
+    match ok(&s, MetaRequest::Status(Status {})) {
+        MetaReply::Status(st) => {
+            assert_eq!(st.policies.len(), 2);
+            assert!(st.policy_warnings.iter().any(|w| w.contains(&format!("inode {}", sub.ino))), "{st:?}");
+        }
+        other => panic!("expected Status, got {other:?}"),
+    }
+
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: deep.ino, policy: Some(three.clone()) })),
+        ErrorCode::NotDir
+    );
+    let nowhere = policy(&["mars"], 1, M::Sync);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(nowhere) })),
+        ErrorCode::InvalidArgument
+    );
+    let none = policy(&["s1"], 0, M::Sync);
+    assert_eq!(
+        err(&s, MetaRequest::SetPolicy(SetPolicy { ino: top.ino, policy: Some(none) })),
+        ErrorCode::InvalidArgument
+    );
+
+    // Clearing falls back to the ancestor's; a removed directory's policy goes with it.
+    ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: None }));
+    assert_eq!(effective(&s, deep.ino).policy, stored);
+    ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: sub.ino, policy: Some(three) }));
+    ok(&s, MetaRequest::Unlink(Unlink { parent: sub.ino, name: b"f".to_vec() }));
+    ok(&s, MetaRequest::Rmdir(Rmdir { parent: top.ino, name: b"sub".to_vec() }));
+    drop(s);
+    let s = b.open();
+    match ok(&s, MetaRequest::ListPolicies(ListPolicies {})) {
+        MetaReply::Policies(list) => assert_eq!(list, vec![(top.ino, stored)]),
+        other => panic!("expected Policies, got {other:?}"),
+    }
+}
+
+/// Conformance case `node_drain`: a drained node is listed as such (and survives a
+/// restart), undraining clears it, and an unknown node cannot be drained.
+pub fn node_drain(b: &dyn Factory) {
+    let s = b.open();
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None }));
+    ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node("n2", "10.0.0.2:7000", 1000, 100), cluster_id: None }));
+    let drained = |s: &Arc<MetaService>| match ok(s, MetaRequest::ListNodes(ListNodes {})) {
+        MetaReply::Nodes(list) => list.into_iter().filter(|n| n.drained).map(|n| n.id).collect::<Vec<_>>(),
+        other => panic!("expected Nodes, got {other:?}"),
+    };
+    assert!(drained(&s).is_empty());
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: true }));
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: true }));
+    assert_eq!(drained(&s), vec!["n2".to_string()]);
+    assert_eq!(err(&s, MetaRequest::DrainNode(DrainNode { node: "n9".into(), drained: true })), ErrorCode::NotFound);
+    drop(s);
+    let s = b.open();
+    assert_eq!(drained(&s), vec!["n2".to_string()]);
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n2".into(), drained: false }));
+    assert!(drained(&s).is_empty());
+}
+
+#[track_caller]
+fn short(s: &Arc<MetaService>, node: Option<&str>) -> Vec<(u8, Vec<String>)> {
+    let ask = UnderReplicated { node: node.map(String::from), after: None, limit: 1000 };
+    match ok(s, MetaRequest::UnderReplicated(ask)) {
+        MetaReply::Shortfalls(page) => {
+            assert_eq!(page.next, None);
+            page.chunks.into_iter().map(|c| (c.id.0[0], c.sites)).collect()
+        }
+        other => panic!("expected Shortfalls, got {other:?}"),
+    }
+}
+
+/// Conformance case `under_replication`: a chunk with fewer live, undrained holders at a
+/// site than its policy's copies is listed (for fsck, and for the one node that is to
+/// repair it), and no longer once the copies are reported; draining a holder makes it
+/// short again.
+pub fn under_replication(b: &dyn Factory) {
+    let s = b.open();
+    for (id, addr) in [("n1", "10.0.0.1:7000"), ("n2", "10.0.0.2:7000"), ("n3", "10.0.0.3:7000")] {
+        ok(&s, MetaRequest::RegisterNode(RegisterNode { node: node(id, addr, 1000, 100), cluster_id: None }));
+    }
+    let f = mk(&s, ROOT_INODE, "f", NewNode::File);
+    // `commit` records the chunk on n1 only; the default policy wants two copies at s1.
+    commit(&s, f.ino, vec![ext(0, 10, 7, 0)], 10);
+    assert_eq!(short(&s, None), vec![(7, vec!["s1".to_string()])]);
+    assert_eq!(short(&s, Some("n1")), vec![(7, vec!["s1".to_string()])], "n1 holds it: n1 repairs");
+    assert!(short(&s, Some("n2")).is_empty(), "n2 holds nothing to copy from");
+    assert!(short(&s, Some("n3")).is_empty());
+    let copy = StoredChunk { id: cid(7), size: 1 << 20, nodes: vec!["n2".into()] };
+    ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "n1".into(), added: vec![copy], removed: vec![] }));
+    assert!(short(&s, None).is_empty(), "two copies at s1");
+    ok(&s, MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true }));
+    assert_eq!(short(&s, Some("n2")), vec![(7, vec!["s1".to_string()])], "n2 is now the holder that counts");
+    assert!(short(&s, Some("n1")).is_empty() && short(&s, Some("n3")).is_empty());
 }

@@ -1,7 +1,7 @@
 //! The conformance suite every metadata backend must pass: each case drives a
 //! `MetaService` over the backend through `MetaRequest`s and checks POSIX results,
 //! error codes and exact chunk refcounts. `conformance_tests!` makes one `#[test]`
-//! per case, so that a single case runs alone (`cargo test -p meta conformance::rmdir`)
+//! per case, so that a single case runs alone (`cargo test -p meta conformance::postgres_cases::rmdir`)
 //! and a backend outside this crate runs the same suite (feature `conformance`).
 
 pub mod cases;
@@ -29,7 +29,8 @@ macro_rules! conformance_tests {
             rmdir, rename_replace, rename_noreplace_exchange, rename_dirs, setattr_truncate,
             commit_write_splits, compact_checks_the_version, fallocate, open_truncate_and_sync, xattrs,
             readdir_paging, persistence, nodes, cluster_identity, sessions, session_expiry,
-            orphans_are_reaped_after_restart, locks, chunk_catalogue, site_round_trips, permissions);
+            opens_and_locks_survive_a_restart, locks, chunk_catalogue, site_round_trips, replication_policies,
+            node_drain, under_replication, permissions);
     };
     (@cases $fresh:path; $($case:ident),* $(,)?) => {
         $(
@@ -41,6 +42,9 @@ macro_rules! conformance_tests {
         )*
     };
 }
+
+// Both built-in backends run every case: `cargo test -p meta conformance` runs
+// `sqlite_cases::*` and `postgres_cases::*`.
 
 /// The SQLite backend on a real file in a temporary directory.
 #[cfg(test)]
@@ -62,4 +66,34 @@ fn sqlite() -> SqliteFactory {
 }
 
 #[cfg(test)]
-crate::conformance_tests!(sqlite);
+mod sqlite_cases {
+    crate::conformance_tests!(super::sqlite);
+}
+
+/// A database of its own on the PostgreSQL server the tests share (started by
+/// `testkit::postgres`, stopped after the last test using it).
+#[cfg(test)]
+pub struct PostgresFactory {
+    url: String,
+    _server: Arc<testkit::postgres::PgServer>,
+}
+
+#[cfg(test)]
+impl Factory for PostgresFactory {
+    fn open(&self) -> Arc<MetaService> {
+        let config = crate::service::MetaConfig { db_url: self.url.clone(), ..test_config(Default::default()) };
+        MetaService::open(&config).expect("open postgres")
+    }
+}
+
+/// A factory over a new, empty PostgreSQL database.
+#[cfg(test)]
+fn postgres() -> PostgresFactory {
+    let server = testkit::postgres::shared();
+    PostgresFactory { url: server.create_database(), _server: server }
+}
+
+#[cfg(test)]
+mod postgres_cases {
+    crate::conformance_tests!(super::postgres);
+}

@@ -33,13 +33,23 @@ pub(super) fn register_node(
 }
 
 pub(super) fn nodes(t: &mut dyn Txn, ctx: &Ctx) -> Result<Vec<NodeInfo>, MetaError> {
+    let drained = t.drained_nodes()?;
     Ok(t.list_nodes()?
         .into_iter()
         .map(|(mut n, seen)| {
             n.last_seen_secs = secs_since(ctx.now_ms, seen);
+            n.drained = drained.contains(&n.id);
             n
         })
         .collect())
+}
+
+/// Marks a registered node drained or not.
+pub(super) fn drain(t: &mut dyn Txn, node: &str, drained: bool) -> Result<(), MetaError> {
+    if t.get_node(node)?.is_none() {
+        return Err(MetaError::NotFound(format!("node {node:?} is not registered")));
+    }
+    t.set_drained(node, drained)
 }
 
 pub(super) fn forget_chunk(t: &mut dyn Txn, id: &ChunkId) -> Result<(), MetaError> {

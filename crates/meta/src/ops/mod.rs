@@ -4,23 +4,26 @@
 
 mod catalogue;
 mod data;
+mod locks;
 mod namespace;
 pub mod perm;
+mod policy;
 mod sessions;
 
-use catalogue::{forget_chunk, nodes, register_node};
+use catalogue::{drain, forget_chunk, nodes, register_node};
 use data::{commit_write, compact, fallocate, punch, truncate};
+use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
 use perm::{MAY_EXEC, MAY_READ, MAY_WRITE, check, check_data_write, check_privileged, check_xattr};
+use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
 use crate::error::MetaError;
-use crate::opens::OpenTable;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Open,
+    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode,
     OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
@@ -45,8 +48,6 @@ pub struct Ctx {
     pub now: Timestamp,
     pub now_ms: i64,
     pub heartbeat_ms: u64,
-    /// Open files per session (in memory, shared with the service).
-    pub opens: Arc<OpenTable>,
     /// The cluster this database was formatted for.
     pub cluster_id: Arc<str>,
     /// Whom the request acts for, as meta resolved it from the peer and the request:
@@ -56,13 +57,12 @@ pub struct Ctx {
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
-    pub fn now(heartbeat_ms: u64, opens: Arc<OpenTable>, cluster_id: Arc<str>) -> Ctx {
+    pub fn now(heartbeat_ms: u64, cluster_id: Arc<str>) -> Ctx {
         let now = Timestamp::now();
         Ctx {
             now,
             now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000),
             heartbeat_ms,
-            opens,
             cluster_id,
             caller: Caller::ROOT,
         }
@@ -85,13 +85,8 @@ pub enum Access {
     Write {
         durable: bool,
     },
-    /// Served from the in-memory lock table.
-    Locks,
     /// Kept in the service's memory (worker reports).
     Reports,
-    /// Open without truncation and release: a point read plus bookkeeping in the
-    /// in-memory open table (the service applies it).
-    Open,
 }
 
 /// The one classification of every request (no catch-all: a new request does not
@@ -100,7 +95,7 @@ pub enum Access {
 pub fn access(req: &MetaRequest) -> Access {
     use MetaRequest as R;
     match req {
-        R::Lookup(_) | R::GetAttr(_) | R::ReadLink(_) | R::GetXattr(_) | R::ListXattr(_) => {
+        R::Lookup(_) | R::GetAttr(_) | R::ReadLink(_) | R::GetXattr(_) | R::ListXattr(_) | R::GetLock(_) => {
             Access::Read { point: true }
         }
         R::ReadDir(_)
@@ -111,10 +106,11 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListChunks(_)
         | R::ListExtents(_)
         | R::Unreferenced(_)
+        | R::GetPolicy(_)
+        | R::ListPolicies(_)
+        | R::UnderReplicated(_)
         | R::Status(_) => Access::Read { point: false },
-        R::GetLock(_) | R::SetLock(_) | R::ReleaseLocks(_) => Access::Locks,
-        R::ReportWorkers(_) => Access::Reports,
-        R::Open(Open { truncate: false, .. }) | R::Release(_) => Access::Open,
+        R::ReportWorkers(_) | R::ReportLag(_) | R::Revocations(_) => Access::Reports,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
         | R::Heartbeat(_)
@@ -128,9 +124,14 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::Rename(_)
         | R::SetXattr(_)
         | R::RemoveXattr(_)
-        | R::Open(Open { truncate: true, .. })
+        | R::Open(_)
+        | R::Release(_)
+        | R::SetLock(_)
+        | R::ReleaseLocks(_)
         | R::RegisterNode(_)
         | R::UpdateLocations(_)
+        | R::SetPolicy(_)
+        | R::DrainNode(_)
         | R::ForgetChunks(_) => Access::Write { durable: false },
     }
 }
@@ -144,19 +145,13 @@ pub fn serve<M: MetaMessage>(
     handler(msg).map(Into::into)
 }
 
-/// Runs a read request (`Access::Read`, and `Open` without truncation).
+/// Runs a read request (`Access::Read`).
 pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     match req {
         R::Lookup(m) => serve(m, |m| lookup(t, &ctx.caller, m.parent, &m.name)),
         R::GetAttr(m) => serve(m, |m| Ok(inode(t, m.ino)?.attr)),
-        R::Open(m) => serve(m, |m| {
-            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
-            let attr = inode(t, m.ino)?.attr;
-            check_open(&ctx.caller, &attr, m.access, false)?;
-            let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents, caps: ChunkCaps::default() })
-        }),
+        R::GetLock(m) => serve(m, |m| get_lock(t, m.session, &m.lock)),
         R::ReadLink(m) => serve(m, |m| {
             let i = inode(t, m.ino)?;
             if i.attr.kind != FileKind::Symlink {
@@ -188,7 +183,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
-            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, caps: ChunkCaps::default() })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, caps: ChunkCaps::default(), policy })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -226,7 +222,10 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 .into_iter()
                 .map(|s| (s.id, s.info, secs_since(ctx.now_ms, s.last_seen_ms)))
                 .collect();
+            let policies = t.list_policies()?;
             Ok(ClusterStatus {
+                policy_warnings: policy_warnings(t, &policies)?,
+                policies,
                 nodes: nodes(t, ctx)?,
                 sessions,
                 inodes: t.count_inodes()?,
@@ -235,9 +234,13 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 site_rtts: t.site_rtts()?,
                 // Kept in the service's memory; it fills them in.
                 workers: Vec::new(),
+                lag: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
+        R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
+        R::ListPolicies(m) => serve(m, |_| t.list_policies()),
+        R::UnderReplicated(m) => serve(m, |m| under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))),
         other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
     }
 }
@@ -253,7 +256,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             s.last_seen_ms = ctx.now_ms;
             t.put_session(&s)
         }),
-        R::Goodbye(m) => serve(m, |m| end_session(t, &ctx.opens, m.session)),
+        R::Goodbye(m) => serve(m, |m| end_session(t, m.session)),
         R::SetAttr(m) => serve(m, |m| set_attr(t, ctx, m.ino, &m.set, m.session)),
         R::Create(m) => {
             serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.0))
@@ -267,13 +270,14 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
                 check_open(&ctx.caller, &attr, m.access, false)?;
             }
             // The creator of a new file may write it whatever its mode says.
-            ctx.opens.add(m.session, attr.ino, m.access.write || created);
+            add_open(t, m.session, attr.ino, m.access.write || created)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents, caps: ChunkCaps::default() })
+            let policy = effective_policy(t, attr.ino)?.policy;
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy })
         }),
         R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
-            let (ino, orphaned) = unlink(t, &ctx.caller, &ctx.opens, now, m.parent, &m.name)?;
+            let (ino, orphaned) = unlink(t, &ctx.caller, now, m.parent, &m.name)?;
             Ok(Unlinked { ino, orphaned })
         }),
         R::Rmdir(m) => serve(m, |m| rmdir(t, &ctx.caller, now, m.parent, &m.name)),
@@ -292,24 +296,35 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::Open(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let mut i = inode(t, m.ino)?;
-            require_file(&i)?;
-            check_open(&ctx.caller, &i.attr, m.access, true)?;
-            truncate(t, &mut i, 0, now)?;
-            t.put_inode(&i)?;
-            ctx.opens.add(m.session, m.ino, m.access.write);
+            if m.truncate {
+                require_file(&i)?;
+            }
+            check_open(&ctx.caller, &i.attr, m.access, m.truncate)?;
+            if m.truncate {
+                truncate(t, &mut i, 0, now)?;
+                t.put_inode(&i)?;
+            }
+            add_open(t, m.session, m.ino, m.access.write)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default() })
+            let policy = effective_policy(t, m.ino)?.policy;
+            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy })
         }),
+        R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
+        R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),
+        R::ReleaseLocks(m) => serve(m, |m| release_locks(t, m.session, m.ino, m.owner)),
         R::CommitWrite(m) => serve(m, |m| {
-            check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
+            let attr = inode(t, m.ino)?.attr;
+            check_data_write(t, &ctx.caller, m.session, &attr)?;
             commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)
         }),
         R::Fallocate(m) => serve(m, |m| {
-            check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
+            let attr = inode(t, m.ino)?.attr;
+            check_data_write(t, &ctx.caller, m.session, &attr)?;
             fallocate(t, now, m.ino, m.offset, m.len, m.mode)
         }),
         R::Compact(m) => serve(m, |m| {
-            check_data_write(&ctx.caller, ctx, m.session, &inode(t, m.ino)?.attr)?;
+            let attr = inode(t, m.ino)?.attr;
+            check_data_write(t, &ctx.caller, m.session, &attr)?;
             compact(t, m.ino, m.data_version, &m.extents, &m.chunks)
         }),
         R::SyncAll(m) => serve(m, |_| t.next_id(Counter::Sync).map(drop)),
@@ -320,14 +335,18 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         }),
         R::UpdateLocations(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "reporting chunk locations")?;
-            for chunk in &m.added {
-                t.upsert_chunk(&StoredChunk { nodes: vec![m.node.clone()], ..chunk.clone() })?;
+            for chunk in m.added {
+                // No nodes named: the reporting node's own copy (its site cache).
+                let nodes = if chunk.nodes.is_empty() { vec![m.node.clone()] } else { chunk.nodes };
+                t.upsert_chunk(&StoredChunk { nodes, ..chunk })?;
             }
             for id in &m.removed {
                 t.remove_location(id, &m.node)?;
             }
             Ok(())
         }),
+        R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
+        R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
         R::ForgetChunks(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "forgetting chunks")?;
             for id in &m.ids {

@@ -152,14 +152,14 @@ pub(super) fn link(
 }
 
 /// Drops one link of a non-directory; returns whether it lives on as an orphan.
-pub(super) fn drop_link(t: &mut dyn Txn, opens: &OpenTable, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
+pub(super) fn drop_link(t: &mut dyn Txn, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
     i.attr.nlink = i.attr.nlink.saturating_sub(1);
     i.attr.ctime = now;
     if i.attr.nlink > 0 {
         t.put_inode(&i)?;
         return Ok(false);
     }
-    if opens.count(i.attr.ino) > 0 {
+    if t.count_opens(i.attr.ino)? > 0 {
         t.put_inode(&i)?;
         return Ok(true);
     }
@@ -170,7 +170,6 @@ pub(super) fn drop_link(t: &mut dyn Txn, opens: &OpenTable, now: Timestamp, mut 
 pub(super) fn unlink(
     t: &mut dyn Txn,
     c: &Caller,
-    opens: &OpenTable,
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
@@ -186,7 +185,7 @@ pub(super) fn unlink(
     }
     t.delete_dentry(parent, name)?;
     touch_dir(t, parent, now, 0)?;
-    let orphaned = drop_link(t, opens, now, i)?;
+    let orphaned = drop_link(t, now, i)?;
     Ok((ino, orphaned))
 }
 
@@ -262,7 +261,7 @@ pub(super) fn rename(
     new_name: &[u8],
     mode: RenameMode,
 ) -> Result<(), MetaError> {
-    let (c, opens, now) = (&ctx.caller, &*ctx.opens, ctx.now);
+    let (c, now) = (&ctx.caller, ctx.now);
     check_name(name)?;
     check_name(new_name)?;
     let p = dir(t, parent)?.attr;
@@ -336,7 +335,7 @@ pub(super) fn rename(
             destroy(t, d)?;
             touch_dir(t, new_parent, now, -1)?;
         } else {
-            drop_link(t, opens, now, d_inode)?;
+            drop_link(t, now, d_inode)?;
         }
     }
     t.delete_dentry(parent, name)?;
@@ -364,7 +363,10 @@ pub(super) fn set_attr(
 ) -> Result<Attr, MetaError> {
     let now = ctx.now;
     let mut i = inode(t, ino)?;
-    let open_for_writing = session.is_some_and(|s| ctx.opens.writable(s, ino));
+    let open_for_writing = match session {
+        Some(s) => super::locks::open_for_writing(t, s, ino)?,
+        None => false,
+    };
     let new_mode = perm::check_set_attr(&ctx.caller, &i.attr, set, open_for_writing)?;
     if let Some(size) = set.size {
         require_file(&i)?;
@@ -425,5 +427,6 @@ pub(super) fn set_xattr(
 pub(super) fn destroy(t: &mut dyn Txn, ino: InodeId) -> Result<(), MetaError> {
     punch(t, ino, 0, u64::MAX)?;
     t.delete_all_xattrs(ino)?;
+    t.delete_policy(ino)?;
     t.delete_inode(ino)
 }

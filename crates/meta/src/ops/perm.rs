@@ -182,8 +182,8 @@ pub fn xattr_visible(c: &Caller, name: &[u8]) -> bool {
 
 /// Changing a file's data: write permission now, or the session has it open for
 /// writing (a write through a descriptor outlives a later chmod, as POSIX says).
-pub fn check_data_write(c: &Caller, ctx: &Ctx, session: SessionId, a: &Attr) -> Result<(), MetaError> {
-    if ctx.opens.writable(session, a.ino) {
+pub fn check_data_write(t: &mut dyn Txn, c: &Caller, session: SessionId, a: &Attr) -> Result<(), MetaError> {
+    if super::locks::open_for_writing(t, session, a.ino)? {
         return Ok(());
     }
     check(c, a, MAY_WRITE)

@@ -4,9 +4,9 @@ use super::*;
 use proto::meta::Welcome;
 
 /// Reclaims an orphan (no links) that no session has open any more.
-pub fn reclaim_if_unused(t: &mut dyn Txn, opens: &OpenTable, ino: InodeId) -> Result<bool, MetaError> {
+pub fn reclaim_if_unused(t: &mut dyn Txn, ino: InodeId) -> Result<bool, MetaError> {
     match t.get_inode(ino)? {
-        Some(i) if i.attr.nlink == 0 && i.attr.kind != FileKind::Dir && opens.count(ino) == 0 => {
+        Some(i) if i.attr.nlink == 0 && i.attr.kind != FileKind::Dir && t.count_opens(ino)? == 0 => {
             destroy(t, ino)?;
             Ok(true)
         }
@@ -26,33 +26,34 @@ pub(super) fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo
     Ok(Welcome { session: id, heartbeat_ms: ctx.heartbeat_ms, cluster_id: ctx.cluster_id.to_string() })
 }
 
-/// Ends a session: drops its open records (reclaiming orphans nobody else has open)
-/// and its row. Locks live in memory and are dropped by the service.
-pub fn end_session(t: &mut dyn Txn, opens: &OpenTable, session: SessionId) -> Result<(), MetaError> {
-    for ino in opens.remove_session(session) {
-        reclaim_if_unused(t, opens, ino)?;
+/// Ends a session: drops its locks, its open records (reclaiming orphans nobody else
+/// has open) and its row.
+pub fn end_session(t: &mut dyn Txn, session: SessionId) -> Result<(), MetaError> {
+    t.delete_session_locks(session)?;
+    for ino in t.delete_session_opens(session)? {
+        reclaim_if_unused(t, ino)?;
     }
     t.delete_session(session)
 }
 
 /// Ends every session silent since before `cutoff_ms`, returning their ids.
-pub fn expire_sessions(t: &mut dyn Txn, opens: &OpenTable, cutoff_ms: i64) -> Result<Vec<SessionId>, MetaError> {
+pub fn expire_sessions(t: &mut dyn Txn, cutoff_ms: i64) -> Result<Vec<SessionId>, MetaError> {
     let mut expired = Vec::new();
     for s in t.list_sessions()? {
         if s.last_seen_ms < cutoff_ms {
-            end_session(t, opens, s.id)?;
+            end_session(t, s.id)?;
             expired.push(s.id);
         }
     }
     Ok(expired)
 }
 
-/// Reclaims orphans that no session has open: the safety net for a release that
-/// raced with the unlink, and for orphans left from before a restart of meta.
-pub fn reap_orphans(t: &mut dyn Txn, opens: &OpenTable) -> Result<usize, MetaError> {
+/// Reclaims orphans that no session has open: the safety net for an orphan whose
+/// last opener's records went without reclaiming it.
+pub fn reap_orphans(t: &mut dyn Txn) -> Result<usize, MetaError> {
     let mut reaped = 0;
     for ino in t.orphans()? {
-        if reclaim_if_unused(t, opens, ino)? {
+        if reclaim_if_unused(t, ino)? {
             reaped += 1;
         }
     }

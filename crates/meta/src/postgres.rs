@@ -1,0 +1,981 @@
+//! The PostgreSQL backend: one write connection and a few read connections to a
+//! PostgreSQL database (the shared `engine` group-commits on the writer and lends the
+//! readers to callers), each with its own cache of prepared statements.
+//!
+//! Isolation: writes run SERIALIZABLE, reads REPEATABLE READ READ ONLY (a snapshot).
+//! The POSIX rules in `ops` were written for a single writer that sees a serial
+//! history (SQLite); SERIALIZABLE keeps that true when several metas write to one
+//! database, without adding row locks to every op: a create racing an rmdir, two
+//! creates of one name, or two renames through one directory all end with one
+//! transaction failing with a serialization conflict (40001), which the engine runs
+//! again whole (`MetaError::Conflict`). REPEATABLE READ with explicit `FOR UPDATE`
+//! locks would need every read-then-write in `ops` to lock, and would still miss
+//! predicates (an empty-directory check against a concurrent insert). Ids come from
+//! sequences, so two metas never contend on a counter row.
+//!
+//! The `postgres` crate blocks on a tokio runtime of its own per connection, which
+//! cannot run inside another runtime: the engine therefore calls this backend only off
+//! the async workers (`Backend::local_reads` is false), and a connection dropped
+//! inside a runtime is closed on a thread of its own.
+
+use crate::error::MetaError;
+use crate::locks::Held;
+use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
+use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement};
+use proto::meta::{SessionInfo, StoredChunk};
+use proto::policy::Policy;
+use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Read connections: each read holds one for its round trips to the server.
+const READERS: usize = 8;
+
+/// How long connecting may take before meta gives up with an error.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The schema of `sqlite.rs` in PostgreSQL's types (BIGINT for every integer, BYTEA
+/// for blobs), with sequences for the ids.
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE meta_version (version BIGINT NOT NULL);
+CREATE TABLE cluster (id TEXT NOT NULL);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+INSERT INTO counters (name, value) VALUES ('syncs', 0);
+CREATE SEQUENCE next_inode START WITH 2;
+CREATE SEQUENCE next_cookie START WITH 1;
+CREATE SEQUENCE next_session START WITH 1;
+CREATE TABLE inodes (
+    ino BIGINT PRIMARY KEY, kind BIGINT NOT NULL, mode BIGINT NOT NULL,
+    uid BIGINT NOT NULL, gid BIGINT NOT NULL, size BIGINT NOT NULL, nlink BIGINT NOT NULL,
+    rdev BIGINT NOT NULL, atime_s BIGINT NOT NULL, atime_ns BIGINT NOT NULL,
+    mtime_s BIGINT NOT NULL, mtime_ns BIGINT NOT NULL, ctime_s BIGINT NOT NULL,
+    ctime_ns BIGINT NOT NULL, data_version BIGINT NOT NULL, parent BIGINT NOT NULL,
+    target BYTEA NOT NULL);
+CREATE INDEX inodes_orphaned ON inodes (ino) WHERE nlink = 0;
+CREATE TABLE dentries (
+    parent BIGINT NOT NULL, name BYTEA NOT NULL, ino BIGINT NOT NULL, cookie BIGINT NOT NULL,
+    PRIMARY KEY (parent, name));
+CREATE UNIQUE INDEX dentries_by_cookie ON dentries (parent, cookie);
+CREATE TABLE extents (
+    ino BIGINT NOT NULL, file_offset BIGINT NOT NULL, len BIGINT NOT NULL,
+    chunk BYTEA NOT NULL, chunk_offset BIGINT NOT NULL, PRIMARY KEY (ino, file_offset));
+CREATE TABLE chunks (id BYTEA PRIMARY KEY, size BIGINT NOT NULL, refcount BIGINT NOT NULL);
+CREATE TABLE chunk_nodes (chunk BYTEA NOT NULL, node TEXT NOT NULL, PRIMARY KEY (chunk, node));
+CREATE TABLE xattrs (
+    ino BIGINT NOT NULL, name BYTEA NOT NULL, value BYTEA NOT NULL, PRIMARY KEY (ino, name));
+CREATE TABLE sessions (
+    id BIGINT PRIMARY KEY, site TEXT NOT NULL, host TEXT NOT NULL, pid BIGINT NOT NULL,
+    purpose TEXT NOT NULL, last_seen BIGINT NOT NULL);
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY, store_id TEXT NOT NULL, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
+    used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, cache_bytes BIGINT NOT NULL, last_seen BIGINT NOT NULL);
+CREATE TABLE site_rtts (
+    from_site TEXT NOT NULL, to_site TEXT NOT NULL, micros BIGINT NOT NULL, PRIMARY KEY (from_site, to_site));
+CREATE TABLE opens (
+    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, writable BIGINT NOT NULL,
+    PRIMARY KEY (session, ino));
+CREATE INDEX opens_by_ino ON opens (ino);
+CREATE TABLE locks (
+    ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
+    range_end BIGINT NOT NULL, is_write BIGINT NOT NULL, pid BIGINT NOT NULL);
+CREATE INDEX locks_by_ino ON locks (ino);
+CREATE INDEX locks_by_session ON locks (session);
+CREATE TABLE policies (
+    ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
+    rpo_secs BIGINT NOT NULL);
+CREATE TABLE drained_nodes (id TEXT PRIMARY KEY);
+CREATE TABLE principals (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+";
+
+/// One connection to the server with its prepared statements.
+pub(crate) struct PgConn {
+    /// Always `Some` until dropped (taken out to be closed off the runtime).
+    client: Option<Client>,
+    /// Statements prepared on this connection, by their SQL text.
+    statements: HashMap<&'static str, Statement>,
+}
+
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+impl PgConn {
+    fn client(&mut self) -> &mut Client {
+        self.client.as_mut().expect("a connection is used only before it is dropped")
+    }
+
+    fn statement(&mut self, sql: &'static str) -> Result<Statement, MetaError> {
+        if let Some(st) = self.statements.get(sql) {
+            return Ok(st.clone());
+        }
+        let st = self.client().prepare(sql)?;
+        self.statements.insert(sql, st.clone());
+        Ok(st)
+    }
+
+    fn query(&mut self, sql: &'static str, params: Params<'_>) -> Result<Vec<Row>, MetaError> {
+        let st = self.statement(sql)?;
+        Ok(self.client().query(&st, params)?)
+    }
+
+    fn opt(&mut self, sql: &'static str, params: Params<'_>) -> Result<Option<Row>, MetaError> {
+        let st = self.statement(sql)?;
+        Ok(self.client().query_opt(&st, params)?)
+    }
+
+    fn one(&mut self, sql: &'static str, params: Params<'_>) -> Result<Row, MetaError> {
+        let st = self.statement(sql)?;
+        Ok(self.client().query_one(&st, params)?)
+    }
+
+    fn exec(&mut self, sql: &'static str, params: Params<'_>) -> Result<u64, MetaError> {
+        let st = self.statement(sql)?;
+        Ok(self.client().execute(&st, params)?)
+    }
+
+    /// Runs statements without parameters in one round trip.
+    pub(crate) fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
+        Ok(self.client().batch_execute(sql)?)
+    }
+
+    fn chunk_record(&mut self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
+        let rows = self.query("SELECT node FROM chunk_nodes WHERE chunk = $1 ORDER BY node", &[&&id.0[..]])?;
+        let nodes = rows.iter().map(|r| r.try_get::<_, String>(0)).collect::<Result<Vec<_>, _>>()?;
+        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
+    }
+}
+
+impl Drop for PgConn {
+    /// The client blocks on (and owns) a runtime of its own, which may be neither run
+    /// nor dropped inside another runtime: there it is closed on a thread of its own.
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            std::thread::spawn(move || drop(client));
+        }
+    }
+}
+
+impl WriteConn for PgConn {
+    fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
+        // A plain write is acknowledged before its WAL record is flushed (as SQLite's
+        // synchronous=NORMAL): lost only if the server's machine fails, never torn.
+        self.batch(if durable {
+            "BEGIN ISOLATION LEVEL SERIALIZABLE"
+        } else {
+            "BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL synchronous_commit TO off"
+        })
+    }
+
+    fn savepoint(&mut self) -> Result<(), MetaError> {
+        self.batch("SAVEPOINT op")
+    }
+
+    fn rollback_to_savepoint(&mut self) -> Result<(), MetaError> {
+        self.batch("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
+    }
+
+    fn release_savepoint(&mut self) -> Result<(), MetaError> {
+        self.batch("RELEASE SAVEPOINT op")
+    }
+
+    fn commit(&mut self) -> Result<(), MetaError> {
+        self.batch("COMMIT")
+    }
+
+    fn rollback(&mut self) -> Result<(), MetaError> {
+        self.batch("ROLLBACK")
+    }
+
+    fn txn(&mut self) -> &mut dyn Txn {
+        self
+    }
+}
+
+impl ReadConn for PgConn {
+    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        self.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+        let r = op(self);
+        let end = self.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        r.and(end)
+    }
+}
+
+/// `url` without its password, for messages.
+fn shown(config: &postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            postgres::config::Host::Tcp(name) => name.clone(),
+            postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or(config.get_user().unwrap_or(""))
+    )
+}
+
+fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> {
+    let client = config.connect(NoTls).map_err(|source| MetaError::Connect { url: shown.into(), source })?;
+    Ok(PgConn { client: Some(client), statements: HashMap::new() })
+}
+
+/// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
+fn parse(url: &str) -> Result<(postgres::Config, String), MetaError> {
+    let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| MetaError::UnsupportedUrl {
+        url: url.into(),
+        reason: format!("not a PostgreSQL connection URL: {e}"),
+    })?;
+    config.connect_timeout(CONNECT_TIMEOUT).application_name("locus-meta");
+    let shown = shown(&config);
+    Ok((config, shown))
+}
+
+/// Opens the PostgreSQL database at `url` for the shared engine. Without `init` the
+/// database must already hold a Locus namespace; with it, an empty database (no
+/// tables) is formatted with a new cluster id. A database holding anything else is
+/// refused either way.
+pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
+    let (config, shown) = parse(url)?;
+    let mut writer = connect(&config, &shown)?;
+    init_schema(&mut writer, &shown, init)?;
+    let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
+    let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
+    for _ in 0..READERS {
+        readers.push(Box::new(connect(&config, &shown)?));
+    }
+    Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: false })
+}
+
+/// Formats an empty database (with `init`) or checks the schema version of a
+/// formatted one, in one transaction.
+fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError> {
+    let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.into(), reason: reason.into() };
+    w.batch("BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+    let r = (|| {
+        let tables: i64 = w
+            .one("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])?
+            .try_get(0)?;
+        if tables == 0 {
+            if !init {
+                return Err(not_formatted("is empty"));
+            }
+            return format(w);
+        }
+        let versioned: bool = w.one("SELECT to_regclass('meta_version') IS NOT NULL", &[])?.try_get(0)?;
+        if !versioned {
+            return Err(not_formatted("is not a Locus metadata database"));
+        }
+        let found: Option<i64> = w.one("SELECT MAX(version) FROM meta_version", &[])?.try_get(0)?;
+        let found = found.ok_or_else(|| MetaError::SchemaUnknown { path: shown.into(), found: 0 })?;
+        if found > SCHEMA_VERSION {
+            return Err(MetaError::SchemaTooNew { path: shown.into(), found, supported: SCHEMA_VERSION });
+        }
+        // PostgreSQL databases are created at the current version; there is no older one to upgrade.
+        if found < SCHEMA_VERSION {
+            return Err(MetaError::SchemaUnknown { path: shown.into(), found });
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => w.batch("COMMIT"),
+        Err(e) => {
+            let _ = w.batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Creates the schema, the root directory and a new cluster id.
+fn format(w: &mut PgConn) -> Result<(), MetaError> {
+    create_tables(w)?;
+    w.exec("INSERT INTO cluster (id) VALUES ($1)", &[&new_cluster_id()?])?;
+    w.put_inode(&root_inode())
+}
+
+/// Connects to the database at `url` for `migrate`, which copies only into an empty one.
+pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
+    let (config, shown) = parse(url)?;
+    let mut conn = connect(&config, &shown)?;
+    let tables: i64 = conn
+        .one("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])?
+        .try_get(0)?;
+    if tables > 0 {
+        return Err(MetaError::TargetNotEmpty { url: shown, tables: tables as u64 });
+    }
+    Ok(conn)
+}
+
+/// What `migrate` needs beyond the row operations: statements built at run time
+/// (one per copied table) and the counters, which are sequences here.
+impl PgConn {
+    pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
+        Ok(self.client().prepare(sql)?)
+    }
+
+    pub(crate) fn execute_prepared(&mut self, st: &Statement, params: Params<'_>) -> Result<u64, MetaError> {
+        Ok(self.client().execute(st, params)?)
+    }
+
+    /// Rows in `table` (a name taken from the source's catalogue).
+    pub(crate) fn count_rows(&mut self, table: &str) -> Result<u64, MetaError> {
+        let n: i64 = self.client().query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.try_get(0)?;
+        Ok(n as u64)
+    }
+
+    /// Sets counter `name` (as SQLite names it) so that the next id it gives is `value + 1`.
+    pub(crate) fn set_counter(&mut self, name: &str, value: i64) -> Result<(), MetaError> {
+        match name {
+            "syncs" => self.exec("UPDATE counters SET value = $1 WHERE name = 'syncs'", &[&value])?,
+            "next_inode" | "next_cookie" | "next_session" => {
+                self.client().query_one("SELECT setval($1::text::regclass, $2, false)", &[&name, &(value + 1)])?;
+                0
+            }
+            other => return Err(MetaError::Corrupt(format!("unknown counter {other:?}"))),
+        };
+        Ok(())
+    }
+}
+
+/// The tables and the version row, without any namespace (what `migrate` fills).
+pub(crate) fn create_tables(w: &mut PgConn) -> Result<(), MetaError> {
+    w.batch(SCHEMA)?;
+    w.exec("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;
+    Ok(())
+}
+
+/// The inode columns in the order `inode_of` reads them.
+macro_rules! inode_cols {
+    () => {
+        "ino, kind, mode, uid, gid, size, nlink, rdev, atime_s, atime_ns, mtime_s, mtime_ns, \
+         ctime_s, ctime_ns, data_version, parent, target"
+    };
+}
+
+fn inode_of(r: &Row) -> Result<Inode, MetaError> {
+    let int = |i: usize| r.try_get::<_, i64>(i);
+    let ts =
+        |s: usize| -> Result<Timestamp, postgres::Error> { Ok(Timestamp { secs: int(s)?, nanos: int(s + 1)? as u32 }) };
+    let ino = int(0)? as u64;
+    let kind = int(1)?;
+    Ok(Inode {
+        attr: Attr {
+            ino,
+            kind: kind_of(kind).ok_or_else(|| MetaError::Corrupt(format!("inode {ino} has kind {kind}")))?,
+            mode: int(2)? as u32,
+            uid: int(3)? as u32,
+            gid: int(4)? as u32,
+            size: int(5)? as u64,
+            nlink: int(6)? as u32,
+            rdev: int(7)? as u32,
+            atime: ts(8)?,
+            mtime: ts(10)?,
+            ctime: ts(12)?,
+            data_version: int(14)? as u64,
+        },
+        parent: int(15)? as u64,
+        target: r.try_get(16)?,
+    })
+}
+
+fn extent_of(r: &Row) -> Result<(InodeId, Extent), MetaError> {
+    let int = |i: usize| r.try_get::<_, i64>(i).map(|v| v as u64);
+    Ok((int(0)?, Extent { file_offset: int(1)?, len: int(2)?, chunk: chunk_id(r.try_get(3)?)?, chunk_offset: int(4)? }))
+}
+
+fn node_of(r: &Row) -> Result<(NodeInfo, i64), MetaError> {
+    let int = |i: usize| r.try_get::<_, i64>(i).map(|v| v as u64);
+    Ok((
+        NodeInfo {
+            id: r.try_get(0)?,
+            store_id: r.try_get(1)?,
+            site: r.try_get(2)?,
+            addr: r.try_get(3)?,
+            capacity_bytes: int(4)?,
+            used_bytes: int(5)?,
+            chunk_count: int(6)?,
+            last_seen_secs: 0,
+            site_rtts: Vec::new(),
+            cache_bytes: int(7)?,
+            drained: false,
+        },
+        r.try_get(8)?,
+    ))
+}
+
+fn session_of(r: &Row) -> Result<SessionRow, MetaError> {
+    Ok(SessionRow {
+        id: r.try_get::<_, i64>(0)? as u64,
+        info: SessionInfo {
+            site: r.try_get(1)?,
+            host: r.try_get(2)?,
+            pid: r.try_get::<_, i64>(3)? as u32,
+            purpose: r.try_get(4)?,
+        },
+        last_seen_ms: r.try_get(5)?,
+    })
+}
+
+impl Txn for PgConn {
+    fn next_id(&mut self, counter: Counter) -> Result<u64, MetaError> {
+        let sql = match counter {
+            Counter::Inode => "SELECT nextval('next_inode')",
+            Counter::Cookie => "SELECT nextval('next_cookie')",
+            Counter::Session => "SELECT nextval('next_session')",
+            // A row write, so a durable commit has a WAL record to flush.
+            Counter::Sync => "UPDATE counters SET value = value + 1 WHERE name = 'syncs' RETURNING value",
+        };
+        let v: i64 = self
+            .opt(sql, &[])?
+            .ok_or_else(|| MetaError::Corrupt(format!("counter {} missing", counter.name())))?
+            .try_get(0)?;
+        Ok(v as u64)
+    }
+
+    fn get_inode(&mut self, ino: InodeId) -> Result<Option<Inode>, MetaError> {
+        self.opt(concat!("SELECT ", inode_cols!(), " FROM inodes WHERE ino = $1"), &[&(ino as i64)])?
+            .map(|r| inode_of(&r))
+            .transpose()
+    }
+
+    fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
+        let a = &inode.attr;
+        self.exec(
+            concat!(
+                "INSERT INTO inodes (",
+                inode_cols!(),
+                ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                 ON CONFLICT (ino) DO UPDATE SET kind = excluded.kind, mode = excluded.mode, uid = excluded.uid,
+                 gid = excluded.gid, size = excluded.size, nlink = excluded.nlink, rdev = excluded.rdev,
+                 atime_s = excluded.atime_s, atime_ns = excluded.atime_ns, mtime_s = excluded.mtime_s,
+                 mtime_ns = excluded.mtime_ns, ctime_s = excluded.ctime_s, ctime_ns = excluded.ctime_ns,
+                 data_version = excluded.data_version, parent = excluded.parent, target = excluded.target"
+            ),
+            &[
+                &(a.ino as i64),
+                &kind_code(a.kind),
+                &(a.mode as i64),
+                &(a.uid as i64),
+                &(a.gid as i64),
+                &(a.size as i64),
+                &(a.nlink as i64),
+                &(a.rdev as i64),
+                &a.atime.secs,
+                &(a.atime.nanos as i64),
+                &a.mtime.secs,
+                &(a.mtime.nanos as i64),
+                &a.ctime.secs,
+                &(a.ctime.nanos as i64),
+                &(a.data_version as i64),
+                &(inode.parent as i64),
+                &inode.target,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn delete_inode(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM inodes WHERE ino = $1", &[&(ino as i64)])?;
+        Ok(())
+    }
+
+    fn count_inodes(&mut self) -> Result<u64, MetaError> {
+        Ok(self.one("SELECT COUNT(*) FROM inodes", &[])?.try_get::<_, i64>(0)? as u64)
+    }
+
+    fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
+        let row = self.opt("SELECT ino FROM dentries WHERE parent = $1 AND name = $2", &[&(parent as i64), &name])?;
+        Ok(row.map(|r| r.try_get::<_, i64>(0)).transpose()?.map(|v| v as u64))
+    }
+
+    fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO dentries (parent, name, ino, cookie) VALUES ($1, $2, $3, $4)",
+            &[&(parent as i64), &name, &(ino as i64), &(cookie as i64)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        self.exec("DELETE FROM dentries WHERE parent = $1 AND name = $2", &[&(parent as i64), &name])?;
+        Ok(())
+    }
+
+    fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
+        let rows = self.query(
+            "SELECT name, ino, cookie FROM dentries WHERE parent = $1 AND cookie > $2 ORDER BY cookie LIMIT $3",
+            &[&(parent as i64), &off(after), &i64::from(limit)],
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(DentryRow {
+                    name: r.try_get(0)?,
+                    ino: r.try_get::<_, i64>(1)? as u64,
+                    cookie: r.try_get::<_, i64>(2)? as u64,
+                })
+            })
+            .collect()
+    }
+
+    fn extents_overlapping(&mut self, ino: InodeId, start: u64, end: u64) -> Result<Vec<Extent>, MetaError> {
+        let mut out = Vec::new();
+        if start >= end {
+            return Ok(out);
+        }
+        // Extents never overlap, so only the last one starting before `start` can reach into the range.
+        let before = self.opt(
+            "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
+             WHERE ino = $1 AND file_offset < $2 ORDER BY file_offset DESC LIMIT 1",
+            &[&(ino as i64), &off(start)],
+        )?;
+        if let Some(row) = before {
+            let (_, e) = extent_of(&row)?;
+            if e.end() > start {
+                out.push(e);
+            }
+        }
+        let inside = self.query(
+            "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
+             WHERE ino = $1 AND file_offset >= $2 AND file_offset < $3 ORDER BY file_offset",
+            &[&(ino as i64), &off(start), &off(end)],
+        )?;
+        for row in &inside {
+            out.push(extent_of(row)?.1);
+        }
+        Ok(out)
+    }
+
+    fn insert_extent(&mut self, ino: InodeId, e: &Extent) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO extents (ino, file_offset, len, chunk, chunk_offset) VALUES ($1, $2, $3, $4, $5)",
+            &[&(ino as i64), &off(e.file_offset), &(e.len as i64), &&e.chunk.0[..], &(e.chunk_offset as i64)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_extent(&mut self, ino: InodeId, file_offset: u64) -> Result<(), MetaError> {
+        self.exec("DELETE FROM extents WHERE ino = $1 AND file_offset = $2", &[&(ino as i64), &off(file_offset)])?;
+        Ok(())
+    }
+
+    fn list_extents(&mut self, after: Option<(InodeId, u64)>, limit: u32) -> Result<Vec<(InodeId, Extent)>, MetaError> {
+        let (ino, offset) = match after {
+            Some((ino, o)) => (ino as i64, off(o)),
+            None => (i64::MIN, i64::MIN),
+        };
+        let rows = self.query(
+            "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
+             WHERE ino > $1 OR (ino = $1 AND file_offset > $2) ORDER BY ino, file_offset LIMIT $3",
+            &[&ino, &offset, &i64::from(limit)],
+        )?;
+        rows.iter().map(extent_of).collect()
+    }
+
+    fn upsert_chunk(&mut self, chunk: &StoredChunk) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO chunks (id, size, refcount) VALUES ($1, $2, 0)
+             ON CONFLICT (id) DO UPDATE SET size = excluded.size",
+            &[&&chunk.id.0[..], &(chunk.size as i64)],
+        )?;
+        for node in &chunk.nodes {
+            self.exec(
+                "INSERT INTO chunk_nodes (chunk, node) VALUES ($1, $2) ON CONFLICT (chunk, node) DO NOTHING",
+                &[&&chunk.id.0[..], node],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn adjust_refcount(&mut self, id: &ChunkId, delta: i64) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO chunks (id, size, refcount) VALUES ($1, 0, $2)
+             ON CONFLICT (id) DO UPDATE SET refcount = chunks.refcount + excluded.refcount",
+            &[&&id.0[..], &delta],
+        )?;
+        Ok(())
+    }
+
+    fn get_chunk(&mut self, id: &ChunkId) -> Result<Option<ChunkRecord>, MetaError> {
+        let Some(row) = self.opt("SELECT size, refcount FROM chunks WHERE id = $1", &[&&id.0[..]])? else {
+            return Ok(None);
+        };
+        let (size, refcount) = (row.try_get(0)?, row.try_get(1)?);
+        Ok(Some(self.chunk_record(id, size, refcount)?))
+    }
+
+    fn list_chunks(&mut self, after: Option<&ChunkId>, limit: u32) -> Result<Vec<ChunkRecord>, MetaError> {
+        let after: &[u8] = after.map(|a| &a.0[..]).unwrap_or(&[]);
+        let rows = self.query(
+            "SELECT id, size, refcount FROM chunks WHERE id > $1 ORDER BY id LIMIT $2",
+            &[&after, &i64::from(limit)],
+        )?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id = chunk_id(row.try_get(0)?)?;
+            out.push(self.chunk_record(&id, row.try_get(1)?, row.try_get(2)?)?);
+        }
+        Ok(out)
+    }
+
+    fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM chunk_nodes WHERE chunk = $1", &[&&id.0[..]])?;
+        self.exec("DELETE FROM chunks WHERE id = $1", &[&&id.0[..]])?;
+        Ok(())
+    }
+
+    fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
+        self.exec("DELETE FROM chunk_nodes WHERE chunk = $1 AND node = $2", &[&&id.0[..], &node])?;
+        Ok(())
+    }
+
+    fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError> {
+        let rows = self.query("SELECT from_site, to_site, micros FROM site_rtts ORDER BY 1, 2", &[])?;
+        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get::<_, i64>(2)? as u64))).collect()
+    }
+
+    fn chunk_totals(&mut self) -> Result<(u64, u64), MetaError> {
+        let row = self.one("SELECT COUNT(*), COALESCE(SUM(size), 0)::BIGINT FROM chunks", &[])?;
+        Ok((row.try_get::<_, i64>(0)? as u64, row.try_get::<_, i64>(1)? as u64))
+    }
+
+    fn get_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        let row = self.opt("SELECT value FROM xattrs WHERE ino = $1 AND name = $2", &[&(ino as i64), &name])?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
+    }
+
+    fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3)
+             ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
+            &[&(ino as i64), &name, &value],
+        )?;
+        Ok(())
+    }
+
+    fn list_xattrs(&mut self, ino: InodeId) -> Result<Vec<Vec<u8>>, MetaError> {
+        let rows = self.query("SELECT name FROM xattrs WHERE ino = $1 ORDER BY name", &[&(ino as i64)])?;
+        Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn delete_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<bool, MetaError> {
+        Ok(self.exec("DELETE FROM xattrs WHERE ino = $1 AND name = $2", &[&(ino as i64), &name])? > 0)
+    }
+
+    fn delete_all_xattrs(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM xattrs WHERE ino = $1", &[&(ino as i64)])?;
+        Ok(())
+    }
+
+    fn orphans(&mut self) -> Result<Vec<InodeId>, MetaError> {
+        let rows = self.query("SELECT ino FROM inodes WHERE nlink = 0 AND kind <> $1", &[&kind_code(FileKind::Dir)])?;
+        Ok(rows.iter().map(|r| r.try_get::<_, i64>(0).map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn put_session(&mut self, s: &SessionRow) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO sessions (id, site, host, pid, purpose, last_seen) VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (id) DO UPDATE SET site = excluded.site, host = excluded.host, pid = excluded.pid,
+             purpose = excluded.purpose, last_seen = excluded.last_seen",
+            &[&(s.id as i64), &s.info.site, &s.info.host, &i64::from(s.info.pid), &s.info.purpose, &s.last_seen_ms],
+        )?;
+        Ok(())
+    }
+
+    fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
+        self.opt("SELECT id, site, host, pid, purpose, last_seen FROM sessions WHERE id = $1", &[&(id as i64)])?
+            .map(|r| session_of(&r))
+            .transpose()
+    }
+
+    fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError> {
+        let rows = self.query("SELECT id, site, host, pid, purpose, last_seen FROM sessions ORDER BY id", &[])?;
+        rows.iter().map(session_of).collect()
+    }
+
+    fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM sessions WHERE id = $1", &[&(id as i64)])?;
+        Ok(())
+    }
+
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
+        let rows = self.query(
+            "SELECT session, owner, range_start, range_end, is_write, pid FROM locks WHERE ino = $1",
+            &[&(ino as i64)],
+        )?;
+        rows.iter()
+            .map(|r| {
+                let int = |i: usize| r.try_get::<_, i64>(i);
+                Ok(Held {
+                    session: int(0)? as u64,
+                    owner: int(1)? as u64,
+                    start: int(2)? as u64,
+                    end: int(3)? as u64,
+                    write: int(4)? != 0,
+                    pid: int(5)? as u32,
+                })
+            })
+            .collect()
+    }
+
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError> {
+        self.exec("DELETE FROM locks WHERE ino = $1", &[&(ino as i64)])?;
+        for h in held {
+            // u64 values (an owner, an end of u64::MAX) are kept bit for bit in the BIGINT column.
+            self.exec(
+                "INSERT INTO locks (ino, session, owner, range_start, range_end, is_write, pid)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &(ino as i64),
+                    &(h.session as i64),
+                    &(h.owner as i64),
+                    &(h.start as i64),
+                    &(h.end as i64),
+                    &i64::from(h.write),
+                    &i64::from(h.pid),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM locks WHERE session = $1", &[&(session as i64)])?;
+        Ok(())
+    }
+
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
+        let row = self.opt(
+            "SELECT count, writable FROM opens WHERE session = $1 AND ino = $2",
+            &[&(session as i64), &(ino as i64)],
+        )?;
+        let Some(row) = row else { return Ok(OpenRow::default()) };
+        Ok(OpenRow { count: row.try_get::<_, i64>(0)? as u32, writable: row.try_get::<_, i64>(1)? != 0 })
+    }
+
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
+        if open.count == 0 {
+            self.exec("DELETE FROM opens WHERE session = $1 AND ino = $2", &[&(session as i64), &(ino as i64)])?;
+        } else {
+            self.exec(
+                "INSERT INTO opens (session, ino, count, writable) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count, writable = excluded.writable",
+                &[&(session as i64), &(ino as i64), &i64::from(open.count), &i64::from(open.writable)],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        let row = self.one("SELECT COALESCE(SUM(count), 0)::BIGINT FROM opens WHERE ino = $1", &[&(ino as i64)])?;
+        Ok(row.try_get::<_, i64>(0)? as u64)
+    }
+
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        let rows = self.query("DELETE FROM opens WHERE session = $1 RETURNING ino", &[&(session as i64)])?;
+        Ok(rows.iter().map(|r| r.try_get::<_, i64>(0).map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn put_node(&mut self, n: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO nodes (id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (id) DO UPDATE SET store_id = excluded.store_id, site = excluded.site, addr = excluded.addr,
+             capacity = excluded.capacity, used = excluded.used, chunk_count = excluded.chunk_count,
+             cache_bytes = excluded.cache_bytes, last_seen = excluded.last_seen",
+            &[
+                &n.id,
+                &n.store_id,
+                &n.site,
+                &n.addr,
+                &(n.capacity_bytes as i64),
+                &(n.used_bytes as i64),
+                &(n.chunk_count as i64),
+                &(n.cache_bytes as i64),
+                &last_seen_ms,
+            ],
+        )?;
+        for (to, micros) in &n.site_rtts {
+            self.exec(
+                "INSERT INTO site_rtts (from_site, to_site, micros) VALUES ($1, $2, $3)
+                 ON CONFLICT (from_site, to_site) DO UPDATE SET micros = excluded.micros",
+                &[&n.site, to, &(*micros as i64)],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError> {
+        self.opt(
+            "SELECT id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen FROM nodes WHERE id = $1",
+            &[&id],
+        )?
+        .map(|r| node_of(&r))
+        .transpose()
+    }
+
+    fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError> {
+        let rows = self.query(
+            "SELECT id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen FROM nodes ORDER BY id",
+            &[],
+        )?;
+        rows.iter().map(node_of).collect()
+    }
+
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
+        let row = self.opt("SELECT sites, copies, mode, rpo_secs FROM policies WHERE ino = $1", &[&(ino as i64)])?;
+        row.map(|r| policy_of((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))).transpose()
+    }
+
+    fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (ino) DO UPDATE SET sites = excluded.sites, copies = excluded.copies,
+             mode = excluded.mode, rpo_secs = excluded.rpo_secs",
+            &[&(ino as i64), &p.sites.join(","), &(p.copies as i64), &p.mode.to_string(), &(p.rpo_secs as i64)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.exec("DELETE FROM policies WHERE ino = $1", &[&(ino as i64)])?;
+        Ok(())
+    }
+
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
+        let rows = self.query("SELECT sites, copies, mode, rpo_secs, ino FROM policies ORDER BY ino", &[])?;
+        rows.iter()
+            .map(|r| {
+                let policy = policy_of((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))?;
+                Ok((r.try_get::<_, i64>(4)? as u64, policy))
+            })
+            .collect()
+    }
+
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
+        if drained {
+            self.exec("INSERT INTO drained_nodes (id) VALUES ($1) ON CONFLICT (id) DO NOTHING", &[&node])?;
+        } else {
+            self.exec("DELETE FROM drained_nodes WHERE id = $1", &[&node])?;
+        }
+        Ok(())
+    }
+
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
+        let rows = self.query("SELECT id FROM drained_nodes ORDER BY id", &[])?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError> {
+        let row = self.opt("SELECT id FROM principals WHERE name = $1", &[&name])?;
+        Ok(row.map(|r| r.try_get::<_, i64>(0)).transpose()?.map(|id| id as u32))
+    }
+
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError> {
+        // Numbered like SQLite's rowid (principals are never deleted, so never reused),
+        // which keeps the numbers of a migrated database.
+        let row = self.one(
+            "INSERT INTO principals (id, name) SELECT COALESCE(MAX(id), 0) + 1, $1 FROM principals RETURNING id",
+            &[&name],
+        )?;
+        Ok(row.try_get::<_, i64>(0)? as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::test_config;
+    use crate::service::{MetaConfig, MetaService};
+    use proto::error::ErrorCode;
+    use proto::meta::{Create, MetaReply, MetaRequest, NewNode, ReadDir};
+    use proto::types::ROOT_INODE;
+    use std::sync::Arc;
+
+    fn raw(url: &str) -> Client {
+        Client::connect(url, NoTls).expect("connect")
+    }
+
+    #[test]
+    fn an_empty_or_foreign_database_is_refused_with_a_reason() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let err = open(&url, false).err().expect("an empty database must be refused");
+        assert!(matches!(err, MetaError::NotFormatted { .. }), "{err}");
+        assert!(err.to_string().contains("is empty") && err.to_string().contains("--init"), "{err}");
+        let foreign = server.create_database();
+        raw(&foreign).batch_execute("CREATE TABLE t (x INTEGER)").unwrap();
+        let err = open(&foreign, true).err().expect("a foreign database must be refused");
+        assert!(err.to_string().contains("not a Locus metadata database"), "{err}");
+        let missing = server.url("no_such_database");
+        let err = open(&missing, true).err().expect("a missing database must be refused");
+        assert!(matches!(err, MetaError::Connect { .. }) && err.to_string().contains("no_such_database"), "{err}");
+        let err = open("postgres://locus:secret@127.0.0.1:1/x", true).err().expect("nothing listens on port 1");
+        assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
+    }
+
+    #[test]
+    fn reopen_keeps_the_cluster_id_and_a_newer_schema_is_refused() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let first = open(&url, true).unwrap().cluster_id;
+        assert_eq!(first.len(), 32);
+        assert_eq!(open(&url, false).unwrap().cluster_id, first);
+        raw(&url).execute("UPDATE meta_version SET version = $1", &[&(SCHEMA_VERSION + 1)]).unwrap();
+        let err = open(&url, false).err().expect("a newer schema must be refused");
+        assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
+    }
+
+    fn create(s: &Arc<MetaService>, name: &str) -> Result<MetaReply, ErrorCode> {
+        let req = MetaRequest::Create(Create {
+            parent: ROOT_INODE,
+            name: name.into(),
+            node: NewNode::File,
+            mode: 0o644,
+            exclusive: true,
+        });
+        s.handle_blocking(req).map_err(|e| e.code)
+    }
+
+    /// Two metas over one database, each creating the same names at the same time:
+    /// SERIALIZABLE plus whole-transaction retry lets exactly one create of each name
+    /// win; the other sees the winner's entry and answers EEXIST.
+    #[test]
+    fn two_metas_racing_to_create_one_name_exactly_one_wins() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let config = MetaConfig { db_url: url, ..test_config(Default::default()) };
+        let metas = [MetaService::open(&config).unwrap(), MetaService::open(&config).unwrap()];
+        const NAMES: usize = 60;
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let outcomes: Vec<Vec<Result<MetaReply, ErrorCode>>> = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..4)
+                .map(|i| {
+                    let meta = metas[i % 2].clone();
+                    let barrier = barrier.clone();
+                    scope.spawn(move || {
+                        barrier.wait();
+                        (0..NAMES).map(|n| create(&meta, &format!("f{n}"))).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for n in 0..NAMES {
+            let won = outcomes.iter().filter(|o| o[n].is_ok()).count();
+            let exists = outcomes.iter().filter(|o| o[n] == Err(ErrorCode::Exists)).count();
+            assert_eq!((won, exists), (1, 3), "name f{n}: {:?}", outcomes.iter().map(|o| &o[n]).collect::<Vec<_>>());
+        }
+        let MetaReply::Entries(entries) =
+            metas[1].handle_blocking(MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 1000 })).unwrap()
+        else {
+            panic!("expected entries")
+        };
+        assert_eq!(entries.len(), NAMES, "no entry lost or duplicated");
+    }
+}

@@ -1,0 +1,666 @@
+//! Mutual TLS 1.3 on every connection: both ends present a certificate of the
+//! cluster's CA, and what the certificate proves (name, role, site) travels with the
+//! connection as a `PeerIdentity`. Role and site are SAN URIs `locus:ROLE/SITE`
+//! (see `parse_role_uri`). A process installs its `Security` once; a revocation list
+//! (serials or names) can be replaced at any time and drops matching connections.
+
+use crate::conn::Conn;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use util::sync::{lock, read, write};
+
+/// What a certificate says its holder is for: the service it may run or act as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Role {
+    /// The metadata service.
+    Meta,
+    /// A storage node.
+    Node,
+    /// A mount or an admin command: may call services, never serve or register.
+    Client,
+}
+
+impl Role {
+    /// The word used in certificates and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Meta => "meta",
+            Role::Node => "node",
+            Role::Client => "client",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = TlsError;
+    fn from_str(s: &str) -> Result<Role, TlsError> {
+        match s {
+            "meta" => Ok(Role::Meta),
+            "node" => Ok(Role::Node),
+            "client" => Ok(Role::Client),
+            other => Err(TlsError::Certificate(format!("unknown role {other:?} (meta, node or client)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a peer's certificate proves about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// The certificate subject's common name (its whole DN when it has no CN): the
+    /// global principal of the host; a node's is its node id.
+    pub name: String,
+    /// The role the certificate grants.
+    pub role: Role,
+    /// The site the certificate binds its holder to.
+    pub site: String,
+}
+
+impl PeerIdentity {
+    /// What a DER certificate says about its holder (its name and its one
+    /// `locus:ROLE/SITE` URI). It does not check the signature or validity: the
+    /// handshake does that before this is asked.
+    pub fn from_der(der: &[u8]) -> Result<PeerIdentity, TlsError> {
+        Ok(identity_of(der)?.identity.as_ref().clone())
+    }
+}
+
+impl std::fmt::Display for PeerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} of site {})", self.name, self.role, self.site)
+    }
+}
+
+/// An identity as one handshake proved it, with the certificate serial that a
+/// revocation may name.
+#[derive(Debug, Clone)]
+pub(crate) struct Proven {
+    pub(crate) identity: Arc<PeerIdentity>,
+    /// Lower-case hex, no separators.
+    pub(crate) serial: String,
+}
+
+/// Why certificates could not be loaded, made or accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// A certificate or key is malformed or lacks what Locus needs.
+    #[error("certificate: {0}")]
+    Certificate(String),
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+    /// Making a certificate failed.
+    #[error("issuing a certificate: {0}")]
+    Issue(#[from] rcgen::Error),
+}
+
+/// The URI scheme of the SAN that carries role and site.
+pub const ROLE_URI_PREFIX: &str = "locus:";
+
+/// The SAN URI that gives `role` at `site`.
+pub fn role_uri(role: Role, site: &str) -> String {
+    format!("{ROLE_URI_PREFIX}{role}/{site}")
+}
+
+/// Parses a SAN URI `locus:ROLE/SITE`; `None` for another URI. A site is 1 to 64
+/// characters of `[A-Za-z0-9._-]`.
+pub fn parse_role_uri(uri: &str) -> Option<Result<(Role, String), TlsError>> {
+    let rest = uri.strip_prefix(ROLE_URI_PREFIX)?;
+    let bad = || TlsError::Certificate(format!("malformed role URI {uri:?} (want locus:ROLE/SITE)"));
+    let Some((role, site)) = rest.split_once('/') else { return Some(Err(bad())) };
+    let role = match role.parse::<Role>() {
+        Ok(r) => r,
+        Err(e) => return Some(Err(e)),
+    };
+    let valid = !site.is_empty()
+        && site.len() <= 64
+        && site.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    Some(if valid { Ok((role, site.to_string())) } else { Err(bad()) })
+}
+
+/// What a DER certificate says about its holder: exactly one `locus:` SAN URI and a
+/// subject name are required.
+pub(crate) fn identity_of(der: &[u8]) -> Result<Proven, TlsError> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| TlsError::Certificate(format!("unparsable: {e}")))?;
+    let mut found = None;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let GeneralName::URI(uri) = name
+                && let Some(parsed) = parse_role_uri(uri)
+            {
+                if found.is_some() {
+                    return Err(TlsError::Certificate("more than one locus: role URI".into()));
+                }
+                found = Some(parsed?);
+            }
+        }
+    }
+    let Some((role, site)) = found else {
+        return Err(TlsError::Certificate(format!(
+            "no {ROLE_URI_PREFIX}ROLE/SITE URI in the subject alternative names of {}",
+            cert.subject()
+        )));
+    };
+    let cn = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string);
+    let name = cn.unwrap_or_else(|| cert.subject().to_string());
+    if name.is_empty() {
+        return Err(TlsError::Certificate("empty subject name".into()));
+    }
+    let serial = cert.raw_serial().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Proven { identity: Arc::new(PeerIdentity { name, role, site }), serial })
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// This process's TLS set-up: the cluster CA it trusts, its own certificate chain and
+/// key, and the revocation list it applies.
+pub struct Tls {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+    own: PeerIdentity,
+}
+
+impl Tls {
+    /// Loads the CA certificate(s) to trust, this process's certificate chain and its
+    /// private key (PEM files).
+    pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<Tls, TlsError> {
+        let read = |p: &Path| std::fs::read(p).map_err(|source| TlsError::Io { path: p.display().to_string(), source });
+        Tls::from_pem(&read(ca)?, &read(cert)?, &read(key)?).map_err(|e| {
+            TlsError::Certificate(format!("{} / {} / {}: {e}", ca.display(), cert.display(), key.display()))
+        })
+    }
+
+    /// Like `load`, from PEM text already in memory.
+    pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Tls, TlsError> {
+        let certs = |pem: &[u8]| {
+            let all = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TlsError::Certificate(e.to_string()))?;
+            if all.is_empty() {
+                return Err(TlsError::Certificate("no certificate in the PEM text".into()));
+            }
+            Ok(all)
+        };
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Certificate(format!("private key: {e}")))?;
+        Tls::new(certs(ca)?, certs(cert)?, key)
+    }
+
+    /// Builds both configurations from DER parts.
+    pub fn new(
+        roots: Vec<CertificateDer<'static>>,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<Tls, TlsError> {
+        let own = identity_of(&chain[0])?.identity.as_ref().clone();
+        let mut store = RootCertStore::empty();
+        for root in roots {
+            store.add(root)?;
+        }
+        let store = Arc::new(store);
+        let provider = provider();
+        let webpki = WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
+            .build()
+            .map_err(|e| TlsError::Certificate(format!("client verifier: {e}")))?;
+        let clients = Arc::new(ClusterClientVerifier { inner: webpki });
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(clients)
+            .with_single_cert(chain.clone(), key.clone_key())?;
+        let verifier = Arc::new(ClusterServerVerifier { roots: store, provider: provider.clone() });
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_client_auth_cert(chain, key)?;
+        Ok(Tls { server: Arc::new(server), client: Arc::new(client), own })
+    }
+
+    /// Who this process is.
+    pub fn identity(&self) -> &PeerIdentity {
+        &self.own
+    }
+
+    /// The calling side's rustls configuration (cluster CA, this certificate), for
+    /// tools and tests that speak the wire protocol over their own sockets.
+    pub fn client_config(&self) -> Arc<rustls::ClientConfig> {
+        self.client.clone()
+    }
+}
+
+/// Verifies a server's chain against the cluster CA (validity period included).
+/// Host names are not checked: Locus addresses are IPs and ports handed out by meta,
+/// and what matters is the role and name the certificate proves, which the caller
+/// checks after the handshake.
+#[derive(Debug)]
+struct ClusterServerVerifier {
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for ClusterServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        admissible(end_entity)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not offered".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Refuses, during the handshake (so the peer gets a TLS alert naming the reason),
+/// a certificate without a Locus role or one the revocation list names.
+fn admissible(end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+    use rustls::CertificateError;
+    let proven = identity_of(end_entity).map_err(|e| {
+        tracing::debug!("certificate refused: {e}");
+        rustls::Error::InvalidCertificate(CertificateError::ApplicationVerificationFailure)
+    })?;
+    if let Err(why) = check_revoked(&proven) {
+        tracing::warn!("{why}");
+        return Err(rustls::Error::InvalidCertificate(CertificateError::Revoked));
+    }
+    Ok(())
+}
+
+/// The cluster CA's client verifier (chain and validity), plus `admissible`.
+#[derive(Debug)]
+struct ClusterClientVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for ClusterClientVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        admissible(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// How this process's connections are secured.
+pub enum Security {
+    /// Mutual TLS with the cluster CA.
+    Tls(Arc<Tls>),
+    /// Plain TCP, chosen explicitly (`--insecure-no-tls`): anybody who can reach a
+    /// port can speak for anyone.
+    Insecure,
+}
+
+static SECURITY: OnceLock<Security> = OnceLock::new();
+
+/// Installs this process's security; the first call wins (the binary calls it once,
+/// before any connection). A process that never calls it speaks plain TCP, which only
+/// in-process tests do.
+pub fn secure(security: Security) {
+    let _ = SECURITY.set(security);
+}
+
+/// The TLS set-up in force, if any.
+pub(crate) fn current() -> Option<Arc<Tls>> {
+    match SECURITY.get() {
+        Some(Security::Tls(t)) => Some(t.clone()),
+        _ => None,
+    }
+}
+
+/// Whether this process was told to run without TLS.
+pub(crate) fn insecure() -> bool {
+    matches!(SECURITY.get(), Some(Security::Insecure))
+}
+
+/// Revoked serials (lower-case hex) and names, and every live authenticated
+/// connection, so a new revocation drops the ones it names.
+#[derive(Default)]
+struct Revocation {
+    revoked: RwLock<HashSet<String>>,
+    live: Mutex<HashMap<u64, (Proven, Weak<Conn>)>>,
+}
+
+fn revocation() -> &'static Revocation {
+    static R: OnceLock<Revocation> = OnceLock::new();
+    R.get_or_init(Revocation::default)
+}
+
+fn is_revoked(set: &HashSet<String>, proven: &Proven) -> bool {
+    set.contains(&proven.serial) || set.contains(&proven.identity.name)
+}
+
+/// Replaces the revocation list (certificate serials in hex, or subject names) and
+/// closes every live connection whose peer it names. Returns how many were closed.
+pub fn set_revoked(list: impl IntoIterator<Item = String>) -> usize {
+    let set: HashSet<String> =
+        list.into_iter().map(|s| s.trim().to_ascii_lowercase().replace(':', "")).filter(|s| !s.is_empty()).collect();
+    let r = revocation();
+    let unchanged = *read(&r.revoked) == set;
+    *write(&r.revoked) = set;
+    if unchanged {
+        return 0;
+    }
+    let doomed: Vec<(Proven, Arc<Conn>)> = {
+        let set = read(&r.revoked);
+        let live = lock(&r.live);
+        live.values()
+            .filter(|(p, _)| is_revoked(&set, p))
+            .filter_map(|(p, c)| c.upgrade().map(|c| (p.clone(), c)))
+            .collect()
+    };
+    for (proven, conn) in &doomed {
+        tracing::warn!(addr = %conn.addr, peer = %proven.identity, "closing the connection of a revoked certificate");
+        conn.close();
+    }
+    doomed.len()
+}
+
+/// Refuses a revoked peer.
+pub(crate) fn check_revoked(proven: &Proven) -> Result<(), String> {
+    if is_revoked(&read(&revocation().revoked), proven) {
+        return Err(format!("certificate of {} (serial {}) is revoked", proven.identity, proven.serial));
+    }
+    Ok(())
+}
+
+/// Records a live authenticated connection until it closes.
+pub(crate) fn track(conn: &Arc<Conn>, proven: &Proven) {
+    lock(&revocation().live).insert(conn.id, (proven.clone(), Arc::downgrade(conn)));
+}
+
+/// Forgets a closed connection.
+pub(crate) fn untrack(id: u64) {
+    lock(&revocation().live).remove(&id);
+}
+
+/// The first byte of every TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// A connection after its handshake: the stream halves and, with TLS, who is at the
+/// other end.
+pub(crate) struct Secured {
+    pub(crate) reader: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    pub(crate) writer: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+    pub(crate) proven: Option<Proven>,
+}
+
+pub(crate) fn plain(stream: tokio::net::TcpStream) -> Secured {
+    let (r, w) = stream.into_split();
+    Secured { reader: Box::new(r), writer: Box::new(w), proven: None }
+}
+
+/// Takes what the handshake proved about the peer.
+fn proven_peer(certs: Option<&[CertificateDer<'static>]>) -> Result<Proven, String> {
+    let leaf = certs.and_then(|c| c.first()).ok_or("the peer presented no certificate")?;
+    let proven = identity_of(leaf).map_err(|e| e.to_string())?;
+    check_revoked(&proven)?;
+    Ok(proven)
+}
+
+/// The server's side of a new connection: the TLS handshake with a client
+/// certificate required. The error is the line to log.
+pub(crate) async fn accept(stream: tokio::net::TcpStream, tls: Arc<Tls>) -> Result<Secured, String> {
+    let mut first = [0u8; 1];
+    let n = stream.peek(&mut first).await.map_err(|e| format!("before the handshake: {e}"))?;
+    if n == 0 {
+        return Err("closed before the handshake".into());
+    }
+    if first[0] != TLS_HANDSHAKE {
+        return Err("refusing a plaintext connection: this cluster requires TLS (the peer runs without it, \
+             or is not a Locus process)"
+            .into());
+    }
+    let stream = tokio_rustls::TlsAcceptor::from(tls.server.clone())
+        .accept(stream)
+        .await
+        .map_err(|e| format!("TLS handshake refused: {e}"))?;
+    let proven = proven_peer(stream.get_ref().1.peer_certificates())?;
+    let (r, w) = tokio::io::split(stream);
+    Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven) })
+}
+
+/// Whether a frame header that does not decode starts like a TLS handshake: a TLS
+/// peer talking to a server run with `--insecure-no-tls`.
+pub(crate) fn looks_like_tls(head: &[u8]) -> bool {
+    head.first() == Some(&TLS_HANDSHAKE)
+}
+
+/// The calling side: the TLS handshake, then the server's certificate must name a
+/// role that serves (meta or node). The error is the line to log and report.
+pub(crate) async fn connect(stream: tokio::net::TcpStream, tls: Option<Arc<Tls>>) -> Result<Secured, String> {
+    let Some(tls) = tls else { return Ok(plain(stream)) };
+    let name = ServerName::try_from("locus.invalid").map_err(|e| e.to_string())?;
+    let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("TLS handshake failed: {e} (is the server of this cluster, and running TLS?)"))?;
+    let proven = proven_peer(stream.get_ref().1.peer_certificates())?;
+    if proven.identity.role == Role::Client {
+        return Err(format!("the server presented a client certificate ({})", proven.identity));
+    }
+    let (r, w) = tokio::io::split(stream);
+    Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::pki::Ca;
+    use crate::{NetError, Peer, RpcClient, Service, serve_as};
+    use bytes::Bytes;
+    use std::time::{Duration, SystemTime};
+
+    fn tls_of(ca: &Ca, role: Role, name: &str, site: &str) -> Arc<Tls> {
+        let issued = ca.issue(role, name, site, 1).unwrap();
+        Arc::new(
+            Tls::from_pem(ca.cert_pem().as_bytes(), issued.cert_pem.as_bytes(), issued.key_pem.as_bytes()).unwrap(),
+        )
+    }
+
+    /// Answers with the name and role the peer's certificate proved.
+    struct WhoAmI;
+    impl Service for WhoAmI {
+        type Request = ();
+        type Reply = Option<(String, Role, String)>;
+        async fn handle(self: Arc<Self>, peer: Peer, _: (), _bulk: Bytes) -> (Self::Reply, Bytes) {
+            (peer.identity().map(|i| (i.name.clone(), i.role, i.site.clone())), Bytes::new())
+        }
+    }
+
+    async fn server(tls: Option<Arc<Tls>>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve_as(listener, Arc::new(WhoAmI), crate::Limits::default(), tls));
+        addr
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_ends_learn_what_the_other_proved() {
+        let ca = Ca::create("test").unwrap();
+        let addr = server(Some(tls_of(&ca, Role::Node, "n1", "a"))).await;
+        let client =
+            RpcClient::connect_as(&addr, 1, T, Some(tls_of(&ca, Role::Client, "alice-host", "b"))).await.unwrap();
+        let seen: Option<(String, Role, String)> = client.call(&()).await.unwrap();
+        assert_eq!(seen, Some(("alice-host".into(), Role::Client, "b".into())));
+        let server = client.server_identity().await.unwrap();
+        assert_eq!(server, PeerIdentity { name: "n1".into(), role: Role::Node, site: "a".into() });
+        // Bulk bytes cross TLS intact, in both directions.
+        let data: Vec<u8> = (0..5_000_000u32).map(|i| (i * 7) as u8).collect();
+        let (_, back): (Option<(String, Role, String)>, Bytes) =
+            client.call_bulk(&(), Bytes::from(data.clone())).await.unwrap();
+        assert!(back.is_empty());
+    }
+
+    async fn refused(addr: &str, tls: Option<Arc<Tls>>) -> NetError {
+        match RpcClient::connect_as(addr, 1, T, tls).await {
+            Err(e) => e,
+            Ok(c) => c.call::<_, Option<(String, Role, String)>>(&()).await.expect_err("the server answered"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn strangers_plaintext_and_clients_posing_as_servers_are_refused() {
+        let ca = Ca::create("test").unwrap();
+        let other = Ca::create("other").unwrap();
+        let addr = server(Some(tls_of(&ca, Role::Meta, "meta", "a"))).await;
+        let e = refused(&addr, Some(tls_of(&other, Role::Client, "mallory", "a"))).await;
+        assert!(matches!(e, NetError::Refused { .. } | NetError::Disconnected { .. }), "{e}");
+        let e = refused(&addr, None).await;
+        assert!(matches!(e, NetError::Disconnected { .. }), "plaintext: {e}");
+        // A server with a client certificate is refused by the caller.
+        let fake = server(Some(tls_of(&ca, Role::Client, "fake-node", "a"))).await;
+        let e = refused(&fake, Some(tls_of(&ca, Role::Client, "c", "a"))).await;
+        assert!(matches!(&e, NetError::Refused { reason, .. } if reason.contains("server authentication")), "{e}");
+        // A TLS caller is refused by a plaintext server (and told so).
+        let plain = server(None).await;
+        let e = refused(&plain, Some(tls_of(&ca, Role::Client, "c", "a"))).await;
+        assert!(matches!(e, NetError::Refused { .. } | NetError::Disconnected { .. }), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_certificate_is_refused() {
+        let ca = Ca::create("test").unwrap();
+        let addr = server(Some(tls_of(&ca, Role::Node, "n1", "a"))).await;
+        let day = Duration::from_secs(86400);
+        let old = ca.issue_between(Role::Client, "old", "a", SystemTime::now() - 3 * day, day).unwrap();
+        let tls = Tls::from_pem(ca.cert_pem().as_bytes(), old.cert_pem.as_bytes(), old.key_pem.as_bytes()).unwrap();
+        let e = refused(&addr, Some(Arc::new(tls))).await;
+        assert!(matches!(e, NetError::Refused { .. } | NetError::Disconnected { .. }), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn revoking_a_name_drops_its_live_connections_and_refuses_new_ones() {
+        let ca = Ca::create("test").unwrap();
+        let addr = server(Some(tls_of(&ca, Role::Node, "n1", "a"))).await;
+        let doomed =
+            RpcClient::connect_as(&addr, 1, T, Some(tls_of(&ca, Role::Client, "revoke-me", "a"))).await.unwrap();
+        let fine = RpcClient::connect_as(&addr, 1, T, Some(tls_of(&ca, Role::Client, "keep-me", "a"))).await.unwrap();
+        let _: Option<(String, Role, String)> = doomed.call(&()).await.unwrap();
+        let _: Option<(String, Role, String)> = fine.call(&()).await.unwrap();
+        assert!(set_revoked(["revoke-me".to_string()]) >= 1);
+        let again = refused(&addr, Some(tls_of(&ca, Role::Client, "revoke-me", "a"))).await;
+        assert!(matches!(again, NetError::Refused { .. } | NetError::Disconnected { .. }), "{again}");
+        let _: Option<(String, Role, String)> = fine.call(&()).await.unwrap();
+        set_revoked(Vec::new());
+    }
+
+    /// Bounded stand-in for the `certificate` fuzz target, run by `cargo test`:
+    /// arbitrary bytes and mutated real certificates never panic the parser.
+    #[test]
+    fn certificate_parsing_never_panics_on_mutated_input() {
+        let ca = Ca::create("fuzz").unwrap();
+        let issued = ca.issue(Role::Node, "n1", "a", 1).unwrap();
+        let der = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap().to_vec();
+        assert_eq!(PeerIdentity::from_der(&der).unwrap().name, "n1");
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..3000 {
+            let mut m = der.clone();
+            for _ in 0..(next() % 8 + 1) {
+                let at = next() as usize % m.len();
+                m[at] = next() as u8;
+            }
+            m.truncate(next() as usize % (m.len() + 1));
+            let _ = PeerIdentity::from_der(&m);
+            let junk: Vec<u8> = (0..next() % 64).map(|_| next() as u8).collect();
+            let _ = PeerIdentity::from_der(&junk);
+            let _ = parse_role_uri(&String::from_utf8_lossy(&junk));
+        }
+    }
+
+    #[test]
+    fn role_uris_round_trip_and_reject_junk() {
+        let (role, site) = parse_role_uri(&role_uri(Role::Node, "site-a")).unwrap().unwrap();
+        assert_eq!((role, site.as_str()), (Role::Node, "site-a"));
+        assert!(parse_role_uri("https://example.org").is_none());
+        for bad in ["locus:", "locus:node", "locus:node/", "locus:admin/a", "locus:node/a/b", "locus:node/ä"] {
+            assert!(matches!(parse_role_uri(bad), Some(Err(_))), "{bad}");
+        }
+    }
+}

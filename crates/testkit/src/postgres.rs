@@ -1,0 +1,180 @@
+//! A real PostgreSQL server for tests: `initdb` into a temporary directory, then the
+//! server on a free loopback port (its socket in that directory), stopped on drop.
+//! PostgreSQL refuses to run as root, so under root both run as the `postgres` system
+//! user (through `runuser`), owning the directory. Binaries come from PATH or
+//! Debian's /usr/lib/postgresql/<version>/bin.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// The superuser `initdb` creates; the URLs handed out connect as it (trust auth on
+/// loopback only).
+const SUPERUSER: &str = "locus";
+
+/// A running PostgreSQL server; `pg_ctl stop` on drop.
+pub struct PgServer {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    /// The loopback port it listens on.
+    pub port: u16,
+    /// Run the server's tools as the `postgres` user (we are root).
+    as_postgres: bool,
+    databases: AtomicU32,
+}
+
+/// The directory holding `initdb`, `pg_ctl`, `createdb` and `postgres`: where the
+/// `initdb` on PATH really is (a symlink leads to the whole set), then the newest of
+/// Debian's versioned directories.
+fn bin_dir() -> Option<PathBuf> {
+    let has_all = |d: &Path| ["initdb", "pg_ctl", "createdb", "postgres"].iter().all(|t| d.join(t).is_file());
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .filter_map(|d| Some(std::fs::canonicalize(d.join("initdb")).ok()?.parent()?.to_path_buf()))
+        .find(|d| has_all(d));
+    if let Some(dir) = on_path {
+        return Some(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, bin): &(u32, PathBuf)| has_all(bin))
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+/// Whether PostgreSQL's server binaries are installed here (tests that need a server
+/// fail with a clear message when they are not; `.ci/run` installs them).
+pub fn available() -> bool {
+    bin_dir().is_some()
+}
+
+fn am_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The numeric uid and gid of the `postgres` system user.
+fn postgres_ids() -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id").args([flag, "postgres"]).output().expect("run id");
+        assert!(out.status.success(), "no `postgres` system user (install Debian's postgresql package)");
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("numeric id")
+    };
+    (id("-u"), id("-g"))
+}
+
+impl PgServer {
+    /// Formats a cluster into a new temporary directory and starts a server on a free
+    /// loopback port; waits (bounded by pg_ctl's 60 s) until it accepts connections.
+    /// Durability is off (`fsync=off`): a test server's data dies with the test.
+    pub fn start() -> PgServer {
+        let bin = bin_dir().expect(
+            "PostgreSQL server binaries not found on PATH or in /usr/lib/postgresql/*/bin: install Debian's \
+             postgresql package (.ci/run does)",
+        );
+        let dir = tempfile::Builder::new().prefix("locus-pg").tempdir().expect("tempdir");
+        let as_postgres = am_root();
+        if as_postgres {
+            let (uid, gid) = postgres_ids();
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the server's directory");
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let server = PgServer { dir, bin, port, as_postgres, databases: AtomicU32::new(0) };
+        let data = server.data_dir();
+        server.run("initdb", &["-D", &data, "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C", "-N"]);
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off \
+             -c max_connections=400 -c shared_buffers=32MB",
+            server.dir.path().display()
+        );
+        let log = server.dir.path().join("server.log").display().to_string();
+        server.run("pg_ctl", &["start", "-w", "-t", "60", "-D", &data, "-l", &log, "-o", &options]);
+        server
+    }
+
+    fn data_dir(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    /// One of the server's tools, run as `postgres` under root, in the server's
+    /// directory (not one `postgres` may be unable to enter).
+    fn tool(&self, tool: &str) -> Command {
+        let program = self.bin.join(tool);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&program);
+            c
+        } else {
+            Command::new(&program)
+        };
+        cmd.current_dir(self.dir.path());
+        cmd
+    }
+
+    /// Runs one of the server's tools to completion; panics with its output if it fails.
+    fn run(&self, tool: &str, args: &[&str]) {
+        let out = self.tool(tool).args(args).output().expect("run a PostgreSQL tool");
+        assert!(
+            out.status.success(),
+            "{tool} {args:?} failed: {}{}\nserver log: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+        );
+    }
+
+    /// The URL of the maintenance database `postgres`.
+    pub fn admin_url(&self) -> String {
+        self.url("postgres")
+    }
+
+    /// The URL of database `name` on this server.
+    pub fn url(&self, name: &str) -> String {
+        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Creates a new, empty database and returns its URL.
+    pub fn create_database(&self) -> String {
+        let name = format!("t{}", self.databases.fetch_add(1, Ordering::Relaxed));
+        self.run("createdb", &["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", SUPERUSER, &name]);
+        self.url(&name)
+    }
+
+    /// The server's directory (its log is `server.log` there).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let data = self.data_dir();
+        let stop = |mode: &str| {
+            self.tool("pg_ctl")
+                .args(["stop", "-w", "-t", "30", "-m", mode, "-D", &data])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !stop("fast") {
+            stop("immediate");
+        }
+    }
+}
+
+/// One server shared by every test of a process that runs at the same time; it stops
+/// when the last holder lets go (a later test starts a new one).
+pub fn shared() -> Arc<PgServer> {
+    static SERVER: Mutex<Weak<PgServer>> = Mutex::new(Weak::new());
+    let mut slot = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(server) = slot.upgrade() {
+        return server;
+    }
+    let server = Arc::new(PgServer::start());
+    *slot = Arc::downgrade(&server);
+    server
+}
