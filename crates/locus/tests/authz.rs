@@ -1,8 +1,8 @@
 //! Authorization against real processes: meta refuses, on its own, what a user may not
 //! do however the request is sent (a modified client speaking the wire protocol), and
-//! owners are global principals shown in each site's numbering. Runs without TLS
-//! today (meta trusts the claimed caller, checks it all the same) and, once TLS is in,
-//! with the caller's site proved by its certificate.
+//! owners are global principals shown in each site's numbering, with the caller's site
+//! proved by its client certificate (and root of a client host squashed unless meta
+//! trusts the site).
 
 use proto::error::ErrorCode;
 use proto::meta::*;
@@ -35,9 +35,13 @@ struct Raw {
 }
 
 impl Raw {
-    fn connect(addr: &str) -> Raw {
+    /// Connects to `c`'s meta with a client certificate of site `default`.
+    fn connect(c: &Cluster) -> Raw {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let rpc = rt.block_on(net::RpcClient::connect(addr, 1, Duration::from_secs(10))).unwrap();
+        let f = c.cert("client", "attacker", "default");
+        let tls = net::Tls::load(Path::new(&f[1]), Path::new(&f[3]), Path::new(&f[5])).unwrap();
+        let connect = net::RpcClient::connect_as(&c.meta.addr, 1, Duration::from_secs(10), Some(tls.into()));
+        let rpc = rt.block_on(connect).unwrap();
         Raw { rt, rpc }
     }
 
@@ -70,7 +74,7 @@ fn meta_refuses_what_the_caller_may_not_do_whatever_the_client() {
     let file = std::fs::metadata(m.join("home/alice/f")).unwrap();
     assert_eq!((file.uid(), file.mode() & 0o7777), (1001, 0o600));
 
-    let raw = Raw::connect(&c.meta.addr);
+    let raw = Raw::connect(&c);
     let nobody = Caller::new(65534, 65534);
     let alice = Caller::new(1001, 1001);
     let lookup = || Lookup { parent: dir.ino(), name: b"f".to_vec() };
@@ -215,4 +219,29 @@ fn an_encrypting_node_keeps_no_plaintext_on_disk_and_refuses_tampering() {
     std::fs::write(&files[0], bytes).unwrap();
     let fsck = c.locus(&["fsck", "--meta", &c.meta.addr]);
     assert!(!fsck.status.success(), "fsck must report the tampered chunk: {}", String::from_utf8_lossy(&fsck.stdout));
+}
+
+/// With TLS, root of a client host is squashed: a mount of a site meta does not trust
+/// (`--no-root-squash` names another) acts as nobody, so it may not create in root's
+/// directories, what it creates is nobody's, and it may not give it to root.
+#[test]
+fn root_of_a_client_host_is_squashed() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start_with(bin(), 1, &["--no-root-squash", "trusted"]);
+    let trusted = c.mount_at("trusted");
+    let squashed = c.mount();
+    std::fs::create_dir(trusted.join("pub")).unwrap();
+    std::fs::set_permissions(trusted.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(std::fs::metadata(trusted.join("pub")).unwrap().uid(), 0, "the trusted site's root is root");
+    let refused = std::fs::create_dir(squashed.join("mine")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(13), "EACCES in root's 0755 directory: {refused}");
+    std::fs::write(squashed.join("pub/f"), "x").unwrap();
+    let f = std::fs::metadata(squashed.join("pub/f")).unwrap();
+    assert_eq!((f.uid(), f.gid()), (65534, 65534), "created as nobody");
+    let chown = std::os::unix::fs::chown(squashed.join("pub/f"), Some(0), Some(0)).unwrap_err();
+    assert_eq!(chown.raw_os_error(), Some(1), "EPERM: {chown}");
+    assert!(squashed.join("pub/f").exists());
 }
