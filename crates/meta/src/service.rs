@@ -285,6 +285,7 @@ impl MetaService {
                     Ok(())
                 }),
                 MetaRequest::ReportLag(m) => ops::serve(m, |m| {
+                    ops::perm::check_privileged(&ctx.caller, "reporting replication lag")?;
                     lock(&self.lags).insert(m.node, (std::time::Instant::now(), m.lag));
                     Ok(())
                 }),

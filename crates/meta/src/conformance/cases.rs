@@ -1289,6 +1289,12 @@ pub fn permissions(b: &dyn Factory) {
     let list = MetaRequest::ListChunks(ListChunks { after: None, limit: 10 });
     assert_eq!(as_user(&s, &bob, list), Err(NotPermitted));
     assert_eq!(as_user(&s, &bob, MetaRequest::ForgetChunks(ForgetChunks { ids: vec![cid(9)] })), Err(NotPermitted));
+    let short = MetaRequest::UnderReplicated(UnderReplicated { node: None, after: None, limit: 10 });
+    assert_eq!(as_user(&s, &bob, short), Err(NotPermitted));
+    let drain = MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true });
+    assert_eq!(as_user(&s, &bob, drain), Err(NotPermitted));
+    let policy = Some(proto::policy::Policy::default());
+    assert_eq!(as_user(&s, &bob, MetaRequest::SetPolicy(SetPolicy { ino: home.ino, policy })), Err(NotPermitted));
     let register =
         MetaRequest::RegisterNode(RegisterNode { node: node("rogue", "127.0.0.1:1", 1, 0), cluster_id: None });
     assert_eq!(as_user(&s, &bob, register), Err(NotPermitted));

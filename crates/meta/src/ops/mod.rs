@@ -240,7 +240,10 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         }),
         R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
         R::ListPolicies(m) => serve(m, |_| t.list_policies()),
-        R::UnderReplicated(m) => serve(m, |m| under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))),
+        R::UnderReplicated(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "listing under-replicated chunks")?;
+            under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))
+        }),
         other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
     }
 }
@@ -345,8 +348,14 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             }
             Ok(())
         }),
-        R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
-        R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
+        R::SetPolicy(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "setting a replication policy")?;
+            set_policy(t, m.ino, m.policy)
+        }),
+        R::DrainNode(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "draining a node")?;
+            drain(t, &m.node, m.drained)
+        }),
         R::ForgetChunks(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "forgetting chunks")?;
             for id in &m.ids {
