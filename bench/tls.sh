@@ -102,7 +102,7 @@ done
     echo
     echo "Produced by \`bench/tls.sh\` on $(date -u +%Y-%m-%d) (commit $(git -C "$ROOT" rev-parse --short HEAD)),"
     echo "$(nproc) cores, SIZE_MB=$SIZE_MB, REPS=$REPS (median, all runs in brackets), release build,"
-    echo "\`locus up\` defaults. TLS: rustls TLS 1.3, ring provider, AES-GCM, ECDSA P-256 certificates"
+    echo "\`locus up\` defaults. TLS: rustls TLS 1.3, ring provider, AES-128-GCM, ECDSA P-256 certificates"
     echo "made by \`locus up\` in its data directory. MB/s = 10^6 bytes/s of wall time around dd."
     echo
     echo "| test | ${NAME[tls]} | ${NAME[plain]} | TLS / plain |"

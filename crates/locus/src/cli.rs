@@ -204,6 +204,10 @@ pub struct MetaArgs {
     /// refuses to start on a database it did not format.
     #[arg(long)]
     pub init: bool,
+    /// A PostgreSQL hot standby of --db at this site to read from: reads go there once
+    /// it has replayed this meta's latest commit (else, after 50 ms, to the primary).
+    #[arg(long)]
+    pub read_db: Option<String>,
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,

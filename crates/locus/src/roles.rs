@@ -40,14 +40,20 @@ type IdentityConfig = (Vec<(String, PathBuf)>, Vec<String>);
 async fn start_meta(
     listener: TcpListener,
     db_url: &str,
+    read_db_url: Option<String>,
     init: bool,
     session_expiry: Duration,
     (maps, no_root_squash): IdentityConfig,
     revoked: Option<PathBuf>,
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
-    let config =
-        meta::MetaConfig { db_url: db_url.to_string(), init, heartbeat: Duration::from_secs(2), session_expiry };
+    let config = meta::MetaConfig {
+        db_url: db_url.to_string(),
+        read_db_url,
+        init,
+        heartbeat: Duration::from_secs(2),
+        session_expiry,
+    };
     let service = tokio::task::spawn_blocking(move || {
         let service = meta::MetaService::open(&config)?;
         service.configure_identities(maps, no_root_squash)?;
@@ -78,7 +84,8 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
     let identities = (args.identity_maps.clone(), args.no_root_squash.clone());
     let expiry = Duration::from_secs(args.session_expiry_secs);
-    let addr = start_meta(listener, &args.db, args.init, expiry, identities, args.revoked.clone()).await?;
+    let (db, read_db, revoked) = (&args.db, args.read_db.clone(), args.revoked.clone());
+    let addr = start_meta(listener, db, read_db, args.init, expiry, identities, revoked).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -274,7 +281,8 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let db_url = db.display().to_string();
     let revoked = local_pki.as_ref().map(|p| p.dir.join(crate::pki::REVOKED));
     let meta_addr =
-        start_meta(meta_listener, &db_url, init, Duration::from_secs(30), IdentityConfig::default(), revoked).await?;
+        start_meta(meta_listener, &db_url, None, init, Duration::from_secs(30), IdentityConfig::default(), revoked)
+            .await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

@@ -41,8 +41,9 @@ fn meta_refuses_a_database_it_did_not_format() {
     assert!(err.contains("is empty") && err.contains("--init"), "{err}");
     assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "refusing leaves the file alone");
 
-    let err = refused_meta("postgres://db.example/locus");
-    assert!(err.contains("not built yet") && err.contains("sqlite://"), "{err}");
+    let err = refused_meta("postgres://locus:secret@127.0.0.1:1/locus");
+    assert!(err.contains("cannot connect") && err.contains("postgres://locus@127.0.0.1:1/locus"), "{err}");
+    assert!(!err.contains("secret"), "the password is never shown: {err}");
     let err = refused_meta("mysql://db.example/locus");
     assert!(err.contains("unknown scheme") && err.contains("sqlite://"), "{err}");
 }
@@ -62,6 +63,7 @@ fn a_damaged_database_is_refused() {
     {
         let config = meta::MetaConfig {
             db_url: db.display().to_string(),
+            read_db_url: None,
             init: true,
             heartbeat: std::time::Duration::from_secs(2),
             session_expiry: std::time::Duration::from_secs(30),

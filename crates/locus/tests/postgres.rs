@@ -175,3 +175,26 @@ fn two_metas_over_one_database_serialise_conflicting_operations() {
     }
     fsck_clean(&c);
 }
+
+/// `locus meta --read-db`: meta reads from a hot standby of its primary; a mount
+/// writes and reads back at once (read-your-writes), and fsck is clean.
+#[test]
+fn meta_reading_from_a_hot_standby_serves_a_mount() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let primary = PgServer::start();
+    let url = primary.create_database();
+    let standby = primary.start_standby();
+    let read_url = standby.url(url.rsplit('/').next().unwrap());
+    let mut c = Cluster::start_on_db_with(bin(), 1, &url, &["--read-db", &read_url]);
+    let m = c.mount();
+    let files = write_tree(&m);
+    check_tree(&m, &files);
+    for i in 0..20 {
+        fs::write(m.join(format!("d/n{i}")), format!("{i}")).unwrap();
+        assert_eq!(fs::read(m.join(format!("d/n{i}"))).unwrap(), format!("{i}").as_bytes());
+    }
+    fsck_clean(&c);
+}

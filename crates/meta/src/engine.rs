@@ -124,15 +124,19 @@ impl Store {
 /// `postgres://user@host:port/database`. Without `init` the database must exist and
 /// have been formatted by meta; with it, a missing or empty database is formatted with
 /// a new cluster id.
-pub fn open_store(url: &str, init: bool) -> Result<Store, MetaError> {
+/// `standby` (PostgreSQL only) names a hot standby of `url` to read from.
+pub fn open_store(url: &str, standby: Option<&str>, init: bool) -> Result<Store, MetaError> {
     let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };
     let path = match url.split_once("://") {
         None => url,
         Some(("sqlite", path)) if !path.is_empty() => path,
         Some(("sqlite", _)) => return Err(unsupported("the URL names no file".into())),
-        Some(("postgres" | "postgresql", _)) => return Store::new(crate::postgres::open(url, init)?),
+        Some(("postgres" | "postgresql", _)) => return Store::new(crate::postgres::open(url, standby, init)?),
         Some((scheme, _)) => return Err(unsupported(format!("unknown scheme {scheme:?}"))),
     };
+    if standby.is_some() {
+        return Err(unsupported("a standby to read from needs a PostgreSQL database".into()));
+    }
     Store::new(crate::sqlite::open(std::path::Path::new(path), init)?)
 }
 

@@ -34,7 +34,7 @@ pub enum MetaError {
     Stale(String),
     #[error("metadata database error: {0}")]
     Db(#[from] rusqlite::Error),
-    #[error("PostgreSQL metadata database error: {0}")]
+    #[error("PostgreSQL metadata database error: {}", pg_detail(.0))]
     Postgres(postgres::Error),
     /// Another transaction (e.g. another meta's) touched the same rows; the engine
     /// runs the whole transaction again.
@@ -123,6 +123,14 @@ impl MetaError {
     }
 }
 
+/// A PostgreSQL error with the server's message (its `Display` alone says "db error").
+fn pg_detail(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
 impl MetaError {
     /// A serialization conflict: the transaction is worth running again whole.
     pub fn is_conflict(&self) -> bool {
@@ -139,9 +147,9 @@ impl From<postgres::Error> for MetaError {
         use postgres::error::SqlState;
         match e.code() {
             Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
-                MetaError::Conflict(e.to_string())
+                MetaError::Conflict(pg_detail(&e))
             }
-            Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict(e.to_string()),
+            Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict(pg_detail(&e)),
             _ => MetaError::Postgres(e),
         }
     }

@@ -67,7 +67,7 @@ pub fn migrate(from: &str, to: &str) -> Result<Vec<(String, u64)>, MetaError> {
     let _source = crate::sqlite::open(std::path::Path::new(path), false)?;
     let src = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     let mut dst = crate::postgres::connect_empty(to)?;
-    dst.batch("BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+    dst.batch("BEGIN ISOLATION LEVEL SERIALIZABLE")?; // the whole copy or nothing
     let copied = (|| {
         crate::postgres::create_tables(&mut dst)?;
         let tables: Vec<String> = src

@@ -23,11 +23,13 @@ use crate::locks::Held;
 use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
 use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement};
+use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Read connections: each read holds one for its round trips to the server.
@@ -93,8 +95,42 @@ CREATE TABLE principals (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 pub(crate) struct PgConn {
     /// Always `Some` until dropped (taken out to be closed off the runtime).
     client: Option<Client>,
+    /// How to connect again once the server closed the connection (restart, failover,
+    /// an administrator's pg_terminate_backend), and the URL without password.
+    config: postgres::Config,
+    shown: String,
+    /// Session settings run again on every new connection (the writer's
+    /// `synchronous_commit=off`).
+    setup: &'static str,
     /// Statements prepared on this connection, by their SQL text.
     statements: HashMap<&'static str, Statement>,
+    /// A transaction is open (begun, perhaps not yet used). Each transaction ends with
+    /// its COMMIT or ROLLBACK and the next BEGIN in one round trip: PostgreSQL takes a
+    /// transaction's snapshot only at its first query, so a begun but unused one holds
+    /// nothing back (it shows as "idle in transaction").
+    begun: bool,
+    /// The open write transaction must be on disk when its commit returns.
+    durable: bool,
+    /// The writer of a meta that reads from a hot standby publishes each commit's
+    /// WAL position here (`StandbyReader` waits for the standby to replay it).
+    committed: Option<Arc<AtomicU64>>,
+    /// A savepoint was released but the RELEASE not sent yet: it goes with the next
+    /// SAVEPOINT (COMMIT and ROLLBACK make it moot), saving a round trip per op.
+    release_pending: bool,
+}
+
+/// How a write transaction begins: see the module's note on isolation.
+macro_rules! begin_write {
+    () => {
+        "BEGIN ISOLATION LEVEL SERIALIZABLE"
+    };
+}
+
+/// How a read begins: a consistent snapshot that never conflicts.
+macro_rules! begin_read {
+    () => {
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    };
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -145,31 +181,73 @@ impl PgConn {
     }
 }
 
+/// Closes a client: it blocks on (and owns) a runtime of its own, which may be neither
+/// run nor dropped inside another runtime, so there it is closed on a thread of its own.
+fn close_off_runtime(client: Option<Client>) {
+    if let Some(client) = client
+        && tokio::runtime::Handle::try_current().is_ok()
+    {
+        std::thread::spawn(move || drop(client));
+    }
+}
+
 impl Drop for PgConn {
-    /// The client blocks on (and owns) a runtime of its own, which may be neither run
-    /// nor dropped inside another runtime: there it is closed on a thread of its own.
     fn drop(&mut self) {
-        if let Some(client) = self.client.take()
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
-            std::thread::spawn(move || drop(client));
+        close_off_runtime(self.client.take());
+    }
+}
+
+impl PgConn {
+    /// Opens a transaction unless the last one's end already did.
+    /// A transaction starting on a connection the server has closed connects again
+    /// first: the request that found it broken failed, the next ones work.
+    fn ensure_begun(&mut self, begin: &str) -> Result<(), MetaError> {
+        self.reconnect_if_closed()?;
+        if !self.begun {
+            self.batch(begin)?;
+            self.begun = true;
         }
+        Ok(())
+    }
+
+    fn reconnect_if_closed(&mut self) -> Result<(), MetaError> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
+            let client =
+                self.config.connect(NoTls).map_err(|source| MetaError::Connect { url: self.shown.clone(), source })?;
+            let old = self.client.replace(client);
+            close_off_runtime(old);
+            self.statements.clear();
+            self.begun = false;
+            self.release_pending = false;
+            self.batch(self.setup)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the open transaction with `end` (COMMIT or ROLLBACK, with the next BEGIN
+    /// in the same round trip). A failed end leaves no transaction open.
+    fn end(&mut self, end: &str) -> Result<(), MetaError> {
+        self.begun = false;
+        self.release_pending = false;
+        self.batch(end)?;
+        self.begun = true;
+        Ok(())
     }
 }
 
 impl WriteConn for PgConn {
     fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
-        // A plain write is acknowledged before its WAL record is flushed (as SQLite's
-        // synchronous=NORMAL): lost only if the server's machine fails, never torn.
-        self.batch(if durable {
-            "BEGIN ISOLATION LEVEL SERIALIZABLE"
-        } else {
-            "BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL synchronous_commit TO off"
-        })
+        self.durable = durable;
+        self.ensure_begun(begin_write!())
     }
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
-        self.batch("SAVEPOINT op")
+        if std::mem::take(&mut self.release_pending) {
+            self.batch("RELEASE SAVEPOINT op; SAVEPOINT op")
+        } else {
+            self.batch("SAVEPOINT op")
+        }
     }
 
     fn rollback_to_savepoint(&mut self) -> Result<(), MetaError> {
@@ -177,15 +255,30 @@ impl WriteConn for PgConn {
     }
 
     fn release_savepoint(&mut self) -> Result<(), MetaError> {
-        self.batch("RELEASE SAVEPOINT op")
+        self.release_pending = true;
+        Ok(())
     }
 
+    /// The writer's session commits with `synchronous_commit=off` (set in `open`): a
+    /// plain write is acknowledged before its WAL record is flushed (as SQLite's
+    /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
+    /// durable one turns it on for its own commit, which also flushes every earlier one.
     fn commit(&mut self) -> Result<(), MetaError> {
-        self.batch("COMMIT")
+        if let Some(committed) = self.committed.clone() {
+            self.durable = false;
+            return self.commit_reporting_lsn(&committed);
+        }
+        let end = if std::mem::take(&mut self.durable) {
+            concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
+        } else {
+            concat!("COMMIT; ", begin_write!())
+        };
+        self.end(end)
     }
 
     fn rollback(&mut self) -> Result<(), MetaError> {
-        self.batch("ROLLBACK")
+        self.durable = false;
+        self.end(concat!("ROLLBACK; ", begin_write!()))
     }
 
     fn txn(&mut self) -> &mut dyn Txn {
@@ -193,12 +286,84 @@ impl WriteConn for PgConn {
     }
 }
 
+impl PgConn {
+    /// Runs `op` in the begun read transaction and ends it.
+    fn finish_read(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        let r = op(self);
+        let end =
+            self.end(if r.is_ok() { concat!("COMMIT; ", begin_read!()) } else { concat!("ROLLBACK; ", begin_read!()) });
+        r.and(end)
+    }
+
+    /// Commits like `WriteConn::commit` and publishes the commit's WAL position (an
+    /// upper bound: the flushed position right after it, as far as a standby can get) to
+    /// `committed`.
+    /// (The next BEGIN cannot ride along: after the SELECT, it would find a query
+    /// already run in its implicit transaction.)
+    fn commit_reporting_lsn(&mut self, committed: &AtomicU64) -> Result<(), MetaError> {
+        self.begun = false;
+        self.release_pending = false;
+        let answers = self.client().simple_query("COMMIT; SELECT pg_current_wal_flush_lsn()::text")?;
+        let lsn = answers.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).and_then(parse_lsn),
+            _ => None,
+        });
+        committed.fetch_max(
+            lsn.ok_or_else(|| MetaError::Internal("no WAL position after a commit".into()))?,
+            Ordering::AcqRel,
+        );
+        Ok(())
+    }
+}
+
+/// A WAL position as PostgreSQL prints it (`16/B374D848`).
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
+}
+
 impl ReadConn for PgConn {
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        self.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
-        let r = op(self);
-        let end = self.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
-        r.and(end)
+        self.ensure_begun(begin_read!())?;
+        self.finish_read(op)
+    }
+}
+
+/// How long a read at a hot standby waits for it to replay this meta's latest commit
+/// before it reads from the primary instead.
+const STANDBY_WAIT: Duration = Duration::from_millis(50);
+
+/// A read connection at a site with a hot standby: reads there once the standby has
+/// replayed this meta's latest commit (read-your-writes for every client of this
+/// meta), else, after `STANDBY_WAIT`, from the primary.
+struct StandbyReader {
+    standby: PgConn,
+    primary: PgConn,
+    /// The WAL position of this meta's latest commit, published by its writer.
+    committed: Arc<AtomicU64>,
+}
+
+impl ReadConn for StandbyReader {
+    fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        let needed = self.committed.load(Ordering::Acquire);
+        let deadline = std::time::Instant::now() + STANDBY_WAIT;
+        let standby = &mut self.standby;
+        loop {
+            standby.reconnect_if_closed()?;
+            // Asked outside any transaction: the snapshot the read then takes holds
+            // at least everything replayed up to here. NULL: not a standby at all.
+            let replayed: Option<String> = standby.one("SELECT pg_last_wal_replay_lsn()::text", &[])?.try_get(0)?;
+            if replayed.as_deref().map_or(Some(u64::MAX), parse_lsn).is_some_and(|at| at >= needed) {
+                standby.batch(begin_read!())?;
+                let r = op(standby);
+                let end = standby.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+                return r.and(end);
+            }
+            if std::time::Instant::now() >= deadline {
+                return self.primary.snapshot(op);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -214,16 +379,23 @@ fn shown(config: &postgres::Config) -> String {
         .collect::<Vec<_>>()
         .join(",");
     let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "postgres://{}@{host}:{port}/{}",
-        config.get_user().unwrap_or(""),
-        config.get_dbname().unwrap_or(config.get_user().unwrap_or(""))
-    )
+    let user = config.get_user().map(|u| format!("{u}@")).unwrap_or_default();
+    format!("postgres://{user}{host}:{port}/{}", config.get_dbname().or(config.get_user()).unwrap_or(""))
 }
 
 fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> {
     let client = config.connect(NoTls).map_err(|source| MetaError::Connect { url: shown.into(), source })?;
-    Ok(PgConn { client: Some(client), statements: HashMap::new() })
+    Ok(PgConn {
+        client: Some(client),
+        config: config.clone(),
+        shown: shown.into(),
+        setup: "",
+        committed: None,
+        statements: HashMap::new(),
+        begun: false,
+        durable: false,
+        release_pending: false,
+    })
 }
 
 /// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
@@ -240,15 +412,36 @@ fn parse(url: &str) -> Result<(postgres::Config, String), MetaError> {
 /// Opens the PostgreSQL database at `url` for the shared engine. Without `init` the
 /// database must already hold a Locus namespace; with it, an empty database (no
 /// tables) is formatted with a new cluster id. A database holding anything else is
-/// refused either way.
-pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
+/// refused either way. With `standby` (a hot standby of `url`'s server, at this
+/// site), reads go there once it has replayed this meta's latest commit.
+pub fn open(url: &str, standby: Option<&str>, init: bool) -> Result<Backend, MetaError> {
     let (config, shown) = parse(url)?;
     let mut writer = connect(&config, &shown)?;
     init_schema(&mut writer, &shown, init)?;
     let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
-    for _ in 0..READERS {
-        readers.push(Box::new(connect(&config, &shown)?));
+    match standby {
+        None => {
+            writer.setup = "SET synchronous_commit TO off";
+            writer.batch(writer.setup)?;
+            for _ in 0..READERS {
+                readers.push(Box::new(connect(&config, &shown)?));
+            }
+        }
+        // Commits are flushed before they are answered: WAL reaches the standby only
+        // once flushed, and an unflushed commit would keep its writer's reads waiting.
+        Some(standby_url) => {
+            let committed = Arc::new(AtomicU64::new(0));
+            writer.committed = Some(committed.clone());
+            let (standby_config, standby_shown) = parse(standby_url)?;
+            for _ in 0..READERS {
+                readers.push(Box::new(StandbyReader {
+                    standby: connect(&standby_config, &standby_shown)?,
+                    primary: connect(&config, &shown)?,
+                    committed: committed.clone(),
+                }));
+            }
+        }
     }
     Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: false })
 }
@@ -257,7 +450,7 @@ pub fn open(url: &str, init: bool) -> Result<Backend, MetaError> {
 /// formatted one, in one transaction.
 fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError> {
     let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.into(), reason: reason.into() };
-    w.batch("BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+    w.batch(begin_write!())?;
     let r = (|| {
         let tables: i64 = w
             .one("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])?
@@ -905,17 +1098,17 @@ mod tests {
     fn an_empty_or_foreign_database_is_refused_with_a_reason() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let err = open(&url, false).err().expect("an empty database must be refused");
+        let err = open(&url, None, false).err().expect("an empty database must be refused");
         assert!(matches!(err, MetaError::NotFormatted { .. }), "{err}");
         assert!(err.to_string().contains("is empty") && err.to_string().contains("--init"), "{err}");
         let foreign = server.create_database();
         raw(&foreign).batch_execute("CREATE TABLE t (x INTEGER)").unwrap();
-        let err = open(&foreign, true).err().expect("a foreign database must be refused");
+        let err = open(&foreign, None, true).err().expect("a foreign database must be refused");
         assert!(err.to_string().contains("not a Locus metadata database"), "{err}");
         let missing = server.url("no_such_database");
-        let err = open(&missing, true).err().expect("a missing database must be refused");
+        let err = open(&missing, None, true).err().expect("a missing database must be refused");
         assert!(matches!(err, MetaError::Connect { .. }) && err.to_string().contains("no_such_database"), "{err}");
-        let err = open("postgres://locus:secret@127.0.0.1:1/x", true).err().expect("nothing listens on port 1");
+        let err = open("postgres://locus:secret@127.0.0.1:1/x", None, true).err().expect("nothing listens on port 1");
         assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
     }
 
@@ -923,11 +1116,11 @@ mod tests {
     fn reopen_keeps_the_cluster_id_and_a_newer_schema_is_refused() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let first = open(&url, true).unwrap().cluster_id;
+        let first = open(&url, None, true).unwrap().cluster_id;
         assert_eq!(first.len(), 32);
-        assert_eq!(open(&url, false).unwrap().cluster_id, first);
+        assert_eq!(open(&url, None, false).unwrap().cluster_id, first);
         raw(&url).execute("UPDATE meta_version SET version = $1", &[&(SCHEMA_VERSION + 1)]).unwrap();
-        let err = open(&url, false).err().expect("a newer schema must be refused");
+        let err = open(&url, None, false).err().expect("a newer schema must be refused");
         assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
     }
 
@@ -940,6 +1133,72 @@ mod tests {
             exclusive: true,
         });
         s.handle_blocking(req).map_err(|e| e.code)
+    }
+
+    /// The server closes every connection of meta (as a restart or an administrator
+    /// would): each pooled connection fails at most one request, then connects again.
+    #[test]
+    fn connections_closed_by_the_server_are_opened_again() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let meta = MetaService::open(&MetaConfig { db_url: url.clone(), ..test_config(Default::default()) }).unwrap();
+        create(&meta, "a").unwrap();
+        let killed: i64 = raw(&url)
+            .query_one(
+                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(killed, 1 + READERS as i64, "the writer and every reader");
+        let lookup = || {
+            meta.handle_blocking(MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: b"a".to_vec() }))
+        };
+        let failed = (0..3 * READERS).filter(|_| lookup().is_err()).count();
+        assert!(failed <= READERS, "{failed} lookups failed");
+        assert!(lookup().is_ok(), "reads work again");
+        let write = (0..2).map(|i| create(&meta, &format!("b{i}"))).collect::<Vec<_>>();
+        assert!(write[1].is_ok(), "writes work again after at most one failure: {write:?}");
+    }
+
+    /// A meta at a second site writes to the primary and reads from a hot standby:
+    /// every read after a write sees it (read-your-writes), and the reads are served
+    /// by the standby.
+    #[test]
+    fn reads_at_a_standby_see_this_metas_writes() {
+        let primary = testkit::postgres::PgServer::start();
+        let url = primary.create_database();
+        drop(open(&url, None, true).unwrap());
+        let standby = primary.start_standby();
+        let read_url = standby.url(url.rsplit('/').next().unwrap());
+        let url_of_primary = url.clone();
+        let config = MetaConfig { db_url: url, read_db_url: Some(read_url.clone()), ..test_config(Default::default()) };
+        let meta = MetaService::open(&config).unwrap();
+        for i in 0..50 {
+            let name = format!("f{i}");
+            let MetaReply::Attr(made) = create(&meta, &name).unwrap() else { panic!("expected Attr") };
+            let req = MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: name.into_bytes() });
+            assert_eq!(meta.handle_blocking(req).unwrap(), MetaReply::Attr(made), "read-your-writes");
+        }
+        let mut at_standby = raw(&read_url);
+        let readers: i64 = at_standby
+            .query_one("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'locus-meta'", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(readers, READERS as i64, "the read connections are at the standby");
+        // With replay paused, a row removed behind meta's back on the primary is
+        // still found: the read was served by the standby.
+        at_standby.batch_execute("SELECT pg_wal_replay_pause()").unwrap();
+        raw(&url_of_primary).batch_execute("DELETE FROM dentries WHERE name = 'f0'::bytea").unwrap();
+        let lookup = |name: &str| {
+            meta.handle_blocking(MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: name.into() }))
+        };
+        assert!(lookup("f0").is_ok(), "the paused standby answers");
+        // A write the paused standby cannot replay: its writer's next read goes to the primary.
+        create(&meta, "late").unwrap();
+        assert!(lookup("late").is_ok(), "read-your-writes while the standby lags");
+        at_standby.batch_execute("SELECT pg_wal_replay_resume()").unwrap();
     }
 
     /// Two metas over one database, each creating the same names at the same time:

@@ -27,6 +27,8 @@ pub struct MetaConfig {
     /// Where the database is: `sqlite:///path/meta.db`, a bare path, or
     /// `postgres://user@host:port/database`.
     pub db_url: String,
+    /// A hot standby of `db_url` at this site to read from (PostgreSQL only).
+    pub read_db_url: Option<String>,
     /// Format a new cluster if the database is missing or empty (else that is refused).
     pub init: bool,
     /// How often clients should heartbeat; told to them in `Welcome`.
@@ -62,7 +64,7 @@ pub struct MetaService {
 impl MetaService {
     /// Opens the database named by `config.db_url` (see `open_store`).
     pub fn open(config: &MetaConfig) -> Result<Arc<MetaService>, MetaError> {
-        let store = engine::open_store(&config.db_url, config.init)?;
+        let store = engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init)?;
         Ok(Self::with_store(Arc::new(store), config))
     }
 

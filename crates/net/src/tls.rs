@@ -166,8 +166,16 @@ pub(crate) fn identity_of(der: &[u8]) -> Result<Proven, TlsError> {
     Ok(Proven { identity: Arc::new(PeerIdentity { name, role, site }), serial })
 }
 
+/// ring with AES-128-GCM preferred: the strength TLS 1.3 requires at the lowest cost
+/// per byte (ring's AES-256-GCM, its default first choice, costs about 30 % more CPU
+/// on the bulk path).
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites = vec![TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256];
+    Arc::new(provider)
 }
 
 /// This process's TLS set-up: the cluster CA it trusts, its own certificate chain and
@@ -565,6 +573,7 @@ mod tests {
         assert_eq!(seen, Some(("alice-host".into(), Role::Client, "b".into())));
         let server = client.server_identity().await.unwrap();
         assert_eq!(server, PeerIdentity { name: "n1".into(), role: Role::Node, site: "a".into() });
+        assert!(provider().cipher_suites[0].suite() == rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
         // Bulk bytes cross TLS intact, in both directions.
         let data: Vec<u8> = (0..5_000_000u32).map(|i| (i * 7) as u8).collect();
         let (_, back): (Option<(String, Role, String)>, Bytes) =

@@ -122,6 +122,11 @@ impl Cluster {
         Self::launch(bin, nodes, Some(db_url), &[], None)
     }
 
+    /// Like `start_on_db`, with extra `locus meta` flags (e.g. `--read-db`).
+    pub fn start_on_db_with(bin: &Path, nodes: usize, db_url: &str, meta_extra: &[&str]) -> Cluster {
+        Self::launch(bin, nodes, Some(db_url), meta_extra, None)
+    }
+
     /// Points meta at another database from its next `restart` on (e.g. one that
     /// `locus meta migrate` filled).
     pub fn use_meta_db(&mut self, db_url: &str) {

@@ -28,7 +28,8 @@ pub struct PgServer {
 /// `initdb` on PATH really is (a symlink leads to the whole set), then the newest of
 /// Debian's versioned directories.
 fn bin_dir() -> Option<PathBuf> {
-    let has_all = |d: &Path| ["initdb", "pg_ctl", "createdb", "postgres"].iter().all(|t| d.join(t).is_file());
+    let has_all =
+        |d: &Path| ["initdb", "pg_ctl", "createdb", "pg_basebackup", "postgres"].iter().all(|t| d.join(t).is_file());
     let on_path = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
@@ -87,14 +88,20 @@ impl PgServer {
         let server = PgServer { dir, bin, port, as_postgres, databases: AtomicU32::new(0) };
         let data = server.data_dir();
         server.run("initdb", &["-D", &data, "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C", "-N"]);
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off \
-             -c max_connections=400 -c shared_buffers=32MB",
-            server.dir.path().display()
-        );
-        let log = server.dir.path().join("server.log").display().to_string();
-        server.run("pg_ctl", &["start", "-w", "-t", "60", "-D", &data, "-l", &log, "-o", &options]);
+        server.launch();
         server
+    }
+
+    /// Starts the server of the formatted data directory (bounded by pg_ctl's 60 s).
+    fn launch(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off \
+             -c max_connections=400 -c shared_buffers=32MB",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.run("pg_ctl", &["start", "-w", "-t", "60", "-D", &self.data_dir(), "-l", &log, "-o", &options]);
     }
 
     fn data_dir(&self) -> String {
@@ -143,6 +150,28 @@ impl PgServer {
         let name = format!("t{}", self.databases.fetch_add(1, Ordering::Relaxed));
         self.run("createdb", &["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", SUPERUSER, &name]);
         self.url(&name)
+    }
+
+    /// Starts a hot standby of this server (streaming replication from a base backup,
+    /// on a free port of its own); read-only, it serves the same databases by name
+    /// (`url`) as they replay.
+    pub fn start_standby(&self) -> PgServer {
+        let dir = tempfile::Builder::new().prefix("locus-pg-standby").tempdir().expect("tempdir");
+        if self.as_postgres {
+            let (uid, gid) = postgres_ids();
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the standby's directory");
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let standby =
+            PgServer { dir, bin: self.bin.clone(), port, as_postgres: self.as_postgres, databases: AtomicU32::new(0) };
+        let data = standby.data_dir();
+        let primary_port = self.port.to_string();
+        standby.run(
+            "pg_basebackup",
+            &["-h", "127.0.0.1", "-p", &primary_port, "-U", SUPERUSER, "-D", &data, "-R", "-X", "stream", "-c", "fast"],
+        );
+        standby.launch();
+        standby
     }
 
     /// The server's directory (its log is `server.log` there).

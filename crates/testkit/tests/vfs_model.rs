@@ -53,6 +53,7 @@ fn env() -> &'static Env {
         let meta_addr = rt.block_on(async {
             let config = meta::MetaConfig {
                 db_url: dir.path().join("meta.db").display().to_string(),
+                read_db_url: None,
                 init: true,
                 heartbeat: Duration::from_secs(2),
                 session_expiry: Duration::from_secs(30),

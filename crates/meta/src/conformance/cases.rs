@@ -13,6 +13,7 @@ use std::time::Duration;
 pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
     MetaConfig {
         db_url: db_path.display().to_string(),
+        read_db_url: None,
         init: true,
         heartbeat: Duration::from_secs(5),
         session_expiry: Duration::from_secs(30),
