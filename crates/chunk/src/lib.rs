@@ -15,6 +15,7 @@
 //! The API is synchronous `std::fs`; async callers run it in `spawn_blocking`.
 
 pub mod cache;
+pub mod seal;
 
 mod disk;
 
@@ -54,6 +55,8 @@ pub enum ChunkError {
     Format { path: PathBuf, problem: String },
     #[error("cannot {action} {}: {source}", path.display())]
     Io { action: &'static str, path: PathBuf, source: io::Error },
+    #[error("encryption key file {}: {why}", path.display())]
+    Key { path: PathBuf, why: String },
 }
 
 impl From<ChunkError> for WireError {
@@ -66,6 +69,7 @@ impl From<ChunkError> for WireError {
             ChunkError::InUse { .. }
             | ChunkError::NotWritable { .. }
             | ChunkError::Format { .. }
+            | ChunkError::Key { .. }
             | ChunkError::Io { .. } => ErrorCode::Io,
         };
         WireError::new(code, e.to_string())
@@ -100,7 +104,17 @@ pub struct ChunkStore {
     store_id: String,
     /// Shared syncs that make puts durable; `None` for a cache.
     durable: Option<disk::GroupSync>,
+    /// The site's key: chunk files are sealed with it (`seal`).
+    at_rest: Option<seal::AtRest>,
     _lock: File,
+}
+
+/// A chunk file as read from disk.
+enum Stored {
+    Missing,
+    Intact(Vec<u8>),
+    /// Fails its hash check, or does not open under the store's key.
+    Corrupt,
 }
 
 impl ChunkStore {
@@ -156,7 +170,33 @@ impl ChunkStore {
             tmp_seq: AtomicU64::new(0),
             store_id,
             durable: if durable { Some(disk::GroupSync::new(dir).map_err(io_err("open", dir))?) } else { None },
+            at_rest: None,
             _lock: lock,
+        })
+    }
+
+    /// Seals every chunk written from now on with `key` (encryption at rest); chunks
+    /// already stored in plaintext stay readable (their hash is checked as always).
+    pub fn encrypted(mut self, key: seal::AtRest) -> ChunkStore {
+        self.at_rest = Some(key);
+        self
+    }
+
+    /// Reads chunk `id`'s file: its plaintext if it opens under the key and hashes to
+    /// `id`.
+    fn read_stored(&self, id: &ChunkId, path: &Path) -> io::Result<Stored> {
+        let file = match fs::read(path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Stored::Missing),
+            Err(e) => return Err(e),
+        };
+        let plain = match &self.at_rest {
+            Some(key) => key.open(id, file),
+            None => Some(file),
+        };
+        Ok(match plain {
+            Some(data) if ChunkId::of(&data) == *id => Stored::Intact(data),
+            _ => Stored::Corrupt,
         })
     }
 
@@ -184,18 +224,15 @@ impl ChunkStore {
     /// end is a `Range` error.
     pub fn get(&self, id: &ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, ChunkError> {
         let path = self.path_of(id);
-        let mut data = match fs::read(&path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ChunkError::NotFound { id: *id });
+        let mut data = match self.read_stored(id, &path).map_err(io_err("read chunk", &path))? {
+            Stored::Intact(d) => d,
+            Stored::Missing => return Err(ChunkError::NotFound { id: *id }),
+            Stored::Corrupt => {
+                self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(chunk = %id, path = %path.display(), "chunk failed its hash check; refusing to serve it");
+                return Err(ChunkError::Corrupt { id: *id, path });
             }
-            Err(e) => return Err(io_err("read chunk", &path)(e)),
         };
-        if ChunkId::of(&data) != *id {
-            self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(chunk = %id, path = %path.display(), "chunk failed its hash check; refusing to serve it");
-            return Err(ChunkError::Corrupt { id: *id, path });
-        }
         let size = data.len() as u64;
         if offset > size {
             return Err(ChunkError::Range { id: *id, offset, size });
@@ -248,13 +285,13 @@ impl ChunkStore {
         ids.iter()
             .filter(|id| {
                 let path = self.path_of(id);
-                match fs::read(&path) {
-                    Ok(data) if ChunkId::of(&data) == **id => false,
-                    Ok(_) => {
+                match self.read_stored(id, &path) {
+                    Ok(Stored::Intact(_)) => false,
+                    Ok(Stored::Corrupt) => {
                         tracing::error!(chunk = %id, path = %path.display(), "verify: chunk failed its hash check");
                         true
                     }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+                    Ok(Stored::Missing) => true,
                     Err(e) => {
                         tracing::error!(chunk = %id, path = %path.display(), error = %e, "verify: cannot read chunk");
                         true
@@ -339,14 +376,13 @@ impl ChunkStore {
 
     /// True if an intact copy of `id` is stored; its mtime is then set to now.
     fn touch_if_intact(&self, id: &ChunkId, path: &Path) -> Result<bool, ChunkError> {
-        let existing = match fs::read(path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(io_err("read chunk", path)(e)),
-        };
-        if ChunkId::of(&existing) != *id {
-            tracing::warn!(chunk = %id, path = %path.display(), "stored chunk is corrupt; replacing it");
-            return Ok(false);
+        match self.read_stored(id, path).map_err(io_err("read chunk", path))? {
+            Stored::Intact(_) => {}
+            Stored::Missing => return Ok(false),
+            Stored::Corrupt => {
+                tracing::warn!(chunk = %id, path = %path.display(), "stored chunk is corrupt; replacing it");
+                return Ok(false);
+            }
         }
         // Under the usage lock so a concurrent delete sees either the old or new mtime
         // together with the file, never deletes it after we decided to keep it.
@@ -386,6 +422,14 @@ impl ChunkStore {
     /// reservation becomes usage at the rename, in the same step (so a chunk is never
     /// counted twice while the final sync runs); `reserved` is left at zero then.
     fn write_new(&self, id: &ChunkId, data: &[u8], path: &Path, reserved: &mut u64) -> Result<(), ChunkError> {
+        let sealed;
+        let data = match &self.at_rest {
+            Some(key) => {
+                sealed = key.seal(id, data);
+                &sealed[..]
+            }
+            None => data,
+        };
         let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = self.tmp.join(format!("{}.{}.{seq}", id.to_hex(), std::process::id()));
         let len = data.len() as u64;

@@ -272,3 +272,70 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_encrypted_store_holds_no_plaintext_and_refuses_a_tampered_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = seal::AtRest::new(&[42; 32]);
+    let s = store(dir.path()).encrypted(key);
+    let secret: Vec<u8> = b"the launch codes are 0000 ".iter().copied().cycle().take(64 << 10).collect();
+    let id = put_new(&s, &secret);
+    let on_disk = fs::read(s.path_of(&id)).unwrap();
+    assert!(on_disk.starts_with(seal::MAGIC));
+    assert!(!on_disk.windows(20).any(|w| w == &secret[..20]), "plaintext found in the chunk file");
+    assert_eq!(s.get(&id, 0, u64::MAX).unwrap(), secret, "reads decrypt");
+    // Idempotent put keeps the sealed copy; the same bytes put twice are sealed with
+    // different nonces (no equal ciphertexts to compare).
+    s.put(&id, &secret).unwrap();
+    assert_eq!(fs::read(s.path_of(&id)).unwrap(), on_disk);
+    let other = seal::AtRest::new(&[42; 32]).seal(&id, &secret);
+    assert_ne!(other, on_disk);
+
+    // One flipped bit anywhere is refused, counted, and reported by verify.
+    let mut bad = on_disk.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    fs::write(s.path_of(&id), &bad).unwrap();
+    assert!(matches!(s.get(&id, 0, 1), Err(ChunkError::Corrupt { .. })));
+    assert_eq!(s.verify(&[id]), vec![id]);
+    assert_eq!(s.stats().corrupt_reads, 1);
+    // A sealed file moved under another id does not open either.
+    let twin = put_new(&s, b"another chunk");
+    fs::write(s.path_of(&twin), &on_disk).unwrap();
+    assert!(matches!(s.get(&twin, 0, 1), Err(ChunkError::Corrupt { .. })));
+    // A put of the right bytes replaces the tampered file.
+    s.put(&id, &secret).unwrap();
+    assert_eq!(s.get(&id, 0, u64::MAX).unwrap(), secret);
+    drop(s);
+
+    // Another key opens nothing; no key at all serves no ciphertext.
+    let wrong = store(dir.path()).encrypted(seal::AtRest::new(&[7; 32]));
+    assert!(matches!(wrong.get(&id, 0, 1), Err(ChunkError::Corrupt { .. })));
+    drop(wrong);
+    let plain = store(dir.path());
+    assert!(matches!(plain.get(&id, 0, 1), Err(ChunkError::Corrupt { .. })));
+}
+
+#[test]
+fn turning_encryption_on_keeps_plaintext_chunks_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let old = put_new(&s, b"written before the key");
+    drop(s);
+    let s = store(dir.path()).encrypted(seal::AtRest::new(&[1; 32]));
+    assert_eq!(s.get(&old, 0, u64::MAX).unwrap(), b"written before the key");
+    assert!(s.verify(&[old]).is_empty());
+}
+
+#[test]
+fn key_files_are_64_hex_digits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("key");
+    fs::write(&path, format!("{}\n", "ab".repeat(32))).unwrap();
+    assert!(seal::AtRest::from_key_file(&path).is_ok());
+    fs::write(&path, "not a key").unwrap();
+    let e = seal::AtRest::from_key_file(&path).unwrap_err().to_string();
+    assert!(e.contains("expected 64 hex digits"), "{e}");
+    let e = seal::AtRest::from_key_file(&dir.path().join("missing")).unwrap_err().to_string();
+    assert!(e.contains("cannot read it"), "{e}");
+}

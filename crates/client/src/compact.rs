@@ -9,8 +9,8 @@ use crate::meta_link::MetaLink;
 use proto::error::ErrorCode;
 use proto::extent::{ExtentMap, Segment};
 use proto::meta::{Compact, Extents, Opened, StoredChunk};
-use proto::types::{ChunkId, Extent, InodeId};
-use std::collections::BTreeSet;
+use proto::types::{Caller, ChunkId, Extent, InodeId};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use util::worker::{Step, Worker};
@@ -57,16 +57,21 @@ pub(crate) struct Compactor {
     meta: Arc<MetaLink>,
     data: Arc<DataPath>,
     chunk_size: u64,
-    queue: mpsc::UnboundedReceiver<InodeId>,
-    waiting: BTreeSet<InodeId>,
+    queue: mpsc::UnboundedReceiver<(InodeId, Option<Caller>)>,
+    /// Files to compact, each for the user who last closed it (its writer).
+    waiting: BTreeMap<InodeId, Option<Caller>>,
     compacted: u64,
 }
 
 impl Compactor {
     /// The worker and the sender that queues inodes for it.
-    pub fn new(meta: Arc<MetaLink>, data: Arc<DataPath>, chunk_size: u64) -> (Self, mpsc::UnboundedSender<InodeId>) {
+    pub fn new(
+        meta: Arc<MetaLink>,
+        data: Arc<DataPath>,
+        chunk_size: u64,
+    ) -> (Self, mpsc::UnboundedSender<(InodeId, Option<Caller>)>) {
         let (tx, queue) = mpsc::unbounded_channel();
-        (Compactor { meta, data, chunk_size, queue, waiting: BTreeSet::new(), compacted: 0 }, tx)
+        (Compactor { meta, data, chunk_size, queue, waiting: BTreeMap::new(), compacted: 0 }, tx)
     }
 }
 
@@ -82,18 +87,24 @@ impl Worker for Compactor {
     }
 
     async fn work(&mut self) -> Result<Step, VfsError> {
-        while let Ok(ino) = self.queue.try_recv() {
-            self.waiting.insert(ino);
+        while let Ok((ino, caller)) = self.queue.try_recv() {
+            self.waiting.insert(ino, caller);
         }
-        let Some(ino) = self.waiting.pop_first() else { return Ok(Step::Idle) };
-        match compact(&self.meta, &self.data, self.chunk_size, ino).await {
+        let Some((ino, caller)) = self.waiting.pop_first() else { return Ok(Step::Idle) };
+        let work = compact(&self.meta, &self.data, self.chunk_size, ino);
+        let done = match caller {
+            Some(caller) => crate::meta_link::acting_as(caller, work).await,
+            None => work.await,
+        };
+        match done {
             Ok(0) => {}
             Ok(runs) => {
                 self.compacted += 1;
                 tracing::debug!(ino, runs, "compacted");
             }
-            // Changed or deleted meanwhile: nothing to do.
-            Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound) => {}
+            // Changed or deleted meanwhile, or the user who closed it may not rewrite
+            // it (meta checks write permission): nothing to do.
+            Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound | ErrorCode::PermissionDenied) => {}
             Err(e) => return Err(VfsError::new(e.code, format!("compacting inode {ino}: {}", e.context))),
         }
         Ok(if self.waiting.is_empty() { Step::Idle } else { Step::Busy })
@@ -101,8 +112,8 @@ impl Worker for Compactor {
 
     async fn wait_for_work(&mut self) -> Step {
         match self.queue.recv().await {
-            Some(ino) => {
-                self.waiting.insert(ino);
+            Some((ino, caller)) => {
+                self.waiting.insert(ino, caller);
                 Step::Busy
             }
             None => Step::Done,
@@ -117,7 +128,9 @@ pub(crate) async fn compact(
     chunk_size: u64,
     ino: InodeId,
 ) -> Result<usize, VfsError> {
-    let Opened { attr, extents, policy } = meta.call(Extents { ino }).await?;
+    let opened = meta.call(Extents { ino }).await?;
+    data.learn_caps(ino, &opened);
+    let Opened { attr, extents, policy, .. } = opened;
     let extents = ExtentMap::from_extents(extents);
     if !is_fragmented(&extents, attr.size, chunk_size) {
         return Ok(0);
@@ -137,10 +150,10 @@ pub(crate) async fn compact(
         }
         let id = ChunkId::of(&bytes);
         let bytes = bytes::Bytes::from(bytes);
-        chunks.push(data.store_chunk(id, &bytes, &policy).await?);
+        chunks.push(data.store_chunk(ino, id, &bytes, &policy).await?);
         new_extents.push(Extent { file_offset: *start, len: bytes.len() as u64, chunk: id, chunk_offset: 0 });
     }
-    let req = Compact { ino, data_version: attr.data_version, extents: new_extents, chunks };
+    let req = Compact { ino, session: meta.session(), data_version: attr.data_version, extents: new_extents, chunks };
     meta.call(req).await?;
     Ok(runs.len())
 }

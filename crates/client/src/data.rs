@@ -7,12 +7,13 @@ use crate::meta_link::MetaLink;
 use bytes::Bytes;
 use chunk::cache::ChunkCache;
 use net::NodeDirectory;
+use proto::cap::Cap;
 use proto::error::ErrorCode;
-use proto::meta::{ChunkLocations, ListNodes, StoredChunk};
+use proto::meta::{ChunkLocations, Extents, ListNodes, Open, OpenAccess, Opened, Release, StoredChunk};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::placement::rendezvous;
 use proto::policy::{Policy, Replicate};
-use proto::types::{ChunkId, NodeInfo};
+use proto::types::{ChunkId, InodeId, NodeInfo};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -35,7 +36,16 @@ pub(crate) struct DataPath {
     /// uploads that hold each).
     uploading: Mutex<HashMap<ChunkId, (ChunkData, usize)>>,
     fetches: SingleFlight<ChunkId, ChunkData>,
+    /// Meta's read capabilities per chunk, with the file each came with (to ask again
+    /// when a node refuses an expired one).
+    read_caps: Mutex<HashMap<ChunkId, (Cap, InodeId)>>,
+    /// Meta's latest put capability.
+    put_cap: Mutex<Option<Cap>>,
 }
+
+/// Read capabilities kept at most; past that the map starts again (files reopened
+/// or read again ask meta for fresh ones).
+const MAX_READ_CAPS: usize = 1 << 20;
 
 impl DataPath {
     pub fn new(
@@ -53,7 +63,45 @@ impl DataPath {
             cache: ChunkCache::new(cache_bytes),
             uploading: Mutex::default(),
             fetches: SingleFlight::default(),
+            read_caps: Mutex::default(),
+            put_cap: Mutex::default(),
         }
+    }
+
+    /// Keeps the capabilities meta sent with an open of `ino` (or its extents).
+    pub fn learn_caps(&self, ino: InodeId, opened: &Opened) {
+        if !opened.caps.read.is_empty() {
+            let mut caps = lock(&self.read_caps);
+            if caps.len() > MAX_READ_CAPS {
+                caps.clear();
+            }
+            for (e, cap) in opened.extents.iter().zip(&opened.caps.read) {
+                caps.insert(e.chunk, (*cap, ino));
+            }
+        }
+        if let Some(put) = opened.caps.put {
+            let mut current = lock(&self.put_cap);
+            if current.is_none_or(|c| c.expires_ms < put.expires_ms) {
+                *current = Some(put);
+            }
+        }
+    }
+
+    /// Asks meta again for the capabilities a node refused: read ones with the
+    /// extents of the file the chunk belongs to, a put one with an open for writing of
+    /// `ino` (released at once).
+    async fn refresh_caps(&self, ino: InodeId, write: bool) -> Result<()> {
+        let opened = if write {
+            let session = self.meta.session();
+            let access = OpenAccess { read: false, write: true };
+            let opened = self.meta.call(Open { ino, session, truncate: false, access }).await?;
+            self.meta.call(Release { ino, session }).await?;
+            opened
+        } else {
+            self.meta.call(Extents { ino }).await?
+        };
+        self.learn_caps(ino, &opened);
+        Ok(())
     }
 
     /// Learns the nodes from meta; this site's live nodes become the placement set
@@ -102,12 +150,13 @@ impl DataPath {
         }
     }
 
-    /// Stores a chunk on the first node of its placement that accepts it; that node
-    /// makes the other copies `policy` asks for and answers where they all are. A
-    /// failed replication (`NotReplicated`) is final: another node of this site would
-    /// meet the same unreachable site.
-    pub async fn store_chunk(&self, id: ChunkId, data: &Bytes, policy: &Policy) -> Result<StoredChunk> {
-        let put = NodeRequest::Put { id, replicate: Replicate::for_writer(policy, &self.site) };
+    /// Stores a chunk of file `ino` on the first node of its placement that accepts
+    /// it (with meta's put capability, asked again once if a node refuses it); that
+    /// node makes the other copies `policy` asks for and answers where they all are.
+    /// A failed replication (`NotReplicated`) is final: another node of this site
+    /// would meet the same unreachable site.
+    pub async fn store_chunk(&self, ino: InodeId, id: ChunkId, data: &Bytes, policy: &Policy) -> Result<StoredChunk> {
+        let replicate = Replicate::for_writer(policy, &self.site);
         let mut last = VfsError::new(ErrorCode::Io, "no storage node is registered at this site");
         let mut nodes = self.placement(&id);
         if nodes.is_empty() {
@@ -115,12 +164,22 @@ impl DataPath {
             self.refresh_nodes().await?;
             nodes = self.placement(&id);
         }
-        for node in nodes {
-            match self.node_call(&node, &put, data.clone()).await {
+        let mut refreshed = false;
+        let mut i = 0;
+        while i < nodes.len() {
+            let node = &nodes[i];
+            let put = NodeRequest::Put { id, cap: *lock(&self.put_cap), replicate: replicate.clone() };
+            match self.node_call(node, &put, data.clone()).await {
                 Ok((NodeReply::Stored(nodes), _)) if !nodes.is_empty() => {
                     return Ok(StoredChunk { id, size: data.len() as u64, nodes });
                 }
-                Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node] }),
+                Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node.clone()] }),
+                Err(e) if e.code == ErrorCode::PermissionDenied && !refreshed => {
+                    refreshed = true;
+                    tracing::debug!(chunk = %id, %node, "put capability refused, asking meta again: {e}");
+                    self.refresh_caps(ino, true).await?;
+                    continue;
+                }
                 Err(e) if e.code == ErrorCode::NotReplicated => {
                     tracing::error!(chunk = %id, %node, "the write fails: {e}");
                     return Err(e);
@@ -130,6 +189,7 @@ impl DataPath {
                     last = e;
                 }
             }
+            i += 1;
         }
         Err(last)
     }
@@ -150,6 +210,7 @@ impl DataPath {
         let mut candidates = self.placement(&id);
         let mut last = VfsError::new(ErrorCode::Io, format!("chunk {id} is on no reachable node"));
         let mut asked_meta = false;
+        let mut refreshed = false;
         let mut i = 0;
         loop {
             if i == candidates.len() {
@@ -174,7 +235,8 @@ impl DataPath {
             }
             let node = candidates[i].clone();
             i += 1;
-            let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false };
+            let cap = lock(&self.read_caps).get(&id).copied();
+            let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false, cap: cap.map(|c| c.0) };
             match self.node_call(&node, &get, Bytes::new()).await {
                 Ok((NodeReply::Data, data)) => {
                     if ChunkId::of(&data) != id {
@@ -186,6 +248,13 @@ impl DataPath {
                     return Ok(data);
                 }
                 Ok((other, _)) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),
+                Err(e) if e.code == ErrorCode::PermissionDenied && !refreshed && cap.is_some() => {
+                    // Expired, or signed by a meta that restarted since: ask again, retry.
+                    refreshed = true;
+                    tracing::debug!(chunk = %id, %node, "read capability refused, asking meta again: {e}");
+                    self.refresh_caps(cap.map_or(0, |c| c.1), false).await?;
+                    i -= 1;
+                }
                 Err(e) => {
                     // A corrupt or missing copy is not an answer: try the next copy. A chunk
                     // missing on every node is lost data (EIO), not a missing name (ENOENT).

@@ -137,6 +137,9 @@ pub(crate) struct FileInner {
     /// Size or mtime changed locally since the last commit.
     pub modified: bool,
     pub opens: usize,
+    /// What meta allowed this session's opens of the file (see `Vfs::open`): a write
+    /// open is recorded there, and reads and puts came with capabilities.
+    pub granted: proto::meta::OpenAccess,
     /// Lock owners that took a byte-range lock here; their locks go on close.
     pub lock_owners: HashSet<u64>,
 }

@@ -16,4 +16,5 @@ mod session;
 mod vfs;
 
 pub use error::VfsError;
+pub use meta_link::acting_as;
 pub use vfs::{ClientConfig, DirHandle, FileHandle, OpenOptions, Vfs};

@@ -6,14 +6,32 @@ use bytes::Bytes;
 use net::PushHandler;
 use net::RpcClient;
 use proto::error::ErrorCode;
-use proto::meta::{Hello, MetaMessage, MetaPush, PushAnswer, SessionInfo};
-use proto::types::SessionId;
+use proto::meta::{As, Hello, MetaMessage, MetaPush, PushAnswer, SessionInfo};
+use proto::types::{Caller, SessionId};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 use util::worker::Workers;
 
 type Result<T> = std::result::Result<T, VfsError>;
+
+tokio::task_local! {
+    /// The user the current operation acts for (set by the adapter per request).
+    static CALLER: Caller;
+}
+
+/// Runs `work` for `caller`: every request it sends to meta carries that user's
+/// credentials, which meta checks permissions against. Outside such a scope a
+/// request carries none and acts as the client host itself.
+pub async fn acting_as<F: Future>(caller: Caller, work: F) -> F::Output {
+    CALLER.scope(caller, work).await
+}
+
+/// The user the current task acts for, if any.
+pub(crate) fn current_caller() -> Option<Caller> {
+    CALLER.try_with(Caller::clone).ok()
+}
 
 /// Meta as this client talks to it.
 pub(crate) struct MetaLink {
@@ -50,9 +68,13 @@ impl MetaLink {
         self.session.load(Ordering::Relaxed)
     }
 
-    /// Sends one request and returns its typed answer.
+    /// Sends one request, for the user the current task acts for (`acting_as`), and
+    /// returns its typed answer.
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
-        Ok(self.rpc.ask(msg).await??)
+        Ok(match current_caller() {
+            Some(caller) => self.rpc.ask(As { caller, site: self.info.site.clone(), request: msg }).await??,
+            None => self.rpc.ask(msg).await??,
+        })
     }
 }
 

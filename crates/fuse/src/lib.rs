@@ -10,7 +10,9 @@ use fuser::{
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
 };
-use proto::meta::{AllocateMode, AttrChanges, LockKind, LockRange, NewNode, RenameMode, TimeSet, XattrMode};
+use proto::meta::{
+    AllocateMode, AttrChanges, LockKind, LockRange, NewNode, OpenAccess, RenameMode, TimeSet, XattrMode,
+};
 use proto::types::{Attr, Caller, FileKind, Timestamp};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -178,8 +180,35 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// Who asks: uid and gid from the request, supplementary groups from
+/// `/proc/PID/status` (FUSE passes only uid, gid and pid). Meta checks permissions
+/// against all three.
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    let (uid, gid) = (req.uid(), req.gid());
+    let groups = if uid == 0 { Vec::new() } else { groups_of(req.pid()) };
+    Caller { uid, gid, groups }
+}
+
+/// A process's supplementary groups; none if it is gone (or the kernel itself asks).
+fn groups_of(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return Vec::new() };
+    parse_groups(&status)
+}
+
+/// The `Groups:` line of a `/proc/PID/status` text.
+fn parse_groups(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// What `open(2)` flags ask for: access mode and truncation.
+fn open_options(flags: i32) -> OpenOptions {
+    let mode = flags & libc::O_ACCMODE;
+    let access = OpenAccess { read: mode != libc::O_WRONLY, write: mode != libc::O_RDONLY };
+    OpenOptions { truncate: flags & libc::O_TRUNC != 0, access }
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -216,14 +245,21 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
 impl LocusFs {
     /// Runs `work` on the runtime; `finish` turns its result into a reply. `op` names
     /// the operation in the error log.
-    fn run<T, F, R>(&self, op: &'static str, reply: R, work: F, finish: impl FnOnce(R, T) + Send + 'static)
-    where
+    fn run<T, F, R>(
+        &self,
+        req: &Request,
+        op: &'static str,
+        reply: R,
+        work: F,
+        finish: impl FnOnce(R, T) + Send + 'static,
+    ) where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, VfsError>> + Send + 'static,
         R: ErrorReply + Send + 'static,
     {
+        let who = caller(req);
         self.rt.spawn(async move {
-            match work.await {
+            match client::acting_as(who, work).await {
                 Ok(v) => finish(reply, v),
                 Err(e) => reply.fail(errno(op, &e)),
             }
@@ -232,21 +268,23 @@ impl LocusFs {
 
     fn entry(
         &self,
+        req: &Request,
         op: &'static str,
         reply: ReplyEntry,
         work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static,
     ) {
         let ttl = self.ttl;
-        self.run(op, reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
+        self.run(req, op, reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
     }
 
     fn empty(
         &self,
+        req: &Request,
         op: &'static str,
         reply: ReplyEmpty,
         work: impl std::future::Future<Output = Result<(), VfsError>> + Send + 'static,
     ) {
-        self.run(op, reply, work, |r, ()| r.ok());
+        self.run(req, op, reply, work, |r, ()| r.ok());
     }
 }
 
@@ -287,14 +325,16 @@ impl Filesystem for LocusFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.entry("lookup", reply, async move { vfs.lookup(parent.0, &n).await });
+        self.entry(req, "lookup", reply, async move { vfs.lookup(parent.0, &n).await });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (vfs, ttl) = (self.vfs.clone(), self.ttl);
-        self.run("getattr", reply, async move { vfs.getattr(ino.0).await }, move |r, a| r.attr(&ttl, &file_attr(&a)));
+        self.run(req, "getattr", reply, async move { vfs.getattr(ino.0).await }, move |r, a| {
+            r.attr(&ttl, &file_attr(&a))
+        });
     }
 
     fn setattr(
@@ -308,7 +348,7 @@ impl Filesystem for LocusFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -323,15 +363,15 @@ impl Filesystem for LocusFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
-        let (vfs, ttl, who) = (self.vfs.clone(), self.ttl, caller(req));
-        self.run("setattr", reply, async move { vfs.setattr(ino.0, set, who).await }, move |r, a| {
+        let (vfs, ttl) = (self.vfs.clone(), self.ttl);
+        self.run(req, "setattr", reply, async move { vfs.setattr(ino.0, set, fh.is_some()).await }, move |r, a| {
             r.attr(&ttl, &file_attr(&a))
         });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let vfs = self.vfs.clone();
-        self.run("readlink", reply, async move { vfs.readlink(ino.0).await }, |r, t| r.data(&t));
+        self.run(req, "readlink", reply, async move { vfs.readlink(ino.0).await }, |r, t| r.data(&t));
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
@@ -339,38 +379,39 @@ impl Filesystem for LocusFs {
             Ok(node) => node,
             Err(e) => return reply.error(e),
         };
-        let (vfs, n, who) = (self.vfs.clone(), name(n), caller(req));
-        self.entry("mknod", reply, async move { vfs.create(parent.0, &n, node, mode & 0o7777, who, true).await });
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.entry(req, "mknod", reply, async move { vfs.create(parent.0, &n, node, mode & 0o7777, true).await });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        let (vfs, n, who) = (self.vfs.clone(), name(n), caller(req));
+        let (vfs, n) = (self.vfs.clone(), name(n));
         self.entry(
+            req,
             "mkdir",
             reply,
-            async move { vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, who, true).await },
+            async move { vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, true).await },
         );
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.empty("unlink", reply, async move { vfs.unlink(parent.0, &n).await });
+        self.empty(req, "unlink", reply, async move { vfs.unlink(parent.0, &n).await });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.empty("rmdir", reply, async move { vfs.rmdir(parent.0, &n).await });
+        self.empty(req, "rmdir", reply, async move { vfs.rmdir(parent.0, &n).await });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
         let node = NewNode::Symlink { target: target.as_os_str().as_bytes().to_vec() };
-        let (vfs, n, who) = (self.vfs.clone(), name(link), caller(req));
-        self.entry("symlink", reply, async move { vfs.create(parent.0, &n, node, 0o777, who, true).await });
+        let (vfs, n) = (self.vfs.clone(), name(link));
+        self.entry(req, "symlink", reply, async move { vfs.create(parent.0, &n, node, 0o777, true).await });
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         newparent: INodeNo,
@@ -388,18 +429,18 @@ impl Filesystem for LocusFs {
             return reply.error(Errno::EINVAL);
         };
         let (vfs, n, nn) = (self.vfs.clone(), name(n), name(newname));
-        self.empty("rename", reply, async move { vfs.rename(parent.0, &n, newparent.0, &nn, mode).await });
+        self.empty(req, "rename", reply, async move { vfs.rename(parent.0, &n, newparent.0, &nn, mode).await });
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let (vfs, nn) = (self.vfs.clone(), name(newname));
-        self.entry("link", reply, async move { vfs.link(ino.0, newparent.0, &nn).await });
+        self.entry(req, "link", reply, async move { vfs.link(ino.0, newparent.0, &nn).await });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let opts = OpenOptions { truncate: flags.0 & libc::O_TRUNC != 0 };
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let opts = open_options(flags.0);
         let (vfs, notifier) = (self.vfs.clone(), self.notifier.clone());
-        self.run("open", reply, async move { vfs.open(ino.0, opts).await }, move |r, (fh, keep)| {
+        self.run(req, "open", reply, async move { vfs.open(ino.0, opts).await }, move |r, (fh, keep)| {
             let flags = if keep {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
@@ -415,7 +456,7 @@ impl Filesystem for LocusFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -425,12 +466,12 @@ impl Filesystem for LocusFs {
         reply: ReplyData,
     ) {
         let vfs = self.vfs.clone();
-        self.run("read", reply, async move { vfs.read(fh.0, offset, size).await }, |r, d| r.data(&d));
+        self.run(req, "read", reply, async move { vfs.read(fh.0, offset, size).await }, |r, d| r.data(&d));
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -441,17 +482,17 @@ impl Filesystem for LocusFs {
         reply: ReplyWrite,
     ) {
         let (vfs, data) = (self.vfs.clone(), data.to_vec());
-        self.run("write", reply, async move { vfs.write(fh.0, offset, &data).await }, |r, n| r.written(n));
+        self.run(req, "write", reply, async move { vfs.write(fh.0, offset, &data).await }, |r, n| r.written(n));
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
         let vfs = self.vfs.clone();
-        self.empty("flush", reply, async move { vfs.flush(fh.0, Some(owner.0)).await });
+        self.empty(req, "flush", reply, async move { vfs.flush(fh.0, Some(owner.0)).await });
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -460,25 +501,25 @@ impl Filesystem for LocusFs {
         reply: ReplyEmpty,
     ) {
         let vfs = self.vfs.clone();
-        self.empty("release", reply, async move { vfs.release(fh.0).await });
+        self.empty(req, "release", reply, async move { vfs.release(fh.0).await });
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let vfs = self.vfs.clone();
-        self.empty("fsync", reply, async move { vfs.fsync(fh.0).await });
+        self.empty(req, "fsync", reply, async move { vfs.fsync(fh.0).await });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let vfs = self.vfs.clone();
-        self.run("opendir", reply, async move { vfs.opendir(ino.0).await }, |r, dh| {
+        self.run(req, "opendir", reply, async move { vfs.opendir(ino.0).await }, |r, dh| {
             r.opened(FileHandle(dh), FopenFlags::empty())
         });
     }
 
     /// Offsets: 1 is ".", 2 is "..", and an entry with cookie c sits at c + 2.
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let vfs = self.vfs.clone();
-        self.rt.spawn(async move {
+        self.rt.spawn(client::acting_as(caller(req), async move {
             if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
                 return reply.ok();
             }
@@ -501,7 +542,7 @@ impl Filesystem for LocusFs {
             }
             vfs.readdir_consumed(fh.0, last);
             reply.ok()
-        });
+        }));
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
@@ -509,14 +550,14 @@ impl Filesystem for LocusFs {
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let vfs = self.vfs.clone();
-        self.empty("fsyncdir", reply, async move { vfs.sync_meta().await });
+        self.empty(req, "fsyncdir", reply, async move { vfs.sync_meta().await });
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let vfs = self.vfs.clone();
-        self.run("statfs", reply, async move { vfs.statfs().await }, |r, s| {
+        self.run(req, "statfs", reply, async move { vfs.statfs().await }, |r, s| {
             const BLOCK: u64 = 4096;
             let blocks = s.capacity_bytes / BLOCK;
             let free = s.capacity_bytes.saturating_sub(s.used_bytes) / BLOCK;
@@ -526,7 +567,7 @@ impl Filesystem for LocusFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         n: &OsStr,
         value: &[u8],
@@ -541,17 +582,17 @@ impl Filesystem for LocusFs {
             _ => return reply.error(Errno::EINVAL),
         };
         let (vfs, n, value) = (self.vfs.clone(), name(n), value.to_vec());
-        self.empty("setxattr", reply, async move { vfs.setxattr(ino.0, &n, &value, mode).await });
+        self.empty(req, "setxattr", reply, async move { vfs.setxattr(ino.0, &n, &value, mode).await });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.run("getxattr", reply, async move { vfs.getxattr(ino.0, &n).await }, move |r, v| sized(r, size, &v));
+        self.run(req, "getxattr", reply, async move { vfs.getxattr(ino.0, &n).await }, move |r, v| sized(r, size, &v));
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let vfs = self.vfs.clone();
-        self.run("listxattr", reply, async move { vfs.listxattr(ino.0).await }, move |r, names| {
+        self.run(req, "listxattr", reply, async move { vfs.listxattr(ino.0).await }, move |r, names| {
             let mut buf = Vec::new();
             for n in names {
                 buf.extend_from_slice(&n);
@@ -561,9 +602,9 @@ impl Filesystem for LocusFs {
         });
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.empty("removexattr", reply, async move { vfs.removexattr(ino.0, &n).await });
+        self.empty(req, "removexattr", reply, async move { vfs.removexattr(ino.0, &n).await });
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -582,17 +623,17 @@ impl Filesystem for LocusFs {
         reply: ReplyCreate,
     ) {
         let exclusive = flags & libc::O_EXCL != 0;
-        let opts = OpenOptions { truncate: flags & libc::O_TRUNC != 0 };
-        let (vfs, n, who, ttl) = (self.vfs.clone(), name(n), caller(req), self.ttl);
-        let work = async move { vfs.create_open(parent.0, &n, mode & 0o7777, who, exclusive, opts).await };
-        self.run("create", reply, work, move |r, (attr, fh)| {
+        let opts = open_options(flags);
+        let (vfs, n, ttl) = (self.vfs.clone(), name(n), self.ttl);
+        let work = async move { vfs.create_open(parent.0, &n, mode & 0o7777, exclusive, opts).await };
+        self.run(req, "create", reply, work, move |r, (attr, fh)| {
             r.created(&ttl, &file_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::empty())
         });
     }
 
     fn getlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         owner: LockOwner,
@@ -607,7 +648,7 @@ impl Filesystem for LocusFs {
             Err(e) => return reply.error(e),
         };
         let vfs = self.vfs.clone();
-        self.run("getlk", reply, async move { vfs.getlk(lock).await }, move |r, conflict| match conflict {
+        self.run(req, "getlk", reply, async move { vfs.getlk(lock).await }, move |r, conflict| match conflict {
             Some(l) => {
                 let typ = if l.kind == LockKind::Read { libc::F_RDLCK } else { libc::F_WRLCK };
                 r.locked(l.start, l.end, typ, l.pid)
@@ -618,7 +659,7 @@ impl Filesystem for LocusFs {
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         owner: LockOwner,
@@ -634,12 +675,12 @@ impl Filesystem for LocusFs {
             Err(e) => return reply.error(e),
         };
         let vfs = self.vfs.clone();
-        self.empty("setlk", reply, async move { vfs.setlk(fh.0, lock, sleep).await });
+        self.empty(req, "setlk", reply, async move { vfs.setlk(fh.0, lock, sleep).await });
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -655,7 +696,7 @@ impl Filesystem for LocusFs {
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
         let vfs = self.vfs.clone();
-        self.empty("fallocate", reply, async move { vfs.fallocate(fh.0, offset, length, mode).await });
+        self.empty(req, "fallocate", reply, async move { vfs.fallocate(fh.0, offset, length, mode).await });
     }
 
     /// No ioctl is implemented: ENOTTY is what a file that has none answers, and
@@ -690,6 +731,16 @@ fn sized(reply: ReplyXattr, size: u32, data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn supplementary_groups_come_from_proc_status() {
+        let status = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 1000 \nNSpid:\t5\n";
+        assert_eq!(parse_groups(status), vec![4, 24, 1000]);
+        assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
+        assert_eq!(parse_groups("Name:\tx\n"), Vec::<u32>::new());
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert_eq!(groups_of(std::process::id()), parse_groups(&own));
+    }
 
     #[test]
     fn request_times_before_the_epoch_keep_their_nanoseconds() {

@@ -217,6 +217,15 @@ pub struct MetaArgs {
     /// 0: no lease (no fencing).
     #[arg(long, default_value_t = 10_000)]
     pub primary_lease_ms: u64,
+    /// SITE=FILE: the site's identity map (grid-mapfile shape: `"<principal>" name uid`
+    /// lines, a `[groups]` section, `nobody UID GID`), reloaded when it changes.
+    /// Repeat per site; a site without one numbers owners with its local ids.
+    #[arg(long = "identity-map", value_name = "SITE=FILE", value_parser = site_file)]
+    pub identity_maps: Vec<(String, PathBuf)>,
+    /// Trust root on this site's clients (by default root is squashed to nobody once
+    /// TLS proves the site). Repeat per site.
+    #[arg(long = "no-root-squash", value_name = "SITE")]
+    pub no_root_squash: Vec<String>,
     /// Revocation list (`locus ca revoke` writes `CA_DIR/revoked`): one serial or
     /// name a line, reread when it changes, sent to every node and client.
     #[arg(long, value_name = "FILE")]
@@ -224,6 +233,14 @@ pub struct MetaArgs {
     /// Admits this node id at start, as `locus node admit` would (repeat for more).
     #[arg(long = "admit-node", value_name = "ID")]
     pub admit_nodes: Vec<String>,
+}
+
+/// `SITE=FILE` of `--identity-map`.
+fn site_file(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((site, file)) if !site.is_empty() && !file.is_empty() => Ok((site.to_string(), PathBuf::from(file))),
+        _ => Err(format!("expected SITE=FILE, got {s:?}")),
+    }
 }
 
 /// Administrative actions of `locus meta` on a database no meta is serving.
@@ -293,6 +310,11 @@ pub struct NodeArgs {
     /// Unreferenced chunks written more recently than this are kept (writes in flight).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reclaim_grace: std::time::Duration,
+    /// Encrypt chunks at rest with the key in FILE (64 hex digits, e.g. from
+    /// `openssl rand -hex 32`; keep it off the node's data disk). Chunk ids stay the
+    /// hash of the plaintext (see SECURITY.md).
+    #[arg(long, value_name = "FILE")]
+    pub encrypt_key: Option<PathBuf>,
     /// How long a sync or semi-sync write waits for its copies at other nodes and sites
     /// before it fails (EIO at fsync/close), e.g. 10s.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]

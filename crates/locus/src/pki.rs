@@ -60,8 +60,8 @@ pub fn read_revoked(path: &Path) -> Vec<String> {
 
 /// The CA and certificates `locus up` keeps in `DATA_DIR/tls`, made on first start:
 /// one certificate for the process (a node certificate named after the embedded node:
-/// the process is meta, node and mount at once) and one client certificate for the
-/// admin commands run beside it.
+/// the process is meta, node and mount at once) and one for the admin commands run
+/// beside it (node role: `gc` and `fsck` list and delete chunks on nodes).
 pub struct LocalPki {
     /// The directory.
     pub dir: PathBuf,
@@ -82,7 +82,7 @@ impl LocalPki {
         if !pki.dir.join(CA_CERT).exists() {
             let ca = Ca::init(&pki.dir, "Locus local CA").context("cannot create the local CA")?;
             ca.issue(Role::Node, LOCAL_NODE, LOCAL_SITE, 3650)?.write(&pki.dir, LOCAL_NODE)?;
-            ca.issue(Role::Client, LOCAL_ADMIN, LOCAL_SITE, 3650)?.write(&pki.dir, LOCAL_ADMIN)?;
+            ca.issue(Role::Node, LOCAL_ADMIN, LOCAL_SITE, 3650)?.write(&pki.dir, LOCAL_ADMIN)?;
             tracing::info!("made a CA and certificates in {}", pki.dir.display());
         }
         Ok(pki)

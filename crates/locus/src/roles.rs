@@ -35,16 +35,26 @@ fn expand_home(p: &str) -> PathBuf {
 /// How often meta tells clients to heartbeat.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
+/// Each site's identity map file and the sites whose root is trusted.
+type IdentityConfig = (Vec<(String, PathBuf)>, Vec<String>);
+
 /// Starts meta on `listener` over the database `config` names (formatting a new one
-/// with `init`), admits the node ids `admit`; returns the address clients use.
+/// with `init`) with the sites' identity maps, admits the node ids `admit`; returns
+/// the address clients use.
 async fn start_meta(
     listener: TcpListener,
     config: meta::MetaConfig,
+    (maps, no_root_squash): IdentityConfig,
     revoked: Option<PathBuf>,
     admit: &[String],
 ) -> anyhow::Result<String> {
     let addr = listener.local_addr()?.to_string();
-    let service = tokio::task::spawn_blocking(move || meta::MetaService::open(&config)).await??;
+    let service = tokio::task::spawn_blocking(move || {
+        let service = meta::MetaService::open(&config)?;
+        service.configure_identities(maps, no_root_squash)?;
+        Ok::<_, meta::MetaError>(service)
+    })
+    .await??;
     tracing::info!(cluster = service.cluster_id(), "meta opened its database");
     service.admit_nodes(admit).await.context("cannot admit the nodes named by --admit-node")?;
     service.spawn_background();
@@ -84,6 +94,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&args.listen, "meta").await?;
+    let identities = (args.identity_maps.clone(), args.no_root_squash.clone());
     let expiry = Duration::from_secs(args.session_expiry_secs);
     let lease = (args.primary_lease_ms > 0).then(|| Duration::from_millis(args.primary_lease_ms));
     let config = meta::MetaConfig {
@@ -94,7 +105,7 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         session_expiry: expiry,
         primary_lease: lease,
     };
-    let addr = start_meta(listener, config, args.revoked.clone(), &args.admit_nodes).await?;
+    let addr = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -131,6 +142,7 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
         },
         metrics: None,
         join_token: args.join_token.clone(),
+        encrypt_key: args.encrypt_key.clone(),
     }
 }
 
@@ -296,7 +308,8 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
     };
-    let meta_addr = start_meta(meta_listener, config, revoked, &[LOCAL_NODE.to_string()]).await?;
+    let meta_addr =
+        start_meta(meta_listener, config, IdentityConfig::default(), revoked, &[LOCAL_NODE.to_string()]).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),
@@ -312,6 +325,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         metrics: None,
         reclaim_above: 90.0,
         reclaim_grace: Duration::from_secs(300),
+        encrypt_key: None,
         sync_timeout: Duration::from_secs(10),
         repair_rate: 64 << 20,
         repair_every: Duration::from_secs(10),

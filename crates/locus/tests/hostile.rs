@@ -7,8 +7,8 @@
 //! client certificate of the cluster (the worst case: it passes the handshake).
 
 use proto::frame::{self, FrameKind, HEADER_LEN, Header};
-use proto::meta::{Create, GetAttr, MetaReply, MetaRequest, MetaResult, NewNode, ReadDir};
-use proto::types::{Caller, ROOT_INODE};
+use proto::meta::{Create, GetAttr, MetaCall, MetaReply, MetaRequest, MetaResult, NewNode, ReadDir};
+use proto::types::ROOT_INODE;
 use serde::{Serialize, de::DeserializeOwned};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -78,7 +78,9 @@ impl<T: Read + Write> ReadWrite for T {}
 fn meta_answers(addr: &str, tls: &Arc<rustls::ClientConfig>) -> bool {
     let Ok(mut s) = connect(addr, tls) else { return false };
     s.sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let req = frame::encode(FrameKind::Request, 1, &MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }), 0).unwrap();
+    let req =
+        frame::encode(FrameKind::Request, 1, &MetaCall::from(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })), 0)
+            .unwrap();
     let mut head = [0u8; HEADER_LEN];
     s.write_all(&req).is_ok() && s.flush().is_ok() && s.read_exact(&mut head).is_ok() && Header::decode(&head).is_ok()
 }
@@ -159,13 +161,13 @@ fn pipelined_requests_never_read_keep_meta_memory_bounded() {
             name: format!("entry-with-a-longish-name-{i:04}").into_bytes(),
             node: NewNode::File,
             mode: 0o644,
-            caller: Caller { uid: 0, gid: 0 },
             exclusive: true,
         });
-        let made: MetaResult = rpc(&mut s, &create);
+        let made: MetaResult = rpc(&mut s, &MetaCall::from(create));
         assert!(made.is_ok(), "{made:?}");
     }
-    let listed: MetaResult = rpc(&mut s, &MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 }));
+    let listed: MetaResult =
+        rpc(&mut s, &MetaCall::from(MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })));
     assert!(matches!(listed, Ok(MetaReply::Entries(ref e)) if e.len() == 100), "{listed:?}");
 
     let pid = c.meta.child.id();
@@ -173,7 +175,7 @@ fn pipelined_requests_never_read_keep_meta_memory_bounded() {
     let one = frame::encode(
         FrameKind::Request,
         7,
-        &MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 }),
+        &MetaCall::from(MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })),
         0,
     )
     .unwrap();
@@ -212,10 +214,12 @@ fn idle_and_trickling_connections_are_closed_while_a_client_works() {
     let mut client = connect(&c.meta.addr, &tls).unwrap();
     client.sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let started = Instant::now();
-    let header = frame::encode(FrameKind::Request, 1, &MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }), 0).unwrap();
+    let header =
+        frame::encode(FrameKind::Request, 1, &MetaCall::from(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })), 0)
+            .unwrap();
     let mut trickled = 0;
     while started.elapsed() < Duration::from_secs(7) {
-        let attr: MetaResult = rpc(&mut client, &MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }));
+        let attr: MetaResult = rpc(&mut client, &MetaCall::from(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })));
         assert!(matches!(attr, Ok(MetaReply::Attr(_))), "{attr:?}");
         if trickled < header.len() && started.elapsed() >= Duration::from_secs(trickled as u64) {
             // The trickler may already be closed; that is the point.

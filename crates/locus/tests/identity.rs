@@ -137,14 +137,15 @@ fn gc_refuses_to_empty_the_nodes_and_dry_run_deletes_nothing() {
     // 120 chunks on the node that the catalogue knows nothing about.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let f = c.cert("client", "putter", "default");
+        // A node's certificate: clients may not put without meta's capability.
+        let f = c.cert("node", "putter", "default");
         let tls = net::Tls::load(Path::new(&f[1]), Path::new(&f[3]), Path::new(&f[5])).unwrap();
         let timeout = std::time::Duration::from_secs(10);
         let node = net::RpcClient::connect_as(&c.nodes[0].addr, 1, timeout, Some(tls.into())).await.unwrap();
         for i in 0..120u32 {
             let data = format!("stray chunk {i}").into_bytes();
-            let req =
-                proto::node::NodeRequest::Put { id: proto::types::ChunkId::of(&data), replicate: Default::default() };
+            let id = proto::types::ChunkId::of(&data);
+            let req = proto::node::NodeRequest::Put { id, cap: None, replicate: Default::default() };
             let (r, _): (proto::node::NodeResult, _) = node.call_bulk(&req, bytes::Bytes::from(data)).await.unwrap();
             r.unwrap();
         }

@@ -222,3 +222,51 @@ fn an_eavesdropper_sees_neither_names_nor_data() {
     let found = wire.windows(secret_name.len()).any(|w| w == secret_name.as_bytes());
     assert!(!found, "the file name crossed the wire in clear");
 }
+
+/// What a client certificate may ask a node, over live TLS: no chunk without meta's
+/// capability (knowing its hash is not enough), no put without one, and no listing or
+/// deleting at all; a node's certificate (replication, repair, site fetches) may.
+#[test]
+fn a_client_certificate_gets_no_chunk_without_a_capability_and_cannot_administer_a_node() {
+    use proto::error::ErrorCode;
+    use proto::node::{NodeReply, NodeRequest, NodeResult};
+    let c = Cluster::start(bin(), 1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let connect = |role: &str, name: &str| {
+        let f = c.cert(role, name, "default");
+        let tls = net::Tls::load(Path::new(&f[1]), Path::new(&f[3]), Path::new(&f[5])).unwrap();
+        let connect = net::RpcClient::connect_as(&c.nodes[0].addr, 1, Duration::from_secs(10), Some(tls.into()));
+        rt.block_on(connect).unwrap()
+    };
+    let ask = |rpc: &net::RpcClient, req: &NodeRequest, bulk: Vec<u8>| -> NodeResult {
+        rt.block_on(rpc.call_bulk::<_, NodeResult>(req, bytes::Bytes::from(bulk))).unwrap().0
+    };
+    let data = b"a chunk whose hash the thief knows".to_vec();
+    let id = proto::types::ChunkId::of(&data);
+    let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: true, cap: None };
+
+    let peer = connect("node", "peer");
+    let put = NodeRequest::Put { id, cap: None, replicate: Default::default() };
+    ask(&peer, &put, data.clone()).expect("a node's certificate puts without a capability");
+    assert!(ask(&peer, &get, Vec::new()).is_ok(), "a node's certificate gets without a capability");
+
+    let thief = connect("client", "thief");
+    // Until the node has meta's key it refuses every client request as Busy.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let e = ask(&thief, &get, Vec::new()).expect_err("a get without a capability was served");
+        if e.code != ErrorCode::Busy || Instant::now() > deadline {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(refused.code, ErrorCode::PermissionDenied, "{refused}");
+    assert_eq!(ask(&thief, &put, b"forged".to_vec()).unwrap_err().code, ErrorCode::PermissionDenied);
+    let list = NodeRequest::List { after: None, limit: 100 };
+    assert_eq!(ask(&thief, &list, Vec::new()).unwrap_err().code, ErrorCode::NotPermitted);
+    let delete = NodeRequest::Delete { ids: vec![id], min_age_secs: 0 };
+    assert_eq!(ask(&thief, &delete, Vec::new()).unwrap_err().code, ErrorCode::NotPermitted);
+    // The chunk is still there for those allowed.
+    let has = ask(&peer, &NodeRequest::Has { ids: vec![id] }, Vec::new()).unwrap();
+    assert!(matches!(&has, NodeReply::Flags(f) if f == &[true]), "{has:?}");
+}

@@ -18,6 +18,8 @@ pub enum MetaError {
     NotEmpty(String),
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("name of {len} bytes is longer than the 255-byte limit")]
@@ -96,6 +98,8 @@ pub enum MetaError {
     /// it refuses writes so that none is accepted the new primary does not have.
     #[error("fenced: {0}")]
     Fenced(String),
+    #[error("identity map {path}:{line}: {msg}")]
+    IdentityMap { path: String, line: usize, msg: String },
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -112,6 +116,7 @@ impl MetaError {
             MetaError::IsDir(_) => ErrorCode::IsDir,
             MetaError::NotEmpty(_) => ErrorCode::NotEmpty,
             MetaError::NotPermitted(_) => ErrorCode::NotPermitted,
+            MetaError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             MetaError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             MetaError::NameTooLong { .. } => ErrorCode::NameTooLong,
             MetaError::NoAttribute(_) => ErrorCode::NoAttribute,
@@ -132,6 +137,7 @@ impl MetaError {
             MetaError::NotAdmitted(_) | MetaError::Removed(_) | MetaError::BadJoinToken(_) => {
                 ErrorCode::PermissionDenied
             }
+            MetaError::IdentityMap { .. } => ErrorCode::InvalidArgument,
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Fenced(_) => ErrorCode::ReadOnly,

@@ -3,8 +3,10 @@
 //! once in `engine`, above the row-level backend traits of `store`; the backends are SQLite
 //! (embedded, the default) and PostgreSQL, chosen by URL in `open_store`.
 
+pub mod authority;
 mod engine;
 mod error;
+mod identity;
 mod locks;
 mod migrate;
 mod ops;
@@ -18,8 +20,9 @@ pub mod conformance;
 
 pub use engine::{Store, open_store};
 pub use error::MetaError;
+pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_map};
 pub use locks::Held;
 pub use migrate::migrate;
 pub use postgres::{PrimaryLease, Promotion, promote};
 pub use service::{MetaConfig, MetaService};
-pub use store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+pub use store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

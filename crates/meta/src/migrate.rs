@@ -137,15 +137,13 @@ mod tests {
     }
 
     fn create(s: &Arc<MetaService>, parent: InodeId, name: &str, node: NewNode) -> Attr {
-        let req = MetaRequest::Create(Create {
-            parent,
-            name: name.into(),
-            node,
-            mode: 0o640,
-            caller: Caller { uid: 7, gid: 8 },
-            exclusive: true,
-        });
-        match ask(s, req) {
+        let req = MetaRequest::Create(Create { parent, name: name.into(), node, mode: 0o640, exclusive: true });
+        let ino = match ask(s, req) {
+            MetaReply::Attr(a) => a.ino,
+            other => panic!("expected Attr, got {other:?}"),
+        };
+        let chown = AttrChanges { uid: Some(7), gid: Some(8), ..Default::default() };
+        match ask(s, MetaRequest::SetAttr(SetAttr { ino, set: chown, session: None })) {
             MetaReply::Attr(a) => a,
             other => panic!("expected Attr, got {other:?}"),
         }
@@ -196,6 +194,7 @@ mod tests {
             ask(
                 &source,
                 MetaRequest::CommitWrite(CommitWrite {
+                    session: 0,
                     ino: f.ino,
                     extents: vec![extent],
                     chunks: vec![StoredChunk { id: chunk, size: 1 << 20, nodes: vec!["n1".into()] }],

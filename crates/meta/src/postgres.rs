@@ -21,7 +21,7 @@
 use crate::error::MetaError;
 use crate::locks::Held;
 use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
-use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
@@ -78,7 +78,8 @@ CREATE TABLE nodes (
 CREATE TABLE site_rtts (
     from_site TEXT NOT NULL, to_site TEXT NOT NULL, micros BIGINT NOT NULL, PRIMARY KEY (from_site, to_site));
 CREATE TABLE opens (
-    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, PRIMARY KEY (session, ino));
+    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, writable BIGINT NOT NULL,
+    PRIMARY KEY (session, ino));
 CREATE INDEX opens_by_ino ON opens (ino);
 CREATE TABLE locks (
     ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
@@ -94,6 +95,7 @@ CREATE TABLE join_tokens (hash BYTEA PRIMARY KEY, expires BIGINT NOT NULL);
 CREATE TABLE primary_epoch (epoch BIGINT NOT NULL);
 INSERT INTO primary_epoch (epoch) VALUES (1);
 CREATE TABLE primary_leases (holder TEXT PRIMARY KEY, epoch BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE principals (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 ";
 
 /// One connection to the server with its prepared statements.
@@ -1115,20 +1117,23 @@ impl Txn for PgConn {
         Ok(())
     }
 
-    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<u32, MetaError> {
-        let row =
-            self.opt("SELECT count FROM opens WHERE session = $1 AND ino = $2", &[&(session as i64), &(ino as i64)])?;
-        Ok(row.map(|r| r.try_get::<_, i64>(0)).transpose()?.unwrap_or(0) as u32)
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
+        let row = self.opt(
+            "SELECT count, writable FROM opens WHERE session = $1 AND ino = $2",
+            &[&(session as i64), &(ino as i64)],
+        )?;
+        let Some(row) = row else { return Ok(OpenRow::default()) };
+        Ok(OpenRow { count: row.try_get::<_, i64>(0)? as u32, writable: row.try_get::<_, i64>(1)? != 0 })
     }
 
-    fn put_open(&mut self, session: SessionId, ino: InodeId, count: u32) -> Result<(), MetaError> {
-        if count == 0 {
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
+        if open.count == 0 {
             self.exec("DELETE FROM opens WHERE session = $1 AND ino = $2", &[&(session as i64), &(ino as i64)])?;
         } else {
             self.exec(
-                "INSERT INTO opens (session, ino, count) VALUES ($1, $2, $3)
-                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count",
-                &[&(session as i64), &(ino as i64), &i64::from(count)],
+                "INSERT INTO opens (session, ino, count, writable) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count, writable = excluded.writable",
+                &[&(session as i64), &(ino as i64), &i64::from(open.count), &i64::from(open.writable)],
             )?;
         }
         Ok(())
@@ -1264,6 +1269,21 @@ impl Txn for PgConn {
         self.exec("DELETE FROM chunk_nodes WHERE node = $1", &[&node])?;
         Ok(())
     }
+
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError> {
+        let row = self.opt("SELECT id FROM principals WHERE name = $1", &[&name])?;
+        Ok(row.map(|r| r.try_get::<_, i64>(0)).transpose()?.map(|id| id as u32))
+    }
+
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError> {
+        // Numbered like SQLite's rowid (principals are never deleted, so never reused),
+        // which keeps the numbers of a migrated database.
+        let row = self.one(
+            "INSERT INTO principals (id, name) SELECT COALESCE(MAX(id), 0) + 1, $1 FROM principals RETURNING id",
+            &[&name],
+        )?;
+        Ok(row.try_get::<_, i64>(0)? as u32)
+    }
 }
 
 #[cfg(test)]
@@ -1273,7 +1293,7 @@ mod tests {
     use crate::service::{MetaConfig, MetaService};
     use proto::error::ErrorCode;
     use proto::meta::{Create, MetaReply, MetaRequest, NewNode, ReadDir};
-    use proto::types::{Caller, ROOT_INODE};
+    use proto::types::ROOT_INODE;
     use std::sync::Arc;
 
     fn raw(url: &str) -> Client {
@@ -1317,7 +1337,6 @@ mod tests {
             name: name.into(),
             node: NewNode::File,
             mode: 0o644,
-            caller: Caller { uid: 0, gid: 0 },
             exclusive: true,
         });
         s.handle_blocking(req).map_err(|e| e.code)

@@ -4,13 +4,14 @@
 
 use crate::engine::{self, Store};
 use crate::error::MetaError;
+use crate::identity::{Acting, Identities};
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{MetaPush, PendingNode, PushAnswer, RevocationList, SessionInfo};
+use proto::meta::{MetaCall, MetaPush, PendingNode, PushAnswer, RevocationList, SessionInfo};
 use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::policy::ReplicationLag;
-use proto::types::{SessionId, WorkerStatus};
+use proto::types::{Caller, SessionId, WorkerStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -52,6 +53,13 @@ pub struct MetaService {
     lags: Mutex<HashMap<String, (std::time::Instant, Vec<ReplicationLag>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
+    /// The certificate name each session said `Hello` with (TLS only): another peer's
+    /// connection may not act for it.
+    owners: Mutex<HashMap<SessionId, String>>,
+    /// The key chunk capabilities are signed with; nodes get it when they register.
+    cap_key: proto::cap::CapKey,
+    /// Each site's identity map (none configured: every site numbers owners itself).
+    identities: std::sync::RwLock<Arc<Identities>>,
     /// The revocation list meta applies and distributes (`watch_revocations`).
     revoked: Mutex<Vec<String>>,
     /// Nodes refused for want of admission, by id, with their latest attempt: their
@@ -70,6 +78,7 @@ impl MetaService {
     /// A service over any backend's store (`db_url` and `init` in `config` are unused).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
         Arc::new(MetaService {
+            cap_key: random_key(),
             cluster_id: store.cluster_id().into(),
             store,
             heartbeat: config.heartbeat,
@@ -78,18 +87,48 @@ impl MetaService {
             reports: Mutex::default(),
             lags: Mutex::default(),
             clients: Mutex::default(),
+            owners: Mutex::default(),
+            identities: std::sync::RwLock::new(Arc::new(Identities::empty())),
             revoked: Mutex::default(),
             pending: Mutex::default(),
         })
     }
 
-    /// Starts meta's workers (session expiry and orphan reaping) on the current tokio
-    /// runtime; they stop once the service is dropped.
+    /// Loads each site's identity map (`site`, file) and the sites whose root is not
+    /// squashed; the principals they name get rows in the principal table. Blocking.
+    pub fn configure_identities(
+        &self,
+        maps: Vec<(String, std::path::PathBuf)>,
+        no_root_squash: Vec<String>,
+    ) -> Result<(), MetaError> {
+        let ids = Identities::load(maps, no_root_squash, &mut |names| self.principals(names))?;
+        *self.identities.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ids);
+        Ok(())
+    }
+
+    /// The principal-table rows of `names`, adding the ones not there yet. Blocking.
+    fn principals(&self, names: &[String]) -> Result<Vec<u32>, MetaError> {
+        let names = names.to_vec();
+        engine::write(&self.store, false, move |t| {
+            names.iter().map(|n| if let Some(id) = t.principal(n)? { Ok(id) } else { t.add_principal(n) }).collect()
+        })
+    }
+
+    fn identities(&self) -> Arc<Identities> {
+        self.identities.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Starts meta's workers (session expiry and orphan reaping, and identity-map
+    /// reloading when maps are configured) on the current tokio runtime; they stop
+    /// once the service is dropped.
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
         if let Some(lease) = self.store.primary_lease() {
             self.workers.spawn(LeaseRenewal { lease, renewed: 0 });
+        }
+        if self.identities().has_sources() {
+            self.workers.spawn(IdentityReload { service: Arc::downgrade(self), reloads: 0 });
         }
     }
 
@@ -144,7 +183,7 @@ impl MetaService {
     /// node), as `locus node admit` would.
     pub async fn admit_nodes(self: &Arc<Self>, ids: &[String]) -> Result<(), MetaError> {
         for id in ids {
-            self.answer(MetaRequest::AdmitNode(proto::meta::AdmitNode { node: id.clone() })).await?;
+            self.answer(Caller::ROOT, MetaRequest::AdmitNode(proto::meta::AdmitNode { node: id.clone() })).await?;
         }
         Ok(())
     }
@@ -203,8 +242,9 @@ impl MetaService {
     }
 
     /// Lets `peer` act for `claimed`: its connection is bound to that session, or to
-    /// none, or to one that has ended (the client opened a new session). Until TLS
-    /// proves who is at the other end, a new connection may still claim any session.
+    /// none, or to one that has ended (the client opened a new session); a connection
+    /// binding itself must come from the certificate the session said `Hello` with.
+    /// Without TLS a new connection may claim any session.
     fn check_claim(&self, peer: &net::Peer, claimed: SessionId) -> Result<(), MetaError> {
         match peer.session() {
             Some(bound) if bound == claimed => Ok(()),
@@ -212,6 +252,7 @@ impl MetaService {
                 "this connection acts for session {bound}; it may not act for session {claimed}"
             ))),
             _ => {
+                may_bind(lock(&self.owners).get(&claimed).map(String::as_str), peer.identity(), claimed)?;
                 peer.set_session(claimed);
                 Ok(())
             }
@@ -246,13 +287,14 @@ impl MetaService {
             MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
             MetaRequest::ReportLag(m) => as_node(&m.node, None),
             MetaRequest::JoinNode(m) => as_node(&m.node, None),
-            // A node must not admit itself (or mint tokens): membership is an operator's.
-            MetaRequest::AdmitNode(_) | MetaRequest::RemoveNode(_) | MetaRequest::MakeJoinToken(_)
-                if who.role != net::Role::Client =>
+            // A node never decides on its own membership; who may admit others at all
+            // is the privileged check in `ops` (root of a trusted site, or an
+            // administrator's certificate).
+            MetaRequest::AdmitNode(proto::meta::AdmitNode { node })
+            | MetaRequest::RemoveNode(proto::meta::RemoveNode { node })
+                if who.role == net::Role::Node && *node == who.name =>
             {
-                Err(MetaError::NotPermitted(format!(
-                    "{who} may not admit or remove nodes: that takes an operator's client certificate"
-                )))
+                Err(MetaError::NotPermitted(format!("{who} may not admit or remove itself")))
             }
             MetaRequest::Hello(m) if m.session.site != who.site => {
                 Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
@@ -283,25 +325,35 @@ impl MetaService {
         let mut clients = lock(&self.clients);
         for s in &expired {
             clients.remove(s);
+            lock(&self.owners).remove(s);
         }
         Ok(expired)
     }
 
-    /// Answers one request from a blocking context (tests), on a per-thread runtime.
+    /// Answers one request from a blocking context (tests), on a per-thread runtime,
+    /// as the superuser.
     #[cfg(any(test, feature = "conformance"))]
     pub fn handle_blocking(self: &Arc<Self>, req: MetaRequest) -> MetaResult {
+        self.handle_blocking_as(Caller::ROOT, req)
+    }
+
+    /// Answers one request for `caller` (as resolved from a peer) from a blocking
+    /// context (tests), on a per-thread runtime.
+    #[cfg(any(test, feature = "conformance"))]
+    pub fn handle_blocking_as(self: &Arc<Self>, caller: Caller, req: MetaRequest) -> MetaResult {
         thread_local! {
             static RT: tokio::runtime::Runtime =
                 tokio::runtime::Builder::new_current_thread().enable_all().build().expect("test runtime");
         }
-        RT.with(|rt| rt.block_on(self.answer_as(None, req))).map_err(Into::into)
+        RT.with(|rt| rt.block_on(self.answer_as(None, caller, req))).map_err(Into::into)
     }
 
-    /// Answers a request from a peer whose certificate proved `certificate` (name,
+    /// Answers a request for `caller` from a peer whose certificate proved `certificate` (name,
     /// site), noting a refused registration as pending.
     async fn answer_as(
         self: &Arc<Self>,
         certificate: Option<(String, String)>,
+        caller: Caller,
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
         let (registering, removing) = match &req {
@@ -309,7 +361,7 @@ impl MetaService {
             MetaRequest::RemoveNode(m) => (None, Some(m.node.clone())),
             _ => (None, None),
         };
-        let result = self.answer(req).await;
+        let result = self.answer(caller, req).await;
         if let Some(node) = registering {
             self.note_registration(certificate, node, &result);
         }
@@ -321,17 +373,19 @@ impl MetaService {
         result
     }
 
-    /// Answers one request. Writes are queued to the store's writer and awaited
-    /// without holding a thread; reads run in `block_in_place` (see `engine`).
-    async fn answer(self: &Arc<Self>, req: MetaRequest) -> Result<MetaReply, MetaError> {
-        let ctx = self.ctx();
+    /// Answers one request for `caller`. Writes are queued to the store's writer and
+    /// awaited without holding a thread; reads run in `block_in_place` (see `engine`).
+    async fn answer(self: &Arc<Self>, caller: Caller, req: MetaRequest) -> Result<MetaReply, MetaError> {
+        let ctx = self.ctx().acting_for(caller);
         match ops::access(&req) {
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
+                    ops::perm::check_privileged(&ctx.caller, "reporting workers")?;
                     lock(&self.reports).insert(m.process, (std::time::Instant::now(), m.workers));
                     Ok(())
                 }),
                 MetaRequest::ReportLag(m) => ops::serve(m, |m| {
+                    ops::perm::check_privileged(&ctx.caller, "reporting replication lag")?;
                     lock(&self.lags).insert(m.node, (std::time::Instant::now(), m.lag));
                     Ok(())
                 }),
@@ -361,10 +415,46 @@ impl MetaService {
                     engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone())).await?;
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
+                    lock(&self.owners).remove(&session);
                 }
                 Ok(reply)
             }
         }
+    }
+}
+
+/// The `identity-maps` worker: rereads a site's map file when it changes (a broken
+/// file keeps the previous map and shows as this worker's last error).
+struct IdentityReload {
+    service: Weak<MetaService>,
+    reloads: u64,
+}
+
+impl Worker for IdentityReload {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "identity-maps".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("{} map reloads", self.reloads)
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        let reloaded = tokio::task::spawn_blocking(move || {
+            let ids = service.identities();
+            ids.reload(&mut |names| service.principals(names))
+        })
+        .await
+        .map_err(|e| MetaError::Internal(format!("identity map reload task failed: {e}")))??;
+        self.reloads += reloaded.len() as u64;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        every(Duration::from_secs(2)).await
     }
 }
 
@@ -489,13 +579,15 @@ impl Worker for RevocationWatch {
 }
 
 impl net::Service for MetaService {
-    type Request = MetaRequest;
+    type Request = MetaCall;
     type Reply = MetaResult;
 
     /// A session's `Welcome` binds that session to the connection it came on; a
     /// request acting for a session must come on a connection bound to it (or bind an
-    /// unbound one), so one connection never acts for two live sessions.
-    async fn handle(self: Arc<Self>, peer: net::Peer, req: MetaRequest, _bulk: Bytes) -> (MetaResult, Bytes) {
+    /// unbound one), so one connection never acts for two live sessions. The request
+    /// acts for the caller the peer may act as (`authority::resolve`).
+    async fn handle(self: Arc<Self>, peer: net::Peer, call: MetaCall, _bulk: Bytes) -> (MetaResult, Bytes) {
+        let MetaCall { caller, site, request: mut req } = call;
         if let Err(e) = Self::check_identity(&peer, &req) {
             tracing::warn!(addr = %peer.addr(), "refused: {e}");
             return (Err(e.into()), Bytes::new());
@@ -505,14 +597,110 @@ impl net::Service for MetaService {
         {
             return (Err(e.into()), Bytes::new());
         }
+        let acting = crate::authority::resolve(&self.identities(), peer.identity(), site.as_deref(), caller);
+        if let MetaRequest::SetAttr(m) = &mut req {
+            match acting.owner_in(m.set.uid, m.set.gid) {
+                Ok((uid, gid)) => (m.set.uid, m.set.gid) = (uid, gid),
+                Err(e) => return (Err(e.into()), Bytes::new()),
+            }
+        }
+        let grants = granted_caps(&req);
         let certificate = peer.identity().map(|who| (who.name.clone(), who.site.clone()));
-        let result = self.answer_as(certificate, req).await;
+        let result = self.answer_as(certificate, acting.caller.clone(), req).await.map(|reply| {
+            let holder = peer.identity().map_or("", |i| i.name.as_str());
+            self.with_caps(localize(reply, &acting), grants, holder, peer.identity())
+        });
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());
+            if let Some(id) = peer.identity() {
+                lock(&self.owners).insert(welcome.session, id.name.clone());
+            }
         }
         (result.map_err(Into::into), Bytes::new())
     }
+}
+
+/// Whether a connection of `peer` may bind itself to `session`, which said `Hello`
+/// with the certificate named `owner` (`None`: no record, as without TLS or after a
+/// restart of meta).
+fn may_bind(owner: Option<&str>, peer: Option<&net::PeerIdentity>, session: SessionId) -> Result<(), MetaError> {
+    match (owner, peer) {
+        (Some(owner), Some(peer)) if owner != peer.name => Err(MetaError::NotPermitted(format!(
+            "session {session} belongs to {owner}; {} may not act for it",
+            peer.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A fresh capability key: 256 bits from the kernel (a key per meta process: after a
+/// restart nodes learn the new one at their next registration and clients ask again).
+fn random_key() -> proto::cap::CapKey {
+    let mut key = [0u8; 32];
+    if let Err(e) = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key)) {
+        // Without randomness meta must not run with a guessable key.
+        panic!("cannot read /dev/urandom for the capability key: {e}");
+    }
+    key
+}
+
+/// Which capabilities an answer to `req` carries (meta checked the permission
+/// behind each): reads for an open for reading or `Extents`, puts for an open for
+/// writing.
+fn granted_caps(req: &MetaRequest) -> (bool, bool) {
+    match req {
+        MetaRequest::Open(m) => (m.access.read, m.access.write),
+        MetaRequest::CreateOpen(m) => (m.access.read, m.access.write),
+        MetaRequest::Extents(_) => (true, false),
+        _ => (false, false),
+    }
+}
+
+impl MetaService {
+    /// Adds the capabilities `grants` allows to an `Opened` answer, bound to `holder`
+    /// (the peer's certificate name), and the capability key to a node's
+    /// registration (only a node, meta or a peer of an insecure cluster gets it).
+    fn with_caps(
+        &self,
+        mut reply: MetaReply,
+        (read, put): (bool, bool),
+        holder: &str,
+        peer: Option<&net::PeerIdentity>,
+    ) -> MetaReply {
+        use proto::cap::{CAP_LIFETIME_MS, CapOp, sign};
+        let expires = self.ctx().now_ms + CAP_LIFETIME_MS;
+        match &mut reply {
+            MetaReply::Opened(o) => {
+                if read {
+                    o.caps.read = o
+                        .extents
+                        .iter()
+                        .map(|e| sign(&self.cap_key, CapOp::Read, holder, Some(&e.chunk), expires))
+                        .collect();
+                }
+                if put {
+                    o.caps.put = Some(sign(&self.cap_key, CapOp::Write, holder, None, expires));
+                }
+            }
+            MetaReply::Registered(r) if peer.is_none_or(|p| p.role != net::Role::Client) => {
+                r.cap_key = Some(self.cap_key);
+            }
+            _ => {}
+        }
+        reply
+    }
+}
+
+/// Shows the owners in an answer in the numbering of the caller's site.
+fn localize(mut reply: MetaReply, acting: &Acting) -> MetaReply {
+    match &mut reply {
+        MetaReply::Attr(a) => acting.localize(a),
+        MetaReply::Opened(o) => acting.localize(&mut o.attr),
+        MetaReply::Entries(entries) => entries.iter_mut().for_each(|e| acting.localize(&mut e.attr)),
+        _ => {}
+    }
+    reply
 }
 
 #[cfg(test)]
@@ -529,7 +717,6 @@ mod tests {
             name: name.into_bytes(),
             node: NewNode::File,
             mode: 0o644,
-            caller: Caller { uid: 1, gid: 1 },
             exclusive: true,
         })
     }
@@ -573,6 +760,60 @@ mod tests {
         bob.ask(Heartbeat { session: b2 }).await.unwrap().unwrap();
     }
 
+    /// A connection from another certificate cannot take over a session (a Goodbye
+    /// or a lock for somebody else's session); the same host's pooled connections can.
+    #[test]
+    fn only_the_sessions_own_certificate_binds_new_connections_to_it() {
+        let ident = |name: &str| net::PeerIdentity { name: name.into(), role: net::Role::Client, site: "a".into() };
+        let refused = may_bind(Some("/CN=host.a"), Some(&ident("/CN=host.b")), 7).unwrap_err();
+        assert!(matches!(refused, MetaError::NotPermitted(_)), "{refused}");
+        assert!(refused.to_string().contains("session 7 belongs to /CN=host.a"));
+        assert!(may_bind(Some("/CN=host.a"), Some(&ident("/CN=host.a")), 7).is_ok());
+        assert!(may_bind(None, Some(&ident("/CN=host.b")), 7).is_ok(), "no record (meta restarted)");
+        assert!(may_bind(None, None, 7).is_ok(), "TLS disabled");
+    }
+
+    /// Opens hand out capabilities for what meta allowed, bound to the peer's name;
+    /// only nodes and meta (or anyone, with TLS disabled) learn the key.
+    #[test]
+    fn capabilities_follow_the_grants_and_the_key_goes_to_nodes_only() {
+        use proto::cap::{CapOp, verify};
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
+        let ident = |role| net::PeerIdentity { name: "/CN=host.a".into(), role, site: "a".into() };
+        let registered = || MetaReply::Registered(Registered { cluster_id: "c".into(), cap_key: None });
+        let key_for = |peer: Option<&net::PeerIdentity>| match service.with_caps(registered(), (false, false), "", peer)
+        {
+            MetaReply::Registered(r) => r.cap_key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key_for(Some(&ident(net::Role::Client))), None, "a client never learns the key");
+        let key = key_for(Some(&ident(net::Role::Node))).expect("a node learns the key");
+        assert_eq!(key_for(None), Some(key));
+        let chunk = proto::types::ChunkId([3; 32]);
+        let extent = proto::types::Extent { file_offset: 0, len: 1, chunk, chunk_offset: 0 };
+        let attr = match service.handle_blocking(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).unwrap() {
+            MetaReply::Attr(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let opened = MetaReply::Opened(Opened {
+            attr,
+            extents: vec![extent],
+            caps: ChunkCaps::default(),
+            policy: Default::default(),
+        });
+        let now = proto::types::Timestamp::now().millis();
+        let MetaReply::Opened(read) = service.with_caps(opened.clone(), (true, false), "/CN=host.a", None) else {
+            panic!()
+        };
+        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&chunk), read.caps.read.first(), now), Ok(()));
+        assert!(verify(&key, CapOp::Read, "/CN=host.b", Some(&chunk), read.caps.read.first(), now).is_err());
+        assert_eq!(read.caps.put, None, "no put capability without an open for writing");
+        let MetaReply::Opened(write) = service.with_caps(opened, (false, true), "/CN=host.a", None) else { panic!() };
+        assert!(write.caps.read.is_empty(), "no read capabilities without read permission");
+        assert_eq!(verify(&key, CapOp::Write, "/CN=host.a", None, write.caps.put.as_ref(), now), Ok(()));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn serves_over_rpc_with_concurrent_creates() {
         let dir = tempfile::tempdir().unwrap();
@@ -585,18 +826,24 @@ mod tests {
         let client = Arc::new(net::RpcClient::connect(&addr, 2, Duration::from_secs(30)).await.unwrap());
 
         let info = SessionInfo { site: "s".into(), host: "h".into(), pid: 9, purpose: "test".into() };
-        let hello: MetaResult =
-            client.call(&MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })).await.unwrap();
+        let hello: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })))
+            .await
+            .unwrap();
         let Ok(MetaReply::Welcome(Welcome { heartbeat_ms: 5000, cluster_id, .. })) = hello else { panic!("{hello:?}") };
         assert_eq!(cluster_id, cluster);
 
-        let made: MetaResult = client.call(&create(ROOT_INODE, "one".into())).await.unwrap();
+        let made: MetaResult = client.call(&MetaCall::from(create(ROOT_INODE, "one".into()))).await.unwrap();
         let Ok(MetaReply::Attr(one)) = made else { panic!("create failed: {made:?}") };
-        let found: MetaResult =
-            client.call(&MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"one".to_vec() })).await.unwrap();
+        let found: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"one".to_vec() })))
+            .await
+            .unwrap();
         assert_eq!(found, Ok(MetaReply::Attr(one)));
-        let missing: MetaResult =
-            client.call(&MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"two".to_vec() })).await.unwrap();
+        let missing: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"two".to_vec() })))
+            .await
+            .unwrap();
         assert_eq!(missing.map_err(|e| e.code), Err(proto::error::ErrorCode::NotFound));
 
         // Many concurrent creates: the writer group-commits them.
@@ -606,7 +853,8 @@ mod tests {
                 tokio::spawn(async move {
                     let mut inos = Vec::new();
                     for i in 0..25 {
-                        let r: MetaResult = client.call(&create(ROOT_INODE, format!("t{t}-{i}"))).await.unwrap();
+                        let r: MetaResult =
+                            client.call(&MetaCall::from(create(ROOT_INODE, format!("t{t}-{i}")))).await.unwrap();
                         match r {
                             Ok(MetaReply::Attr(a)) => inos.push(a.ino),
                             other => panic!("create failed: {other:?}"),
@@ -623,10 +871,13 @@ mod tests {
         inos.sort();
         inos.dedup();
         assert_eq!(inos.len(), 1000);
-        let root: MetaResult = client.call(&MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await.unwrap();
+        let root: MetaResult =
+            client.call(&MetaCall::from(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }))).await.unwrap();
         let Ok(MetaReply::Attr(Attr { nlink: 2, .. })) = root else { panic!("{root:?}") };
-        let listed: MetaResult =
-            client.call(&MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })).await.unwrap();
+        let listed: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 5000 })))
+            .await
+            .unwrap();
         let Ok(MetaReply::Entries(entries)) = listed else { panic!("{listed:?}") };
         assert_eq!(entries.len(), 1001);
     }
@@ -674,7 +925,8 @@ mod tests {
                     let service = service.clone();
                     tokio::spawn(async move {
                         for _ in 0..per_task {
-                            let r = service.answer(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await;
+                            let r =
+                                service.answer(Caller::ROOT, MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await;
                             assert!(r.is_ok(), "{r:?}");
                         }
                     })

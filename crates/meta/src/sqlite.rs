@@ -6,7 +6,7 @@
 
 use crate::error::MetaError;
 use crate::locks::Held;
-use crate::store::{Backend, Counter, DentryRow, Inode, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -64,7 +64,8 @@ CREATE TABLE cluster (id TEXT NOT NULL);
 /// a restart of meta (version 3).
 const OPENS_AND_LOCKS: &str = "
 CREATE TABLE opens (
-    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, PRIMARY KEY (session, ino)) WITHOUT ROWID;
+    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, writable BIGINT NOT NULL,
+    PRIMARY KEY (session, ino)) WITHOUT ROWID;
 CREATE INDEX opens_by_ino ON opens (ino);
 CREATE TABLE locks (
     ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
@@ -83,7 +84,7 @@ CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
 const MIGRATIONS: &[Migration] =
-    &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies, add_node_admissions];
+    &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies, add_principals, add_node_admissions];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -109,13 +110,20 @@ fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// Version 4 -> 5: owners may be global principals (grid identities), numbered by
+/// their row in this table (see `identity`).
+fn add_principals(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch("CREATE TABLE principals (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")?;
+    Ok(())
+}
+
 /// Node admission (`locus node admit` / `remove`): a node id registers only once
 /// admitted (1); a removed one (0) is refused. Join tokens are kept as BLAKE3 hashes.
 const ADMISSION_TABLES: &str = "
 CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL) WITHOUT ROWID;
 CREATE TABLE join_tokens (hash BLOB PRIMARY KEY, expires BIGINT NOT NULL) WITHOUT ROWID;";
 
-/// Next version: registrations need an operator's admission (or a join token); the
+/// Version 5 -> 6: registrations need an operator's admission (or a join token); the
 /// nodes a cluster already has are admitted, so an upgrade keeps them serving.
 fn add_node_admissions(conn: &Connection) -> Result<(), MetaError> {
     conn.execute_batch(ADMISSION_TABLES)?;
@@ -361,6 +369,7 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute_batch(SCHEMA)?;
     w.conn.execute_batch(OPENS_AND_LOCKS)?;
     add_replication_policies(&w.conn)?;
+    add_principals(&w.conn)?;
     add_node_admissions(&w.conn)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
@@ -825,22 +834,23 @@ impl Txn for SqlConn {
         Ok(())
     }
 
-    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<u32, MetaError> {
-        let mut st = self.conn.prepare_cached("SELECT count FROM opens WHERE session = ?1 AND ino = ?2")?;
-        let n: Option<i64> = st.query_row(params![session as i64, ino as i64], |r| r.get(0)).optional()?;
-        Ok(n.unwrap_or(0) as u32)
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT count, writable FROM opens WHERE session = ?1 AND ino = ?2")?;
+        let row: Option<(i64, i64)> =
+            st.query_row(params![session as i64, ino as i64], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+        Ok(row.map_or_else(OpenRow::default, |(count, w)| OpenRow { count: count as u32, writable: w != 0 }))
     }
 
-    fn put_open(&mut self, session: SessionId, ino: InodeId, count: u32) -> Result<(), MetaError> {
-        if count == 0 {
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
+        if open.count == 0 {
             let mut st = self.conn.prepare_cached("DELETE FROM opens WHERE session = ?1 AND ino = ?2")?;
             st.execute(params![session as i64, ino as i64])?;
         } else {
             let mut st = self.conn.prepare_cached(
-                "INSERT INTO opens (session, ino, count) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count",
+                "INSERT INTO opens (session, ino, count, writable) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count, writable = excluded.writable",
             )?;
-            st.execute(params![session as i64, ino as i64, i64::from(count)])?;
+            st.execute(params![session as i64, ino as i64, i64::from(open.count), i64::from(open.writable)])?;
         }
         Ok(())
     }
@@ -897,6 +907,17 @@ impl Txn for SqlConn {
             "SELECT id, store_id, site, addr, capacity, used, chunk_count, cache_bytes, last_seen FROM nodes ORDER BY id",
         )?;
         Ok(st.query_map([], node_row)?.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT id FROM principals WHERE name = ?1")?;
+        Ok(st.query_row([name], |r| r.get::<_, i64>(0)).optional()?.map(|id| id as u32))
+    }
+
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError> {
+        let mut st = self.conn.prepare_cached("INSERT INTO principals (name) VALUES (?1)")?;
+        st.execute([name])?;
+        Ok(self.conn.last_insert_rowid() as u32)
     }
 
     fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
@@ -1085,7 +1106,6 @@ mod tests {
                     name,
                     node: proto::meta::NewNode::File,
                     mode: 0o644,
-                    caller: proto::types::Caller { uid: 0, gid: 0 },
                     exclusive: true,
                 });
                 s.handle_blocking(req).unwrap();

@@ -28,6 +28,16 @@ pub struct SessionRow {
 }
 
 /// A directory entry row.
+/// One session's opens of one file (a row of `opens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenRow {
+    /// How many opens are not yet released.
+    pub count: u32,
+    /// Whether one of them was opened for writing (permission checked then): the
+    /// session may change the file's data whatever its mode says now.
+    pub writable: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DentryRow {
     pub name: Vec<u8>,
@@ -117,10 +127,10 @@ pub trait Txn {
     /// Drops every lock of a session.
     fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError>;
 
-    /// How many times `session` has `ino` open (0 if never).
-    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<u32, MetaError>;
-    /// Records that `session` has `ino` open `count` times (0 removes the record).
-    fn put_open(&mut self, session: SessionId, ino: InodeId, count: u32) -> Result<(), MetaError>;
+    /// How many times `session` has `ino` open, and whether for writing (default if never).
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError>;
+    /// Records `session`'s opens of `ino` (a count of 0 removes the record).
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError>;
     /// Opens of `ino` across all sessions.
     fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError>;
     /// Drops every open record of a session, returning the inodes it had open.
@@ -153,6 +163,11 @@ pub trait Txn {
     fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError>;
     /// Deletes a join token by its hash, answering its expiry if it existed.
     fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError>;
+
+    /// The row number of a global principal (a grid identity's name), if known.
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError>;
+    /// Adds a principal; returns its row number (1, 2, ...; never reused).
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError>;
 }
 
 /// A backend's one write connection, driven by the shared group commit in `engine`.

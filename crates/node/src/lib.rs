@@ -3,6 +3,7 @@
 //! into a site cache (`site`), and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
 
+mod authz;
 mod cluster;
 mod metrics;
 mod reclaim;
@@ -10,6 +11,7 @@ mod repair;
 mod replicate;
 mod site;
 
+use authz::CapKeyCell;
 use cluster::Membership;
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
@@ -66,6 +68,8 @@ pub struct NodeConfig {
     pub metrics: Option<TcpListener>,
     /// A join token (`locus node token`) spent to admit this node if meta has not.
     pub join_token: Option<String>,
+    /// A key file: chunks (stored and cached) are encrypted at rest with it.
+    pub encrypt_key: Option<PathBuf>,
 }
 
 /// How a node keeps the copies policies ask for.
@@ -129,6 +133,8 @@ pub struct NodeService {
     loading: SingleFlight<ChunkId, Bytes>,
     /// Where chunks this node lacks come from; `None` serves only local chunks.
     site: Option<Arc<SiteLink>>,
+    /// The key clients' capabilities are checked with (from meta's registration).
+    cap_key: Arc<CapKeyCell>,
     /// Makes the copies a put's policy asks for; `None` stores only here.
     replicator: Option<Arc<Replicator>>,
 }
@@ -136,11 +142,16 @@ pub struct NodeService {
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None, None)
+        NodeService::with_site(store, None, None, Arc::default())
     }
 
-    fn with_site(store: Arc<ChunkStore>, site: Option<Arc<SiteLink>>, replicator: Option<Arc<Replicator>>) -> Self {
-        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, replicator }
+    fn with_site(
+        store: Arc<ChunkStore>,
+        site: Option<Arc<SiteLink>>,
+        replicator: Option<Arc<Replicator>>,
+        cap_key: Arc<CapKeyCell>,
+    ) -> Self {
+        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, replicator, cap_key }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -203,13 +214,19 @@ impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
 
-    async fn handle(self: Arc<Self>, _peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+    /// Every request is first authorized on the peer's certificate (`authz`).
+    async fn handle(self: Arc<Self>, peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
+        if let Err(e) = authz::authorize(peer.identity(), &req, &self.cap_key, proto::types::Timestamp::now().millis())
+        {
+            tracing::warn!(peer = %peer.addr(), "refused: {e}");
+            return (Err(e), Bytes::new());
+        }
         let reply = match req {
-            NodeRequest::Put { id, replicate } => match &self.replicator {
+            NodeRequest::Put { id, replicate, .. } => match &self.replicator {
                 Some(r) => r.put(id, bulk, replicate).await.map(NodeReply::Stored),
                 None => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
             },
-            NodeRequest::Get { id, offset, len, local_only } => {
+            NodeRequest::Get { id, offset, len, local_only, .. } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
                     (Err(e), Some(site)) if e.code == ErrorCode::NotFound && !local_only => {
@@ -243,15 +260,21 @@ impl Service for NodeService {
 /// Runs a node until its task is dropped: opens the store, registers with meta (refusing
 /// to start if meta is unreachable or refuses), heartbeats, and serves `listener`.
 pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
-    let (dir, capacity) = (config.data_dir.clone(), config.capacity_bytes);
-    let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity))
+    let key = config.encrypt_key.as_deref().map(chunk::seal::AtRest::from_key_file).transpose()?;
+    let seal = move |store: ChunkStore, key: &Option<chunk::seal::AtRest>| match key {
+        Some(key) => store.encrypted(key.clone()),
+        None => store,
+    };
+    let (dir, capacity, k) = (config.data_dir.clone(), config.capacity_bytes, key.clone());
+    let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity).map(|s| seal(s, &k)))
         .await
         .map_err(|e| NodeError::Internal(format!("opening the chunk store panicked: {e}")))??;
     let store = Arc::new(store);
     let (cache_dir, cache_cap) = (config.data_dir.join("cache"), config.wan.cache_bytes);
-    let cache = tokio::task::spawn_blocking(move || ChunkStore::open_cache(&cache_dir, cache_cap))
-        .await
-        .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
+    let cache =
+        tokio::task::spawn_blocking(move || ChunkStore::open_cache(&cache_dir, cache_cap).map(|s| seal(s, &key)))
+            .await
+            .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
 
     let meta = Arc::new(
         RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
@@ -261,7 +284,8 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
     let membership = Arc::new(Membership::load(&config.data_dir)?);
-    wait_for_admission(&meta, &config, &membership, &store, &site).await?;
+    let cap_key = Arc::new(CapKeyCell::default());
+    wait_for_admission(&meta, &config, &membership, &cap_key, &store, &site).await?;
     tracing::info!(id = %config.id, site = %config.site, addr = %config.advertise_addr,
         meta = %config.meta_addr, "node registered with meta");
 
@@ -321,13 +345,14 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         meta,
         config,
         membership,
+        cap_key: cap_key.clone(),
         store: store.clone(),
         site: site.clone(),
         period,
         failing: false,
         workers: report,
     });
-    let service = NodeService::with_site(store, Some(site), Some(replicator));
+    let service = NodeService::with_site(store, Some(site), Some(replicator), cap_key);
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
@@ -340,13 +365,14 @@ async fn wait_for_admission(
     meta: &RpcClient,
     config: &NodeConfig,
     membership: &Membership,
+    cap_key: &CapKeyCell,
     store: &ChunkStore,
     site: &SiteLink,
 ) -> Result<(), NodeError> {
     let mut last = String::new();
     let mut token = config.join_token.clone();
     loop {
-        match register(meta, config, membership, store, site, Vec::new()).await {
+        match register(meta, config, membership, cap_key, store, site, Vec::new()).await {
             Err(NodeError::Refused { source, .. })
                 if source.code == ErrorCode::PermissionDenied
                     && let Some(token) = token.take() =>
@@ -377,6 +403,7 @@ async fn register(
     meta: &RpcClient,
     config: &NodeConfig,
     membership: &Membership,
+    cap_key: &CapKeyCell,
     store: &ChunkStore,
     site: &SiteLink,
     site_rtts: Vec<(String, u64)>,
@@ -397,7 +424,11 @@ async fn register(
     };
     let addr = config.meta_addr.clone();
     match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {
-        Ok(Ok(Registered { cluster_id })) => membership.confirm(&addr, &cluster_id),
+        Ok(Ok(Registered { cluster_id, cap_key: key })) => {
+            membership.confirm(&addr, &cluster_id)?;
+            cap_key.set(key);
+            Ok(())
+        }
         Ok(Err(e)) if e.code == ErrorCode::Exists => Err(NodeError::DuplicateId { addr, id: config.id.clone() }),
         Ok(Err(source)) => Err(NodeError::Refused { addr, id: config.id.clone(), source }),
         Err(source) => Err(NodeError::MetaUnreachable { addr, source }),
@@ -411,6 +442,7 @@ struct Registration {
     meta: Arc<RpcClient>,
     config: NodeConfig,
     membership: Arc<Membership>,
+    cap_key: Arc<CapKeyCell>,
     store: Arc<ChunkStore>,
     site: Arc<SiteLink>,
     period: Duration,
@@ -446,7 +478,7 @@ impl Worker for Registration {
 
     async fn work(&mut self) -> Result<Step, NodeError> {
         let rtts = self.site.site_rtts();
-        match register(&self.meta, &self.config, &self.membership, &self.store, &self.site, rtts).await {
+        match register(&self.meta, &self.config, &self.membership, &self.cap_key, &self.store, &self.site, rtts).await {
             Ok(()) if self.failing => {
                 tracing::info!(meta = %self.config.meta_addr, "heartbeat to meta succeeds again");
                 self.failing = false;

@@ -285,7 +285,8 @@ impl Replicator {
             self.stats.already_there.fetch_add(1, Ordering::Relaxed);
             return Ok(vec![node.to_string()]);
         }
-        let put = NodeRequest::Put { id, replicate: ask.clone() };
+        // Node to node: this node's certificate is its authority (no capability).
+        let put = NodeRequest::Put { id, cap: None, replicate: ask.clone() };
         let (reply, _) = client.call_bulk::<_, NodeResult>(&put, data.clone()).await.map_err(transport)?;
         self.stats.shipped_chunks.fetch_add(1, Ordering::Relaxed);
         self.stats.shipped_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);

@@ -258,7 +258,7 @@ impl SiteLink {
             .into_iter()
             .map(|offset| {
                 let client = client.clone();
-                let req = NodeRequest::Get { id, offset, len: stripe, local_only: true };
+                let req = NodeRequest::Get { id, offset, len: stripe, local_only: true, cap: None };
                 tokio::spawn(async move { client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await })
             })
             .collect();

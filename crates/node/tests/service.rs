@@ -37,7 +37,10 @@ impl Node {
     /// Sends `data` as the request's bulk bytes (Put).
     async fn send(&self, id: ChunkId, data: Vec<u8>) -> NodeResult {
         self.client
-            .call_bulk::<_, NodeResult>(&NodeRequest::Put { id, replicate: Default::default() }, Bytes::from(data))
+            .call_bulk::<_, NodeResult>(
+                &NodeRequest::Put { id, cap: None, replicate: Default::default() },
+                Bytes::from(data),
+            )
             .await
             .unwrap()
             .0
@@ -45,7 +48,7 @@ impl Node {
 
     /// A Get, with the bytes that came back as bulk.
     async fn fetch(&self, id: ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, WireError> {
-        let req = NodeRequest::Get { id, offset, len, local_only: false };
+        let req = NodeRequest::Get { id, offset, len, local_only: false, cap: None };
         let (reply, bulk) = self.client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await.unwrap();
         reply.map(|r| {
             assert_eq!(r, NodeReply::Data);
@@ -93,7 +96,7 @@ async fn put_get_has_list_stats() {
     assert_eq!(n.fetch(id, 1001, 1).await.unwrap_err().code, ErrorCode::InvalidArgument);
     let missing = ChunkId::of(b"missing");
     assert_eq!(
-        code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1, local_only: false }).await),
+        code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1, local_only: false, cap: None }).await),
         ErrorCode::NotFound
     );
 
@@ -134,7 +137,7 @@ async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
     bytes[0] ^= 0x80;
     std::fs::write(&path, bytes).unwrap();
 
-    let err = n.call(NodeRequest::Get { id: bad, offset: 0, len: 4, local_only: false }).await.unwrap_err();
+    let err = n.call(NodeRequest::Get { id: bad, offset: 0, len: 4, local_only: false, cap: None }).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Corrupt);
     assert!(err.message.contains(&bad.to_hex()), "{}", err.message);
     // Same client, same connections: still answering.
@@ -208,6 +211,7 @@ fn config(data_dir: PathBuf, meta_addr: String) -> node::NodeConfig {
         replication: node::ReplicationConfig::default(),
         metrics: None,
         join_token: None,
+        encrypt_key: None,
     }
 }
 

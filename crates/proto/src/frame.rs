@@ -130,11 +130,11 @@ mod tests {
                 name: b"name".to_vec(),
                 node: NewNode::Symlink { target: b"t".to_vec() },
                 mode: 0o755,
-                caller: Caller { uid: 1, gid: 2 },
                 exclusive: true,
             }),
             MetaRequest::CommitWrite(CommitWrite {
                 ino: 9,
+                session: 3,
                 extents: vec![ext, ext],
                 chunks: vec![StoredChunk { id: ChunkId([1; 32]), size: 10, nodes: vec!["n".into()] }],
                 min_size: 14,
@@ -146,7 +146,7 @@ mod tests {
             }),
         ];
         let mut out: Vec<Vec<u8>> = reqs.iter().map(|r| encode(FrameKind::Request, 1, r, 0).unwrap()).collect();
-        let put = NodeRequest::Put { id: ChunkId([2; 32]), replicate: Default::default() };
+        let put = NodeRequest::Put { id: ChunkId([2; 32]), cap: None, replicate: Default::default() };
         out.push(encode(FrameKind::Request, 2, &put, 100).unwrap());
         out
     }

@@ -2,6 +2,7 @@
 //! frame codec that carries them. Nothing here does I/O, so every other crate can
 //! share these definitions and the decoders can be fuzzed in isolation.
 
+pub mod cap;
 pub mod error;
 pub mod extent;
 pub mod frame;
@@ -13,7 +14,7 @@ pub mod types;
 
 /// Version of the RPC protocol; meta refuses a `Hello` that names any other version
 /// (an exact match: there are no compatible minor versions yet).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A typed request: the wire form it travels in and what its caller gets back, so a
 /// transport can offer one typed `ask` for every protocol.

@@ -111,6 +111,55 @@ pub enum AllocateMode {
     ZeroRange,
 }
 
+/// How a file is opened (`O_RDONLY`, `O_WRONLY`, `O_RDWR`); meta checks the matching
+/// permission and remembers a write open, so writes through it outlive a later chmod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OpenAccess {
+    pub read: bool,
+    pub write: bool,
+}
+
+/// A request to meta as it travels: the request and, for a client acting for one of
+/// its users, that user's credentials. Meta checks every permission against them (as
+/// mapped for the peer's site); `None` is the client host itself (its root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaCall {
+    pub caller: Option<Caller>,
+    /// The site whose numbering `caller` uses; meta believes it only when TLS is
+    /// disabled (otherwise the peer's certificate names the site).
+    pub site: Option<String>,
+    pub request: MetaRequest,
+}
+
+impl From<MetaRequest> for MetaCall {
+    /// A request that acts for no particular user.
+    fn from(request: MetaRequest) -> MetaCall {
+        MetaCall { caller: None, site: None, request }
+    }
+}
+
+/// A request sent on behalf of a user of a site: `ask(As { caller, site, request })`.
+#[derive(Debug, Clone)]
+pub struct As<M> {
+    pub caller: Caller,
+    pub site: String,
+    pub request: M,
+}
+
+impl<M: MetaMessage> crate::Call for As<M> {
+    type Wire = MetaCall;
+    type Answer = MetaResult;
+    type Output = M::Response;
+
+    fn into_wire(self) -> MetaCall {
+        MetaCall { caller: Some(self.caller), site: Some(self.site), request: self.request.into() }
+    }
+
+    fn output(answer: MetaResult) -> Result<M::Response, WireError> {
+        <M as crate::Call>::output(answer)
+    }
+}
+
 impl MetaRequest {
     /// The session a request says it acts for, if it names one. Meta holds it against
     /// the session bound to the connection (see `net::Peer::session`).
@@ -125,10 +174,13 @@ impl MetaRequest {
             R::GetLock(m) => Some(m.session),
             R::SetLock(m) => Some(m.session),
             R::ReleaseLocks(m) => Some(m.session),
+            R::CommitWrite(m) => Some(m.session),
+            R::Fallocate(m) => Some(m.session),
+            R::Compact(m) => Some(m.session),
+            R::SetAttr(m) => m.session,
             R::Hello(_)
             | R::Lookup(_)
             | R::GetAttr(_)
-            | R::SetAttr(_)
             | R::Create(_)
             | R::Link(_)
             | R::Unlink(_)
@@ -142,9 +194,6 @@ impl MetaRequest {
             | R::RemoveXattr(_)
             | R::StatFs(_)
             | R::Extents(_)
-            | R::CommitWrite(_)
-            | R::Fallocate(_)
-            | R::Compact(_)
             | R::SyncAll(_)
             | R::RegisterNode(_)
             | R::ListNodes(_)
@@ -192,12 +241,12 @@ pub trait MetaMessage: Into<MetaRequest> {
 }
 
 impl<M: MetaMessage> crate::Call for M {
-    type Wire = MetaRequest;
+    type Wire = MetaCall;
     type Answer = MetaResult;
     type Output = M::Response;
 
-    fn into_wire(self) -> MetaRequest {
-        self.into()
+    fn into_wire(self) -> MetaCall {
+        MetaCall { caller: None, site: None, request: self.into() }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
@@ -263,7 +312,9 @@ meta_requests! {
     SetAttr {
         ino: InodeId,
         set: AttrChanges,
-        caller: Caller,
+        /// For a change through an open file (ftruncate): the session whose open for
+        /// writing allows a truncation without write permission now.
+        session: Option<SessionId>,
     } => Attr;
     /// mknod/mkdir/symlink/create. `mode` is final (umask already applied).
     /// With `exclusive` false an existing regular file is returned instead of `Exists`.
@@ -272,7 +323,6 @@ meta_requests! {
         name: Vec<u8>,
         node: NewNode,
         mode: u32,
-        caller: Caller,
         exclusive: bool,
     } => Attr;
     /// `Create` of a regular file that also records it as open by `session` (create and
@@ -280,6 +330,8 @@ meta_requests! {
     CreateOpen {
         create: Create,
         session: SessionId,
+        /// Checked only when the file already exists (a new file's creator may write it).
+        access: OpenAccess,
     } => Opened;
     /// A new name for an existing inode (hard link).
     Link {
@@ -345,6 +397,7 @@ meta_requests! {
         ino: InodeId,
         session: SessionId,
         truncate: bool,
+        access: OpenAccess,
     } => Opened;
     /// Drops one open record; reclaims an orphan nobody has open any more.
     Release {
@@ -359,6 +412,9 @@ meta_requests! {
     /// their chunks are stored, and raises the size to at least `min_size`.
     CommitWrite {
         ino: InodeId,
+        /// The session that has the file open for writing (or the caller needs write
+        /// permission now).
+        session: SessionId,
         extents: Vec<Extent>,
         chunks: Vec<StoredChunk>,
         min_size: u64,
@@ -367,6 +423,7 @@ meta_requests! {
     /// `fallocate(2)` in one of the modes Locus supports.
     Fallocate {
         ino: InodeId,
+        session: SessionId,
         offset: u64,
         len: u64,
         mode: AllocateMode,
@@ -375,6 +432,7 @@ meta_requests! {
     /// (`Stale`) if the file's `data_version` is no longer the one the compactor read.
     Compact {
         ino: InodeId,
+        session: SessionId,
         data_version: u64,
         extents: Vec<Extent>,
         chunks: Vec<StoredChunk>,
@@ -579,6 +637,8 @@ pub struct Welcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub cluster_id: String,
+    /// The key meta signs chunk capabilities with, which the node checks them with.
+    pub cap_key: Option<crate::cap::CapKey>,
 }
 
 /// `Unlink`'s answer: the inode and whether it lives on as an orphan.
@@ -588,13 +648,24 @@ pub struct Unlinked {
     pub orphaned: bool,
 }
 
-/// A file as an open sees it: attributes and extents at one instant.
+/// A file as an open sees it: attributes and extents at one instant, with the
+/// capabilities nodes ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Opened {
     pub attr: Attr,
     pub extents: Vec<Extent>,
+    pub caps: ChunkCaps,
     /// The replication policy the file's chunks are stored under.
     pub policy: Policy,
+}
+
+/// Capabilities meta hands out with an open: reading the file's chunks (one per
+/// extent, in the order of `extents`, when the caller may read) and putting chunks
+/// (when it opened the file for writing).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkCaps {
+    pub read: Vec<crate::cap::Cap>,
+    pub put: Option<crate::cap::Cap>,
 }
 
 /// Every answer type as one enum on the wire, each variant convertible to and from its

@@ -1,5 +1,6 @@
 //! The data-path protocol: clients and tools talk to `locus node` directly for bytes.
 
+use crate::cap::Cap;
 use crate::error::WireError;
 use crate::policy::Replicate;
 use crate::types::ChunkId;
@@ -12,6 +13,8 @@ pub enum NodeRequest {
     /// refuses a mismatch. Idempotent.
     Put {
         id: ChunkId,
+        /// Meta's write capability for a client (nodes and meta need none).
+        cap: Option<Cap>,
         /// Copies the node must ensure before (or, for `async`, after) answering.
         replicate: Replicate,
     },
@@ -24,6 +27,8 @@ pub enum NodeRequest {
         /// Serve only what this node holds: set by a node fetching for its site, so
         /// a miss never turns into a chain of fetches between sites.
         local_only: bool,
+        /// Meta's read capability for this chunk, for a client.
+        cap: Option<Cap>,
     },
     /// Which of these chunks the node holds (one flag per id, in order).
     Has {

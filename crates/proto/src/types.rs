@@ -52,6 +52,11 @@ pub struct Timestamp {
 }
 
 impl Timestamp {
+    /// Milliseconds since the epoch (capability expiry is counted in these).
+    pub fn millis(&self) -> i64 {
+        self.secs * 1000 + i64::from(self.nanos / 1_000_000)
+    }
+
     pub fn now() -> Self {
         let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
@@ -90,11 +95,29 @@ pub struct Attr {
     pub data_version: u64,
 }
 
-/// Who performs an operation, as the kernel reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Who performs an operation, as the client's kernel reports it: the process's uid,
+/// gid and supplementary groups, in the numbering of the client's site.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// Supplementary groups (without `gid`).
+    pub groups: Vec<u32>,
+}
+
+impl Caller {
+    /// The superuser of the caller's host.
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0, groups: Vec::new() };
+
+    /// A caller without supplementary groups.
+    pub fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, groups: Vec::new() }
+    }
+
+    /// Whether `gid` is the caller's group or one of its supplementary groups.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
 }
 
 /// A byte range of a file mapped onto a byte range of a chunk.

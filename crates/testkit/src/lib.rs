@@ -105,6 +105,9 @@ fn run_ok(cmd: &mut Command) {
     assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// The sites tests mount at, whose root meta trusts by default (`--no-root-squash`).
+const TRUSTED_SITES: &[&str] = &["default", "a", "b", "c"];
+
 /// Issues (once) a certificate of the CA in `tls` and returns its `--ca --cert --key`
 /// flags.
 fn issue(bin: &Path, tls: &Path, role: &str, name: &str, site: &str) -> Vec<String> {
@@ -188,11 +191,16 @@ impl Cluster {
         ];
         let tls = dir.path().join("tls");
         run_ok(Command::new(bin).args(["ca", "init", "--dir"]).arg(&tls));
-        issue(bin, &tls, "client", "admin", "default");
+        // Admin commands (gc, fsck) list and delete chunks on nodes: a node's role.
+        issue(bin, &tls, "node", "admin", "default");
+        // Tests run as root on the client hosts of their sites and expect to act as
+        // root, unless a test sets `--no-root-squash` itself (to see squashing).
+        let trusted = if meta_extra.contains(&"--no-root-squash") { &[][..] } else { TRUSTED_SITES };
         let args: Vec<String> = args
             .into_iter()
             .chain(issue(bin, &tls, "meta", "meta", "default"))
             .chain(["--revoked".to_string(), tls.join("revoked").display().to_string()])
+            .chain(trusted.iter().flat_map(|site| ["--no-root-squash".to_string(), site.to_string()]))
             .chain(meta_extra.iter().map(|s| s.to_string()))
             .collect();
         let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);

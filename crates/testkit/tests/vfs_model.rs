@@ -6,13 +6,12 @@
 use client::{ClientConfig, OpenOptions, Vfs};
 use proptest::prelude::*;
 use proto::meta::{AttrChanges, NewNode};
-use proto::types::{Caller, ROOT_INODE};
+use proto::types::ROOT_INODE;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 const FILES: usize = 3;
-const ROOT: Caller = Caller { uid: 0, gid: 0 };
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -80,6 +79,7 @@ fn env() -> &'static Env {
                 replication: node::ReplicationConfig::default(),
                 metrics: None,
                 join_token: None,
+                encrypt_key: None,
             };
             tokio::spawn(node::run(node, listener));
             meta_addr
@@ -109,12 +109,12 @@ async fn connect(meta_addr: &str) -> Arc<Vfs> {
 async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let env = env();
     let vfs = connect(&env.meta_addr).await;
-    let dir = vfs.create(ROOT_INODE, format!("case{case}").as_bytes(), NewNode::Dir, 0o755, ROOT, true).await.unwrap();
+    let dir = vfs.create(ROOT_INODE, format!("case{case}").as_bytes(), NewNode::Dir, 0o755, true).await.unwrap();
     let name = |i: usize| format!("file{i}").into_bytes();
     let mut model: HashMap<usize, Vec<u8>> = HashMap::new();
     let mut handles: HashMap<usize, u64> = HashMap::new();
     for i in 0..FILES {
-        let attr = vfs.create(dir.ino, &name(i), NewNode::File, 0o644, ROOT, true).await.unwrap();
+        let attr = vfs.create(dir.ino, &name(i), NewNode::File, 0o644, true).await.unwrap();
         handles.insert(i, vfs.open(attr.ino, OpenOptions::default()).await.unwrap().0);
         model.insert(i, Vec::new());
     }
@@ -131,7 +131,7 @@ async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Truncate { file, size } => {
                 let ino = vfs.lookup(dir.ino, &name(file)).await.unwrap().ino;
-                vfs.setattr(ino, AttrChanges { size: Some(size), ..AttrChanges::default() }, ROOT).await.unwrap();
+                vfs.setattr(ino, AttrChanges { size: Some(size), ..AttrChanges::default() }, false).await.unwrap();
                 model.get_mut(&file).unwrap().resize(size as usize, 0);
             }
             Op::Rename { from, to } if from != to => {
@@ -192,7 +192,7 @@ fn fragmented_files_are_compacted_in_the_background() {
     let env = env();
     env.rt.block_on(async {
         let vfs = connect(&env.meta_addr).await;
-        let attr = vfs.create(ROOT_INODE, b"fragmented", NewNode::File, 0o644, ROOT, true).await.unwrap();
+        let attr = vfs.create(ROOT_INODE, b"fragmented", NewNode::File, 0o644, true).await.unwrap();
         let (fh, _) = vfs.open(attr.ino, OpenOptions::default()).await.unwrap();
         let mut model = vec![1u8; 256 << 10];
         vfs.write(fh, 0, &model).await.unwrap();

@@ -57,7 +57,9 @@ impl Vfs {
             // The data is lost: forget the pending extents so reads show what meta has.
             f.pending.clear();
             f.modified = false;
-            if let Ok(Opened { attr, extents, .. }) = self.meta.call(Extents { ino }).await {
+            if let Ok(opened) = self.meta.call(Extents { ino }).await {
+                self.data.learn_caps(ino, &opened);
+                let Opened { attr, extents, .. } = opened;
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);
             }
@@ -68,6 +70,7 @@ impl Vfs {
         }
         let req = CommitWrite {
             ino,
+            session: self.meta.session(),
             extents: std::mem::take(&mut f.pending),
             chunks,
             min_size: f.attr.size,
@@ -84,7 +87,7 @@ impl Vfs {
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
         self.commit_locked(ino, &mut f).await?;
-        f.attr = self.meta.call(Fallocate { ino, offset, len, mode }).await?;
+        f.attr = self.meta.call(Fallocate { ino, session: self.meta.session(), offset, len, mode }).await?;
         if matches!(mode, AllocateMode::PunchHole | AllocateMode::ZeroRange) {
             f.extents.punch(offset, offset + len);
         }

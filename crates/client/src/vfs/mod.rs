@@ -79,10 +79,12 @@ impl Default for ClientConfig {
     }
 }
 
-/// Options of `open(2)` the Vfs acts on (access checks are the adapter's or kernel's).
+/// Options of `open(2)` the Vfs acts on; meta checks the access they ask for.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenOptions {
     pub truncate: bool,
+    /// Opened for reading and/or writing (`O_ACCMODE`).
+    pub access: proto::meta::OpenAccess,
 }
 
 /// An open file, as returned by `open`/`create`.
@@ -125,7 +127,7 @@ pub struct Vfs {
     /// Extended attributes known to be absent, until when (see `getxattr`).
     absent_xattrs: Mutex<HashMap<(InodeId, Vec<u8>), std::time::Instant>>,
     /// Files found fragmented on close, for the compaction worker.
-    compact_queue: mpsc::UnboundedSender<InodeId>,
+    compact_queue: mpsc::UnboundedSender<(InodeId, Option<proto::types::Caller>)>,
     workers: Arc<Workers>,
 }
 

@@ -40,15 +40,18 @@ impl Vfs {
         lock(&self.files).get(&ino).cloned()
     }
 
-    pub async fn setattr(self: &Arc<Self>, ino: InodeId, set: AttrChanges, caller: Caller) -> Result<Attr> {
+    /// chmod, chown, truncate, utimens; `through_handle` for a change made through an
+    /// open file (ftruncate), which an open for writing allows.
+    pub async fn setattr(self: &Arc<Self>, ino: InodeId, set: AttrChanges, through_handle: bool) -> Result<Attr> {
+        let session = through_handle.then(|| self.meta.session());
         let Some(file) = self.open_file(ino) else {
-            return self.meta.call(SetAttr { ino, set, caller }).await;
+            return self.meta.call(SetAttr { ino, set, session }).await;
         };
         // Commit first so pending writes cannot undo a truncate or a time stamp.
         let mut f = file.inner.lock().await;
         self.commit_locked(ino, &mut f).await?;
         let size = set.size;
-        let attr = self.meta.call(SetAttr { ino, set, caller }).await?;
+        let attr = self.meta.call(SetAttr { ino, set, session }).await?;
         if let Some(size) = size {
             f.extents.truncate(size);
         }
@@ -62,10 +65,9 @@ impl Vfs {
         name: &[u8],
         node: NewNode,
         mode: u32,
-        caller: Caller,
         exclusive: bool,
     ) -> Result<Attr> {
-        self.meta.call(Create { parent, name: name.to_vec(), node, mode, caller, exclusive }).await
+        self.meta.call(Create { parent, name: name.to_vec(), node, mode, exclusive }).await
     }
 
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {

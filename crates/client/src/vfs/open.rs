@@ -24,11 +24,21 @@ impl Vfs {
                 drop(f);
                 return Box::pin(self.open(ino, opts)).await;
             }
+            if (opts.access.write && !f.granted.write) || (opts.access.read && !f.granted.read) {
+                // First open for writing (or reading) here: meta checks it, records a
+                // write open and hands out capabilities (an open it counts, released at
+                // once; the write record stays while the session has the file open).
+                let session = self.meta.session();
+                let opened = self.meta.call(Open { ino, session, truncate: false, access: opts.access }).await?;
+                self.data.learn_caps(ino, &opened);
+                self.meta.call(Release { ino, session }).await?;
+                f.granted.read |= opts.access.read;
+                f.granted.write |= opts.access.write;
+            }
             if opts.truncate {
                 self.commit_locked(ino, &mut f).await?;
                 let set = AttrChanges { size: Some(0), ..AttrChanges::default() };
-                let caller = Caller { uid: f.attr.uid, gid: f.attr.gid };
-                f.attr = self.meta.call(SetAttr { ino, set, caller }).await?;
+                f.attr = self.meta.call(SetAttr { ino, set, session: Some(self.meta.session()) }).await?;
                 f.extents = ExtentMap::default();
             }
             f.opens += 1;
@@ -36,8 +46,10 @@ impl Vfs {
             return Ok((self.new_handle(file), true));
         }
         let session = self.meta.session();
-        let opened = self.meta.call(Open { ino, session, truncate: opts.truncate }).await?;
-        Ok(self.adopt(session, opened).await)
+        let req = Open { ino, session, truncate: opts.truncate, access: opts.access };
+        let opened = self.meta.call(req).await?;
+        self.data.learn_caps(ino, &opened);
+        Ok(self.adopt(session, opened, opts.access).await)
     }
 
     /// Creates a regular file and opens it in one request.
@@ -46,19 +58,21 @@ impl Vfs {
         parent: InodeId,
         name: &[u8],
         mode: u32,
-        caller: Caller,
         exclusive: bool,
         opts: OpenOptions,
     ) -> Result<(Attr, FileHandle)> {
         let session = self.meta.session();
-        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, caller, exclusive };
-        let req = CreateOpen { create, session };
+        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, exclusive };
+        let req = CreateOpen { create, session, access: opts.access };
         let opened = self.meta.call(req).await?;
+        self.data.learn_caps(opened.attr.ino, &opened);
         let (ino, existed) = (opened.attr.ino, opened.attr.size > 0);
-        let (fh, _) = self.adopt(session, opened).await;
+        // Meta lets the creator of a new file write it; an existing one as `access` says.
+        let granted = OpenAccess { read: opts.access.read, write: opts.access.write || !existed };
+        let (fh, _) = self.adopt(session, opened, granted).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
-            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, caller).await?;
+            let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, true).await?;
             return Ok((attr, fh));
         }
         let attr = self.getattr(ino).await?;
@@ -70,7 +84,8 @@ impl Vfs {
     pub(super) async fn adopt(
         self: &Arc<Self>,
         session: SessionId,
-        Opened { attr, extents, policy }: Opened,
+        Opened { attr, extents, policy, .. }: Opened,
+        granted: OpenAccess,
     ) -> (FileHandle, bool) {
         let ino = attr.ino;
         let keep_cache = lock(&self.seen_versions).get(&ino) == Some(&attr.data_version);
@@ -85,6 +100,7 @@ impl Vfs {
                 uploads: Vec::new(),
                 modified: false,
                 opens: 1,
+                granted,
                 lock_owners: HashSet::new(),
             }),
         });
@@ -101,7 +117,12 @@ impl Vfs {
         let file = match raced {
             // Another thread opened it meanwhile: share its state, drop our record.
             Some(existing) => {
-                existing.inner.lock().await.opens += 1;
+                let mut e = existing.inner.lock().await;
+                e.opens += 1;
+                // Our open's write record stays while the session has the file open.
+                e.granted.read |= granted.read;
+                e.granted.write |= granted.write;
+                drop(e);
                 let _ = self.meta.call(Release { ino, session }).await;
                 existing
             }
@@ -142,7 +163,7 @@ impl Vfs {
             lock(&self.files).remove(&ino);
             lock(&self.seen_versions).insert(ino, f.attr.data_version);
             if crate::compact::is_fragmented(&f.extents, f.attr.size, self.config.chunk_size) {
-                let _ = self.compact_queue.send(ino);
+                let _ = self.compact_queue.send((ino, crate::meta_link::current_caller()));
             }
             let session = self.meta.session();
             for owner in f.lock_owners.drain() {

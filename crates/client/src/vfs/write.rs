@@ -35,10 +35,16 @@ impl Vfs {
         f.pending.push(extent);
         let data = Bytes::from(bytes);
         self.data.begin_upload(id, &data);
-        let vfs = self.clone();
+        let (vfs, ino) = (self.clone(), f.attr.ino);
         let policy = f.policy.clone();
+        // The upload may have to ask meta for a fresh put capability: as this caller.
+        let caller = crate::meta_link::current_caller();
         f.uploads.push(tokio::spawn(async move {
-            let stored = vfs.data.store_chunk(id, &data, &policy).await;
+            let store = vfs.data.store_chunk(ino, id, &data, &policy);
+            let stored = match caller {
+                Some(caller) => crate::meta_link::acting_as(caller, store).await,
+                None => store.await,
+            };
             vfs.data.end_upload(id, stored.is_ok());
             drop(permit);
             stored

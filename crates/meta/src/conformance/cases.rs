@@ -21,6 +21,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
     }
 }
 
+/// Cases run as the superuser unless they say otherwise (`as_user`).
 fn call(s: &Arc<MetaService>, req: MetaRequest) -> MetaResult {
     s.handle_blocking(req)
 }
@@ -59,11 +60,16 @@ fn attr(r: MetaReply) -> Attr {
 }
 
 fn caller() -> Caller {
-    Caller { uid: 1000, gid: 100 }
+    Caller::new(1000, 100)
+}
+
+/// Runs `req` for `c` and returns its answer or error code.
+fn as_user(s: &Arc<MetaService>, c: &Caller, req: MetaRequest) -> Result<MetaReply, ErrorCode> {
+    s.handle_blocking_as(c.clone(), req).map_err(|e| e.code)
 }
 
 fn create_req(parent: InodeId, name: &str, node: NewNode, mode: u32) -> MetaRequest {
-    MetaRequest::Create(Create { parent, name: name.into(), node, mode, caller: caller(), exclusive: true })
+    MetaRequest::Create(Create { parent, name: name.into(), node, mode, exclusive: true })
 }
 
 #[track_caller]
@@ -106,6 +112,7 @@ fn commit(s: &Arc<MetaService>, ino: InodeId, extents: Vec<Extent>, min_size: u6
     attr(ok(
         s,
         MetaRequest::CommitWrite(CommitWrite {
+            session: 0,
             ino,
             extents,
             chunks,
@@ -142,10 +149,7 @@ pub fn root_and_create(b: &dyn Factory) {
     std::thread::sleep(Duration::from_millis(5));
 
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    assert_eq!(
-        (f.kind, f.mode, f.uid, f.gid, f.nlink, f.size, f.data_version),
-        (FileKind::File, 0o644, 1000, 100, 1, 0, 0)
-    );
+    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.nlink, f.size, f.data_version), (FileKind::File, 0o644, 0, 0, 1, 0, 0));
     assert_eq!(lookup(&s, ROOT_INODE, "f"), Ok(f.clone()));
     assert!(get(&s, ROOT_INODE).mtime > before, "parent mtime must move");
     assert_eq!(err(&s, create_req(ROOT_INODE, "f", NewNode::File, 0o644)), ErrorCode::Exists);
@@ -157,7 +161,6 @@ pub fn root_and_create(b: &dyn Factory) {
             name: b"f".to_vec(),
             node: NewNode::File,
             mode: 0o600,
-            caller: caller(),
             exclusive: false,
         }),
     ));
@@ -174,7 +177,6 @@ pub fn root_and_create(b: &dyn Factory) {
                 name: b"d".to_vec(),
                 node: NewNode::File,
                 mode: 0o600,
-                caller: caller(),
                 exclusive: false,
             })
         ),
@@ -224,7 +226,7 @@ pub fn setgid_inheritance(b: &dyn Factory) {
         MetaRequest::SetAttr(SetAttr {
             ino: d.ino,
             set: AttrChanges { mode: Some(0o2775), gid: Some(500), ..Default::default() },
-            caller: caller(),
+            session: None,
         }),
     );
     let f = mk(&s, d.ino, "f", NewNode::File);
@@ -234,9 +236,10 @@ pub fn setgid_inheritance(b: &dyn Factory) {
     assert_eq!(sub.mode & 0o2000, 0o2000, "a directory in a setgid directory is setgid too");
     let deeper = mk(&s, sub.ino, "g", NewNode::File);
     assert_eq!(deeper.gid, 500);
-    // Without setgid the caller's gid is used.
-    let plain = mk(&s, ROOT_INODE, "plain", NewNode::File);
-    assert_eq!(plain.gid, 100);
+    // Without setgid the caller's uid and gid are used.
+    let open = attr(ok(&s, create_req(ROOT_INODE, "open", NewNode::Dir, 0o777)));
+    let plain = attr(as_user(&s, &caller(), create_req(open.ino, "plain", NewNode::File, 0o644)).unwrap());
+    assert_eq!((plain.uid, plain.gid), (1000, 100));
 }
 
 /// Conformance case `hard_links`.
@@ -273,7 +276,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     let s = b.open();
     let session = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
+    ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() }));
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
     assert_eq!(refcount(&s, 1), Some(1));
     assert_eq!(
@@ -293,8 +296,8 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
 
     // Two opens need two releases.
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
-    ok(&s, MetaRequest::Open(Open { ino: g.ino, session, truncate: false }));
-    ok(&s, MetaRequest::Open(Open { ino: g.ino, session, truncate: false }));
+    ok(&s, MetaRequest::Open(Open { ino: g.ino, session, truncate: false, access: OpenAccess::default() }));
+    ok(&s, MetaRequest::Open(Open { ino: g.ino, session, truncate: false, access: OpenAccess::default() }));
     ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"g".to_vec() }));
     ok(&s, MetaRequest::Release(Release { ino: g.ino, session }));
     assert_eq!(get(&s, g.ino).nlink, 0);
@@ -303,15 +306,8 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
 
     // CreateOpen records the open in the same request.
     let create_open = |name: &str, exclusive, session| {
-        let create = Create {
-            parent: ROOT_INODE,
-            name: name.into(),
-            node: NewNode::File,
-            mode: 0o644,
-            caller: caller(),
-            exclusive,
-        };
-        MetaRequest::CreateOpen(CreateOpen { create, session })
+        let create = Create { parent: ROOT_INODE, name: name.into(), node: NewNode::File, mode: 0o644, exclusive };
+        MetaRequest::CreateOpen(CreateOpen { create, session, access: OpenAccess { read: true, write: true } })
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {
@@ -403,7 +399,7 @@ pub fn rename_replace(b: &dyn Factory) {
     // Replaced while open: orphan.
     let session = hello(&s);
     let o = mk(&s, ROOT_INODE, "o", NewNode::File);
-    ok(&s, MetaRequest::Open(Open { ino: o.ino, session, truncate: false }));
+    ok(&s, MetaRequest::Open(Open { ino: o.ino, session, truncate: false, access: OpenAccess::default() }));
     ok(&s, rename_req(ROOT_INODE, "t", ROOT_INODE, "o", RenameMode::Replace));
     assert_eq!(get(&s, o.ino).nlink, 0);
     ok(&s, MetaRequest::Release(Release { ino: o.ino, session }));
@@ -493,12 +489,12 @@ pub fn setattr_truncate(b: &dyn Factory) {
     commit(&s, f.ino, vec![ext(0, 100, 1, 0), ext(100, 100, 2, 0)], 200);
     let v0 = get(&s, f.ino).data_version;
     let set = AttrChanges { size: Some(50), ..Default::default() };
-    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, caller: caller() })));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, session: None })));
     assert_eq!((a.size, a.data_version), (50, v0 + 1));
     assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
     assert_eq!((refcount(&s, 1), refcount(&s, 2)), (Some(1), Some(0)));
     let set = AttrChanges { size: Some(1 << 30), ..Default::default() };
-    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, caller: caller() })));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, session: None })));
     assert_eq!(a.size, 1 << 30);
     assert_eq!(extents(&s, f.ino), vec![(0, 50, 1, 0)]);
 
@@ -511,14 +507,14 @@ pub fn setattr_truncate(b: &dyn Factory) {
         mtime: Some(TimeSet::Now),
         ..Default::default()
     };
-    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, caller: caller() })));
+    let a = attr(ok(&s, MetaRequest::SetAttr(SetAttr { ino: f.ino, set, session: None })));
     assert_eq!((a.mode, a.uid, a.gid, a.atime), (0o4755, 7, 8, when));
     assert!(a.mtime > when && a.ctime >= a.mtime);
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     let set = AttrChanges { size: Some(0), ..Default::default() };
-    assert_eq!(err(&s, MetaRequest::SetAttr(SetAttr { ino: d.ino, set, caller: caller() })), ErrorCode::IsDir);
+    assert_eq!(err(&s, MetaRequest::SetAttr(SetAttr { ino: d.ino, set, session: None })), ErrorCode::IsDir);
     assert_eq!(
-        err(&s, MetaRequest::SetAttr(SetAttr { ino: 9999, set: AttrChanges::default(), caller: caller() })),
+        err(&s, MetaRequest::SetAttr(SetAttr { ino: 9999, set: AttrChanges::default(), session: None })),
         ErrorCode::NotFound
     );
 }
@@ -552,6 +548,7 @@ pub fn commit_write_splits(b: &dyn Factory) {
         err(
             &s,
             MetaRequest::CommitWrite(CommitWrite {
+                session: 0,
                 ino: d.ino,
                 extents: vec![],
                 chunks: vec![],
@@ -565,6 +562,7 @@ pub fn commit_write_splits(b: &dyn Factory) {
         err(
             &s,
             MetaRequest::CommitWrite(CommitWrite {
+                session: 0,
                 ino: g.ino,
                 extents: vec![ext(u64::MAX - 5, 10, 1, 0)],
                 chunks: vec![],
@@ -587,6 +585,7 @@ pub fn compact_checks_the_version(b: &dyn Factory) {
     let merged = StoredChunk { id: cid(9), size: 30, nodes: vec!["n1".into()] };
     let compact = |version| {
         MetaRequest::Compact(Compact {
+            session: 0,
             ino: f.ino,
             data_version: version,
             extents: vec![ext(0, 30, 9, 0)],
@@ -602,6 +601,7 @@ pub fn compact_checks_the_version(b: &dyn Factory) {
     // Same bytes: size, times and version are untouched.
     assert_eq!((after.size, after.mtime, after.data_version), (before.size, before.mtime, before.data_version));
     let beyond = MetaRequest::Compact(Compact {
+        session: 0,
         ino: f.ino,
         data_version: before.data_version,
         extents: vec![ext(0, 40, 9, 0)],
@@ -615,7 +615,9 @@ pub fn fallocate(b: &dyn Factory) {
     let s = b.open();
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
-    let fa = |offset, len, mode| attr(ok(&s, MetaRequest::Fallocate(Fallocate { ino: f.ino, offset, len, mode })));
+    let fa = |offset, len, mode| {
+        attr(ok(&s, MetaRequest::Fallocate(Fallocate { session: 0, ino: f.ino, offset, len, mode })))
+    };
     assert_eq!(fa(0, 50, AllocateMode::Extend).size, 100);
     assert_eq!(fa(100, 50, AllocateMode::Extend).size, 150);
     assert_eq!(fa(0, 500, AllocateMode::KeepSize).size, 150);
@@ -627,7 +629,16 @@ pub fn fallocate(b: &dyn Factory) {
     assert_eq!(a.size, 200);
     assert_eq!(extents(&s, f.ino), vec![(0, 20, 1, 0), (30, 60, 1, 30)]);
     assert_eq!(
-        err(&s, MetaRequest::Fallocate(Fallocate { ino: f.ino, offset: u64::MAX, len: 2, mode: AllocateMode::Extend })),
+        err(
+            &s,
+            MetaRequest::Fallocate(Fallocate {
+                session: 0,
+                ino: f.ino,
+                offset: u64::MAX,
+                len: 2,
+                mode: AllocateMode::Extend
+            })
+        ),
         ErrorCode::InvalidArgument
     );
 }
@@ -638,14 +649,14 @@ pub fn open_truncate_and_sync(b: &dyn Factory) {
     let session = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
-    match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false })) {
+    match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() })) {
         MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!(attr.size, 100);
             assert_eq!(extents, vec![ext(0, 100, 1, 0)]);
         }
         other => panic!("expected Opened, got {other:?}"),
     }
-    match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: true })) {
+    match ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: true, access: OpenAccess::default() })) {
         MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert_eq!((attr.size, attr.data_version), (0, 2));
             assert!(extents.is_empty());
@@ -653,8 +664,17 @@ pub fn open_truncate_and_sync(b: &dyn Factory) {
         other => panic!("expected Opened, got {other:?}"),
     }
     assert_eq!(refcount(&s, 1), Some(0));
-    assert_eq!(err(&s, MetaRequest::Open(Open { ino: f.ino, session: 999_999, truncate: false })), ErrorCode::NotFound);
-    assert_eq!(err(&s, MetaRequest::Open(Open { ino: 9999, session, truncate: false })), ErrorCode::NotFound);
+    assert_eq!(
+        err(
+            &s,
+            MetaRequest::Open(Open { ino: f.ino, session: 999_999, truncate: false, access: OpenAccess::default() })
+        ),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        err(&s, MetaRequest::Open(Open { ino: 9999, session, truncate: false, access: OpenAccess::default() })),
+        ErrorCode::NotFound
+    );
     assert_eq!(ok(&s, MetaRequest::SyncAll(SyncAll {})), MetaReply::Done);
 }
 
@@ -881,7 +901,7 @@ pub fn session_expiry(b: &dyn Factory) {
     let old = hello(&s);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 10, 5, 0)], 10);
-    ok(&s, MetaRequest::Open(Open { ino: f.ino, session: old, truncate: false }));
+    ok(&s, MetaRequest::Open(Open { ino: f.ino, session: old, truncate: false, access: OpenAccess::default() }));
     ok(&s, MetaRequest::SetLock(SetLock { session: old, lock: lock(f.ino, 1, 0, 99, LockKind::Write) }));
     ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() }));
     let now_ms = Timestamp::now().secs * 1000;
@@ -914,8 +934,8 @@ pub fn opens_and_locks_survive_a_restart(b: &dyn Factory) {
         let session = hello(&s);
         let f = mk(&s, ROOT_INODE, "f", NewNode::File);
         commit(&s, f.ino, vec![ext(0, 10, 6, 0)], 10);
-        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
-        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false }));
+        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() }));
+        ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() }));
         ok(&s, MetaRequest::SetLock(SetLock { session, lock: lock(f.ino, 1, 0, u64::MAX, LockKind::Write) }));
         ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() }));
         (session, f)
@@ -998,6 +1018,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     ok(
         &s,
         MetaRequest::CommitWrite(CommitWrite {
+            session: 0,
             ino: f.ino,
             extents: vec![ext(0, 100, 1, 0)],
             chunks,
@@ -1013,6 +1034,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     ok(
         &s,
         MetaRequest::CommitWrite(CommitWrite {
+            session: 0,
             ino: f.ino,
             extents: vec![],
             chunks,
@@ -1066,7 +1088,16 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     }
     assert_eq!(seen, vec![(f.ino, 0), (g.ino, 20), (g.ino, 30), (g.ino, 40), (g.ino, 50), (g.ino, 60)]);
     // Gc: punch chunk 2 out; it and an unknown id are unreferenced, chunk 1 is not.
-    ok(&s, MetaRequest::Fallocate(Fallocate { ino: g.ino, offset: 20, len: 10, mode: AllocateMode::PunchHole }));
+    ok(
+        &s,
+        MetaRequest::Fallocate(Fallocate {
+            session: 0,
+            ino: g.ino,
+            offset: 20,
+            len: 10,
+            mode: AllocateMode::PunchHole,
+        }),
+    );
     assert_eq!(
         ok(&s, MetaRequest::Unreferenced(Unreferenced { ids: vec![cid(1), cid(2), cid(99)] })),
         MetaReply::ChunkIds(vec![cid(2), cid(99)])
@@ -1115,12 +1146,12 @@ pub fn cluster_identity(b: &dyn Factory) {
     assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
     let first =
         MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
-    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone() }));
+    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None }));
     let again = MetaRequest::RegisterNode(RegisterNode {
         node: node("n1", "10.0.0.1:7000", 1000, 100),
         cluster_id: Some(id.clone()),
     });
-    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone() }));
+    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None }));
     let foreign = MetaRequest::RegisterNode(RegisterNode {
         node: node("n2", "10.0.0.2:7000", 1000, 100),
         cluster_id: Some("f".repeat(32)),
@@ -1130,6 +1161,156 @@ pub fn cluster_identity(b: &dyn Factory) {
     assert!(e.message.contains(&"f".repeat(32)) && e.message.contains(&id), "{}", e.message);
     drop(s);
     assert_eq!(b.open().cluster_id(), id, "the id is kept across restarts");
+}
+
+/// Conformance case `permissions`: meta refuses, on the caller's credentials, what
+/// POSIX refuses, whatever the client's kernel checked.
+pub fn permissions(b: &dyn Factory) {
+    use ErrorCode::{NoAttribute, NotPermitted, PermissionDenied};
+    let s = b.open();
+    let alice = Caller { uid: 1001, gid: 1001, groups: vec![50] };
+    let bob = Caller::new(1002, 1002);
+    let chown = |uid: u32, gid: u32| AttrChanges { uid: Some(uid), gid: Some(gid), ..Default::default() };
+    let set = |ino, set| MetaRequest::SetAttr(SetAttr { ino, set, session: None });
+    let chmod = |ino, mode| set(ino, AttrChanges { mode: Some(mode), ..Default::default() });
+    // A 0700 home of alice's with a 0600 secret in it.
+    let home = mk(&s, ROOT_INODE, "home", NewNode::Dir);
+    ok(&s, set(home.ino, chown(1001, 1001)));
+    ok(&s, chmod(home.ino, 0o700));
+    let secret = attr(as_user(&s, &alice, create_req(home.ino, "secret", NewNode::File, 0o600)).unwrap());
+    assert_eq!((secret.uid, secret.gid), (1001, 1001));
+    let lookup_req = |parent, name: &str| MetaRequest::Lookup(Lookup { parent, name: name.into() });
+    assert!(as_user(&s, &alice, lookup_req(home.ino, "secret")).is_ok());
+    assert_eq!(as_user(&s, &bob, lookup_req(home.ino, "secret")), Err(PermissionDenied), "search in a 0700 dir");
+    let list = MetaRequest::ReadDir(ReadDir { ino: home.ino, after: 0, limit: 10 });
+    assert_eq!(as_user(&s, &bob, list), Err(PermissionDenied));
+    assert_eq!(as_user(&s, &bob, create_req(home.ino, "mine", NewNode::File, 0o644)), Err(PermissionDenied));
+    // Knowing the inode number is not enough to read it.
+    let session = hello(&s);
+    let open = |ino, read, write| {
+        MetaRequest::Open(Open { ino, session, truncate: false, access: OpenAccess { read, write } })
+    };
+    assert_eq!(as_user(&s, &bob, open(secret.ino, true, false)), Err(PermissionDenied));
+    assert_eq!(as_user(&s, &bob, MetaRequest::Extents(Extents { ino: secret.ino })), Err(PermissionDenied));
+    assert!(as_user(&s, &alice, open(secret.ino, true, false)).is_ok());
+    // Nor to write it: a commit needs write permission or an open for writing.
+    let write = |ino, session| {
+        MetaRequest::CommitWrite(CommitWrite {
+            ino,
+            session,
+            extents: vec![ext(0, 10, 9, 0)],
+            chunks: vec![StoredChunk { id: cid(9), size: 10, nodes: vec!["n1".into()] }],
+            min_size: 10,
+            mtime: Timestamp { secs: 1, nanos: 0 },
+        })
+    };
+    assert_eq!(as_user(&s, &bob, write(secret.ino, session)), Err(PermissionDenied));
+    let falloc =
+        MetaRequest::Fallocate(Fallocate { ino: secret.ino, session, offset: 0, len: 9, mode: AllocateMode::Extend });
+    assert_eq!(as_user(&s, &bob, falloc), Err(PermissionDenied));
+    let truncate = set(secret.ino, AttrChanges { size: Some(0), ..Default::default() });
+    assert_eq!(as_user(&s, &bob, truncate), Err(PermissionDenied));
+    // Alice opens it for writing, then makes it read-only: her open still writes.
+    assert!(as_user(&s, &alice, open(secret.ino, false, true)).is_ok());
+    assert!(as_user(&s, &alice, chmod(secret.ino, 0o400)).is_ok());
+    assert!(as_user(&s, &alice, write(secret.ino, session)).is_ok());
+    let trunc = |session| {
+        let set = AttrChanges { size: Some(3), ..Default::default() };
+        MetaRequest::SetAttr(SetAttr { ino: secret.ino, set, session })
+    };
+    assert!(as_user(&s, &alice, trunc(Some(session))).is_ok(), "ftruncate through her open");
+    assert_eq!(as_user(&s, &alice, trunc(None)), Err(PermissionDenied), "truncate by name needs write permission");
+    let other = hello(&s);
+    assert_eq!(as_user(&s, &alice, write(secret.ino, other)), Err(PermissionDenied), "only that session");
+    assert_eq!(as_user(&s, &alice, open(secret.ino, false, true)), Err(PermissionDenied));
+    // A new file's creator may write it whatever its mode.
+    let create = Create { parent: home.ino, name: b"ro".to_vec(), node: NewNode::File, mode: 0o400, exclusive: true };
+    let access = OpenAccess { read: false, write: true };
+    let ro = match as_user(&s, &alice, MetaRequest::CreateOpen(CreateOpen { create, session: other, access })) {
+        Ok(MetaReply::Opened(o)) => o.attr,
+        other => panic!("{other:?}"),
+    };
+    assert!(as_user(&s, &alice, write(ro.ino, other)).is_ok());
+
+    // chmod and chown belong to the owner (and root).
+    assert_eq!(as_user(&s, &bob, chmod(secret.ino, 0o4777)), Err(NotPermitted), "setuid by a stranger");
+    assert_eq!(as_user(&s, &bob, set(secret.ino, chown(1002, 1002))), Err(NotPermitted));
+    assert_eq!(as_user(&s, &alice, set(secret.ino, chown(1002, 1001))), Err(NotPermitted), "give away");
+    assert_eq!(as_user(&s, &alice, set(secret.ino, chown(1001, 77))), Err(NotPermitted), "foreign group");
+    let a = attr(as_user(&s, &alice, set(secret.ino, chown(1001, 50))).unwrap());
+    assert_eq!(a.gid, 50, "to a supplementary group");
+    ok(&s, set(secret.ino, chown(1001, 7)));
+    let a = attr(as_user(&s, &alice, chmod(secret.ino, 0o2755)).unwrap());
+    assert_eq!(a.mode, 0o755, "setgid dropped for a group alice is not in");
+    let a = attr(as_user(&s, &alice, chmod(secret.ino, 0o4755)).unwrap());
+    assert_eq!(a.mode, 0o4755);
+    // A writer may only clear setuid/setgid (the kernel does that on a write).
+    let shared = mk(&s, ROOT_INODE, "shared", NewNode::File);
+    ok(&s, set(shared.ino, chown(1001, 1001)));
+    ok(&s, chmod(shared.ino, 0o6666));
+    assert_eq!(as_user(&s, &bob, chmod(shared.ino, 0o6777)), Err(NotPermitted));
+    assert_eq!(attr(as_user(&s, &bob, chmod(shared.ino, 0o0666)).unwrap()).mode, 0o666);
+    // Times: explicit ones by the owner only, "now" by any writer.
+    let times = |t| set(shared.ino, AttrChanges { atime: Some(t), mtime: Some(t), ..Default::default() });
+    assert_eq!(as_user(&s, &bob, times(TimeSet::At(Timestamp { secs: 5, nanos: 0 }))), Err(NotPermitted));
+    assert!(as_user(&s, &bob, times(TimeSet::Now)).is_ok());
+    ok(&s, chmod(shared.ino, 0o644));
+    assert_eq!(as_user(&s, &bob, times(TimeSet::Now)), Err(PermissionDenied));
+
+    // The sticky bit: only the owner of the file or the directory removes or renames.
+    let tmp = attr(ok(&s, create_req(ROOT_INODE, "tmp", NewNode::Dir, 0o1777)));
+    let f = attr(as_user(&s, &alice, create_req(tmp.ino, "f", NewNode::File, 0o666)).unwrap());
+    assert_eq!(f.uid, 1001);
+    let unlink = |name: &str| MetaRequest::Unlink(Unlink { parent: tmp.ino, name: name.into() });
+    assert_eq!(as_user(&s, &bob, unlink("f")), Err(NotPermitted));
+    let rename = rename_req(tmp.ino, "f", tmp.ino, "g", RenameMode::Replace);
+    assert_eq!(as_user(&s, &bob, rename), Err(NotPermitted));
+    let bobs = attr(as_user(&s, &bob, create_req(tmp.ino, "b", NewNode::File, 0o666)).unwrap());
+    let over = rename_req(tmp.ino, "b", tmp.ino, "f", RenameMode::Replace);
+    assert_eq!(as_user(&s, &bob, over), Err(NotPermitted), "replacing alice's file");
+    assert!(as_user(&s, &bob, unlink("b")).is_ok());
+    assert!(as_user(&s, &alice, unlink("f")).is_ok());
+    assert_eq!(lookup(&s, tmp.ino, "b"), Err(ErrorCode::NotFound));
+    assert_eq!(bobs.uid, 1002);
+    // Moving a directory to another parent needs write permission on it (its `..`).
+    let d = attr(as_user(&s, &alice, create_req(tmp.ino, "d", NewNode::Dir, 0o555)).unwrap());
+    let open_dir = attr(ok(&s, create_req(ROOT_INODE, "pub", NewNode::Dir, 0o777)));
+    let away = rename_req(tmp.ino, "d", open_dir.ino, "d", RenameMode::Replace);
+    assert_eq!(as_user(&s, &alice, away.clone()), Err(PermissionDenied));
+    ok(&s, chmod(d.ino, 0o755));
+    assert!(as_user(&s, &alice, away).is_ok());
+
+    // Extended attribute namespaces.
+    let setx = |ino, name: &str| {
+        MetaRequest::SetXattr(SetXattr { ino, name: name.into(), value: b"v".to_vec(), mode: XattrMode::Any })
+    };
+    let getx = |ino, name: &str| MetaRequest::GetXattr(GetXattr { ino, name: name.into() });
+    assert_eq!(as_user(&s, &bob, setx(shared.ino, "trusted.t")), Err(NotPermitted));
+    ok(&s, setx(shared.ino, "trusted.t"));
+    assert_eq!(as_user(&s, &bob, getx(shared.ino, "trusted.t")), Err(NoAttribute), "hidden from non-root");
+    assert_eq!(as_user(&s, &bob, MetaRequest::ListXattr(ListXattr { ino: shared.ino })), Ok(MetaReply::Names(vec![])));
+    assert_eq!(as_user(&s, &alice, setx(shared.ino, "security.x")), Err(NotPermitted));
+    assert_eq!(as_user(&s, &bob, setx(shared.ino, "system.posix_acl_access")), Err(NotPermitted));
+    assert_eq!(as_user(&s, &bob, setx(shared.ino, "user.u")), Err(PermissionDenied));
+    assert!(as_user(&s, &alice, setx(shared.ino, "user.u")).is_ok());
+    assert!(as_user(&s, &bob, getx(shared.ino, "user.u")).is_ok());
+    assert_eq!(as_user(&s, &bob, getx(home.ino, "user.u")), Err(PermissionDenied));
+    let rm = MetaRequest::RemoveXattr(RemoveXattr { ino: shared.ino, name: b"user.u".to_vec() });
+    assert_eq!(as_user(&s, &bob, rm), Err(PermissionDenied));
+
+    // Catalogue maintenance and node registration are not for users.
+    let list = MetaRequest::ListChunks(ListChunks { after: None, limit: 10 });
+    assert_eq!(as_user(&s, &bob, list), Err(NotPermitted));
+    assert_eq!(as_user(&s, &bob, MetaRequest::ForgetChunks(ForgetChunks { ids: vec![cid(9)] })), Err(NotPermitted));
+    let short = MetaRequest::UnderReplicated(UnderReplicated { node: None, after: None, limit: 10 });
+    assert_eq!(as_user(&s, &bob, short), Err(NotPermitted));
+    let drain = MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true });
+    assert_eq!(as_user(&s, &bob, drain), Err(NotPermitted));
+    let policy = Some(proto::policy::Policy::default());
+    assert_eq!(as_user(&s, &bob, MetaRequest::SetPolicy(SetPolicy { ino: home.ino, policy })), Err(NotPermitted));
+    let register =
+        MetaRequest::RegisterNode(RegisterNode { node: node("rogue", "127.0.0.1:1", 1, 0), cluster_id: None });
+    assert_eq!(as_user(&s, &bob, register), Err(NotPermitted));
 }
 
 fn policy(sites: &[&str], copies: u32, mode: proto::policy::ReplicationMode) -> proto::policy::Policy {
@@ -1171,7 +1352,8 @@ pub fn replication_policies(b: &dyn Factory) {
     let deep = mk(&s, sub.ino, "f", NewNode::File);
     assert_eq!(effective(&s, deep.ino).policy, stored, "inherited two levels down");
     let session = hello(&s);
-    let opened = ok(&s, MetaRequest::Open(Open { ino: deep.ino, session, truncate: false }));
+    let opened =
+        ok(&s, MetaRequest::Open(Open { ino: deep.ino, session, truncate: false, access: OpenAccess::default() }));
     assert!(matches!(opened, MetaReply::Opened(o) if o.policy == stored), "Open carries the policy");
 
     // A nearer policy wins; too many copies is allowed, with a warning.
@@ -1304,7 +1486,17 @@ pub fn node_admission(b: &dyn Factory) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let chunks = vec![StoredChunk { id: cid(3), size: 100, nodes: vec!["n5".into(), "n6".into()] }];
     let extents = vec![ext(0, 100, 3, 0)];
-    ok(&s, MetaRequest::CommitWrite(CommitWrite { ino: f.ino, extents, chunks, min_size: 0, mtime: Timestamp::now() }));
+    ok(
+        &s,
+        MetaRequest::CommitWrite(CommitWrite {
+            ino: f.ino,
+            session: 0,
+            extents,
+            chunks,
+            min_size: 0,
+            mtime: Timestamp::now(),
+        }),
+    );
     ok(&s, MetaRequest::RemoveNode(RemoveNode { node: "n5".into() }));
     assert_eq!(listed(&s), (vec!["n6".to_string()], vec![]));
     match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(3)] })) {

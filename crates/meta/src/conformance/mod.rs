@@ -30,7 +30,7 @@ macro_rules! conformance_tests {
             commit_write_splits, compact_checks_the_version, fallocate, open_truncate_and_sync, xattrs,
             readdir_paging, persistence, nodes, cluster_identity, sessions, session_expiry,
             opens_and_locks_survive_a_restart, locks, chunk_catalogue, site_round_trips, replication_policies,
-            node_drain, under_replication, node_admission, join_tokens);
+            node_drain, under_replication, node_admission, join_tokens, permissions);
     };
     (@cases $fresh:path; $($case:ident),* $(,)?) => {
         $(

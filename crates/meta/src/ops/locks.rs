@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::locks::{apply, conflict};
+use crate::store::OpenRow;
 use proto::meta::{LockKind, LockRange};
 
 fn valid(req: &LockRange) -> Result<(), MetaError> {
@@ -48,18 +49,24 @@ pub(super) fn release_locks(t: &mut dyn Txn, session: SessionId, ino: InodeId, o
     Ok(())
 }
 
-/// Records one more open of `ino` by `session`.
-pub(super) fn add_open(t: &mut dyn Txn, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
-    let n = t.get_open(session, ino)?;
-    t.put_open(session, ino, n.saturating_add(1))
+/// Records one more open of `ino` by `session`; `write` when opened for writing.
+pub(super) fn add_open(t: &mut dyn Txn, session: SessionId, ino: InodeId, write: bool) -> Result<(), MetaError> {
+    let o = t.get_open(session, ino)?;
+    t.put_open(session, ino, OpenRow { count: o.count.saturating_add(1), writable: o.writable || write })
+}
+
+/// Whether `session` has `ino` open for writing.
+pub(crate) fn open_for_writing(t: &mut dyn Txn, session: SessionId, ino: InodeId) -> Result<bool, MetaError> {
+    let o = t.get_open(session, ino)?;
+    Ok(o.count > 0 && o.writable)
 }
 
 /// Drops one open of `ino` by `session` (if it had one) and reclaims the inode if it
 /// was an orphan nobody has open any more.
 pub(super) fn release(t: &mut dyn Txn, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
-    let n = t.get_open(session, ino)?;
-    if n > 0 {
-        t.put_open(session, ino, n - 1)?;
+    let o = t.get_open(session, ino)?;
+    if o.count > 0 {
+        t.put_open(session, ino, OpenRow { count: o.count - 1, ..o })?;
     }
     reclaim_if_unused(t, ino)?;
     Ok(())

@@ -6,6 +6,7 @@ mod catalogue;
 mod data;
 mod locks;
 mod namespace;
+pub mod perm;
 mod policy;
 mod sessions;
 
@@ -13,6 +14,7 @@ use catalogue::{admit, drain, forget_chunk, join, make_join_token, nodes, regist
 use data::{commit_write, compact, fallocate, punch, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
+use perm::{MAY_EXEC, MAY_READ, MAY_WRITE, check, check_data_write, check_privileged, check_xattr};
 use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
 use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
@@ -21,8 +23,8 @@ use crate::error::MetaError;
 use crate::store::{Counter, Inode, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode, Opened,
-    Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
+    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode,
+    OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
@@ -48,13 +50,27 @@ pub struct Ctx {
     pub heartbeat_ms: u64,
     /// The cluster this database was formatted for.
     pub cluster_id: Arc<str>,
+    /// Whom the request acts for, as meta resolved it from the peer and the request:
+    /// every permission is checked against it (`perm`); uid 0 is the superuser.
+    pub caller: Caller,
 }
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
     pub fn now(heartbeat_ms: u64, cluster_id: Arc<str>) -> Ctx {
         let now = Timestamp::now();
-        Ctx { now, now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000), heartbeat_ms, cluster_id }
+        Ctx {
+            now,
+            now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000),
+            heartbeat_ms,
+            cluster_id,
+            caller: Caller::ROOT,
+        }
+    }
+
+    /// The same moment, acting for `caller`.
+    pub fn acting_for(self, caller: Caller) -> Ctx {
+        Ctx { caller, ..self }
     }
 }
 
@@ -134,7 +150,7 @@ pub fn serve<M: MetaMessage>(
 pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     match req {
-        R::Lookup(m) => serve(m, |m| lookup(t, m.parent, &m.name)),
+        R::Lookup(m) => serve(m, |m| lookup(t, &ctx.caller, m.parent, &m.name)),
         R::GetAttr(m) => serve(m, |m| Ok(inode(t, m.ino)?.attr)),
         R::GetLock(m) => serve(m, |m| get_lock(t, m.session, &m.lock)),
         R::ReadLink(m) => serve(m, |m| {
@@ -144,15 +160,17 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             }
             Ok(i.target)
         }),
-        R::ReadDir(m) => serve(m, |m| read_dir(t, m.ino, m.after, m.limit)),
+        R::ReadDir(m) => serve(m, |m| read_dir(t, &ctx.caller, m.ino, m.after, m.limit)),
         R::GetXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
-            inode(t, m.ino)?;
+            check_xattr(&ctx.caller, &inode(t, m.ino)?.attr, &m.name, false)?;
             t.get_xattr(m.ino, &m.name)?.ok_or_else(|| MetaError::NoAttribute(show(&m.name)))
         }),
         R::ListXattr(m) => serve(m, |m| {
             inode(t, m.ino)?;
-            t.list_xattrs(m.ino)
+            let mut names = t.list_xattrs(m.ino)?;
+            names.retain(|n| perm::xattr_visible(&ctx.caller, n));
+            Ok(names)
         }),
         R::StatFs(m) => serve(m, |_| {
             let nodes = t.list_nodes()?;
@@ -165,8 +183,9 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
             let attr = inode(t, m.ino)?.attr;
+            check(&ctx.caller, &attr, MAY_READ)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, policy })
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, caps: ChunkCaps::default(), policy })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -178,9 +197,16 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             }
             Ok(out)
         }),
-        R::ListChunks(m) => serve(m, |m| t.list_chunks(m.after.as_ref(), page(m.limit))),
-        R::ListExtents(m) => serve(m, |m| t.list_extents(m.after, page(m.limit))),
+        R::ListChunks(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "listing the chunk catalogue")?;
+            t.list_chunks(m.after.as_ref(), page(m.limit))
+        }),
+        R::ListExtents(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "listing every extent")?;
+            t.list_extents(m.after, page(m.limit))
+        }),
         R::Unreferenced(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "asking which chunks are unreferenced")?;
             let mut out = Vec::new();
             for id in m.ids {
                 match t.get_chunk(&id)? {
@@ -216,7 +242,10 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         }),
         R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
         R::ListPolicies(m) => serve(m, |_| t.list_policies()),
-        R::UnderReplicated(m) => serve(m, |m| under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))),
+        R::UnderReplicated(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "listing under-replicated chunks")?;
+            under_replicated(t, ctx, m.node.as_deref(), m.after, page(m.limit))
+        }),
         other => Err(MetaError::Internal(format!("{other:?} is not a read request"))),
     }
 }
@@ -233,29 +262,36 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.put_session(&s)
         }),
         R::Goodbye(m) => serve(m, |m| end_session(t, m.session)),
-        R::SetAttr(m) => serve(m, |m| set_attr(t, now, m.ino, &m.set, &m.caller)),
-        R::Create(m) => serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &m.caller, m.exclusive)),
+        R::SetAttr(m) => serve(m, |m| set_attr(t, ctx, m.ino, &m.set, m.session)),
+        R::Create(m) => {
+            serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.0))
+        }
         R::CreateOpen(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let c = m.create;
-            let attr = create(t, now, c.parent, &c.name, c.node, c.mode, &c.caller, c.exclusive)?;
+            let (attr, created) = create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
-            add_open(t, m.session, attr.ino)?;
+            if !created {
+                check_open(&ctx.caller, &attr, m.access, false)?;
+            }
+            // The creator of a new file may write it whatever its mode says.
+            add_open(t, m.session, attr.ino, m.access.write || created)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, attr.ino)?.policy;
-            Ok(Opened { attr, extents, policy })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy })
         }),
-        R::Link(m) => serve(m, |m| link(t, now, m.ino, m.new_parent, &m.new_name)),
+        R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| {
-            let (ino, orphaned) = unlink(t, now, m.parent, &m.name)?;
+            let (ino, orphaned) = unlink(t, &ctx.caller, now, m.parent, &m.name)?;
             Ok(Unlinked { ino, orphaned })
         }),
-        R::Rmdir(m) => serve(m, |m| rmdir(t, now, m.parent, &m.name)),
-        R::Rename(m) => serve(m, |m| rename(t, now, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
-        R::SetXattr(m) => serve(m, |m| set_xattr(t, now, m.ino, &m.name, &m.value, m.mode)),
+        R::Rmdir(m) => serve(m, |m| rmdir(t, &ctx.caller, now, m.parent, &m.name)),
+        R::Rename(m) => serve(m, |m| rename(t, ctx, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
+        R::SetXattr(m) => serve(m, |m| set_xattr(t, &ctx.caller, now, m.ino, &m.name, &m.value, m.mode)),
         R::RemoveXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
             let mut i = inode(t, m.ino)?;
+            check_xattr(&ctx.caller, &i.attr, &m.name, true)?;
             if !t.delete_xattr(m.ino, &m.name)? {
                 return Err(MetaError::NoAttribute(show(&m.name)));
             }
@@ -267,26 +303,43 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             let mut i = inode(t, m.ino)?;
             if m.truncate {
                 require_file(&i)?;
+            }
+            check_open(&ctx.caller, &i.attr, m.access, m.truncate)?;
+            if m.truncate {
                 truncate(t, &mut i, 0, now)?;
                 t.put_inode(&i)?;
             }
-            add_open(t, m.session, m.ino)?;
+            add_open(t, m.session, m.ino, m.access.write)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened { attr: i.attr, extents, policy })
+            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy })
         }),
         R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
         R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),
         R::ReleaseLocks(m) => serve(m, |m| release_locks(t, m.session, m.ino, m.owner)),
-        R::CommitWrite(m) => serve(m, |m| commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)),
-        R::Fallocate(m) => serve(m, |m| fallocate(t, now, m.ino, m.offset, m.len, m.mode)),
-        R::Compact(m) => serve(m, |m| compact(t, m.ino, m.data_version, &m.extents, &m.chunks)),
+        R::CommitWrite(m) => serve(m, |m| {
+            let attr = inode(t, m.ino)?.attr;
+            check_data_write(t, &ctx.caller, m.session, &attr)?;
+            commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)
+        }),
+        R::Fallocate(m) => serve(m, |m| {
+            let attr = inode(t, m.ino)?.attr;
+            check_data_write(t, &ctx.caller, m.session, &attr)?;
+            fallocate(t, now, m.ino, m.offset, m.len, m.mode)
+        }),
+        R::Compact(m) => serve(m, |m| {
+            let attr = inode(t, m.ino)?.attr;
+            check_data_write(t, &ctx.caller, m.session, &attr)?;
+            compact(t, m.ino, m.data_version, &m.extents, &m.chunks)
+        }),
         R::SyncAll(m) => serve(m, |_| t.next_id(Counter::Sync).map(drop)),
         R::RegisterNode(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "registering a node")?;
             register_node(t, ctx, &m.node, m.cluster_id.as_deref())?;
-            Ok(Registered { cluster_id: ctx.cluster_id.to_string() })
+            Ok(Registered { cluster_id: ctx.cluster_id.to_string(), cap_key: None })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "reporting chunk locations")?;
             // A node not (or no longer) admitted records no copies: `remove` took its locations.
             if t.get_admission(&m.node)? != Some(true) {
                 return Err(MetaError::NotAdmitted(m.node));
@@ -301,13 +354,29 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             }
             Ok(())
         }),
-        R::SetPolicy(m) => serve(m, |m| set_policy(t, m.ino, m.policy)),
-        R::DrainNode(m) => serve(m, |m| drain(t, &m.node, m.drained)),
-        R::AdmitNode(m) => serve(m, |m| admit(t, &m.node)),
-        R::RemoveNode(m) => serve(m, |m| remove(t, &m.node)),
-        R::MakeJoinToken(m) => serve(m, |m| make_join_token(t, ctx, m.ttl_secs)),
+        R::SetPolicy(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "setting a replication policy")?;
+            set_policy(t, m.ino, m.policy)
+        }),
+        R::DrainNode(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "draining a node")?;
+            drain(t, &m.node, m.drained)
+        }),
+        R::AdmitNode(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "admitting a node")?;
+            admit(t, &m.node)
+        }),
+        R::RemoveNode(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "removing a node")?;
+            remove(t, &m.node)
+        }),
+        R::MakeJoinToken(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "making a join token")?;
+            make_join_token(t, ctx, m.ttl_secs)
+        }),
         R::JoinNode(m) => serve(m, |m| join(t, ctx, &m.node, &m.token)),
         R::ForgetChunks(m) => serve(m, |m| {
+            check_privileged(&ctx.caller, "forgetting chunks")?;
             for id in &m.ids {
                 forget_chunk(t, id)?;
             }
@@ -315,6 +384,13 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         }),
         other => Err(MetaError::Internal(format!("{other:?} is not a write request"))),
     }
+}
+
+/// Opening a file checks read or write permission as `access` says, and write
+/// permission for a truncation.
+fn check_open(c: &Caller, a: &Attr, access: OpenAccess, truncate: bool) -> Result<(), MetaError> {
+    let want = if access.read { MAY_READ } else { 0 } | if access.write || truncate { MAY_WRITE } else { 0 };
+    check(c, a, want)
 }
 
 fn page(limit: u32) -> u32 {

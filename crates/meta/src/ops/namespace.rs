@@ -11,8 +11,9 @@ pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_del
     t.put_inode(&d)
 }
 
-pub(super) fn lookup(t: &mut dyn Txn, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
+pub(super) fn lookup(t: &mut dyn Txn, c: &Caller, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
     let p = dir(t, parent)?;
+    check(c, &p.attr, MAY_EXEC)?;
     match name {
         b"." => return Ok(p.attr),
         b".." => return Ok(inode(t, p.parent)?.attr),
@@ -22,8 +23,14 @@ pub(super) fn lookup(t: &mut dyn Txn, parent: InodeId, name: &[u8]) -> Result<At
     Ok(inode(t, ino)?.attr)
 }
 
-pub(super) fn read_dir(t: &mut dyn Txn, ino: InodeId, after: u64, limit: u32) -> Result<Vec<DirEntry>, MetaError> {
-    dir(t, ino)?;
+pub(super) fn read_dir(
+    t: &mut dyn Txn,
+    c: &Caller,
+    ino: InodeId,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<DirEntry>, MetaError> {
+    check(c, &dir(t, ino)?.attr, MAY_READ)?;
     let rows = t.list_dentries(ino, after, page(limit))?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
@@ -35,6 +42,8 @@ pub(super) fn read_dir(t: &mut dyn Txn, ino: InodeId, after: u64, limit: u32) ->
     Ok(out)
 }
 
+/// Makes a node; returns its attributes and whether it is new (a non-exclusive
+/// create of an existing regular file returns that file).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn create(
     t: &mut dyn Txn,
@@ -45,16 +54,18 @@ pub(super) fn create(
     mode: u32,
     caller: &Caller,
     exclusive: bool,
-) -> Result<Attr, MetaError> {
+) -> Result<(Attr, bool), MetaError> {
     check_name(name)?;
     let p = dir(t, parent)?;
+    check(caller, &p.attr, MAY_EXEC)?;
     if let Some(existing) = t.get_dentry(parent, name)? {
         let e = inode(t, existing)?;
         if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
-            return Ok(e.attr);
+            return Ok((e.attr, false));
         }
         return Err(MetaError::Exists(show(name)));
     }
+    check(caller, &p.attr, MAY_WRITE)?;
     let (kind, rdev, target) = match node {
         NewNode::File => (FileKind::File, 0, Vec::new()),
         NewNode::Dir => (FileKind::Dir, 0, Vec::new()),
@@ -78,6 +89,7 @@ pub(super) fn create(
     } else {
         caller.gid
     };
+    let mode = perm::creation_mode(caller, kind, mode, gid);
     let ino = t.next_id(Counter::Inode)?;
     let is_dir = kind == FileKind::Dir;
     let size = match kind {
@@ -107,18 +119,19 @@ pub(super) fn create(
     let cookie = t.next_id(Counter::Cookie)?;
     t.put_dentry(parent, name, ino, cookie)?;
     touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
-    Ok(new.attr)
+    Ok((new.attr, true))
 }
 
 pub(super) fn link(
     t: &mut dyn Txn,
+    c: &Caller,
     now: Timestamp,
     ino: InodeId,
     new_parent: InodeId,
     new_name: &[u8],
 ) -> Result<Attr, MetaError> {
     check_name(new_name)?;
-    dir(t, new_parent)?;
+    check(c, &dir(t, new_parent)?.attr, MAY_WRITE | MAY_EXEC)?;
     let mut i = inode(t, ino)?;
     if i.attr.kind == FileKind::Dir {
         return Err(MetaError::NotPermitted(format!("hard link to directory inode {ino}")));
@@ -156,14 +169,17 @@ pub(super) fn drop_link(t: &mut dyn Txn, now: Timestamp, mut i: Inode) -> Result
 
 pub(super) fn unlink(
     t: &mut dyn Txn,
+    c: &Caller,
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
 ) -> Result<(InodeId, bool), MetaError> {
     check_name(name)?;
-    dir(t, parent)?;
+    let p = dir(t, parent)?;
+    check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let i = inode(t, ino)?;
+    perm::check_delete(c, &p.attr, &i.attr)?;
     if i.attr.kind == FileKind::Dir {
         return Err(MetaError::IsDir(show(name)));
     }
@@ -177,11 +193,19 @@ pub(super) fn is_empty_dir(t: &mut dyn Txn, ino: InodeId) -> Result<bool, MetaEr
     Ok(t.list_dentries(ino, 0, 1)?.is_empty())
 }
 
-pub(super) fn rmdir(t: &mut dyn Txn, now: Timestamp, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+pub(super) fn rmdir(
+    t: &mut dyn Txn,
+    c: &Caller,
+    now: Timestamp,
+    parent: InodeId,
+    name: &[u8],
+) -> Result<(), MetaError> {
     check_name(name)?;
-    dir(t, parent)?;
+    let p = dir(t, parent)?;
+    check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let i = inode(t, ino)?;
+    perm::check_delete(c, &p.attr, &i.attr)?;
     if i.attr.kind != FileKind::Dir {
         return Err(MetaError::NotDir(show(name)));
     }
@@ -216,22 +240,46 @@ pub(super) fn reparent(t: &mut dyn Txn, ino: InodeId, parent: InodeId, now: Time
     t.put_inode(&i)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Checks that `c` may move `moving` out of (or into) directory `dir` (`other` is the
+/// other directory of the rename): write and search on `dir`, the sticky rule, and
+/// write on a directory that changes parent (its `..` changes).
+fn check_move(t: &mut dyn Txn, c: &Caller, dir: &Attr, other: InodeId, moving: InodeId) -> Result<(), MetaError> {
+    let m = inode(t, moving)?.attr;
+    perm::check_delete(c, dir, &m)?;
+    if m.kind == FileKind::Dir && dir.ino != other {
+        check(c, &m, MAY_WRITE)?;
+    }
+    Ok(())
+}
+
 pub(super) fn rename(
     t: &mut dyn Txn,
-    now: Timestamp,
+    ctx: &Ctx,
     parent: InodeId,
     name: &[u8],
     new_parent: InodeId,
     new_name: &[u8],
     mode: RenameMode,
 ) -> Result<(), MetaError> {
+    let (c, now) = (&ctx.caller, ctx.now);
     check_name(name)?;
     check_name(new_name)?;
-    dir(t, parent)?;
-    dir(t, new_parent)?;
+    let p = dir(t, parent)?.attr;
+    let np = dir(t, new_parent)?.attr;
+    check(c, &p, MAY_EXEC)?;
+    check(c, &np, MAY_WRITE | MAY_EXEC)?;
     let src = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let dst = t.get_dentry(new_parent, new_name)?;
+    check_move(t, c, &p, new_parent, src)?;
+    if let Some(d) = dst
+        && d != src
+    {
+        if mode == RenameMode::Exchange {
+            check_move(t, c, &np, parent, d)?;
+        } else {
+            perm::check_delete(c, &np, &inode(t, d)?.attr)?;
+        }
+    }
     if parent == new_parent && name == new_name {
         return match mode {
             RenameMode::NoReplace => Err(MetaError::Exists(show(new_name))),
@@ -308,18 +356,24 @@ pub(super) fn time_of(set: TimeSet, now: Timestamp) -> Timestamp {
 
 pub(super) fn set_attr(
     t: &mut dyn Txn,
-    now: Timestamp,
+    ctx: &Ctx,
     ino: InodeId,
     set: &AttrChanges,
-    _caller: &Caller,
+    session: Option<SessionId>,
 ) -> Result<Attr, MetaError> {
+    let now = ctx.now;
     let mut i = inode(t, ino)?;
+    let open_for_writing = match session {
+        Some(s) => super::locks::open_for_writing(t, s, ino)?,
+        None => false,
+    };
+    let new_mode = perm::check_set_attr(&ctx.caller, &i.attr, set, open_for_writing)?;
     if let Some(size) = set.size {
         require_file(&i)?;
         truncate(t, &mut i, size, now)?;
     }
-    if let Some(mode) = set.mode {
-        i.attr.mode = mode & 0o7777;
+    if let Some(mode) = new_mode {
+        i.attr.mode = mode;
     }
     if let Some(uid) = set.uid {
         i.attr.uid = uid;
@@ -340,6 +394,7 @@ pub(super) fn set_attr(
 
 pub(super) fn set_xattr(
     t: &mut dyn Txn,
+    c: &Caller,
     now: Timestamp,
     ino: InodeId,
     name: &[u8],
@@ -354,6 +409,7 @@ pub(super) fn set_xattr(
         )));
     }
     let mut i = inode(t, ino)?;
+    check_xattr(c, &i.attr, name, true)?;
     let present = t.get_xattr(ino, name)?.is_some();
     match mode {
         XattrMode::Create if present => {

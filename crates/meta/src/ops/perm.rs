@@ -1,0 +1,199 @@
+//! POSIX permission rules, checked by meta itself on the caller's credentials (after
+//! the peer's site mapped them): meta is the authority, the kernel's
+//! `default_permissions` on an honest client only a first line. Written after Linux's
+//! `generic_permission`, `may_delete`, `setattr_prepare` and `xattr_permission`.
+
+use super::*;
+
+/// Read permission bit of a permission class.
+pub const MAY_READ: u32 = 4;
+/// Write permission bit of a permission class.
+pub const MAY_WRITE: u32 = 2;
+/// Execute (search, for directories) permission bit of a permission class.
+pub const MAY_EXEC: u32 = 1;
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const S_ISVTX: u32 = 0o1000;
+
+/// Whether the caller is the superuser (not squashed by its site).
+pub fn is_root(c: &Caller) -> bool {
+    c.uid == 0
+}
+
+/// Whether the caller owns `a` or is the superuser.
+pub fn owns(c: &Caller, a: &Attr) -> bool {
+    is_root(c) || c.uid == a.uid
+}
+
+fn kind_name(a: &Attr) -> &'static str {
+    if a.kind == FileKind::Dir { "directory" } else { "file" }
+}
+
+/// The permission bits of `a` that apply to `c` (owner, group or other class).
+fn class_bits(c: &Caller, a: &Attr) -> u32 {
+    if c.uid == a.uid {
+        (a.mode >> 6) & 7
+    } else if c.in_group(a.gid) {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    }
+}
+
+/// Whether `c` has every permission in `want` (`MAY_*` bits) on `a`.
+pub fn permits(c: &Caller, a: &Attr, want: u32) -> bool {
+    is_root(c) || class_bits(c, a) & want == want
+}
+
+/// Refuses (EACCES) unless `c` has every permission in `want` on `a`.
+pub fn check(c: &Caller, a: &Attr, want: u32) -> Result<(), MetaError> {
+    if permits(c, a, want) {
+        return Ok(());
+    }
+    let what = [(MAY_READ, "read"), (MAY_WRITE, "write"), (MAY_EXEC, "search/execute")]
+        .iter()
+        .filter(|(bit, _)| want & bit != 0)
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>()
+        .join("+");
+    Err(MetaError::PermissionDenied(format!(
+        "uid {} may not {what} {} {} (mode {:o}, owner {}:{})",
+        c.uid,
+        kind_name(a),
+        a.ino,
+        a.mode,
+        a.uid,
+        a.gid
+    )))
+}
+
+/// Removing or replacing `victim` in directory `dir`: write and search on the
+/// directory, and in a sticky directory only the owner of either may do it (EPERM).
+pub fn check_delete(c: &Caller, dir: &Attr, victim: &Attr) -> Result<(), MetaError> {
+    check(c, dir, MAY_WRITE | MAY_EXEC)?;
+    if dir.mode & S_ISVTX != 0 && !owns(c, dir) && c.uid != victim.uid {
+        return Err(MetaError::NotPermitted(format!(
+            "uid {} may not remove inode {} owned by {} from sticky directory {}",
+            c.uid, victim.ino, victim.uid, dir.ino
+        )));
+    }
+    Ok(())
+}
+
+/// The mode a new node gets: a non-root creator who is not in the group the node
+/// gets loses a group-executable setgid bit (as Linux's `mode_strip_sgid`).
+pub fn creation_mode(c: &Caller, kind: FileKind, mode: u32, gid: u32) -> u32 {
+    if kind != FileKind::Dir && mode & S_ISGID != 0 && mode & 0o010 != 0 && !is_root(c) && !c.in_group(gid) {
+        mode & !S_ISGID
+    } else {
+        mode
+    }
+}
+
+fn refuse(c: &Caller, a: &Attr, what: &str) -> MetaError {
+    MetaError::NotPermitted(format!("uid {} may not {what} of inode {} (owner {}:{})", c.uid, a.ino, a.uid, a.gid))
+}
+
+/// Checks a `setattr` and returns the mode to store if `set.mode` is given (with the
+/// setgid bit cleared where a non-member sets it). Rules: truncation needs write
+/// permission or an open for writing (`open_for_writing`: ftruncate); chown only by root (or to the same owner); chgrp by the owner to one of
+/// its groups; chmod by the owner, except that anyone allowed to write may clear the
+/// setuid/setgid bits (the kernel does that on a write); explicit times by the owner,
+/// "now" by the owner or a writer.
+pub fn check_set_attr(
+    c: &Caller,
+    a: &Attr,
+    set: &AttrChanges,
+    open_for_writing: bool,
+) -> Result<Option<u32>, MetaError> {
+    if set.size.is_some() && !open_for_writing {
+        check(c, a, MAY_WRITE)?;
+    }
+    if let Some(uid) = set.uid
+        && uid != a.uid
+        && !is_root(c)
+    {
+        return Err(refuse(c, a, &format!("give away ownership to uid {uid}")));
+    }
+    if let Some(gid) = set.gid
+        && !is_root(c)
+        && (c.uid != a.uid || (gid != a.gid && !c.in_group(gid)))
+    {
+        return Err(refuse(c, a, &format!("change the group to {gid}")));
+    }
+    let mode = match set.mode {
+        None => None,
+        Some(mode) => {
+            let mode = mode & 0o7777;
+            let only_clears_ids = mode | (S_ISUID | S_ISGID) == a.mode | (S_ISUID | S_ISGID) && mode & !a.mode == 0;
+            let writer_clearing_ids = only_clears_ids && permits(c, a, MAY_WRITE);
+            if !(owns(c, a) || writer_clearing_ids) {
+                return Err(refuse(c, a, "change the mode"));
+            }
+            let gid = set.gid.unwrap_or(a.gid);
+            Some(if mode & S_ISGID != 0 && !is_root(c) && !c.in_group(gid) { mode & !S_ISGID } else { mode })
+        }
+    };
+    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+    if explicit(set.atime) || explicit(set.mtime) {
+        if !owns(c, a) {
+            return Err(refuse(c, a, "set explicit times"));
+        }
+    } else if (set.atime.is_some() || set.mtime.is_some()) && !owns(c, a) {
+        check(c, a, MAY_WRITE)?;
+    }
+    Ok(mode)
+}
+
+/// Extended attribute namespaces: `trusted.*` is root's alone (hidden from others),
+/// `security.*` is written only by root, `system.*` (ACLs) only by the owner, and
+/// `user.*` lives only on files and directories, needs read or write permission, and
+/// on a sticky directory is written only by its owner.
+pub fn check_xattr(c: &Caller, a: &Attr, name: &[u8], write: bool) -> Result<(), MetaError> {
+    let absent = || MetaError::NoAttribute(show(name));
+    if name.starts_with(b"trusted.") {
+        return match (is_root(c), write) {
+            (true, _) => Ok(()),
+            (false, true) => Err(refuse(c, a, "write a trusted.* attribute")),
+            (false, false) => Err(absent()),
+        };
+    }
+    if name.starts_with(b"security.") {
+        return if write && !is_root(c) { Err(refuse(c, a, "write a security.* attribute")) } else { Ok(()) };
+    }
+    if name.starts_with(b"system.") {
+        return if write && !owns(c, a) { Err(refuse(c, a, "write a system.* attribute")) } else { Ok(()) };
+    }
+    if name.starts_with(b"user.") {
+        if !matches!(a.kind, FileKind::File | FileKind::Dir) {
+            return if write { Err(refuse(c, a, "write a user.* attribute")) } else { Err(absent()) };
+        }
+        if a.kind == FileKind::Dir && a.mode & S_ISVTX != 0 && write && !owns(c, a) {
+            return Err(refuse(c, a, "write a user.* attribute of a sticky directory"));
+        }
+    }
+    check(c, a, if write { MAY_WRITE } else { MAY_READ })
+}
+
+/// Whether a listing of extended attributes shows `name` to `c`.
+pub fn xattr_visible(c: &Caller, name: &[u8]) -> bool {
+    is_root(c) || !name.starts_with(b"trusted.")
+}
+
+/// Changing a file's data: write permission now, or the session has it open for
+/// writing (a write through a descriptor outlives a later chmod, as POSIX says).
+pub fn check_data_write(t: &mut dyn Txn, c: &Caller, session: SessionId, a: &Attr) -> Result<(), MetaError> {
+    if super::locks::open_for_writing(t, session, a.ino)? {
+        return Ok(());
+    }
+    check(c, a, MAY_WRITE)
+}
+
+/// Operations only meta's own nodes, and the superuser, may ask for (catalogue
+/// maintenance, node registration and reports).
+pub fn check_privileged(c: &Caller, what: &str) -> Result<(), MetaError> {
+    if is_root(c) {
+        return Ok(());
+    }
+    Err(MetaError::NotPermitted(format!("{what} is reserved to nodes and administrators (uid {} asked)", c.uid)))
+}

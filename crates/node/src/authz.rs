@@ -1,0 +1,113 @@
+//! Who may ask a node for what. With TLS, the peer's certificate says: meta and other
+//! nodes (replication, site caches, gc and fsck run with node certificates) may ask
+//! anything; a client may only get a chunk with meta's read capability for it and put
+//! chunks with meta's write capability, both bound to its certificate name; listing,
+//! probing, verifying, deleting and stats are not for clients. Without TLS (the
+//! operator disabled it) every peer is trusted, as before.
+
+use net::{PeerIdentity, Role};
+use proto::cap::{CapKey, CapOp, verify};
+use proto::error::{ErrorCode, WireError};
+use proto::node::NodeRequest;
+use std::sync::RwLock;
+
+/// The capability key meta handed out at the last registration.
+#[derive(Default)]
+pub struct CapKeyCell(RwLock<Option<CapKey>>);
+
+impl CapKeyCell {
+    /// Keeps the key of meta's latest answer (a restarted meta has a new one).
+    pub fn set(&self, key: Option<CapKey>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = key;
+    }
+
+    fn get(&self) -> Option<CapKey> {
+        *self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Allows or refuses `req` from `peer` at `now_ms` (one MAC check for a client's get
+/// or put, nothing else on the hot path).
+pub fn authorize(
+    peer: Option<&PeerIdentity>,
+    req: &NodeRequest,
+    key: &CapKeyCell,
+    now_ms: i64,
+) -> Result<(), WireError> {
+    let Some(peer) = peer else { return Ok(()) };
+    if peer.role != Role::Client {
+        return Ok(());
+    }
+    let (op, chunk, cap) = match req {
+        NodeRequest::Get { id, cap, .. } => (CapOp::Read, Some(id), cap.as_ref()),
+        NodeRequest::Put { cap, .. } => (CapOp::Write, None, cap.as_ref()),
+        NodeRequest::Ping => return Ok(()),
+        NodeRequest::Has { .. }
+        | NodeRequest::List { .. }
+        | NodeRequest::Verify { .. }
+        | NodeRequest::Delete { .. }
+        | NodeRequest::Stats => {
+            return Err(WireError::new(
+                ErrorCode::NotPermitted,
+                format!("{} (a client certificate) may not list, probe, verify, delete or count chunks", peer.name),
+            ));
+        }
+    };
+    let Some(key) = key.get() else {
+        return Err(WireError::new(ErrorCode::Busy, "this node has no capability key from meta yet"));
+    };
+    verify(&key, op, &peer.name, chunk, cap, now_ms)
+        .map_err(|e| WireError::new(ErrorCode::PermissionDenied, format!("{op:?} refused for {}: {e}", peer.name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::cap::{CAP_LIFETIME_MS, sign};
+    use proto::types::ChunkId;
+
+    fn id(name: &str, role: Role) -> PeerIdentity {
+        PeerIdentity { name: name.into(), role, site: "a".into() }
+    }
+
+    #[test]
+    fn clients_need_capabilities_and_may_not_administer() {
+        let key = [9u8; 32];
+        let cell = CapKeyCell::default();
+        let chunk = ChunkId([4; 32]);
+        let alice = id("/CN=client.a", Role::Client);
+        let get = |cap| NodeRequest::Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap };
+        let now = 1_000_000;
+        let read = sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + CAP_LIFETIME_MS);
+        // No key from meta yet: nothing a client asks is served.
+        assert_eq!(authorize(Some(&alice), &get(Some(read)), &cell, now).unwrap_err().code, ErrorCode::Busy);
+        cell.set(Some(key));
+        assert_eq!(authorize(Some(&alice), &get(Some(read)), &cell, now), Ok(()));
+        // Knowing the hash is not enough; nor is another host's or an expired capability.
+        let code = |peer: &PeerIdentity, req: &NodeRequest, at| authorize(Some(peer), req, &cell, at).unwrap_err().code;
+        assert_eq!(code(&alice, &get(None), now), ErrorCode::PermissionDenied);
+        assert_eq!(code(&id("/CN=client.b", Role::Client), &get(Some(read)), now), ErrorCode::PermissionDenied);
+        assert_eq!(code(&alice, &get(Some(read)), now + CAP_LIFETIME_MS + 1), ErrorCode::PermissionDenied);
+        let other = NodeRequest::Get { id: ChunkId([5; 32]), offset: 0, len: 1, local_only: false, cap: Some(read) };
+        assert_eq!(code(&alice, &other, now), ErrorCode::PermissionDenied, "a capability names its chunk");
+        // Puts need the write capability, not a read one.
+        let put = |cap| NodeRequest::Put { id: chunk, cap, replicate: Default::default() };
+        assert_eq!(code(&alice, &put(Some(read)), now), ErrorCode::PermissionDenied);
+        let write = sign(&key, CapOp::Write, &alice.name, None, now + 1);
+        assert_eq!(authorize(Some(&alice), &put(Some(write)), &cell, now), Ok(()));
+        // Listing, probing, deleting and stats are for nodes and meta only.
+        for req in [
+            NodeRequest::List { after: None, limit: 10 },
+            NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0 },
+            NodeRequest::Has { ids: vec![chunk] },
+            NodeRequest::Verify { ids: vec![chunk] },
+            NodeRequest::Stats,
+        ] {
+            assert_eq!(code(&alice, &req, now), ErrorCode::NotPermitted, "{req:?}");
+            assert_eq!(authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now), Ok(()));
+        }
+        assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &get(None), &cell, now), Ok(()), "replication");
+        // TLS disabled by the operator: trusted as before.
+        assert_eq!(authorize(None, &get(None), &cell, now), Ok(()));
+    }
+}
