@@ -33,6 +33,8 @@ struct Job {
 /// A metadata store: a backend's connections under the shared commit and read logic.
 pub struct Store {
     cluster_id: String,
+    /// The database's shared secret (`Backend::cluster_secret`).
+    cluster_secret: [u8; 32],
     /// Writes waiting for the next transaction.
     queue: Mutex<Vec<Job>>,
     /// The write connection; whoever holds it commits everything queued (group commit).
@@ -52,6 +54,7 @@ impl Store {
         }
         Ok(Store {
             cluster_id: backend.cluster_id,
+            cluster_secret: backend.cluster_secret,
             queue: Mutex::new(Vec::new()),
             writer: Mutex::new(backend.writer),
             readers: Mutex::new(backend.readers),
@@ -120,6 +123,11 @@ impl Store {
     /// The cluster this database belongs to, fixed when it was formatted.
     pub fn cluster_id(&self) -> &str {
         &self.cluster_id
+    }
+
+    /// The secret every meta over this database shares (capability keys derive from it).
+    pub fn cluster_secret(&self) -> &[u8; 32] {
+        &self.cluster_secret
     }
 
     /// The writer's lease on the primary role, if it holds one (to be renewed).

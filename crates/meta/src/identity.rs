@@ -331,6 +331,17 @@ mod tests {
         assert!(err("alice 1001\n").contains("starts with the quoted principal"));
     }
 
+    proptest::proptest! {
+        /// Any text, including near-misses of the real shape, parses or is refused
+        /// with the file and a line number; it never panics.
+        #[test]
+        fn any_text_parses_or_names_its_line(text in "(\"/CN=[a-z]{0,3}\"? ?[a-z]{0,3} ?[0-9x-]{0,6}\n|\\[[a-z]{0,7}\\]\n|nobody ?[0-9]{0,6} ?[0-9]{0,6}\n|#.*\n|.{0,12}\n){0,12}") {
+            if let Err(e) = parse_map(Path::new("p.map"), &text) {
+                proptest::prop_assert!(e.to_string().starts_with("identity map p.map:"), "{e}");
+            }
+        }
+    }
+
     /// Two sites numbering the same principals differently, as meta resolves them.
     fn two_sites(dir: &Path) -> Identities {
         std::fs::write(

@@ -20,7 +20,9 @@
 
 use crate::error::MetaError;
 use crate::locks::Held;
-use crate::sqlite::{SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, root_inode};
+use crate::sqlite::{
+    SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
+};
 use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
@@ -44,7 +46,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// for blobs), with sequences for the ids.
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE meta_version (version BIGINT NOT NULL);
-CREATE TABLE cluster (id TEXT NOT NULL);
+CREATE TABLE cluster (id TEXT NOT NULL, secret BYTEA);
 CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 INSERT INTO counters (name, value) VALUES ('syncs', 0);
 CREATE SEQUENCE next_inode START WITH 2;
@@ -527,7 +529,8 @@ pub fn open(
     let (config, shown) = parse(url)?;
     let mut writer = connect(&config, &shown)?;
     init_schema(&mut writer, &shown, init)?;
-    let cluster_id: String = writer.one("SELECT id FROM cluster", &[])?.try_get(0)?;
+    let row = writer.one("SELECT id, secret FROM cluster", &[])?;
+    let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
     let lease = match lease {
         None => None,
         Some((holder, duration)) => {
@@ -569,7 +572,7 @@ pub fn open(
             }
         }
     }
-    Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: false, lease })
+    Ok(Backend { cluster_id, cluster_secret, writer: Box::new(writer), readers, local_reads: false, lease })
 }
 
 /// What `promote` did, for the operator.
@@ -663,7 +666,7 @@ fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError>
 /// Creates the schema, the root directory and a new cluster id.
 fn format(w: &mut PgConn) -> Result<(), MetaError> {
     create_tables(w)?;
-    w.exec("INSERT INTO cluster (id) VALUES ($1)", &[&new_cluster_id()?])?;
+    w.exec("INSERT INTO cluster (id, secret) VALUES ($1, $2)", &[&new_cluster_id()?, &&random_bytes::<32>()?[..]])?;
     w.put_inode(&root_inode())
 }
 

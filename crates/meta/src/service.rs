@@ -78,7 +78,7 @@ impl MetaService {
     /// A service over any backend's store (`db_url` and `init` in `config` are unused).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
         Arc::new(MetaService {
-            cap_key: random_key(),
+            cap_key: capability_key(store.cluster_secret()),
             cluster_id: store.cluster_id().into(),
             store,
             heartbeat: config.heartbeat,
@@ -634,15 +634,11 @@ fn may_bind(owner: Option<&str>, peer: Option<&net::PeerIdentity>, session: Sess
     }
 }
 
-/// A fresh capability key: 256 bits from the kernel (a key per meta process: after a
-/// restart nodes learn the new one at their next registration and clients ask again).
-fn random_key() -> proto::cap::CapKey {
-    let mut key = [0u8; 32];
-    if let Err(e) = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key)) {
-        // Without randomness meta must not run with a guessable key.
-        panic!("cannot read /dev/urandom for the capability key: {e}");
-    }
-    key
+/// The capability key of every meta over one database: derived from the database's
+/// shared secret, so a capability one meta signs is good at every node, also after a
+/// restart of meta.
+fn capability_key(secret: &[u8; 32]) -> proto::cap::CapKey {
+    blake3::derive_key("locus 2026-11 chunk capability key", secret)
 }
 
 /// Which capabilities an answer to `req` carries (meta checked the permission

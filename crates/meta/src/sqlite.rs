@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -83,8 +83,14 @@ CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
 
 /// Upgrades from each older schema version to the next one, in order: entry `i`
 /// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] =
-    &[adopt_into_a_cluster, persist_opens_and_locks, add_replication_policies, add_principals, add_node_admissions];
+const MIGRATIONS: &[Migration] = &[
+    adopt_into_a_cluster,
+    persist_opens_and_locks,
+    add_replication_policies,
+    add_principals,
+    add_node_admissions,
+    add_cluster_secret,
+];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
 type Migration = fn(&Connection) -> Result<(), MetaError>;
@@ -131,6 +137,21 @@ fn add_node_admissions(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// Version 6 -> 7: a secret every meta over the database shares, so that a capability
+/// one meta signs is good at every node whichever meta they registered with.
+fn add_cluster_secret(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch("ALTER TABLE cluster ADD COLUMN secret BLOB")?;
+    conn.execute("UPDATE cluster SET secret = ?1", [random_bytes::<32>()?])?;
+    Ok(())
+}
+
+/// The stored cluster secret, which must be 32 bytes.
+pub(crate) fn secret_of(stored: Vec<u8>) -> Result<[u8; 32], MetaError> {
+    stored
+        .try_into()
+        .map_err(|v: Vec<u8>| MetaError::Corrupt(format!("the cluster secret has {} bytes, not 32", v.len())))
+}
+
 /// A random cluster id: 128 bits from the kernel, in hex.
 pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
     random_hex()
@@ -138,11 +159,16 @@ pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
 
 /// 128 random bits from the kernel, in hex (cluster ids, join tokens).
 pub(crate) fn random_hex() -> Result<String, MetaError> {
-    let mut bytes = [0u8; 16];
+    Ok(random_bytes::<16>()?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `N` random bytes from the kernel (ids, tokens, the cluster secret).
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], MetaError> {
+    let mut bytes = [0u8; N];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom for a random id: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom: {e}")))?;
+    Ok(bytes)
 }
 
 /// Distinct statements the store prepares; the per-connection cache must hold them all
@@ -253,7 +279,9 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
     let mut writer = SqlConn { conn, durable: false, _lock: Some(lock) };
     configure(&writer.conn)?;
     init_schema(&mut writer, &shown, tables == 0)?;
-    let cluster_id: String = writer.conn.query_row("SELECT id FROM cluster", [], |r| r.get(0))?;
+    let (cluster_id, secret): (String, Vec<u8>) =
+        writer.conn.query_row("SELECT id, secret FROM cluster", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let cluster_secret = secret_of(secret)?;
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
     for _ in 0..READERS {
         let r = Connection::open(path)?;
@@ -261,7 +289,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         r.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         readers.push(Box::new(SqlConn { conn: r, durable: false, _lock: None }));
     }
-    Ok(Backend { cluster_id, writer: Box::new(writer), readers, local_reads: true, lease: None })
+    Ok(Backend { cluster_id, cluster_secret, writer: Box::new(writer), readers, local_reads: true, lease: None })
 }
 
 /// How long opening waits for the lock: a meta that is still shutting down (or a
@@ -373,6 +401,7 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     add_node_admissions(&w.conn)?;
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
+    add_cluster_secret(&w.conn)?;
     w.put_inode(&root_inode())
 }
 

@@ -203,6 +203,9 @@ pub trait ReadConn: Send {
 pub struct Backend {
     /// The identity the database was formatted with; fixed for its lifetime.
     pub cluster_id: String,
+    /// A random secret kept in the database, the same for every meta over it
+    /// (capability keys derive from it); it never leaves meta.
+    pub cluster_secret: [u8; 32],
     /// The single write connection; the engine serialises and group-commits writes on it.
     pub writer: Box<dyn WriteConn>,
     /// Read connections, lent to one read at a time.
