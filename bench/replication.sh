@@ -100,6 +100,17 @@ cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$BIN/"
 LOCUS=$BIN/locus
 WAN=$BIN/locus-wan
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
+# Mutual TLS: a CA for this run and a certificate per process; admin commands (policy,
+# status, fsck) use the admin client certificate through LOCUS_CA/CERT/KEY.
+TLS_DIR=$WORK/tls
+"$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
+for c in "meta meta a" "node node-a a" "node node-b b" "node node-r0 r" "node node-r1 r" "node node-r2 r" \
+    "client client-a a" "client client-r r" "client admin a"; do
+    read -r role name site <<<"$c"
+    "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
+done
+tls() { echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"; }
+export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/admin.pem LOCUS_KEY=$TLS_DIR/admin.key
 
 wait_line() { # file pattern seconds what
     for _ in $(seq $(($3 * 10))); do
@@ -144,18 +155,18 @@ wait_line "$LOG/wan-up.out" "^ready" 30 "locus-wan up"
 CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
 set_path 0
 
-ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init >"$LOG/meta.out" 2>"$LOG/meta.err" &
+ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init $(tls meta) >"$LOG/meta.out" 2>"$LOG/meta.err" &
 META_PID=$!
 wait_line "$LOG/meta.out" listening 30 "locus meta"
 ip netns exec "$NSA" "$LOCUS" node --listen "$IPA:7101" --meta "$META" --data-dir "$WORK/node-a" --id node-a \
-    --site a --metrics "$METRICS" --sync-timeout 60s >"$LOG/node-a.out" 2>"$LOG/node-a.err" &
+    --site a --metrics "$METRICS" --sync-timeout 60s $(tls node-a) >"$LOG/node-a.out" 2>"$LOG/node-a.err" &
 NODEA_PID=$!
 wait_line "$LOG/node-a.out" listening 30 "node a"
 ip netns exec "$NSB" "$LOCUS" node --listen "$IPB:7102" --meta "$META" --data-dir "$WORK/node-b" --id node-b \
-    --site b >"$LOG/node-b.out" 2>"$LOG/node-b.err" &
+    --site b $(tls node-b) >"$LOG/node-b.out" 2>"$LOG/node-b.err" &
 NODEB_PID=$!
 wait_line "$LOG/node-b.out" listening 30 "node b"
-nsenter --net="/run/netns/$NSA" "$LOCUS" mount "$MNT" --meta "$META" --site a >"$LOG/mount.out" 2>"$LOG/mount.err" &
+nsenter --net="/run/netns/$NSA" "$LOCUS" mount "$MNT" --meta "$META" --site a $(tls client-a) >"$LOG/mount.out" 2>"$LOG/mount.err" &
 MOUNT_PID=$!
 wait_line "$LOG/mount.out" mounted 60 "locus mount"
 sleep 3 # nodes learn each other at their heartbeat
@@ -267,11 +278,11 @@ if has_part repair; then
     for i in 0 1 2; do
         mkdir -p "$WORK/node-r$i"
         ip netns exec "$NSR" "$LOCUS" node --listen "$IPR:$((7110 + i))" --meta "$META" --data-dir "$WORK/node-r$i" \
-            --id "node-r$i" --site r >"$LOG/node-r$i.out" 2>"$LOG/node-r$i.err" &
+            --id "node-r$i" --site r $(tls "node-r$i") >"$LOG/node-r$i.out" 2>"$LOG/node-r$i.err" &
         NODER_PIDS+=($!)
         wait_line "$LOG/node-r$i.out" listening 30 "node r$i"
     done
-    nsenter --net="/run/netns/$NSR" "$LOCUS" mount "$MNTR" --meta "$META" --site r >"$LOG/mount-r.out" \
+    nsenter --net="/run/netns/$NSR" "$LOCUS" mount "$MNTR" --meta "$META" --site r $(tls client-r) >"$LOG/mount-r.out" \
         2>"$LOG/mount-r.err" &
     MOUNTR_PID=$!
     wait_line "$LOG/mount-r.out" mounted 60 "locus mount at r"
