@@ -178,9 +178,62 @@ pol() { ip netns exec "$NSA" "$LOCUS" policy set "$@" --meta "$META" >>"$LOG/pol
 pol /sync --sites a,b --copies 1 --mode sync
 pol /async --sites a,b --copies 1 --mode async --rpo 30s
 
+write_out() { # the sections of the parts run so far, so a failing part keeps the others'
+{
+        echo "# Replication across sites (bench/replication.sh)"
+        echo
+        echo "Release build of $(cd "$ROOT" && git rev-parse --short HEAD) on $(nproc) cores, $(date -u +%Y-%m-%d);"
+        echo "sites as network namespaces joined by locus-wan. Parts run: $PARTS."
+        if ((${#ROWS[@]})); then
+            echo
+            echo "Two sites joined at $RATE Mbit/s per direction; meta, node a and the"
+            echo "writing mount at A, node b at B. Writes: dd bs=1M conv=fsync of $SIZE_MB MiB of random"
+            echo "data. single = the default policy (one node at A: one copy); sync / async = --sites a,b"
+            echo "--copies 1. iperf3 = -P 8 with bbr on the same path, MB/s received."
+            echo
+            echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | note |"
+            echo "|---|---|---|---|---|---|---|---|"
+            printf '%s\n' "${ROWS[@]}"
+            echo
+            echo "A 4 KiB overwrite (dd conv=notrunc,fsync) in the middle of the sync file: bytes"
+            echo "the forwarder carried (meta is at A, so only the node-to-node copy crosses)."
+            echo
+            echo "| RTT ms | A->B bytes | B->A bytes |"
+            echo "|---|---|---|"
+            printf '%s\n' "${OVER[@]}"
+        fi
+        if [[ -n $LAG_ROW ]]; then
+            echo
+            echo "## Lag under a sustained async write"
+            echo
+            echo "\`async\` a,b (--copies 1): 64 MiB files of random data, each fsynced, written at A"
+            echo "paced at the link rate (the link set to the same rate); node a's"
+            echo "locus_replication_lag_chunks and _oldest_seconds (whole seconds) sampled every second."
+            echo
+            echo "| RTT ms | link and write Mbit/s | seconds written | MB/s written | samples | max lag chunks | max oldest s | RPO s | RPO breach log lines (whole run) | drained s after the writer |"
+            echo "|---|---|---|---|---|---|---|---|---|---|"
+            echo "$LAG_ROW"
+        fi
+        if [[ -n $REPAIR_ROW ]]; then
+            echo
+            echo "## Repair after a node of a three-node site is killed"
+            echo
+            echo "Site r: three nodes (default --repair-rate 64M, --repair-every 10s) and a mount;"
+            echo "the file written with dd conv=fsync under the default policy (two copies at the"
+            echo "site). node-r1 is killed -9; meta counts it gone after 10 s (NODE_GONE_SECS). Full redundancy ="
+            echo "\`locus fsck\` finds every chunk at its copy count again (polled every second);"
+            echo "repair time = from the first repaired bytes in \`locus status\` to that point."
+            echo
+            echo "| MiB written | bytes on the killed node | bytes repaired | kill to short in fsck s | kill to full redundancy s | repair s | repair MB/s |"
+            echo "|---|---|---|---|---|---|---|"
+            echo "$REPAIR_ROW"
+        fi
+    } >"$OUT"
+}
 has_part() { [[ " $PARTS " == *" $1 "* ]]; }
 ROWS=()
 OVER=()
+LAG_ROW="" REPAIR_ROW=""
 has_part write || RTTS=""
 for rtt in $RTTS; do
     set_path "$rtt"
@@ -219,8 +272,8 @@ for rtt in $RTTS; do
     OVER+=("| $rtt | $((a1 - a0)) | $((b1 - b0)) |")
     say "  4 KiB overwrite: A->B $((a1 - a0)) B, B->A $((b1 - b0)) B"
 done
+write_out
 
-LAG_ROW=""
 if has_part lag; then
     set_path "$LAG_RTT" "$LAG_MBIT"
     say "lag: async a,b, writing at $LAG_MBIT Mbit/s for $LAG_SECS s, RTT $LAG_RTT ms"
@@ -271,7 +324,7 @@ print(max(int(r[0]) for r in rows), max(int(r[1]) for r in rows))' "$samples")
     LAG_ROW="| $LAG_RTT | $LAG_MBIT | $lag_secs | $written | $(wc -l <"$samples") | $max_chunks | $max_age | 30 | $breach | $drain |"
 fi
 
-REPAIR_ROW=""
+write_out
 if has_part repair; then
     set_path 0
     say "repair: site r with three nodes, $REPAIR_MB MiB under the default policy"
@@ -289,7 +342,10 @@ if has_part repair; then
     sleep 3
     mkdir "$MNTR/repair"
     head -c $((REPAIR_MB << 20)) /dev/urandom | dd of="$MNTR/repair/f" bs=1M iflag=fullblock conv=fsync status=none
-    fsck_clean() { ip netns exec "$NSA" "$LOCUS" fsck --meta "$META" 2>&1 | grep -q "every chunk has the copies"; }
+    # fsck exits non-zero once the killed node is unreachable (a DAMAGE line): only its
+    # under-replication lines count here.
+    fsck_out() { ip netns exec "$NSA" "$LOCUS" fsck --meta "$META" 2>&1 || true; }
+    fsck_clean() { fsck_out | grep -q "every chunk has the copies"; }
     for _ in $(seq 120); do fsck_clean && break; sleep 1; done
     fsck_clean || die "the written data never had its copies"
     repaired() { # bytes the repair workers of site r report in status
@@ -320,54 +376,5 @@ print(sum(int(m) for m in re.findall(r"\((\d+) bytes\) repaired", sys.stdin.read
     REPAIR_ROW="| $REPAIR_MB | $lost | $bytes | $detected | $total | $active | $(mbs "$bytes" "$active") |"
 fi
 
-{
-    echo "# Replication across sites (bench/replication.sh)"
-    echo
-    echo "Release build of $(cd "$ROOT" && git rev-parse --short HEAD) on $(nproc) cores, $(date -u +%Y-%m-%d);"
-    echo "sites as network namespaces joined by locus-wan. Parts run: $PARTS."
-    if has_part write; then
-        echo
-        echo "Two sites joined at $RATE Mbit/s per direction; meta, node a and the"
-        echo "writing mount at A, node b at B. Writes: dd bs=1M conv=fsync of $SIZE_MB MiB of random"
-        echo "data. single = the default policy (one node at A: one copy); sync / async = --sites a,b"
-        echo "--copies 1. iperf3 = -P 8 with bbr on the same path, MB/s received."
-        echo
-        echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | note |"
-        echo "|---|---|---|---|---|---|---|---|"
-        printf '%s\n' "${ROWS[@]}"
-        echo
-        echo "A 4 KiB overwrite (dd conv=notrunc,fsync) in the middle of the sync file: bytes"
-        echo "the forwarder carried (meta is at A, so only the node-to-node copy crosses)."
-        echo
-        echo "| RTT ms | A->B bytes | B->A bytes |"
-        echo "|---|---|---|"
-        printf '%s\n' "${OVER[@]}"
-    fi
-    if has_part lag; then
-        echo
-        echo "## Lag under a sustained async write"
-        echo
-        echo "\`async\` a,b (--copies 1): 64 MiB files of random data, each fsynced, written at A"
-        echo "paced at the link rate (the link set to the same rate); node a's"
-        echo "locus_replication_lag_chunks and _oldest_seconds (whole seconds) sampled every second."
-        echo
-        echo "| RTT ms | link and write Mbit/s | seconds written | MB/s written | samples | max lag chunks | max oldest s | RPO s | RPO breach log lines (whole run) | drained s after the writer |"
-        echo "|---|---|---|---|---|---|---|---|---|---|"
-        echo "$LAG_ROW"
-    fi
-    if has_part repair; then
-        echo
-        echo "## Repair after a node of a three-node site is killed"
-        echo
-        echo "Site r: three nodes (default --repair-rate 64M, --repair-every 10s) and a mount;"
-        echo "the file written with dd conv=fsync under the default policy (two copies at the"
-        echo "site). node-r1 is killed -9; meta counts it gone after 10 s (NODE_GONE_SECS). Full redundancy ="
-        echo "\`locus fsck\` finds every chunk at its copy count again (polled every second);"
-        echo "repair time = from the first repaired bytes in \`locus status\` to that point."
-        echo
-        echo "| MiB written | bytes on the killed node | bytes repaired | kill to short in fsck s | kill to full redundancy s | repair s | repair MB/s |"
-        echo "|---|---|---|---|---|---|---|"
-        echo "$REPAIR_ROW"
-    fi
-} >"$OUT"
+write_out
 say "wrote $OUT"
