@@ -208,7 +208,8 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
             echo
             echo "\`async\` a,b (--copies 1): 64 MiB files of random data, each fsynced, written at A"
             echo "paced at the link rate (the link set to the same rate); node a's"
-            echo "locus_replication_lag_chunks and _oldest_seconds (whole seconds) sampled every second."
+            echo "locus_replication_lag_chunks and _oldest_seconds (whole seconds) sampled in a loop with a"
+        echo "1 s sleep (each sample also takes two metric requests: see the sample count)."
             echo
             echo "| RTT ms | link and write Mbit/s | seconds written | MB/s written | samples | max lag chunks | max oldest s | RPO s | RPO breach log lines (whole run) | drained s after the writer |"
             echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -222,7 +223,9 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
             echo "the file written with dd conv=fsync under the default policy (two copies at the"
             echo "site). node-r1 is killed -9; meta counts it gone after 10 s (NODE_GONE_SECS). Full redundancy ="
             echo "\`locus fsck\` finds every chunk at its copy count again (polled every second);"
-            echo "repair time = from the first repaired bytes in \`locus status\` to that point."
+            echo "repair time = from fsck first finding chunks short (meta counts the node gone) to"
+        echo "that point, so it includes the wait for the next repair scan; bytes repaired = the"
+        echo "repair workers' totals in \`locus status\`."
             echo
             echo "| MiB written | bytes on the killed node | bytes repaired | kill to short in fsck s | kill to full redundancy s | repair s | repair MB/s |"
             echo "|---|---|---|---|---|---|---|"
@@ -309,6 +312,7 @@ PY
     wait "$WRITER" || die "the lag writer failed"
     breach=$(grep -c "replication lag breaches the RPO" "$LOG/node-a.err" || true)
     read -r lag_bytes lag_secs <"$WORK/lag-writer.out"
+    lag_secs=$(python3 -c "print(f'{$lag_secs:.1f}')")
     t1=$(now)
     for _ in $(seq 3000); do
         [[ $(metric locus_replication_lag_chunks) == 0 ]] && break
@@ -348,7 +352,7 @@ if has_part repair; then
     fsck_clean() { fsck_out | grep -q "every chunk has the copies"; }
     for _ in $(seq 120); do fsck_clean && break; sleep 1; done
     fsck_clean || die "the written data never had its copies"
-    repaired() { # bytes the repair workers of site r report in status
+    repaired() { # bytes every repair worker reports in status
         ip netns exec "$NSA" "$LOCUS" status --meta "$META" 2>/dev/null | python3 -c '
 import re, sys
 print(sum(int(m) for m in re.findall(r"\((\d+) bytes\) repaired", sys.stdin.read())))'
@@ -360,18 +364,23 @@ print(sum(int(m) for m in re.findall(r"\((\d+) bytes\) repaired", sys.stdin.read
     for _ in $(seq 60); do fsck_clean || break; sleep 1; done
     fsck_clean && die "fsck never found the killed node's chunks short"
     detected=$(secs "$t0" "$(now)")
-    first="" r1=$r0
     for _ in $(seq 600); do
-        sleep 1
-        r1=$(repaired)
-        [[ -z $first && $r1 != "$r0" ]] && first=$(now)
         fsck_clean && break
+        sleep 1
     done
     t1=$(now)
     fsck_clean || die "repair did not restore every copy within 600 s"
+    # The workers' totals reach status at their next heartbeat: wait until they settle.
+    r1=$(repaired)
+    for _ in $(seq 20); do
+        sleep 2
+        r2=$(repaired)
+        [[ $r2 == "$r1" && $r2 != "$r0" ]] && break
+        r1=$r2
+    done
     bytes=$((r1 - r0))
     total=$(secs "$t0" "$t1")
-    active=$(secs "${first:-$t0}" "$t1")
+    active=$(python3 -c "print(f'{$total-$detected:.3f}')")
     say "  killed node-r1 ($lost bytes); short in fsck after $detected s; full redundancy after $total s; $bytes bytes repaired in $active s"
     REPAIR_ROW="| $REPAIR_MB | $lost | $bytes | $detected | $total | $active | $(mbs "$bytes" "$active") |"
 fi
