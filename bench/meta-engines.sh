@@ -10,9 +10,13 @@
 # fsync on, as SQLite's durable commits), stopped on exit. Binaries from PATH or
 # /usr/lib/postgresql/*/bin (Debian's postgresql package).
 #
+# Every process runs with --insecure-no-tls (LOCUS_INSECURE_NO_TLS): this compares the
+# engines, not the transport (bench/tls.sh measures what TLS costs).
+#
 # Usage (as root):  bench/meta-engines.sh
 # Environment: BIN=target/release/locus  ROUNDS=3  FILES=5000  OUT=bench/results/meta-engines.md
 set -Eeuo pipefail
+export LOCUS_INSECURE_NO_TLS=1
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/locus}
 ROUNDS=${ROUNDS:-3}
@@ -72,7 +76,7 @@ run() { # engine round; writes "create stat unlink" to $WORK/last
     fi
     local meta mnt=$WORK/mnt-$engine-$r
     mkdir -p "$mnt" "$WORK/node-$engine-$r"
-    start "meta-$engine-$r" "locus meta listening on" meta --listen 127.0.0.1:0 --db "$db" --init
+    start "meta-$engine-$r" "locus meta listening on" meta --listen 127.0.0.1:0 --db "$db" --init --admit-node n0
     meta=$ANNOUNCED
     start "node-$engine-$r" "locus node listening on" node --listen 127.0.0.1:0 --meta "$meta" \
         --data-dir "$WORK/node-$engine-$r" --id n0

@@ -10,11 +10,19 @@
 #      crossing the WAN A->B and B->A.
 #   3. `async` a,b: the same write, then the time until B holds every chunk (the node's
 #      replication lag metric back to 0).
-# Writes bench/results/replication.md.
+#   4. (part lag) `async` a,b under a write paced at the link rate (LAG_MBIT, the link
+#      set to the same rate, LAG_RTT) for LAG_SECS: the replication lag (queued chunks,
+#      age of the oldest) sampled every second, its maximum against an RPO of 30 s.
+#   5. (part repair) a third site r (namespace s2) with three nodes and its own mount:
+#      REPAIR_MB written under the default policy (two copies at a three-node site), one
+#      node killed (-9); the time until `locus fsck` finds every chunk at its copy count
+#      again, and the repair rate (bytes the repair workers report / repair time).
+# Writes bench/results/replication.md (the sections of the PARTS that ran).
 #
 # Usage (as root):  bench/replication.sh
-#   SIZE_MB=1024 RTTS="50 100" RATE=1000 IPERF_SECS=8 SKIP_BUILD=0 WORK=/tmp/locus-repl PREFIX=lrp-
-#   OUT=bench/results/replication.md
+#   PARTS="write lag repair" SIZE_MB=1024 RTTS="50 100" RATE=1000 IPERF_SECS=8
+#   LAG_SECS=60 LAG_MBIT=400 LAG_RTT=50 REPAIR_MB=1024
+#   SKIP_BUILD=0 WORK=/tmp/locus-repl PREFIX=lrp- OUT=bench/results/replication.md
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,16 +34,24 @@ SKIP_BUILD=${SKIP_BUILD:-0}
 WORK=${WORK:-/tmp/locus-repl}
 PREFIX=${PREFIX:-lrp-}
 OUT=${OUT:-$ROOT/bench/results/replication.md}
+PARTS=${PARTS:-"write lag repair"}
+LAG_SECS=${LAG_SECS:-60}
+LAG_MBIT=${LAG_MBIT:-400}
+LAG_RTT=${LAG_RTT:-50}
+REPAIR_MB=${REPAIR_MB:-1024}
 
 NSA=${PREFIX}s0
 NSB=${PREFIX}s1
+NSR=${PREFIX}s2
 IPA=10.99.0.1
 IPB=10.99.0.2
+IPR=10.99.0.3
 META=$IPA:7070
 METRICS=$IPA:9101
 BIN=$WORK/bin
 LOG=$WORK/logs
 MNT=$WORK/mnt-a
+MNTR=$WORK/mnt-r
 T_START=$(date +%s)
 
 say() { printf '[%5ss] %s\n' "$(($(date +%s) - T_START))" "$*" >&2; }
@@ -50,7 +66,8 @@ if [[ $SKIP_BUILD != 1 ]]; then
     (cd "$ROOT" && cargo build --release -p locus -p testkit --bin locus --bin locus-wan) || die "build failed"
 fi
 
-UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNT_PID="" IPERF_PID="" CTL=""
+UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNT_PID="" IPERF_PID="" CTL="" MOUNTR_PID=""
+NODER_PIDS=()
 ALLOWED_CC=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 
 stop_pid() { # pid
@@ -64,23 +81,37 @@ cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     stop_pid "$MOUNT_PID"
-    mountpoint -q "$MNT" 2>/dev/null && umount -l "$MNT" || true
+    stop_pid "$MOUNTR_PID"
+    for m in "$MNT" "$MNTR"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true; done
+    for p in "${NODER_PIDS[@]}"; do stop_pid "$p"; done
     for p in "$NODEB_PID" "$NODEA_PID" "$META_PID" "$IPERF_PID" "$UP_PID"; do stop_pid "$p"; done
     [[ -x $BIN/locus-wan ]] && "$BIN/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
     sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$ALLOWED_CC" 2>/dev/null || true
-    rm -rf "$WORK/node-a" "$WORK/node-b" "$WORK/meta.db"* 2>/dev/null || true
+    rm -rf "$WORK"/node-* "$WORK/meta.db"* 2>/dev/null || true
     exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-mountpoint -q "$MNT" 2>/dev/null && umount -l "$MNT" || true
+for m in "$MNT" "$MNTR"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true; done
 rm -rf "$WORK"
-mkdir -p "$BIN" "$LOG" "$MNT" "$WORK/node-a" "$WORK/node-b"
+mkdir -p "$BIN" "$LOG" "$MNT" "$MNTR" "$WORK/node-a" "$WORK/node-b"
 cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$BIN/"
 LOCUS=$BIN/locus
 WAN=$BIN/locus-wan
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
+# Mutual TLS: a CA for this run and a certificate per process; admin commands (policy,
+# status, fsck) use the admin certificate through LOCUS_CA/CERT/KEY (the node role: fsck
+# lists chunks on nodes, which a client certificate may not).
+TLS_DIR=$WORK/tls
+"$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
+for c in "meta meta a" "node node-a a" "node node-b b" "node node-r0 r" "node node-r1 r" "node node-r2 r" \
+    "client client-a a" "client client-r r" "node admin a"; do
+    read -r role name site <<<"$c"
+    "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
+done
+tls() { echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"; }
+export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/admin.pem LOCUS_KEY=$TLS_DIR/admin.key
 
 wait_line() { # file pattern seconds what
     for _ in $(seq $(($3 * 10))); do
@@ -90,8 +121,8 @@ wait_line() { # file pattern seconds what
     tail -5 "$1" "${1%.out}.err" >&2 2>/dev/null || true
     die "$4 not ready after $3 s"
 }
-set_path() { # rtt_ms
-    "$WAN" ctl --control "$CTL" set delay_ms="$(python3 -c "print($1/2)")" loss_pct=0 rate_mbit="$RATE" \
+set_path() { # rtt_ms [rate_mbit]
+    "$WAN" ctl --control "$CTL" set delay_ms="$(python3 -c "print($1/2)")" loss_pct=0 rate_mbit="${2:-$RATE}" \
         queue_bytes=auto >/dev/null
     sleep 0.3
 }
@@ -118,25 +149,26 @@ secs() { python3 -c "print(f'{$2-$1:.3f}')"; }
 mbs() { python3 -c "print(f'{$1/max($2,1e-9)/1e6:.1f}')"; }
 
 sysctl -q -w net.ipv4.tcp_allowed_congestion_control="reno cubic bbr" || true
-say "WAN emulator: 2 sites, $RATE Mbit/s"
-"$WAN" up --prefix "$PREFIX" --sites 2 --rate-mbit "$RATE" >"$LOG/wan-up.out" 2>"$LOG/wan-fwd.err" &
+say "WAN emulator: 3 sites, $RATE Mbit/s"
+"$WAN" up --prefix "$PREFIX" --sites 3 --rate-mbit "$RATE" >"$LOG/wan-up.out" 2>"$LOG/wan-fwd.err" &
 UP_PID=$!
 wait_line "$LOG/wan-up.out" "^ready" 30 "locus-wan up"
 CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
 set_path 0
 
-ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b >"$LOG/meta.out" 2>"$LOG/meta.err" &
+ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b \
+    --admit-node node-r0 --admit-node node-r1 --admit-node node-r2 --no-root-squash a --no-root-squash r $(tls meta) >"$LOG/meta.out" 2>"$LOG/meta.err" &
 META_PID=$!
 wait_line "$LOG/meta.out" listening 30 "locus meta"
 ip netns exec "$NSA" "$LOCUS" node --listen "$IPA:7101" --meta "$META" --data-dir "$WORK/node-a" --id node-a \
-    --site a --metrics "$METRICS" --sync-timeout 60s >"$LOG/node-a.out" 2>"$LOG/node-a.err" &
+    --site a --metrics "$METRICS" --sync-timeout 60s $(tls node-a) >"$LOG/node-a.out" 2>"$LOG/node-a.err" &
 NODEA_PID=$!
 wait_line "$LOG/node-a.out" listening 30 "node a"
 ip netns exec "$NSB" "$LOCUS" node --listen "$IPB:7102" --meta "$META" --data-dir "$WORK/node-b" --id node-b \
-    --site b >"$LOG/node-b.out" 2>"$LOG/node-b.err" &
+    --site b $(tls node-b) >"$LOG/node-b.out" 2>"$LOG/node-b.err" &
 NODEB_PID=$!
 wait_line "$LOG/node-b.out" listening 30 "node b"
-nsenter --net="/run/netns/$NSA" "$LOCUS" mount "$MNT" --meta "$META" --site a >"$LOG/mount.out" 2>"$LOG/mount.err" &
+nsenter --net="/run/netns/$NSA" "$LOCUS" mount "$MNT" --meta "$META" --site a $(tls client-a) >"$LOG/mount.out" 2>"$LOG/mount.err" &
 MOUNT_PID=$!
 wait_line "$LOG/mount.out" mounted 60 "locus mount"
 sleep 3 # nodes learn each other at their heartbeat
@@ -146,10 +178,68 @@ IPERF_PID=$!
 mkdir "$MNT/single" "$MNT/sync" "$MNT/async"
 pol() { ip netns exec "$NSA" "$LOCUS" policy set "$@" --meta "$META" >>"$LOG/policy.out" 2>&1; }
 pol /sync --sites a,b --copies 1 --mode sync
-pol /async --sites a,b --copies 1 --mode async
+pol /async --sites a,b --copies 1 --mode async --rpo 30s
 
+write_out() { # the sections of the parts run so far, so a failing part keeps the others'
+{
+        echo "# Replication across sites (bench/replication.sh)"
+        echo
+        echo "Release build of $(cd "$ROOT" && git rev-parse --short HEAD) on $(nproc) cores, $(date -u +%Y-%m-%d);"
+        echo "sites as network namespaces joined by locus-wan. Parts run: $PARTS."
+        if ((${#ROWS[@]})); then
+            echo
+            echo "Two sites joined at $RATE Mbit/s per direction; meta, node a and the"
+            echo "writing mount at A, node b at B. Writes: dd bs=1M conv=fsync of $SIZE_MB MiB of random"
+            echo "data. single = the default policy (one node at A: one copy); sync / async = --sites a,b"
+            echo "--copies 1. iperf3 = -P 8 with bbr on the same path, MB/s received."
+            echo
+            echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | note |"
+            echo "|---|---|---|---|---|---|---|---|"
+            printf '%s\n' "${ROWS[@]}"
+            echo
+            echo "A 4 KiB overwrite (dd conv=notrunc,fsync) in the middle of the sync file: bytes"
+            echo "the forwarder carried (meta is at A, so only the node-to-node copy crosses)."
+            echo
+            echo "| RTT ms | A->B bytes | B->A bytes |"
+            echo "|---|---|---|"
+            printf '%s\n' "${OVER[@]}"
+        fi
+        if [[ -n $LAG_ROW ]]; then
+            echo
+            echo "## Lag under a sustained async write"
+            echo
+            echo "\`async\` a,b (--copies 1): 64 MiB files of random data, each fsynced, written at A"
+            echo "paced at the link rate (the link set to the same rate); node a's"
+            echo "locus_replication_lag_chunks and _oldest_seconds (whole seconds) sampled in a loop with a"
+        echo "1 s sleep (each sample also takes two metric requests: see the sample count)."
+            echo
+            echo "| RTT ms | link and write Mbit/s | seconds written | MB/s written | samples | max lag chunks | max oldest s | RPO s | RPO breach log lines (whole run) | drained s after the writer |"
+            echo "|---|---|---|---|---|---|---|---|---|---|"
+            echo "$LAG_ROW"
+        fi
+        if [[ -n $REPAIR_ROW ]]; then
+            echo
+            echo "## Repair after a node of a three-node site is killed"
+            echo
+            echo "Site r: three nodes (default --repair-rate 64M, --repair-every 10s) and a mount;"
+            echo "the file written with dd conv=fsync under the default policy (two copies at the"
+            echo "site). node-r1 is killed -9; meta counts it gone after 10 s (NODE_GONE_SECS). Full redundancy ="
+            echo "\`locus fsck\` finds every chunk at its copy count again (polled every second);"
+            echo "repair time = from fsck first finding chunks short (meta counts the node gone) to"
+        echo "that point, so it includes the wait for the next repair scan; bytes repaired = the"
+        echo "repair workers' totals in \`locus status\`."
+            echo
+            echo "| MiB written | bytes on the killed node | bytes repaired | kill to short in fsck s | kill to full redundancy s | repair s | repair MB/s |"
+            echo "|---|---|---|---|---|---|---|"
+            echo "$REPAIR_ROW"
+        fi
+    } >"$OUT"
+}
+has_part() { [[ " $PARTS " == *" $1 "* ]]; }
 ROWS=()
 OVER=()
+LAG_ROW="" REPAIR_ROW=""
+has_part write || RTTS=""
 for rtt in $RTTS; do
     set_path "$rtt"
     say "RTT $rtt ms"
@@ -187,25 +277,115 @@ for rtt in $RTTS; do
     OVER+=("| $rtt | $((a1 - a0)) | $((b1 - b0)) |")
     say "  4 KiB overwrite: A->B $((a1 - a0)) B, B->A $((b1 - b0)) B"
 done
+write_out
 
-{
-    echo "# Replication across sites (bench/replication.sh)"
-    echo
-    echo "Two sites joined by locus-wan at $RATE Mbit/s per direction; meta, node a and the"
-    echo "writing mount at A, node b at B; release build of $(cd "$ROOT" && git rev-parse --short HEAD)"
-    echo "on $(nproc) cores, $(date -u +%Y-%m-%d). Writes: dd bs=1M conv=fsync of $SIZE_MB MiB of random"
-    echo "data. single = the default policy (one node at A: one copy); sync / async = --sites a,b"
-    echo "--copies 1. iperf3 = -P 8 with bbr on the same path, MB/s received."
-    echo
-    echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | note |"
-    echo "|---|---|---|---|---|---|---|---|"
-    printf '%s\n' "${ROWS[@]}"
-    echo
-    echo "A 4 KiB overwrite (dd conv=notrunc,fsync) in the middle of the sync file: bytes"
-    echo "the forwarder carried (meta is at A, so only the node-to-node copy crosses)."
-    echo
-    echo "| RTT ms | A->B bytes | B->A bytes |"
-    echo "|---|---|---|"
-    printf '%s\n' "${OVER[@]}"
-} >"$OUT"
+if has_part lag; then
+    set_path "$LAG_RTT" "$LAG_MBIT"
+    say "lag: async a,b, writing at $LAG_MBIT Mbit/s for $LAG_SECS s, RTT $LAG_RTT ms"
+    samples=$WORK/lag.tsv
+    : >"$samples"
+    # The writer: 64 MiB files, each fsynced, paced so that the bytes written never run
+    # ahead of LAG_MBIT since the start.
+    python3 - "$MNT/async/lag" "$LAG_MBIT" "$LAG_SECS" >"$WORK/lag-writer.out" <<'PY' &
+import os, sys, time
+path, mbit, secs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+rate = mbit * 1e6 / 8
+os.makedirs(path, exist_ok=True)
+start, done, n = time.monotonic(), 0, 0
+while time.monotonic() - start < secs:
+    with open(f"{path}/f{n}", "wb") as f:
+        for _ in range(64):
+            ahead = done / rate - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+            f.write(os.urandom(1 << 20))
+            done += 1 << 20
+        f.flush()
+        os.fsync(f.fileno())
+    n += 1
+print(done, time.monotonic() - start)
+PY
+    WRITER=$!
+    while kill -0 "$WRITER" 2>/dev/null; do
+        printf '%s\t%s\n' "$(metric locus_replication_lag_chunks)" "$(metric locus_replication_lag_oldest_seconds)" \
+            >>"$samples"
+        sleep 1
+    done
+    wait "$WRITER" || die "the lag writer failed"
+    breach=$(grep -c "replication lag breaches the RPO" "$LOG/node-a.err" || true)
+    read -r lag_bytes lag_secs <"$WORK/lag-writer.out"
+    lag_secs=$(python3 -c "print(f'{$lag_secs:.1f}')")
+    t1=$(now)
+    for _ in $(seq 3000); do
+        [[ $(metric locus_replication_lag_chunks) == 0 ]] && break
+        sleep 0.1
+    done
+    drain=$(secs "$t1" "$(now)")
+    read -r max_chunks max_age < <(python3 -c '
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+print(max(int(r[0]) for r in rows), max(int(r[1]) for r in rows))' "$samples")
+    written=$(mbs "$lag_bytes" "$lag_secs")
+    say "  wrote $written MB/s; max lag $max_chunks chunks, oldest $max_age s (RPO 30 s); drained $drain s after"
+    LAG_ROW="| $LAG_RTT | $LAG_MBIT | $lag_secs | $written | $(wc -l <"$samples") | $max_chunks | $max_age | 30 | $breach | $drain |"
+fi
+
+write_out
+if has_part repair; then
+    set_path 0
+    say "repair: site r with three nodes, $REPAIR_MB MiB under the default policy"
+    for i in 0 1 2; do
+        mkdir -p "$WORK/node-r$i"
+        ip netns exec "$NSR" "$LOCUS" node --listen "$IPR:$((7110 + i))" --meta "$META" --data-dir "$WORK/node-r$i" \
+            --id "node-r$i" --site r $(tls "node-r$i") >"$LOG/node-r$i.out" 2>"$LOG/node-r$i.err" &
+        NODER_PIDS+=($!)
+        wait_line "$LOG/node-r$i.out" listening 30 "node r$i"
+    done
+    nsenter --net="/run/netns/$NSR" "$LOCUS" mount "$MNTR" --meta "$META" --site r $(tls client-r) >"$LOG/mount-r.out" \
+        2>"$LOG/mount-r.err" &
+    MOUNTR_PID=$!
+    wait_line "$LOG/mount-r.out" mounted 60 "locus mount at r"
+    sleep 3
+    mkdir "$MNTR/repair"
+    head -c $((REPAIR_MB << 20)) /dev/urandom | dd of="$MNTR/repair/f" bs=1M iflag=fullblock conv=fsync status=none
+    # fsck exits non-zero once the killed node is unreachable (a DAMAGE line): only its
+    # under-replication lines count here.
+    fsck_out() { ip netns exec "$NSA" "$LOCUS" fsck --meta "$META" 2>&1 || true; }
+    fsck_clean() { fsck_out | grep -q "every chunk has the copies"; }
+    for _ in $(seq 120); do fsck_clean && break; sleep 1; done
+    fsck_clean || die "the written data never had its copies"
+    repaired() { # bytes every repair worker reports in status
+        ip netns exec "$NSA" "$LOCUS" status --meta "$META" 2>/dev/null | python3 -c '
+import re, sys
+print(sum(int(m) for m in re.findall(r"\((\d+) bytes\) repaired", sys.stdin.read())))'
+    }
+    r0=$(repaired)
+    lost=$(du -sb "$WORK/node-r1" | cut -f1)
+    kill -KILL "${NODER_PIDS[1]}"
+    t0=$(now)
+    for _ in $(seq 60); do fsck_clean || break; sleep 1; done
+    fsck_clean && die "fsck never found the killed node's chunks short"
+    detected=$(secs "$t0" "$(now)")
+    for _ in $(seq 600); do
+        fsck_clean && break
+        sleep 1
+    done
+    t1=$(now)
+    fsck_clean || die "repair did not restore every copy within 600 s"
+    # The workers' totals reach status at their next heartbeat: wait until they settle.
+    r1=$(repaired)
+    for _ in $(seq 20); do
+        sleep 2
+        r2=$(repaired)
+        [[ $r2 == "$r1" && $r2 != "$r0" ]] && break
+        r1=$r2
+    done
+    bytes=$((r1 - r0))
+    total=$(secs "$t0" "$t1")
+    active=$(python3 -c "print(f'{$total-$detected:.3f}')")
+    say "  killed node-r1 ($lost bytes); short in fsck after $detected s; full redundancy after $total s; $bytes bytes repaired in $active s"
+    REPAIR_ROW="| $REPAIR_MB | $lost | $bytes | $detected | $total | $active | $(mbs "$bytes" "$active") |"
+fi
+
+write_out
 say "wrote $OUT"

@@ -276,7 +276,7 @@ else:
 
 start_meta() {
     # shellcheck disable=SC2046 # tls_flags is a list of flags
-    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b $(tls_flags meta) \
+    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b --no-root-squash a --no-root-squash b $(tls_flags meta) \
         >"$LOG/meta.out" 2>"$LOG/meta.err" &
     META_PID=$!
     wait_line "$LOG/meta.out" "listening" 30 "$META_PID" "locus meta"

@@ -1,5 +1,6 @@
 //! Real Locus clusters for tests: `locus meta`, `locus node` and `locus mount` as
-//! separate processes on loopback, with their state in a temporary directory. Every
+//! separate processes on loopback (or, with `Cluster::start_in_sites`, each in the
+//! network namespace of its site on a `WanLink`), with their state in a temporary directory. Every
 //! cluster has its own CA (`locus ca init`) and every process its own certificate
 //! (`locus ca issue`), so every test runs over mutual TLS. Every wait is bounded;
 //! everything is killed and unmounted on drop.
@@ -17,6 +18,8 @@ pub struct Proc {
     /// What it announced on stdout after the ready prefix (its address, for roles).
     pub addr: String,
     args: Vec<String>,
+    /// The network namespace it runs in (`None`: the test's own, loopback).
+    ns: Option<String>,
 }
 
 /// A cluster of real processes sharing one temporary directory.
@@ -35,6 +38,8 @@ pub struct Cluster {
     pub other_metas: Vec<Proc>,
     /// Fail points armed in the processes started until the next `arm` or `restart`.
     failpoints: Option<String>,
+    /// Site name -> (namespace, address) when processes run in WAN site namespaces.
+    sites_ns: Vec<(String, String, String)>,
 }
 
 /// `args` without each flag of `dropped` and the value after it.
@@ -57,13 +62,36 @@ fn without_flags(args: &[String], dropped: &[&str]) -> Vec<String> {
 /// Starts `bin` with `args` and waits (bounded) for a stdout line starting with
 /// `prefix`; returns the rest of that line.
 /// `failpoints` arms crash points in the new process (see `util::failpoint`).
-fn spawn_and_wait(bin: &Path, args: &[String], prefix: &str, log: &Path, failpoints: Option<&str>) -> Proc {
-    let mut cmd = Command::new(bin);
+/// `ns` is the network namespace to start it in (`None`: this process's own).
+fn spawn_and_wait(
+    bin: &Path,
+    ns: Option<&str>,
+    args: &[String],
+    prefix: &str,
+    log: &Path,
+    failpoints: Option<&str>,
+) -> Proc {
+    let mut cmd = command_in(ns, bin);
     cmd.args(args).env("LOCUS_LOG", "warn,meta=info,node=info,locus=info");
     if let Some(armed) = failpoints {
         cmd.env("FAILPOINTS", armed);
     }
-    spawn_command(cmd, prefix, log)
+    let proc = spawn_command(cmd, prefix, log);
+    Proc { args: args.to_vec(), ns: ns.map(String::from), ..proc }
+}
+
+/// A command running `bin` in network namespace `ns`. `nsenter --net` (not `ip netns
+/// exec`, which also unshares the mount namespace) so a FUSE mount stays visible to
+/// the test, and it execs `bin` in place, so the child's pid is `bin`'s own.
+fn command_in(ns: Option<&str>, bin: &Path) -> Command {
+    match ns {
+        None => Command::new(bin),
+        Some(ns) => {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/run/netns/{ns}")).arg(bin);
+            cmd
+        }
+    }
 }
 
 /// Starts `cmd` (its stderr appended to `log`) and waits (bounded) for a stdout line
@@ -90,7 +118,7 @@ pub fn spawn_command(mut cmd: Command, prefix: &str, log: &Path) -> Proc {
         }
     });
     match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(addr) => Proc { child, addr, args },
+        Ok(addr) => Proc { child, addr, args, ns: None },
         Err(_) => {
             let _ = child.kill();
             let log = std::fs::read_to_string(log).unwrap_or_default();
@@ -130,18 +158,31 @@ pub fn free_addr() -> String {
 impl Cluster {
     /// Meta plus `nodes` storage nodes, all on 127.0.0.1 with ports picked by the OS.
     pub fn start(bin: &Path, nodes: usize) -> Cluster {
-        Self::launch(bin, nodes, None, &[], None)
+        Self::launch(bin, nodes, None, &[], None, Vec::new())
+    }
+
+    /// Meta alone, in the namespace of `sites[0]`; site `sites[i]` is site `i` of
+    /// `link`, and every node and mount of a site (`add_node`, `mount_at`) runs in its
+    /// namespace, so traffic between sites crosses the emulated WAN.
+    pub fn start_in_sites(bin: &Path, link: &WanLink, sites: &[&str]) -> Cluster {
+        assert!(sites.len() <= link.sites(), "{} sites on a WAN of {}", sites.len(), link.sites());
+        let placed = sites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.to_string(), link.site_ns(i).to_string(), WanLink::addr_of(i).to_string()))
+            .collect();
+        Self::launch(bin, 0, None, &[], None, placed)
     }
 
     /// Like `start`, with meta over the database at `db_url` (e.g. an empty database of
     /// a `postgres::PgServer`, which meta formats) instead of a SQLite file.
     pub fn start_on_db(bin: &Path, nodes: usize, db_url: &str) -> Cluster {
-        Self::launch(bin, nodes, Some(db_url), &[], None)
+        Self::launch(bin, nodes, Some(db_url), &[], None, Vec::new())
     }
 
     /// Like `start_on_db`, with extra `locus meta` flags (e.g. `--read-db`).
     pub fn start_on_db_with(bin: &Path, nodes: usize, db_url: &str, meta_extra: &[&str]) -> Cluster {
-        Self::launch(bin, nodes, Some(db_url), meta_extra, None)
+        Self::launch(bin, nodes, Some(db_url), meta_extra, None, Vec::new())
     }
 
     /// Removes `flag` and its value from meta's arguments (from its next start).
@@ -160,13 +201,13 @@ impl Cluster {
 
     /// Like `start`, with extra `locus meta` flags (short timeouts, ...).
     pub fn start_with(bin: &Path, nodes: usize, meta_extra: &[&str]) -> Cluster {
-        Self::launch(bin, nodes, None, meta_extra, None)
+        Self::launch(bin, nodes, None, meta_extra, None, Vec::new())
     }
 
     /// Like `start`, with crash points armed in meta and every node (`FAILPOINTS`
     /// syntax, e.g. `chunk-before-rename=3*off->return`); `restart` disarms them.
     pub fn start_armed(bin: &Path, nodes: usize, failpoints: Option<&str>) -> Cluster {
-        Self::launch(bin, nodes, None, &[], failpoints)
+        Self::launch(bin, nodes, None, &[], failpoints, Vec::new())
     }
 
     fn launch(
@@ -175,14 +216,16 @@ impl Cluster {
         db_url: Option<&str>,
         meta_extra: &[&str],
         failpoints: Option<&str>,
+        sites_ns: Vec<(String, String, String)>,
     ) -> Cluster {
+        let meta_ns = sites_ns.first().map(|(_, ns, ip)| (ns.clone(), ip.clone()));
         let dir = tempfile::Builder::new().prefix("locus-test-").tempdir().expect("temp dir");
         let db = dir.path().join("meta.db");
         let db = db_url.map_or_else(|| db.display().to_string(), String::from);
         let args = vec![
             "meta".into(),
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            format!("{}:0", meta_ns.as_ref().map_or("127.0.0.1", |(_, ip)| ip)),
             "--db".into(),
             db,
             "--init".into(),
@@ -203,7 +246,8 @@ impl Cluster {
             .chain(trusted.iter().flat_map(|site| ["--no-root-squash".to_string(), site.to_string()]))
             .chain(meta_extra.iter().map(|s| s.to_string()))
             .collect();
-        let meta = spawn_and_wait(bin, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
+        let ns = meta_ns.as_ref().map(|(ns, _)| ns.as_str());
+        let meta = spawn_and_wait(bin, ns, &args, "locus meta listening on", &dir.path().join("meta.log"), failpoints);
         let failpoints = failpoints.map(String::from);
         let mut cluster = Cluster {
             bin: bin.to_path_buf(),
@@ -213,6 +257,7 @@ impl Cluster {
             mounts: Vec::new(),
             other_metas: Vec::new(),
             failpoints,
+            sites_ns,
         };
         for i in 0..nodes {
             cluster.add_node(&format!("node{i}"), "default");
@@ -268,16 +313,17 @@ impl Cluster {
         let _ = self.nodes[i].child.wait();
         let args = self.nodes[i].args.clone();
         let id = args.iter().position(|a| a == "--id").map(|i| args[i + 1].clone()).unwrap_or_default();
-        let log = self.path().join(format!("{id}.log"));
-        self.nodes[i] = spawn_and_wait(&self.bin, &args, "locus node listening on", &log, None);
+        let (log, ns) = (self.path().join(format!("{id}.log")), self.nodes[i].ns.clone());
+        self.nodes[i] = spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus node listening on", &log, None);
     }
 
     /// Starts `locus node` as `id` and waits until it listens.
     fn start_node(&mut self, id: &str, site: &str, extra: &[&str]) {
+        let (ns, ip) = self.place(site);
         let mut args: Vec<String> = vec![
             "node".into(),
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            format!("{ip}:0"),
             "--meta".into(),
             self.meta.addr.clone(),
             "--data-dir".into(),
@@ -290,7 +336,16 @@ impl Cluster {
         args.extend(self.cert("node", id, site));
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("{id}.log"));
-        self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log, self.failpoints.as_deref()));
+        let armed = self.failpoints.as_deref();
+        self.nodes.push(spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus node listening on", &log, armed));
+    }
+
+    /// The namespace (`None`: loopback) and listen address of processes at `site`.
+    fn place(&self, site: &str) -> (Option<String>, String) {
+        match self.sites_ns.iter().find(|(s, _, _)| s == site) {
+            Some((_, ns, ip)) => (Some(ns.clone()), ip.clone()),
+            None => (None, "127.0.0.1".into()),
+        }
     }
 
     /// Waits until meta lists `n` nodes (bounded).
@@ -305,7 +360,11 @@ impl Cluster {
                 .lines()
                 .skip_while(|l| !l.starts_with("nodes:"))
                 .take_while(|l| !l.starts_with("sessions:") && !l.starts_with("pending admission"))
-                .filter(|l| l.starts_with("  ") && l.contains(" 127.0.0.1:"))
+                .filter(|l| {
+                    l.starts_with("  ")
+                        && (l.contains(" 127.0.0.1:")
+                            || self.sites_ns.iter().any(|(_, _, ip)| l.contains(&format!(" {ip}:"))))
+                })
                 .count();
             if out.status.success() && listed >= n {
                 return;
@@ -339,7 +398,8 @@ impl Cluster {
             args[i + 1] = "127.0.0.1:0".into();
         }
         let log = self.path().join(format!("meta{}.log", self.other_metas.len() + 1));
-        let proc = spawn_and_wait(&self.bin, &args, "locus meta listening on", &log, self.failpoints.as_deref());
+        let armed = self.failpoints.as_deref();
+        let proc = spawn_and_wait(&self.bin, self.meta.ns.as_deref(), &args, "locus meta listening on", &log, armed);
         let addr = proc.addr.clone();
         self.other_metas.push(proc);
         addr
@@ -369,7 +429,9 @@ impl Cluster {
         args.extend(self.cert("client", &format!("client-{site}"), site));
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.path().join(format!("mount{n}.log"));
-        let proc = spawn_and_wait(&self.bin, &args, "locus mounted on", &log, self.failpoints.as_deref());
+        let ns = self.place(site).0;
+        let armed = self.failpoints.as_deref();
+        let proc = spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus mounted on", &log, armed);
         self.mounts.push((mountpoint.clone(), proc));
         mountpoint
     }
@@ -378,7 +440,7 @@ impl Cluster {
     /// admin client certificate of the cluster (`LOCUS_CA`, `LOCUS_CERT`, `LOCUS_KEY`).
     pub fn locus(&self, args: &[&str]) -> std::process::Output {
         let tls = self.tls_dir();
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = command_in(self.meta.ns.as_deref(), &self.bin);
         for (var, ext) in [("LOCUS_CERT", "pem"), ("LOCUS_KEY", "key")] {
             cmd.env(var, tls.join(format!("admin.{ext}")));
         }
@@ -432,7 +494,8 @@ impl Cluster {
         if let Some(i) = args.iter().position(|a| a == "--listen") {
             args[i + 1] = self.meta.addr.clone();
         }
-        self.meta = spawn_and_wait(&self.bin, &args, "locus meta listening on", &self.path().join("meta.log"), None);
+        let (ns, log) = (self.meta.ns.clone(), self.path().join("meta.log"));
+        self.meta = spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus meta listening on", &log, None);
     }
 
     /// Starts meta and every node again with their old arguments and state; node
@@ -445,16 +508,18 @@ impl Cluster {
         if let Some(i) = args.iter().position(|a| a == "--listen") {
             args[i + 1] = self.meta.addr.clone();
         }
-        self.meta = spawn_and_wait(&self.bin, &args, "locus meta listening on", &self.path().join("meta.log"), None);
-        let node_args: Vec<Vec<String>> = self.nodes.iter().map(|p| p.args.clone()).collect();
+        let (ns, log) = (self.meta.ns.clone(), self.path().join("meta.log"));
+        self.meta = spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus meta listening on", &log, None);
+        let node_args: Vec<(Vec<String>, Option<String>)> =
+            self.nodes.iter().map(|p| (p.args.clone(), p.ns.clone())).collect();
         self.nodes.clear();
-        for mut args in node_args {
+        for (mut args, ns) in node_args {
             if let Some(i) = args.iter().position(|a| a == "--meta") {
                 args[i + 1] = self.meta.addr.clone();
             }
             let id = args.iter().position(|a| a == "--id").map(|i| args[i + 1].clone()).unwrap_or_default();
             let log = self.path().join(format!("{id}.log"));
-            self.nodes.push(spawn_and_wait(&self.bin, &args, "locus node listening on", &log, None));
+            self.nodes.push(spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus node listening on", &log, None));
         }
         self.wait_for_nodes(self.nodes.len());
     }
