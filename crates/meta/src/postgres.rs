@@ -73,7 +73,7 @@ CREATE TABLE xattrs (
     ino BIGINT NOT NULL, name BYTEA NOT NULL, value BYTEA NOT NULL, PRIMARY KEY (ino, name));
 CREATE TABLE sessions (
     id BIGINT PRIMARY KEY, site TEXT NOT NULL, host TEXT NOT NULL, pid BIGINT NOT NULL,
-    purpose TEXT NOT NULL, last_seen BIGINT NOT NULL);
+    purpose TEXT NOT NULL, last_seen BIGINT NOT NULL, owner TEXT);
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY, store_id TEXT NOT NULL, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
     used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, cache_bytes BIGINT NOT NULL, last_seen BIGINT NOT NULL);
@@ -790,6 +790,7 @@ fn session_of(r: &Row) -> Result<SessionRow, MetaError> {
             purpose: r.try_get(4)?,
         },
         last_seen_ms: r.try_get(5)?,
+        owner: r.try_get(6)?,
     })
 }
 
@@ -1050,22 +1051,31 @@ impl Txn for PgConn {
 
     fn put_session(&mut self, s: &SessionRow) -> Result<(), MetaError> {
         self.exec(
-            "INSERT INTO sessions (id, site, host, pid, purpose, last_seen) VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO sessions (id, site, host, pid, purpose, last_seen, owner) VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (id) DO UPDATE SET site = excluded.site, host = excluded.host, pid = excluded.pid,
-             purpose = excluded.purpose, last_seen = excluded.last_seen",
-            &[&(s.id as i64), &s.info.site, &s.info.host, &i64::from(s.info.pid), &s.info.purpose, &s.last_seen_ms],
+             purpose = excluded.purpose, last_seen = excluded.last_seen, owner = excluded.owner",
+            &[
+                &(s.id as i64),
+                &s.info.site,
+                &s.info.host,
+                &i64::from(s.info.pid),
+                &s.info.purpose,
+                &s.last_seen_ms,
+                &s.owner,
+            ],
         )?;
         Ok(())
     }
 
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
-        self.opt("SELECT id, site, host, pid, purpose, last_seen FROM sessions WHERE id = $1", &[&(id as i64)])?
+        self.opt("SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = $1", &[&(id as i64)])?
             .map(|r| session_of(&r))
             .transpose()
     }
 
     fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError> {
-        let rows = self.query("SELECT id, site, host, pid, purpose, last_seen FROM sessions ORDER BY id", &[])?;
+        let rows =
+            self.query("SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions ORDER BY id", &[])?;
         rows.iter().map(session_of).collect()
     }
 

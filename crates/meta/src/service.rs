@@ -53,9 +53,6 @@ pub struct MetaService {
     lags: Mutex<HashMap<String, (std::time::Instant, Vec<ReplicationLag>)>>,
     /// The connection each session said `Hello` on, for pushes to that client.
     clients: Mutex<HashMap<SessionId, ConnHandle>>,
-    /// The certificate name each session said `Hello` with (TLS only): another peer's
-    /// connection may not act for it.
-    owners: Mutex<HashMap<SessionId, String>>,
     /// The key chunk capabilities are signed with; nodes get it when they register.
     cap_key: proto::cap::CapKey,
     /// Each site's identity map (none configured: every site numbers owners itself).
@@ -87,7 +84,6 @@ impl MetaService {
             reports: Mutex::default(),
             lags: Mutex::default(),
             clients: Mutex::default(),
-            owners: Mutex::default(),
             identities: std::sync::RwLock::new(Arc::new(Identities::empty())),
             revoked: Mutex::default(),
             pending: Mutex::default(),
@@ -183,7 +179,8 @@ impl MetaService {
     /// node), as `locus node admit` would.
     pub async fn admit_nodes(self: &Arc<Self>, ids: &[String]) -> Result<(), MetaError> {
         for id in ids {
-            self.answer(Caller::ROOT, MetaRequest::AdmitNode(proto::meta::AdmitNode { node: id.clone() })).await?;
+            self.answer(Caller::ROOT, None, MetaRequest::AdmitNode(proto::meta::AdmitNode { node: id.clone() }))
+                .await?;
         }
         Ok(())
     }
@@ -243,16 +240,26 @@ impl MetaService {
 
     /// Lets `peer` act for `claimed`: its connection is bound to that session, or to
     /// none, or to one that has ended (the client opened a new session); a connection
-    /// binding itself must come from the certificate the session said `Hello` with.
+    /// binding itself must come from the certificate the session said `Hello` with
+    /// (kept in the session's row: it holds at every meta and after a restart).
     /// Without TLS a new connection may claim any session.
-    fn check_claim(&self, peer: &net::Peer, claimed: SessionId) -> Result<(), MetaError> {
+    async fn check_claim(&self, peer: &net::Peer, claimed: SessionId) -> Result<(), MetaError> {
         match peer.session() {
             Some(bound) if bound == claimed => Ok(()),
             Some(bound) if lock(&self.clients).contains_key(&bound) => Err(MetaError::NotPermitted(format!(
                 "this connection acts for session {bound}; it may not act for session {claimed}"
             ))),
             _ => {
-                may_bind(lock(&self.owners).get(&claimed).map(String::as_str), peer.identity(), claimed)?;
+                let owner = match peer.identity() {
+                    None => None,
+                    Some(_) => {
+                        engine::read_async(&self.store, true, move |t| {
+                            Ok(t.get_session(claimed)?.and_then(|s| s.owner))
+                        })
+                        .await?
+                    }
+                };
+                may_bind(owner.as_deref(), peer.identity(), claimed)?;
                 peer.set_session(claimed);
                 Ok(())
             }
@@ -325,7 +332,6 @@ impl MetaService {
         let mut clients = lock(&self.clients);
         for s in &expired {
             clients.remove(s);
-            lock(&self.owners).remove(s);
         }
         Ok(expired)
     }
@@ -361,7 +367,7 @@ impl MetaService {
             MetaRequest::RemoveNode(m) => (None, Some(m.node.clone())),
             _ => (None, None),
         };
-        let result = self.answer(caller, req).await;
+        let result = self.answer(caller, certificate.as_ref().map(|(name, _)| name.clone()), req).await;
         if let Some(node) = registering {
             self.note_registration(certificate, node, &result);
         }
@@ -373,10 +379,16 @@ impl MetaService {
         result
     }
 
-    /// Answers one request for `caller`. Writes are queued to the store's writer and
-    /// awaited without holding a thread; reads run in `block_in_place` (see `engine`).
-    async fn answer(self: &Arc<Self>, caller: Caller, req: MetaRequest) -> Result<MetaReply, MetaError> {
-        let ctx = self.ctx().acting_for(caller);
+    /// Answers one request for `caller` from a peer whose certificate proved the name
+    /// `certificate`. Writes are queued to the store's writer and awaited without
+    /// holding a thread; reads run in `block_in_place` (see `engine`).
+    async fn answer(
+        self: &Arc<Self>,
+        caller: Caller,
+        certificate: Option<String>,
+        req: MetaRequest,
+    ) -> Result<MetaReply, MetaError> {
+        let ctx = self.ctx().acting_for(caller, certificate);
         match ops::access(&req) {
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
@@ -415,7 +427,6 @@ impl MetaService {
                     engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone())).await?;
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
-                    lock(&self.owners).remove(&session);
                 }
                 Ok(reply)
             }
@@ -593,7 +604,7 @@ impl net::Service for MetaService {
             return (Err(e.into()), Bytes::new());
         }
         if let Some(claimed) = req.claimed_session()
-            && let Err(e) = self.check_claim(&peer, claimed)
+            && let Err(e) = self.check_claim(&peer, claimed).await
         {
             return (Err(e.into()), Bytes::new());
         }
@@ -613,17 +624,14 @@ impl net::Service for MetaService {
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             lock(&self.clients).insert(welcome.session, peer.handle());
-            if let Some(id) = peer.identity() {
-                lock(&self.owners).insert(welcome.session, id.name.clone());
-            }
         }
         (result.map_err(Into::into), Bytes::new())
     }
 }
 
 /// Whether a connection of `peer` may bind itself to `session`, which said `Hello`
-/// with the certificate named `owner` (`None`: no record, as without TLS or after a
-/// restart of meta).
+/// with the certificate named `owner` (`None`: the session was opened without TLS, or
+/// does not exist).
 fn may_bind(owner: Option<&str>, peer: Option<&net::PeerIdentity>, session: SessionId) -> Result<(), MetaError> {
     match (owner, peer) {
         (Some(owner), Some(peer)) if owner != peer.name => Err(MetaError::NotPermitted(format!(
@@ -756,6 +764,27 @@ mod tests {
         bob.ask(Heartbeat { session: b2 }).await.unwrap().unwrap();
     }
 
+    /// A session remembers the certificate it was opened with in its row, so the
+    /// binding rule holds after meta restarts (and at every meta over one database).
+    #[test]
+    fn a_sessions_owner_survives_a_restart_of_meta() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path().join("meta.db"));
+        let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
+        let hello = MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info });
+        let session = {
+            let service = MetaService::open(&config).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            match rt.block_on(service.answer(Caller::ROOT, Some("/CN=host.a".into()), hello)).unwrap() {
+                MetaReply::Welcome(w) => w.session,
+                other => panic!("expected Welcome, got {other:?}"),
+            }
+        };
+        let again = MetaService::open(&config).unwrap();
+        let owner = again.store.read(move |t| Ok(t.get_session(session)?.and_then(|s| s.owner))).unwrap();
+        assert_eq!(owner.as_deref(), Some("/CN=host.a"));
+    }
+
     /// A connection from another certificate cannot take over a session (a Goodbye
     /// or a lock for somebody else's session); the same host's pooled connections can.
     #[test]
@@ -765,7 +794,7 @@ mod tests {
         assert!(matches!(refused, MetaError::NotPermitted(_)), "{refused}");
         assert!(refused.to_string().contains("session 7 belongs to /CN=host.a"));
         assert!(may_bind(Some("/CN=host.a"), Some(&ident("/CN=host.a")), 7).is_ok());
-        assert!(may_bind(None, Some(&ident("/CN=host.b")), 7).is_ok(), "no record (meta restarted)");
+        assert!(may_bind(None, Some(&ident("/CN=host.b")), 7).is_ok(), "opened without TLS");
         assert!(may_bind(None, None, 7).is_ok(), "TLS disabled");
     }
 

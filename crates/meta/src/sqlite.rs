@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -90,6 +90,7 @@ const MIGRATIONS: &[Migration] = &[
     add_principals,
     add_node_admissions,
     add_cluster_secret,
+    add_session_owners,
 ];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
@@ -150,6 +151,12 @@ pub(crate) fn secret_of(stored: Vec<u8>) -> Result<[u8; 32], MetaError> {
     stored
         .try_into()
         .map_err(|v: Vec<u8>| MetaError::Corrupt(format!("the cluster secret has {} bytes, not 32", v.len())))
+}
+
+/// Version 7 -> 8: a session remembers the certificate it was opened with.
+fn add_session_owners(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch("ALTER TABLE sessions ADD COLUMN owner TEXT")?;
+    Ok(())
 }
 
 /// A random cluster id: 128 bits from the kernel, in hex.
@@ -402,6 +409,7 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
     add_cluster_secret(&w.conn)?;
+    add_session_owners(&w.conn)?;
     w.put_inode(&root_inode())
 }
 
@@ -537,6 +545,7 @@ fn session_row(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
         id: r.get::<_, i64>(0)? as u64,
         info: SessionInfo { site: r.get(1)?, host: r.get(2)?, pid: r.get::<_, i64>(3)? as u32, purpose: r.get(4)? },
         last_seen_ms: r.get(5)?,
+        owner: r.get(6)?,
     })
 }
 
@@ -795,23 +804,33 @@ impl Txn for SqlConn {
 
     fn put_session(&mut self, s: &SessionRow) -> Result<(), MetaError> {
         let mut st = self.conn.prepare_cached(
-            "INSERT INTO sessions (id, site, host, pid, purpose, last_seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+            "INSERT INTO sessions (id, site, host, pid, purpose, last_seen, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
              ON CONFLICT (id) DO UPDATE SET site = excluded.site, host = excluded.host, pid = excluded.pid,
-             purpose = excluded.purpose, last_seen = excluded.last_seen",
+             purpose = excluded.purpose, last_seen = excluded.last_seen, owner = excluded.owner",
         )?;
-        st.execute(params![s.id as i64, s.info.site, s.info.host, s.info.pid as i64, s.info.purpose, s.last_seen_ms])?;
+        st.execute(params![
+            s.id as i64,
+            s.info.site,
+            s.info.host,
+            s.info.pid as i64,
+            s.info.purpose,
+            s.last_seen_ms,
+            s.owner
+        ])?;
         Ok(())
     }
 
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
-        let mut st =
-            self.conn.prepare_cached("SELECT id, site, host, pid, purpose, last_seen FROM sessions WHERE id = ?1")?;
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = ?1")?;
         Ok(st.query_row([id as i64], session_row).optional()?)
     }
 
     fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError> {
-        let mut st =
-            self.conn.prepare_cached("SELECT id, site, host, pid, purpose, last_seen FROM sessions ORDER BY id")?;
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions ORDER BY id")?;
         Ok(st.query_map([], session_row)?.collect::<Result<Vec<_>, _>>()?)
     }
 

@@ -25,6 +25,9 @@ pub struct SessionRow {
     pub id: SessionId,
     pub info: SessionInfo,
     pub last_seen_ms: i64,
+    /// The certificate name the session said `Hello` with (`None` without TLS): only
+    /// a connection proving that name may act for it, at any meta, after any restart.
+    pub owner: Option<String>,
 }
 
 /// A directory entry row.

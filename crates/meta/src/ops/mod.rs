@@ -53,6 +53,9 @@ pub struct Ctx {
     /// Whom the request acts for, as meta resolved it from the peer and the request:
     /// every permission is checked against it (`perm`); uid 0 is the superuser.
     pub caller: Caller,
+    /// The name the peer's certificate proves (`None` without TLS); a session
+    /// remembers it as its owner.
+    pub certificate: Option<String>,
 }
 
 impl Ctx {
@@ -65,12 +68,14 @@ impl Ctx {
             heartbeat_ms,
             cluster_id,
             caller: Caller::ROOT,
+            certificate: None,
         }
     }
 
-    /// The same moment, acting for `caller`.
-    pub fn acting_for(self, caller: Caller) -> Ctx {
-        Ctx { caller, ..self }
+    /// The same moment, acting for `caller`, for a peer whose certificate proved
+    /// `certificate`.
+    pub fn acting_for(self, caller: Caller, certificate: Option<String>) -> Ctx {
+        Ctx { caller, certificate, ..self }
     }
 }
 

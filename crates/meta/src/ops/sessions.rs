@@ -22,7 +22,7 @@ pub(super) fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo
         )));
     }
     let id = t.next_id(Counter::Session)?;
-    t.put_session(&SessionRow { id, info, last_seen_ms: ctx.now_ms })?;
+    t.put_session(&SessionRow { id, info, last_seen_ms: ctx.now_ms, owner: ctx.certificate.clone() })?;
     Ok(Welcome { session: id, heartbeat_ms: ctx.heartbeat_ms, cluster_id: ctx.cluster_id.to_string() })
 }
 
