@@ -950,8 +950,9 @@ mod tests {
                     let service = service.clone();
                     tokio::spawn(async move {
                         for _ in 0..per_task {
-                            let r =
-                                service.answer(Caller::ROOT, MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await;
+                            let r = service
+                                .answer(Caller::ROOT, None, MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }))
+                                .await;
                             assert!(r.is_ok(), "{r:?}");
                         }
                     })
