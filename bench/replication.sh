@@ -101,12 +101,12 @@ LOCUS=$BIN/locus
 WAN=$BIN/locus-wan
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
 # Mutual TLS: a CA for this run and a certificate per process; admin commands (policy,
-# status, fsck) use the admin certificate through LOCUS_CA/CERT/KEY (the node role: fsck
+# status, fsck) use the admin certificate through LOCUS_CA/CERT/KEY (the admin role: fsck
 # lists chunks on nodes, which a client certificate may not).
 TLS_DIR=$WORK/tls
 "$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
 for c in "meta meta a" "node node-a a" "node node-b b" "node node-r0 r" "node node-r1 r" "node node-r2 r" \
-    "client client-a a" "client client-r r" "node admin a"; do
+    "client client-a a" "client client-r r" "admin admin a"; do
     read -r role name site <<<"$c"
     "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
 done

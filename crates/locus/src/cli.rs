@@ -87,7 +87,7 @@ pub enum CaCommand {
         #[arg(long, default_value = "Locus cluster CA")]
         name: String,
     },
-    /// Issue a certificate for one meta, node or client host; writes NAME.pem and
+    /// Issue a certificate for one meta, node, client host or operator (admin); writes NAME.pem and
     /// NAME.key into --out (default: the CA directory).
     Issue(IssueArgs),
     /// Add certificate serials (hex) or names to the revocation list meta
@@ -113,7 +113,7 @@ pub struct IssueArgs {
     /// Bring your own CA: its private key (PEM) instead of DIR/ca.key.
     #[arg(long, requires = "ca_cert")]
     pub ca_key: Option<PathBuf>,
-    /// meta, node or client.
+    /// meta, node, client or admin.
     #[arg(long)]
     pub role: net::Role,
     /// The holder's name (CN): a node's id, a host name, a principal.

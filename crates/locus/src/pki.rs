@@ -82,7 +82,7 @@ impl LocalPki {
         if !pki.dir.join(CA_CERT).exists() {
             let ca = Ca::init(&pki.dir, "Locus local CA").context("cannot create the local CA")?;
             ca.issue(Role::Node, LOCAL_NODE, LOCAL_SITE, 3650)?.write(&pki.dir, LOCAL_NODE)?;
-            ca.issue(Role::Node, LOCAL_ADMIN, LOCAL_SITE, 3650)?.write(&pki.dir, LOCAL_ADMIN)?;
+            ca.issue(Role::Admin, LOCAL_ADMIN, LOCAL_SITE, 3650)?.write(&pki.dir, LOCAL_ADMIN)?;
             tracing::info!("made a CA and certificates in {}", pki.dir.display());
         }
         Ok(pki)

@@ -19,7 +19,7 @@ use proto::types::Caller;
 ///   site are believed (still mapped), and root is root — trust-the-client mode.
 pub fn resolve(ids: &Identities, peer: Option<&PeerIdentity>, site: Option<&str>, claimed: Option<Caller>) -> Acting {
     match peer {
-        Some(PeerIdentity { role: Role::Meta | Role::Node, site, .. }) => match claimed {
+        Some(PeerIdentity { role: Role::Meta | Role::Node | Role::Admin, site, .. }) => match claimed {
             None => Acting::root(),
             Some(claimed) => ids.acting(Some(site), false, Some(claimed)),
         },

@@ -294,14 +294,14 @@ impl MetaService {
             MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
             MetaRequest::ReportLag(m) => as_node(&m.node, None),
             MetaRequest::JoinNode(m) => as_node(&m.node, None),
-            // A node never decides on its own membership; who may admit others at all
-            // is the privileged check in `ops` (root of a trusted site, or an
-            // administrator's certificate).
-            MetaRequest::AdmitNode(proto::meta::AdmitNode { node })
-            | MetaRequest::RemoveNode(proto::meta::RemoveNode { node })
-                if who.role == net::Role::Node && *node == who.name =>
+            // Membership is an operator's decision: only an admin certificate admits,
+            // removes or mints join tokens (a node never decides on any node).
+            MetaRequest::AdmitNode(_) | MetaRequest::RemoveNode(_) | MetaRequest::MakeJoinToken(_)
+                if who.role != net::Role::Admin =>
             {
-                Err(MetaError::NotPermitted(format!("{who} may not admit or remove itself")))
+                Err(MetaError::NotPermitted(format!(
+                    "{who} may not admit or remove nodes: that takes an admin certificate (locus ca issue --role admin)"
+                )))
             }
             MetaRequest::Hello(m) if m.session.site != who.site => {
                 Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
@@ -687,7 +687,7 @@ impl MetaService {
                     o.caps.put = Some(sign(&self.cap_key, CapOp::Write, holder, None, expires));
                 }
             }
-            MetaReply::Registered(r) if peer.is_none_or(|p| p.role != net::Role::Client) => {
+            MetaReply::Registered(r) if peer.is_none_or(|p| matches!(p.role, net::Role::Meta | net::Role::Node)) => {
                 r.cap_key = Some(self.cap_key);
             }
             _ => {}

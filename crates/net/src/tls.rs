@@ -23,8 +23,11 @@ pub enum Role {
     Meta,
     /// A storage node.
     Node,
-    /// A mount or an admin command: may call services, never serve or register.
+    /// A mount: may call services, never serve or register.
     Client,
+    /// An operator's admin commands (status, fsck, gc, node admission): may list and
+    /// delete chunks at nodes and admit or remove nodes, never serve or register.
+    Admin,
 }
 
 impl Role {
@@ -34,6 +37,7 @@ impl Role {
             Role::Meta => "meta",
             Role::Node => "node",
             Role::Client => "client",
+            Role::Admin => "admin",
         }
     }
 }
@@ -45,7 +49,8 @@ impl std::str::FromStr for Role {
             "meta" => Ok(Role::Meta),
             "node" => Ok(Role::Node),
             "client" => Ok(Role::Client),
-            other => Err(TlsError::Certificate(format!("unknown role {other:?} (meta, node or client)"))),
+            "admin" => Ok(Role::Admin),
+            other => Err(TlsError::Certificate(format!("unknown role {other:?} (meta, node, client or admin)"))),
         }
     }
 }
@@ -521,8 +526,8 @@ pub(crate) async fn connect(stream: tokio::net::TcpStream, tls: Option<Arc<Tls>>
         .await
         .map_err(|e| format!("TLS handshake failed: {e} (is the server of this cluster, and running TLS?)"))?;
     let proven = proven_peer(stream.get_ref().1.peer_certificates())?;
-    if proven.identity.role == Role::Client {
-        return Err(format!("the server presented a client certificate ({})", proven.identity));
+    if matches!(proven.identity.role, Role::Client | Role::Admin) {
+        return Err(format!("the server presented a {} certificate ({})", proven.identity.role, proven.identity));
     }
     let (r, w) = tokio::io::split(stream);
     Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven) })
@@ -667,8 +672,10 @@ mod tests {
     fn role_uris_round_trip_and_reject_junk() {
         let (role, site) = parse_role_uri(&role_uri(Role::Node, "site-a")).unwrap().unwrap();
         assert_eq!((role, site.as_str()), (Role::Node, "site-a"));
+        let (role, _) = parse_role_uri(&role_uri(Role::Admin, "a")).unwrap().unwrap();
+        assert_eq!(role, Role::Admin);
         assert!(parse_role_uri("https://example.org").is_none());
-        for bad in ["locus:", "locus:node", "locus:node/", "locus:admin/a", "locus:node/a/b", "locus:node/ä"] {
+        for bad in ["locus:", "locus:node", "locus:node/", "locus:root/a", "locus:node/a/b", "locus:node/ä"] {
             assert!(matches!(parse_role_uri(bad), Some(Err(_))), "{bad}");
         }
     }

@@ -234,8 +234,8 @@ impl Cluster {
         ];
         let tls = dir.path().join("tls");
         run_ok(Command::new(bin).args(["ca", "init", "--dir"]).arg(&tls));
-        // Admin commands (gc, fsck) list and delete chunks on nodes: a node's role.
-        issue(bin, &tls, "node", "admin", "default");
+        // Admin commands (gc, fsck, node admit) use the admin role.
+        issue(bin, &tls, "admin", "admin", "default");
         // Tests run as root on the client hosts of their sites and expect to act as
         // root, unless a test sets `--no-root-squash` itself (to see squashing).
         let trusted = if meta_extra.contains(&"--no-root-squash") { &[][..] } else { TRUSTED_SITES };
