@@ -517,26 +517,35 @@ pub fn parse() -> anyhow::Result<Cli> {
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
-    let table: toml::Table =
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {} is not valid TOML: {e}", path.display()))?;
     let Some(pos) = argv.iter().position(|a| COMMANDS.contains(&a.as_str())) else {
         return Ok(first);
     };
+    let flags = config_flags(&text, &argv[pos]).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
     let mut spliced: Vec<String> = argv[..=pos].to_vec();
-    if let Some(section) = table.get(&argv[pos]) {
-        let section = section
-            .as_table()
-            .ok_or_else(|| anyhow::anyhow!("config file {}: [{}] must be a table", path.display(), argv[pos]))?;
-        for (key, value) in section {
+    spliced.extend(flags);
+    spliced.extend_from_slice(&argv[pos + 1..]);
+    Ok(Cli::try_parse_from(&spliced).unwrap_or_else(|e| e.exit()))
+}
+
+/// The flags a config file's table for `command` stands for (`key = value` becomes
+/// `--key=value`, `_` in keys read as `-`); command-line flags given after them win.
+/// Any text is either decoded or refused with the reason, never a panic.
+pub fn config_flags(text: &str, command: &str) -> Result<Vec<String>, String> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?;
+    let Some(section) = table.get(command) else {
+        return Ok(Vec::new());
+    };
+    let section = section.as_table().ok_or_else(|| format!("[{command}] must be a table"))?;
+    Ok(section
+        .iter()
+        .map(|(key, value)| {
             let value = match value {
                 toml::Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            spliced.push(format!("--{}={value}", key.replace('_', "-")));
-        }
-    }
-    spliced.extend_from_slice(&argv[pos + 1..]);
-    Ok(Cli::try_parse_from(&spliced).unwrap_or_else(|e| e.exit()))
+            format!("--{}={value}", key.replace('_', "-"))
+        })
+        .collect())
 }
 
 const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc"];
@@ -556,5 +565,32 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert_eq!(parse_site_count("b=16"), Ok(("b".to_string(), 16)));
         assert!(parse_site_count("b=0").is_err() && parse_site_count("16").is_err());
+    }
+
+    #[test]
+    fn a_config_table_becomes_flags() {
+        let text = "[node]\nsite = \"b\"\ncache_bytes = 1024\n[mount]\nsite = \"a\"\n";
+        let mut flags = config_flags(text, "node").unwrap();
+        flags.sort();
+        assert_eq!(flags, ["--cache-bytes=1024", "--site=b"]);
+        assert_eq!(config_flags(text, "meta"), Ok(vec![]));
+        assert!(config_flags("node = 3", "node").unwrap_err().contains("[node] must be a table"));
+        assert!(config_flags("[node\n", "node").unwrap_err().starts_with("not valid TOML"));
+    }
+
+    proptest::proptest! {
+        /// Config files are decoded by the `toml` crate (fuzzed upstream); what Locus adds
+        /// is the table-to-flags splice, which any text either passes or is refused by
+        /// with a reason, never a panic (the binary crate cannot be a cargo-fuzz target).
+        #[test]
+        fn any_config_text_is_decoded_or_refused(text in "(\\[[a-z]{0,5}\\]\n|[a-z_]{0,6} ?= ?(\"[^\"\n]{0,6}\"|[0-9]{0,4}|true|\\[1, ?2\\]|\\{a=1\\})?\n|.{0,10}\n){0,10}") {
+            for command in ["node", "meta", "mount"] {
+                if let Ok(flags) = config_flags(&text, command) {
+                    for flag in flags {
+                        proptest::prop_assert!(flag.starts_with("--"), "{flag}");
+                    }
+                }
+            }
+        }
     }
 }
