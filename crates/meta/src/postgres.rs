@@ -1308,6 +1308,7 @@ mod tests {
     use proto::meta::{Create, MetaReply, MetaRequest, NewNode, ReadDir};
     use proto::types::ROOT_INODE;
     use std::sync::Arc;
+    use testkit::postgres::PgServer;
 
     fn raw(url: &str) -> Client {
         Client::connect(url, NoTls).expect("connect")
@@ -1382,16 +1383,23 @@ mod tests {
         assert!(write[1].is_ok(), "writes work again after at most one failure: {write:?}");
     }
 
+    /// A primary holding a formatted Locus database and a streaming standby of it: the
+    /// two servers, the primary's URL and the standby's URL of the same database.
+    fn formatted_with_standby() -> (PgServer, String, PgServer, String) {
+        let primary = PgServer::start();
+        let url = primary.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let standby = primary.start_standby();
+        let standby_url = standby.url(url.rsplit('/').next().unwrap());
+        (primary, url, standby, standby_url)
+    }
+
     /// A meta at a second site writes to the primary and reads from a hot standby:
     /// every read after a write sees it (read-your-writes), and the reads are served
     /// by the standby.
     #[test]
     fn reads_at_a_standby_see_this_metas_writes() {
-        let primary = testkit::postgres::PgServer::start();
-        let url = primary.create_database();
-        drop(open(&url, None, true, None).unwrap());
-        let standby = primary.start_standby();
-        let read_url = standby.url(url.rsplit('/').next().unwrap());
+        let (_primary, url, _standby, read_url) = formatted_with_standby();
         let url_of_primary = url.clone();
         let config = MetaConfig { db_url: url, read_db_url: Some(read_url.clone()), ..test_config(Default::default()) };
         let meta = MetaService::open(&config).unwrap();
@@ -1505,11 +1513,7 @@ mod tests {
     /// is there.
     #[test]
     fn promote_makes_the_standby_a_primary_of_a_new_epoch() {
-        let primary = testkit::postgres::PgServer::start();
-        let url = primary.create_database();
-        drop(open(&url, None, true, None).unwrap());
-        let standby = primary.start_standby();
-        let standby_url = standby.url(url.rsplit('/').next().unwrap());
+        let (primary, url, _standby, standby_url) = formatted_with_standby();
         let (old, _lease) = with_lease(&url, Duration::from_millis(1500));
         for i in 0..10 {
             create(&old, &format!("f{i}")).unwrap();
