@@ -348,28 +348,33 @@ impl Cluster {
         }
     }
 
-    /// Waits until meta lists `n` nodes (bounded).
+    /// Waits until meta lists `n` nodes at the addresses they listen on now (bounded):
+    /// a node prints its address before it registers, and a restarted node's old
+    /// registration (its previous port) must not count.
     pub fn wait_for_nodes(&self, n: usize) {
+        // The newest process of each node id is the one that counts.
+        let mut current: Vec<(&str, &str)> = Vec::new();
+        for p in self.nodes.iter().rev() {
+            let id = p.args.iter().position(|a| a == "--id").map_or("", |i| p.args[i + 1].as_str());
+            if !current.iter().any(|(seen, _)| *seen == id) {
+                current.push((id, p.addr.as_str()));
+            }
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = self.locus(&["status", "--meta", &self.meta.addr]);
-            // Node rows are the indented lines of the `nodes:` table (meta's own line
-            // carries an address too).
+            // Node rows are the indented lines of the `nodes:` table.
             let text = String::from_utf8_lossy(&out.stdout);
             let listed = text
                 .lines()
                 .skip_while(|l| !l.starts_with("nodes:"))
                 .take_while(|l| !l.starts_with("sessions:") && !l.starts_with("pending admission"))
-                .filter(|l| {
-                    l.starts_with("  ")
-                        && (l.contains(" 127.0.0.1:")
-                            || self.sites_ns.iter().any(|(_, _, ip)| l.contains(&format!(" {ip}:"))))
-                })
+                .filter(|l| l.starts_with("  ") && current.iter().any(|(_, addr)| l.contains(&format!(" {addr}"))))
                 .count();
             if out.status.success() && listed >= n {
                 return;
             }
-            assert!(Instant::now() < deadline, "only {listed} of {n} nodes registered within 20 s");
+            assert!(Instant::now() < deadline, "only {listed} of {n} nodes registered within 20 s:\n{text}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
