@@ -80,8 +80,9 @@ impl DataPath {
             }
         }
         if let Some(put) = opened.caps.put {
+            // The newest epoch's first (a meta restarted at a new primary), then the latest.
             let mut current = lock(&self.put_cap);
-            if current.is_none_or(|c| c.expires_ms < put.expires_ms) {
+            if current.is_none_or(|c| (c.epoch, c.expires_ms) < (put.epoch, put.expires_ms)) {
                 *current = Some(put);
             }
         }
@@ -154,7 +155,9 @@ impl DataPath {
     /// it (with meta's put capability, asked again once if a node refuses it); that
     /// node makes the other copies `policy` asks for and answers where they all are.
     /// A failed replication (`NotReplicated`) is final: another node of this site
-    /// would meet the same unreachable site.
+    /// would meet the same unreachable site. So is a capability refused again for its
+    /// epoch (`ReadOnly`, EROFS): this client's meta lost the primary role (failover),
+    /// and no node may store for it.
     pub async fn store_chunk(&self, ino: InodeId, id: ChunkId, data: &Bytes, policy: &Policy) -> Result<StoredChunk> {
         let replicate = Replicate::for_writer(policy, &self.site);
         let mut last = VfsError::new(ErrorCode::Io, "no storage node is registered at this site");
@@ -174,11 +177,19 @@ impl DataPath {
                     return Ok(StoredChunk { id, size: data.len() as u64, nodes });
                 }
                 Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node.clone()] }),
-                Err(e) if e.code == ErrorCode::PermissionDenied && !refreshed => {
+                Err(e) if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) && !refreshed => {
+                    // Expired, signed by a meta that restarted since, or (ReadOnly) of an
+                    // older epoch than the node's: a meta restarted at a new primary
+                    // signs a current one.
                     refreshed = true;
                     tracing::debug!(chunk = %id, %node, "put capability refused, asking meta again: {e}");
                     self.refresh_caps(ino, true).await?;
                     continue;
+                }
+                Err(e) if e.code == ErrorCode::ReadOnly => {
+                    tracing::error!(chunk = %id, %node,
+                        "the write fails: the node refuses this meta's capability: {}", e.context);
+                    return Err(e);
                 }
                 Err(e) if e.code == ErrorCode::NotReplicated => {
                     tracing::error!(chunk = %id, %node, "the write fails: {e}");
@@ -248,12 +259,22 @@ impl DataPath {
                     return Ok(data);
                 }
                 Ok((other, _)) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),
-                Err(e) if e.code == ErrorCode::PermissionDenied && !refreshed && cap.is_some() => {
-                    // Expired, or signed by a meta that restarted since: ask again, retry.
+                Err(e)
+                    if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly)
+                        && !refreshed
+                        && cap.is_some() =>
+                {
+                    // Expired, signed by a meta that restarted since, or of an older
+                    // epoch than the node's: ask again, retry.
                     refreshed = true;
                     tracing::debug!(chunk = %id, %node, "read capability refused, asking meta again: {e}");
                     self.refresh_caps(cap.map_or(0, |c| c.1), false).await?;
                     i -= 1;
+                }
+                Err(e) if e.code == ErrorCode::ReadOnly => {
+                    // A read is not refused with EROFS: EIO, with the reason in the log.
+                    tracing::error!(chunk = %id, %node, "the node refuses this meta's read capability: {}", e.context);
+                    last = VfsError::new(ErrorCode::Io, e.context);
                 }
                 Err(e) => {
                     // A corrupt or missing copy is not an answer: try the next copy. A chunk

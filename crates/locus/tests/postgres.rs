@@ -349,3 +349,110 @@ fn failover_to_the_standby_site_loses_no_acknowledged_write() {
     assert!(fsck.status.success(), "fsck after A rejoined: {fsck_text}");
     assert!(meta_a_log.contains("lease on the primary role expired") || refused_erofs_at_a == 0, "{meta_a_log}");
 }
+
+/// Waits (bounded) until `done` holds, polling every 100 ms; panics naming `what`.
+fn wait_until(what: &str, within: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what} did not happen within {within:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Fencing at the nodes (issue 9, part 5): a meta of an older epoch cannot get a node
+/// to work for it once the node has seen a newer one. Site A's meta holds a long lease
+/// on the primary (600 s, renewed there: the lease alone would let it write for ten
+/// minutes) while the standby, cut off from the primary's stream, is promoted to
+/// epoch 2 and B's meta restarts on it; node n0 learns epoch 2 from its heartbeat to
+/// B's meta and keeps it in its data directory. A's mount then writes: A's meta
+/// accepts the create, but n0 refuses its epoch-1 put capability, the fsync fails
+/// with EROFS and n0 stores nothing. Restarted against A's meta, n0 tells it epoch 2
+/// with its registration: A's meta learns it lost the primary role and refuses every
+/// write (EROFS), while n0 waits for a meta of the new primary.
+#[test]
+fn nodes_refuse_work_for_a_meta_of_an_older_epoch() {
+    use std::io::Write;
+    use std::process::Command;
+    use std::time::Duration;
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let primary = PgServer::start();
+    let url = primary.create_database();
+    let db_name = url.rsplit('/').next().unwrap().to_string();
+    let standby = primary.start_standby();
+    let standby_url = standby.url(&db_name);
+    // B's meta (the cluster's first; it keeps its port across the failover) holds no
+    // lease, so `promote` has none to wait out.
+    let mut c = Cluster::start_on_db_with(bin(), 0, &url, &["--primary-lease-ms", "0"]);
+    c.add_node("n0", "a");
+    c.wait_for_nodes(1);
+    let epoch_file = c.node_dir("n0").join("EPOCH");
+    let epoch_seen = || fs::read_to_string(&epoch_file).map(|t| t.trim().to_string()).unwrap_or_default();
+    wait_until("n0 noting epoch 1", Duration::from_secs(20), || epoch_seen() == "1");
+
+    // The standby stops streaming from the primary (as a cut between the sites would),
+    // so A's lease, taken next, exists at the primary only.
+    standby.sql("postgres", "ALTER SYSTEM SET primary_conninfo = ''");
+    standby.sql("postgres", "SELECT pg_reload_conf()");
+    wait_until("the standby stopping its stream", Duration::from_secs(20), || {
+        primary.sql("postgres", "SELECT count(*) FROM pg_stat_replication") == "0"
+    });
+    let log_a = c.path().join("meta-a.log");
+    let mut meta_a = Command::new(bin());
+    meta_a
+        .args(["meta", "--listen", "127.0.0.1:0", "--db", &url, "--primary-lease-ms", "600000"])
+        .args(["--no-root-squash", "a"])
+        .args(c.cert("meta", "meta-a", "a"))
+        .env("LOCUS_LOG", "warn,meta=info,locus=info");
+    c.other_metas.push(testkit::spawn_command(meta_a, "locus meta listening on", &log_a));
+    let meta_a = c.other_metas[0].addr.clone();
+    let at_a = c.mount_through(&meta_a, "a", &[]);
+    let write = |name: &str| {
+        fs::File::create(at_a.join(name)).and_then(|mut f| {
+            f.write_all(&testkit::pattern(256 << 10, name.len() as u64))?;
+            f.sync_all()
+        })
+    };
+    write("before").expect("A writes while nothing has failed over");
+
+    let out = c.locus(&["meta", "promote", "--db", &standby_url]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.contains("promoted: epoch 2"), "promote: {said}");
+    c.use_meta_db(&standby_url);
+    c.restart_meta();
+    wait_until("n0 learning epoch 2 from B's meta", Duration::from_secs(20), || epoch_seen() == "2");
+
+    // A's meta, within its lease, lets its mount write; the node refuses the work.
+    let chunks_before = testkit::files_under(&c.node_dir("n0"));
+    let refused = write("after").expect_err("a write for the meta of epoch 1 was acknowledged");
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    assert!(at_a.join("after").exists(), "A's meta itself still accepted the create: its lease holds");
+    assert_eq!(testkit::files_under(&c.node_dir("n0")), chunks_before, "n0 stored nothing for A");
+    let mount_log = fs::read_to_string(c.path().join("mount0.log")).unwrap_or_default();
+    assert!(
+        mount_log.contains("the node refuses this meta's capability")
+            && mount_log.contains("signed by a meta of epoch 1, but this node has seen epoch 2"),
+        "the mount says why: {mount_log}"
+    );
+
+    // n0, restarted against A's meta, remembers epoch 2 and tells it: A's meta refuses
+    // writes from then on.
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let dir = c.node_dir("n0").display().to_string();
+    let mut n0 = Command::new(bin());
+    n0.args(["node", "--listen", "127.0.0.1:0", "--meta", &meta_a, "--data-dir", &dir, "--id", "n0", "--site", "a"])
+        .args(c.cert("node", "n0", "a"))
+        .env("LOCUS_LOG", "warn,node=info,locus=info");
+    c.nodes[0] = testkit::spawn_command(n0, "locus node listening on", &c.path().join("n0-at-a.log"));
+    wait_until("A's meta learning it lost the primary role", Duration::from_secs(20), || {
+        fs::read_to_string(&log_a).unwrap_or_default().contains("a node has seen a newer epoch of the primary role")
+    });
+    let fenced = fs::create_dir(at_a.join("fenced")).expect_err("a fenced meta accepted a mkdir");
+    assert_eq!(fenced.raw_os_error(), Some(libc::EROFS), "{fenced}");
+    let node_log = fs::read_to_string(c.path().join("n0-at-a.log")).unwrap_or_default();
+    assert!(node_log.contains("meta refuses this node"), "n0 waits for a meta of the new primary: {node_log}");
+    assert_eq!(epoch_seen(), "2");
+}

@@ -7,6 +7,7 @@
 
 use crate::error::MetaError;
 use crate::store::{Backend, ReadConn, Txn, WriteConn};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
 use util::sync::lock;
@@ -44,6 +45,11 @@ pub struct Store {
     returned: Condvar,
     local_reads: bool,
     lease: Option<Arc<crate::postgres::PrimaryLease>>,
+    /// The epoch of the primary role this meta serves (`Backend::epoch`).
+    epoch: u64,
+    /// The newest epoch a node reported when it is newer than `epoch` (else 0): this
+    /// meta lost the primary role and refuses every write from then on.
+    superseded: AtomicU64,
 }
 
 impl Store {
@@ -61,6 +67,8 @@ impl Store {
             returned: Condvar::new(),
             local_reads: backend.local_reads,
             lease: backend.lease,
+            epoch: backend.epoch,
+            superseded: AtomicU64::new(0),
         })
     }
 
@@ -110,7 +118,10 @@ impl Store {
                 let n = queue.len().min(MAX_BATCH);
                 queue.drain(..n).collect()
             };
-            if !batch.is_empty() {
+            // A meta that learned it lost the primary role commits nothing more.
+            if self.fenced().is_err() {
+                batch.into_iter().for_each(|job| (job.done)(self.fenced()));
+            } else if !batch.is_empty() {
                 run_batch(&mut **conn, batch);
             }
             drop(conn);
@@ -133,6 +144,41 @@ impl Store {
     /// The writer's lease on the primary role, if it holds one (to be renewed).
     pub fn primary_lease(&self) -> Option<Arc<crate::postgres::PrimaryLease>> {
         self.lease.clone()
+    }
+
+    /// The epoch of the primary role this meta serves (fixed when it opened the
+    /// database: a meta of an older epoch stays at it until restarted).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Takes the epoch a node has seen: a newer one than this meta's means the
+    /// primary role moved on (failover) without this meta, which then refuses the
+    /// node's request and every write from now on (`MetaError::Fenced`, EROFS).
+    pub fn check_node_epoch(&self, node_epoch: u64) -> Result<(), MetaError> {
+        if node_epoch <= self.epoch {
+            return Ok(());
+        }
+        if self.superseded.fetch_max(node_epoch, Ordering::Relaxed) < node_epoch {
+            tracing::error!(
+                epoch = self.epoch,
+                newer = node_epoch,
+                "a node has seen a newer epoch of the primary role: this meta lost the primary role; refusing writes"
+            );
+        }
+        self.fenced()
+    }
+
+    /// Refuses once a node reported a newer epoch than this meta's.
+    fn fenced(&self) -> Result<(), MetaError> {
+        match self.superseded.load(Ordering::Relaxed) {
+            newer if newer > self.epoch => Err(MetaError::Fenced(format!(
+                "this meta serves epoch {} of the primary role, but a node has seen epoch {newer}: the primary \
+                 role moved on (failover); restart this meta with --db at the new primary",
+                self.epoch
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 

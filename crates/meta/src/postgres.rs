@@ -531,10 +531,10 @@ pub fn open(
     init_schema(&mut writer, &shown, init)?;
     let row = writer.one("SELECT id, secret FROM cluster", &[])?;
     let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
+    let epoch: i64 = writer.one("SELECT epoch FROM primary_epoch", &[])?.try_get(0)?;
     let lease = match lease {
         None => None,
         Some((holder, duration)) => {
-            let epoch: i64 = writer.one("SELECT epoch FROM primary_epoch", &[])?.try_get(0)?;
             let lease = Arc::new(PrimaryLease {
                 holder,
                 epoch,
@@ -572,7 +572,15 @@ pub fn open(
             }
         }
     }
-    Ok(Backend { cluster_id, cluster_secret, writer: Box::new(writer), readers, local_reads: false, lease })
+    Ok(Backend {
+        cluster_id,
+        cluster_secret,
+        writer: Box::new(writer),
+        readers,
+        local_reads: false,
+        lease,
+        epoch: epoch as u64,
+    })
 }
 
 /// What `promote` did, for the operator.

@@ -311,7 +311,7 @@ impl MetaService {
     }
 
     fn ctx(&self) -> Ctx {
-        Ctx::now(self.heartbeat.as_millis() as u64, self.cluster_id.clone())
+        Ctx::now(self.heartbeat.as_millis() as u64, self.cluster_id.clone(), self.store.epoch())
     }
 
     /// The cluster this meta serves.
@@ -598,9 +598,15 @@ impl net::Service for MetaService {
     /// unbound one), so one connection never acts for two live sessions. The request
     /// acts for the caller the peer may act as (`authority::resolve`).
     async fn handle(self: Arc<Self>, peer: net::Peer, call: MetaCall, _bulk: Bytes) -> (MetaResult, Bytes) {
-        let MetaCall { caller, site, request: mut req } = call;
+        let MetaCall { caller, site, request: mut req, epoch } = call;
         if let Err(e) = Self::check_identity(&peer, &req) {
             tracing::warn!(addr = %peer.addr(), "refused: {e}");
+            return (Err(e.into()), Bytes::new());
+        }
+        if let Some(epoch) = believed_epoch(peer.identity(), epoch)
+            && let Err(e) = self.store.check_node_epoch(epoch)
+        {
+            tracing::warn!(addr = %peer.addr(), "refused a node's request: {e}");
             return (Err(e.into()), Bytes::new());
         }
         if let Some(claimed) = req.claimed_session()
@@ -642,6 +648,13 @@ fn may_bind(owner: Option<&str>, peer: Option<&net::PeerIdentity>, session: Sess
     }
 }
 
+/// The epoch a request claims its sender has seen, if meta believes it: from a node or
+/// meta certificate, or from anyone without TLS. A client's claim is ignored: one
+/// could otherwise make meta read-only by claiming any epoch.
+fn believed_epoch(peer: Option<&net::PeerIdentity>, epoch: Option<u64>) -> Option<u64> {
+    epoch.filter(|_| peer.is_none_or(|who| matches!(who.role, net::Role::Node | net::Role::Meta)))
+}
+
 /// The capability key of every meta over one database: derived from the database's
 /// shared secret, so a capability one meta signs is good at every node, also after a
 /// restart of meta.
@@ -673,18 +686,18 @@ impl MetaService {
         peer: Option<&net::PeerIdentity>,
     ) -> MetaReply {
         use proto::cap::{CAP_LIFETIME_MS, CapOp, sign};
-        let expires = self.ctx().now_ms + CAP_LIFETIME_MS;
+        let (expires, epoch) = (self.ctx().now_ms + CAP_LIFETIME_MS, self.store.epoch());
         match &mut reply {
             MetaReply::Opened(o) => {
                 if read {
                     o.caps.read = o
                         .extents
                         .iter()
-                        .map(|e| sign(&self.cap_key, CapOp::Read, holder, Some(&e.chunk), expires))
+                        .map(|e| sign(&self.cap_key, CapOp::Read, holder, Some(&e.chunk), expires, epoch))
                         .collect();
                 }
                 if put {
-                    o.caps.put = Some(sign(&self.cap_key, CapOp::Write, holder, None, expires));
+                    o.caps.put = Some(sign(&self.cap_key, CapOp::Write, holder, None, expires, epoch));
                 }
             }
             MetaReply::Registered(r) if peer.is_none_or(|p| matches!(p.role, net::Role::Meta | net::Role::Node)) => {
@@ -798,6 +811,51 @@ mod tests {
         assert!(may_bind(None, None, 7).is_ok(), "TLS disabled");
     }
 
+    /// A node's request carrying a newer epoch than meta's is refused and fences meta:
+    /// every write after it is refused (EROFS), reads still work; a node of meta's own
+    /// epoch is served. Only node and meta certificates (or anyone without TLS) are
+    /// believed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_of_a_newer_epoch_fences_meta() {
+        use proto::error::ErrorCode;
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(net::serve(listener, service));
+        let client = net::RpcClient::connect(&addr, 1, Duration::from_secs(10)).await.unwrap();
+        let mkdir = |name: &str| {
+            MetaRequest::Create(Create {
+                parent: ROOT_INODE,
+                name: name.into(),
+                node: NewNode::Dir,
+                mode: 0o755,
+                exclusive: true,
+            })
+        };
+        client.ask(AtEpoch { epoch: 1, request: ListNodes {} }).await.unwrap().unwrap();
+        let made: MetaResult = client.call(&MetaCall::from(mkdir("before"))).await.unwrap();
+        assert!(made.is_ok(), "{made:?}");
+
+        let refused = client.ask(AtEpoch { epoch: 2, request: ListNodes {} }).await.unwrap().unwrap_err();
+        assert_eq!(refused.code, ErrorCode::ReadOnly, "{refused:?}");
+        assert!(refused.message.contains("a node has seen epoch 2"), "{}", refused.message);
+        let write: MetaResult = client.call(&MetaCall::from(mkdir("after"))).await.unwrap();
+        assert_eq!(write.map_err(|e| e.code), Err(ErrorCode::ReadOnly), "a fenced meta accepts no write");
+        let read: MetaResult = client
+            .call(&MetaCall::from(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"before".to_vec() })))
+            .await
+            .unwrap();
+        assert!(read.is_ok(), "reads still work: {read:?}");
+
+        let who = |role| net::PeerIdentity { name: "x".into(), role, site: "a".into() };
+        assert_eq!(believed_epoch(Some(&who(net::Role::Node)), Some(3)), Some(3));
+        assert_eq!(believed_epoch(Some(&who(net::Role::Meta)), Some(3)), Some(3));
+        assert_eq!(believed_epoch(None, Some(3)), Some(3), "TLS disabled: trusted");
+        assert_eq!(believed_epoch(Some(&who(net::Role::Client)), Some(3)), None, "a client's claim is ignored");
+        assert_eq!(believed_epoch(Some(&who(net::Role::Admin)), Some(3)), None);
+    }
+
     /// Opens hand out capabilities for what meta allowed, bound to the peer's name;
     /// only nodes and meta (or anyone, with TLS disabled) learn the key.
     #[test]
@@ -806,7 +864,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
         let ident = |role| net::PeerIdentity { name: "/CN=host.a".into(), role, site: "a".into() };
-        let registered = || MetaReply::Registered(Registered { cluster_id: "c".into(), cap_key: None });
+        let registered = || MetaReply::Registered(Registered { cluster_id: "c".into(), cap_key: None, epoch: 1 });
         let key_for = |peer: Option<&net::PeerIdentity>| match service.with_caps(registered(), (false, false), "", peer)
         {
             MetaReply::Registered(r) => r.cap_key,
@@ -831,12 +889,14 @@ mod tests {
         let MetaReply::Opened(read) = service.with_caps(opened.clone(), (true, false), "/CN=host.a", None) else {
             panic!()
         };
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&chunk), read.caps.read.first(), now), Ok(()));
-        assert!(verify(&key, CapOp::Read, "/CN=host.b", Some(&chunk), read.caps.read.first(), now).is_err());
+        let first = read.caps.read.first();
+        assert_eq!(first.map(|c| c.epoch), Some(crate::store::SQLITE_EPOCH), "signed with meta's epoch");
+        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&chunk), first, now, 1), Ok(()));
+        assert!(verify(&key, CapOp::Read, "/CN=host.b", Some(&chunk), first, now, 1).is_err());
         assert_eq!(read.caps.put, None, "no put capability without an open for writing");
         let MetaReply::Opened(write) = service.with_caps(opened, (false, true), "/CN=host.a", None) else { panic!() };
         assert!(write.caps.read.is_empty(), "no read capabilities without read permission");
-        assert_eq!(verify(&key, CapOp::Write, "/CN=host.a", None, write.caps.put.as_ref(), now), Ok(()));
+        assert_eq!(verify(&key, CapOp::Write, "/CN=host.a", None, write.caps.put.as_ref(), now, 1), Ok(()));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -296,7 +296,15 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         r.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         readers.push(Box::new(SqlConn { conn: r, durable: false, _lock: None }));
     }
-    Ok(Backend { cluster_id, cluster_secret, writer: Box::new(writer), readers, local_reads: true, lease: None })
+    Ok(Backend {
+        cluster_id,
+        cluster_secret,
+        writer: Box::new(writer),
+        readers,
+        local_reads: true,
+        lease: None,
+        epoch: crate::store::SQLITE_EPOCH,
+    })
 }
 
 /// How long opening waits for the lock: a meta that is still shutting down (or a

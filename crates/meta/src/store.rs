@@ -220,4 +220,12 @@ pub struct Backend {
     /// The writer's lease on the primary role (PostgreSQL with `--lease-ms`), which
     /// the meta service renews.
     pub lease: Option<std::sync::Arc<crate::postgres::PrimaryLease>>,
+    /// The epoch of the primary role this meta serves, read when it opened the
+    /// database (`SQLITE_EPOCH` for SQLite); told to nodes and put in capabilities.
+    pub epoch: u64,
 }
+
+/// The epoch of every SQLite database: one file, one writer, no failover, so it never
+/// changes (and equals a new PostgreSQL database's first, so a migrated namespace's
+/// nodes keep theirs).
+pub const SQLITE_EPOCH: u64 = 1;

@@ -2,11 +2,13 @@
 //! nodes (replication, site caches, gc and fsck run with node certificates) may ask
 //! anything; a client may only get a chunk with meta's read capability for it and put
 //! chunks with meta's write capability, both bound to its certificate name; listing,
-//! probing, verifying, deleting and stats are not for clients. Without TLS (the
-//! operator disabled it) every peer is trusted, as before.
+//! probing, verifying, deleting and stats are not for clients. A capability signed by
+//! a meta of an older epoch of the primary role than the node has seen is refused
+//! (`ReadOnly`: that meta lost the primary role). Without TLS (the operator disabled
+//! it) every peer is trusted, as before.
 
 use net::{PeerIdentity, Role};
-use proto::cap::{CapKey, CapOp, verify};
+use proto::cap::{CapError, CapKey, CapOp, verify};
 use proto::error::{ErrorCode, WireError};
 use proto::node::NodeRequest;
 use std::sync::RwLock;
@@ -26,13 +28,15 @@ impl CapKeyCell {
     }
 }
 
-/// Allows or refuses `req` from `peer` at `now_ms` (one MAC check for a client's get
-/// or put, nothing else on the hot path).
+/// Allows or refuses `req` from `peer` at `now_ms`, at a node that has seen epoch
+/// `seen` of the primary role (one MAC check for a client's get or put, nothing else
+/// on the hot path).
 pub fn authorize(
     peer: Option<&PeerIdentity>,
     req: &NodeRequest,
     key: &CapKeyCell,
     now_ms: i64,
+    seen: u64,
 ) -> Result<(), WireError> {
     let Some(peer) = peer else { return Ok(()) };
     if peer.role != Role::Client {
@@ -56,8 +60,13 @@ pub fn authorize(
     let Some(key) = key.get() else {
         return Err(WireError::new(ErrorCode::Busy, "this node has no capability key from meta yet"));
     };
-    verify(&key, op, &peer.name, chunk, cap, now_ms)
-        .map_err(|e| WireError::new(ErrorCode::PermissionDenied, format!("{op:?} refused for {}: {e}", peer.name)))
+    verify(&key, op, &peer.name, chunk, cap, now_ms, seen).map_err(|e| {
+        let code = match e {
+            CapError::StaleEpoch { .. } => ErrorCode::ReadOnly,
+            CapError::Missing | CapError::Expired(_) | CapError::Forged => ErrorCode::PermissionDenied,
+        };
+        WireError::new(code, format!("{op:?} refused for {}: {e}", peer.name))
+    })
 }
 
 #[cfg(test)]
@@ -78,13 +87,14 @@ mod tests {
         let alice = id("/CN=client.a", Role::Client);
         let get = |cap| NodeRequest::Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap };
         let now = 1_000_000;
-        let read = sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + CAP_LIFETIME_MS);
+        let read = sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + CAP_LIFETIME_MS, 1);
         // No key from meta yet: nothing a client asks is served.
-        assert_eq!(authorize(Some(&alice), &get(Some(read)), &cell, now).unwrap_err().code, ErrorCode::Busy);
+        assert_eq!(authorize(Some(&alice), &get(Some(read)), &cell, now, 1).unwrap_err().code, ErrorCode::Busy);
         cell.set(Some(key));
-        assert_eq!(authorize(Some(&alice), &get(Some(read)), &cell, now), Ok(()));
+        assert_eq!(authorize(Some(&alice), &get(Some(read)), &cell, now, 1), Ok(()));
         // Knowing the hash is not enough; nor is another host's or an expired capability.
-        let code = |peer: &PeerIdentity, req: &NodeRequest, at| authorize(Some(peer), req, &cell, at).unwrap_err().code;
+        let code =
+            |peer: &PeerIdentity, req: &NodeRequest, at| authorize(Some(peer), req, &cell, at, 1).unwrap_err().code;
         assert_eq!(code(&alice, &get(None), now), ErrorCode::PermissionDenied);
         assert_eq!(code(&id("/CN=client.b", Role::Client), &get(Some(read)), now), ErrorCode::PermissionDenied);
         assert_eq!(code(&alice, &get(Some(read)), now + CAP_LIFETIME_MS + 1), ErrorCode::PermissionDenied);
@@ -93,8 +103,8 @@ mod tests {
         // Puts need the write capability, not a read one.
         let put = |cap| NodeRequest::Put { id: chunk, cap, replicate: Default::default() };
         assert_eq!(code(&alice, &put(Some(read)), now), ErrorCode::PermissionDenied);
-        let write = sign(&key, CapOp::Write, &alice.name, None, now + 1);
-        assert_eq!(authorize(Some(&alice), &put(Some(write)), &cell, now), Ok(()));
+        let write = sign(&key, CapOp::Write, &alice.name, None, now + 1, 1);
+        assert_eq!(authorize(Some(&alice), &put(Some(write)), &cell, now, 1), Ok(()));
         // Listing, probing, deleting and stats are for nodes and meta only.
         for req in [
             NodeRequest::List { after: None, limit: 10 },
@@ -104,10 +114,44 @@ mod tests {
             NodeRequest::Stats,
         ] {
             assert_eq!(code(&alice, &req, now), ErrorCode::NotPermitted, "{req:?}");
-            assert_eq!(authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now), Ok(()));
+            assert_eq!(authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now, 1), Ok(()));
         }
-        assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &get(None), &cell, now), Ok(()), "replication");
+        assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &get(None), &cell, now, 1), Ok(()), "replication");
         // TLS disabled by the operator: trusted as before.
-        assert_eq!(authorize(None, &get(None), &cell, now), Ok(()));
+        assert_eq!(authorize(None, &get(None), &cell, now, 1), Ok(()));
+    }
+
+    /// A node that has seen epoch 2 refuses a client's capabilities of epoch 1 (for
+    /// reads and puts) with `ReadOnly`, and serves those of epoch 2; other nodes need
+    /// none, whatever the epoch.
+    #[test]
+    fn capabilities_of_an_older_epoch_are_refused() {
+        let key = [9u8; 32];
+        let cell = CapKeyCell::default();
+        cell.set(Some(key));
+        let chunk = ChunkId([4; 32]);
+        let alice = id("/CN=client.a", Role::Client);
+        let now = 1_000_000;
+        let put = |epoch| NodeRequest::Put {
+            id: chunk,
+            cap: Some(sign(&key, CapOp::Write, &alice.name, None, now + 1, epoch)),
+            replicate: Default::default(),
+        };
+        let get = |epoch| NodeRequest::Get {
+            id: chunk,
+            offset: 0,
+            len: 1,
+            local_only: false,
+            cap: Some(sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + 1, epoch)),
+        };
+        for req in [put(1), get(1)] {
+            let refused = authorize(Some(&alice), &req, &cell, now, 2).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::ReadOnly, "{refused:?}");
+            assert!(refused.message.contains("epoch 1, but this node has seen epoch 2"), "{}", refused.message);
+        }
+        for req in [put(2), get(2)] {
+            assert_eq!(authorize(Some(&alice), &req, &cell, now, 2), Ok(()));
+        }
+        assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &put(1), &cell, now, 2), Ok(()));
     }
 }

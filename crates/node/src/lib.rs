@@ -2,6 +2,9 @@
 //! data-path protocol (`proto::node`), fetches chunks its site lacks from other sites
 //! into a site cache (`site`), and announces itself to meta with a periodic
 //! `RegisterNode` heartbeat that also carries its measured round trips to other sites.
+//! Every call to meta carries the highest epoch of the primary role the node has seen
+//! (`cluster::Epoch`), and the node follows no meta, and honours no capability, of an
+//! older one (failover fencing).
 
 mod authz;
 mod cluster;
@@ -12,7 +15,7 @@ mod replicate;
 mod site;
 
 use authz::CapKeyCell;
-use cluster::Membership;
+use cluster::{Epoch, Membership};
 use reclaim::Reclaim;
 pub use reclaim::ReclaimConfig;
 use repair::{RepairWorker, ScrubWorker};
@@ -25,7 +28,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{JoinNode, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
+use proto::meta::{AtEpoch, JoinNode, MetaMessage, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -118,6 +121,11 @@ pub enum NodeError {
     WrongCluster { addr: String, ours: String, theirs: String, file: String },
     #[error("meta at {addr} refused to register node {id:?}: {source}")]
     Refused { addr: String, id: String, source: WireError },
+    #[error(
+        "meta at {addr} serves epoch {theirs} of the primary role, but this node has seen epoch {ours}: that meta \
+         lost the primary role (failover); the node does not follow it (point it at a meta of the new primary)"
+    )]
+    StaleMeta { addr: String, theirs: u64, ours: u64 },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -135,6 +143,8 @@ pub struct NodeService {
     site: Option<Arc<SiteLink>>,
     /// The key clients' capabilities are checked with (from meta's registration).
     cap_key: Arc<CapKeyCell>,
+    /// The highest epoch of the primary role seen: older capabilities are refused.
+    epoch: Arc<Epoch>,
     /// Makes the copies a put's policy asks for; `None` stores only here.
     replicator: Option<Arc<Replicator>>,
 }
@@ -142,7 +152,7 @@ pub struct NodeService {
 impl NodeService {
     /// A node that serves only the chunks it stores.
     pub fn new(store: Arc<ChunkStore>) -> Self {
-        NodeService::with_site(store, None, None, Arc::default())
+        NodeService::with_site(store, None, None, Arc::default(), Arc::new(Epoch::none()))
     }
 
     fn with_site(
@@ -150,8 +160,10 @@ impl NodeService {
         site: Option<Arc<SiteLink>>,
         replicator: Option<Arc<Replicator>>,
         cap_key: Arc<CapKeyCell>,
+        epoch: Arc<Epoch>,
     ) -> Self {
-        NodeService { store, hot: ChunkCache::new(HOT_BYTES), loading: Default::default(), site, replicator, cap_key }
+        let (hot, loading) = (ChunkCache::new(HOT_BYTES), Default::default());
+        NodeService { store, hot, loading, site, replicator, cap_key, epoch }
     }
 
     /// A whole stored chunk, verified, read once however many ask at the same time.
@@ -193,9 +205,24 @@ impl NodeService {
     }
 }
 
+/// The node's connection to meta: every request carries the highest epoch of the
+/// primary role the node has seen, so a meta of an older one learns it lost the role
+/// (and refuses, rather than instructing the node).
+pub(crate) struct MetaClient {
+    rpc: RpcClient,
+    epoch: Arc<Epoch>,
+}
+
+impl MetaClient {
+    /// Asks meta, with the node's epoch.
+    pub(crate) async fn ask<M: MetaMessage>(&self, request: M) -> Result<Result<M::Response, WireError>, NetError> {
+        self.rpc.ask(AtEpoch { epoch: self.epoch.get(), request }).await
+    }
+}
+
 /// Asks meta on the node's behalf; a transport failure answers like meta's own refusals
 /// (`Io`, "meta unreachable"), so callers handle one error type.
-pub(crate) async fn ask_meta<M: proto::meta::MetaMessage>(meta: &RpcClient, msg: M) -> Result<M::Response, WireError> {
+pub(crate) async fn ask_meta<M: MetaMessage>(meta: &MetaClient, msg: M) -> Result<M::Response, WireError> {
     meta.ask(msg).await.map_err(|e| WireError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?
 }
 
@@ -216,8 +243,8 @@ impl Service for NodeService {
 
     /// Every request is first authorized on the peer's certificate (`authz`).
     async fn handle(self: Arc<Self>, peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
-        if let Err(e) = authz::authorize(peer.identity(), &req, &self.cap_key, proto::types::Timestamp::now().millis())
-        {
+        let now = proto::types::Timestamp::now().millis();
+        if let Err(e) = authz::authorize(peer.identity(), &req, &self.cap_key, now, self.epoch.get()) {
             tracing::warn!(peer = %peer.addr(), "refused: {e}");
             return (Err(e), Bytes::new());
         }
@@ -276,11 +303,11 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
             .await
             .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
 
-    let meta = Arc::new(
-        RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
-            .await
-            .map_err(|source| NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source })?,
-    );
+    let epoch = Arc::new(Epoch::load(&config.data_dir)?);
+    let rpc = RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
+        .await
+        .map_err(|source| NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source })?;
+    let meta = Arc::new(MetaClient { rpc, epoch: epoch.clone() });
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
     let membership = Arc::new(Membership::load(&config.data_dir)?);
@@ -352,7 +379,7 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
         failing: false,
         workers: report,
     });
-    let service = NodeService::with_site(store, Some(site), Some(replicator), cap_key);
+    let service = NodeService::with_site(store, Some(site), Some(replicator), cap_key, epoch);
     // Serving never stops by itself (a failing accept is retried); the workers stop
     // when this future is dropped at shutdown.
     match net::serve(listener, Arc::new(service)).await {}
@@ -360,9 +387,11 @@ pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), No
 
 /// Registers with meta; while meta refuses for want of an operator's admission
 /// (`locus node admit`), logs its refusal and asks again every heartbeat. Until then the
-/// node serves nothing and meta lists it only as pending, so it gets no chunks.
+/// node serves nothing and meta lists it only as pending, so it gets no chunks. A meta
+/// of an older epoch than the node has seen (it lost the primary role) is waited out
+/// the same way: it may be restarted at the new primary.
 async fn wait_for_admission(
-    meta: &RpcClient,
+    meta: &MetaClient,
     config: &NodeConfig,
     membership: &Membership,
     cap_key: &CapKeyCell,
@@ -384,11 +413,21 @@ async fn wait_for_admission(
                     Err(source) => return Err(NodeError::MetaUnreachable { addr, source }),
                 }
             }
-            Err(NodeError::Refused { source, .. }) if source.code == ErrorCode::PermissionDenied => {
+            Err(NodeError::Refused { source, .. })
+                if matches!(source.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) =>
+            {
                 if source.message != last {
                     tracing::warn!(meta = %config.meta_addr, "meta refuses this node: {}; asking again every {:?}",
                         source.message, config.heartbeat);
                     last = source.message;
+                }
+                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+            }
+            Err(stale @ NodeError::StaleMeta { .. }) => {
+                let said = stale.to_string();
+                if said != last {
+                    tracing::warn!("{said}; asking again every {:?}", config.heartbeat);
+                    last = said;
                 }
                 tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
             }
@@ -398,9 +437,10 @@ async fn wait_for_admission(
 }
 
 /// Sends one `RegisterNode` with current stats and checks (or, the first time, adopts)
-/// the cluster meta answers with.
+/// the cluster meta answers with, and its epoch (a newer one is adopted; an older one
+/// is refused, and nothing of that answer is taken).
 async fn register(
-    meta: &RpcClient,
+    meta: &MetaClient,
     config: &NodeConfig,
     membership: &Membership,
     cap_key: &CapKeyCell,
@@ -424,8 +464,9 @@ async fn register(
     };
     let addr = config.meta_addr.clone();
     match meta.ask(RegisterNode { node, cluster_id: membership.id() }).await {
-        Ok(Ok(Registered { cluster_id, cap_key: key })) => {
+        Ok(Ok(Registered { cluster_id, cap_key: key, epoch })) => {
             membership.confirm(&addr, &cluster_id)?;
+            meta.epoch.observe(&addr, epoch)?;
             cap_key.set(key);
             Ok(())
         }
@@ -439,7 +480,7 @@ async fn register(
 /// failures are recorded and retried at the next period (the client reconnects
 /// lazily), never fatal.
 struct Registration {
-    meta: Arc<RpcClient>,
+    meta: Arc<MetaClient>,
     config: NodeConfig,
     membership: Arc<Membership>,
     cap_key: Arc<CapKeyCell>,

@@ -6,7 +6,6 @@
 //! chunk) is never reclaimed under it; meta refuses to forget referenced chunks.
 
 use chunk::ChunkStore;
-use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
 use proto::meta::{ForgetChunks, Unreferenced};
 use std::sync::Arc;
@@ -35,7 +34,7 @@ impl Default for ReclaimConfig {
 
 /// Walks the store page by page while it is above the high-water mark.
 pub(crate) struct Reclaim {
-    pub meta: Arc<RpcClient>,
+    pub meta: Arc<crate::MetaClient>,
     pub store: Arc<ChunkStore>,
     pub config: ReclaimConfig,
     /// Where the current pass stands (`None`: at the start).

@@ -7,7 +7,6 @@
 
 use crate::replicate::Replicator;
 use chunk::ChunkError;
-use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
 use proto::meta::UnderReplicated;
 use proto::policy::{Replicate, ReplicationMode, Shortfall};
@@ -32,7 +31,7 @@ async fn pace(started: Instant, bytes: u64, rate: u64) {
 /// The `repair` worker.
 pub(crate) struct RepairWorker {
     pub replicator: Arc<Replicator>,
-    pub meta: Arc<RpcClient>,
+    pub meta: Arc<crate::MetaClient>,
     /// Pause between complete scans.
     pub period: Duration,
     /// Bytes per second it may send.

@@ -99,7 +99,7 @@ pub struct SiteLink {
     me: String,
     site: String,
     config: WanConfig,
-    meta: Arc<RpcClient>,
+    meta: Arc<crate::MetaClient>,
     cache: Arc<ChunkStore>,
     /// Chunks fetched lately, in memory: served while their disk copy is being written
     /// and to the readers that follow right behind.
@@ -128,7 +128,7 @@ impl SiteLink {
         me: String,
         site: String,
         config: WanConfig,
-        meta: Arc<RpcClient>,
+        meta: Arc<crate::MetaClient>,
         cache: ChunkStore,
     ) -> Result<SiteLink, ChunkError> {
         let mut lru = Lru::default();

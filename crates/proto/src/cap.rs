@@ -2,7 +2,9 @@
 //! capability meta signed for that operation (and, for reads, that chunk), bound to
 //! the client's certificate name and an expiry: a BLAKE3 keyed MAC under a key meta
 //! shares with its nodes (handed out on registration). Knowing a chunk's id is then not
-//! enough to read it, and a node checks one MAC per request.
+//! enough to read it, and a node checks one MAC per request. The MAC also covers the
+//! epoch of the primary role the signing meta serves (failover fencing): a node that
+//! has seen a newer epoch refuses capabilities of older ones.
 
 use crate::types::ChunkId;
 use serde::{Deserialize, Serialize};
@@ -23,11 +25,13 @@ pub enum CapOp {
 }
 
 /// Proof that meta allowed its holder an operation until `expires_ms` (wall-clock
-/// milliseconds since the epoch).
+/// milliseconds since the Unix epoch), signed by a meta of primary-role `epoch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cap {
     pub expires_ms: i64,
     pub mac: [u8; 32],
+    /// The epoch of the primary role the signing meta served (covered by `mac`).
+    pub epoch: u64,
 }
 
 /// Why a node refused a capability.
@@ -39,24 +43,35 @@ pub enum CapError {
     Expired(i64),
     #[error("the capability was not signed by this cluster's meta for this operation, chunk and holder")]
     Forged,
+    /// Signed by a meta of an older epoch than this node has seen: that meta lost the
+    /// primary role (failover), and nothing it allows is done any more.
+    #[error(
+        "the capability was signed by a meta of epoch {cap}, but this node has seen epoch {seen}: that meta lost \
+         the primary role (failover) and may not have writes done on its behalf; use a meta of the new primary"
+    )]
+    StaleEpoch { cap: u64, seen: u64 },
 }
 
-fn mac(key: &CapKey, op: CapOp, holder: &str, chunk: Option<&ChunkId>, expires_ms: i64) -> [u8; 32] {
+fn mac(key: &CapKey, op: CapOp, holder: &str, chunk: Option<&ChunkId>, expires_ms: i64, epoch: u64) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(key);
-    h.update(b"locus chunk capability v1");
+    h.update(b"locus chunk capability v2");
     h.update(&[op as u8]);
     h.update(&expires_ms.to_le_bytes());
+    h.update(&epoch.to_le_bytes());
     h.update(chunk.map_or(&[0u8; 32], |c| &c.0));
     h.update(holder.as_bytes());
     *h.finalize().as_bytes()
 }
 
-/// Signs `op` (on `chunk`, for reads) for `holder` until `expires_ms`.
-pub fn sign(key: &CapKey, op: CapOp, holder: &str, chunk: Option<&ChunkId>, expires_ms: i64) -> Cap {
-    Cap { expires_ms, mac: mac(key, op, holder, chunk, expires_ms) }
+/// Signs `op` (on `chunk`, for reads) for `holder` until `expires_ms`, by a meta of
+/// primary-role `epoch`.
+pub fn sign(key: &CapKey, op: CapOp, holder: &str, chunk: Option<&ChunkId>, expires_ms: i64, epoch: u64) -> Cap {
+    Cap { expires_ms, mac: mac(key, op, holder, chunk, expires_ms, epoch), epoch }
 }
 
-/// Checks `cap` for `op` on `chunk` by `holder` at `now_ms` (constant-time compare).
+/// Checks `cap` for `op` on `chunk` by `holder` at `now_ms` (constant-time compare),
+/// at a node that has seen primary-role epoch `seen`: the MAC first (so an altered
+/// epoch is a forgery), then the epoch, then the expiry.
 pub fn verify(
     key: &CapKey,
     op: CapOp,
@@ -64,10 +79,15 @@ pub fn verify(
     chunk: Option<&ChunkId>,
     cap: Option<&Cap>,
     now_ms: i64,
+    seen: u64,
 ) -> Result<(), CapError> {
     let cap = cap.ok_or(CapError::Missing)?;
-    if !blake3::Hash::from(cap.mac).eq(&blake3::Hash::from(mac(key, op, holder, chunk, cap.expires_ms))) {
+    let expected = mac(key, op, holder, chunk, cap.expires_ms, cap.epoch);
+    if !blake3::Hash::from(cap.mac).eq(&blake3::Hash::from(expected)) {
         return Err(CapError::Forged);
+    }
+    if cap.epoch < seen {
+        return Err(CapError::StaleEpoch { cap: cap.epoch, seen });
     }
     if cap.expires_ms < now_ms {
         return Err(CapError::Expired(now_ms - cap.expires_ms));
@@ -83,15 +103,35 @@ mod tests {
     fn a_capability_holds_only_for_its_operation_chunk_holder_and_time() {
         let key = [7u8; 32];
         let (a, b) = (ChunkId([1; 32]), ChunkId([2; 32]));
-        let cap = sign(&key, CapOp::Read, "/CN=host.a", Some(&a), 1000);
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&a), Some(&cap), 999), Ok(()));
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&b), Some(&cap), 999), Err(CapError::Forged));
-        assert_eq!(verify(&key, CapOp::Write, "/CN=host.a", Some(&a), Some(&cap), 999), Err(CapError::Forged));
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.b", Some(&a), Some(&cap), 999), Err(CapError::Forged));
-        assert_eq!(verify(&[8; 32], CapOp::Read, "/CN=host.a", Some(&a), Some(&cap), 999), Err(CapError::Forged));
+        let cap = sign(&key, CapOp::Read, "/CN=host.a", Some(&a), 1000, 1);
+        let check = |op, holder, chunk, cap: Option<&Cap>, now| verify(&key, op, holder, Some(chunk), cap, now, 1);
+        assert_eq!(check(CapOp::Read, "/CN=host.a", &a, Some(&cap), 999), Ok(()));
+        assert_eq!(check(CapOp::Read, "/CN=host.a", &b, Some(&cap), 999), Err(CapError::Forged));
+        assert_eq!(check(CapOp::Write, "/CN=host.a", &a, Some(&cap), 999), Err(CapError::Forged));
+        assert_eq!(check(CapOp::Read, "/CN=host.b", &a, Some(&cap), 999), Err(CapError::Forged));
+        assert_eq!(verify(&[8; 32], CapOp::Read, "/CN=host.a", Some(&a), Some(&cap), 999, 1), Err(CapError::Forged));
         let later = Cap { expires_ms: 5000, ..cap };
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&a), Some(&later), 999), Err(CapError::Forged));
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&a), Some(&cap), 1500), Err(CapError::Expired(500)));
-        assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&a), None, 0), Err(CapError::Missing));
+        assert_eq!(check(CapOp::Read, "/CN=host.a", &a, Some(&later), 999), Err(CapError::Forged));
+        assert_eq!(check(CapOp::Read, "/CN=host.a", &a, Some(&cap), 1500), Err(CapError::Expired(500)));
+        assert_eq!(check(CapOp::Read, "/CN=host.a", &a, None, 0), Err(CapError::Missing));
+    }
+
+    /// A node that has seen epoch 2 refuses a capability of epoch 1 (its meta lost the
+    /// primary role); one of epoch 2 or later passes; an epoch altered to get past the
+    /// check breaks the MAC.
+    #[test]
+    fn a_capability_of_an_older_epoch_is_refused_and_its_epoch_cannot_be_altered() {
+        let key = [7u8; 32];
+        let put = |epoch| sign(&key, CapOp::Write, "/CN=host.a", None, 1000, epoch);
+        let check = |cap: &Cap, seen| verify(&key, CapOp::Write, "/CN=host.a", None, Some(cap), 999, seen);
+        assert_eq!(check(&put(1), 1), Ok(()));
+        assert_eq!(check(&put(1), 2), Err(CapError::StaleEpoch { cap: 1, seen: 2 }));
+        assert_eq!(check(&put(2), 2), Ok(()));
+        assert_eq!(check(&put(3), 2), Ok(()), "a newer epoch than the node knows is no reason to refuse");
+        let forged = Cap { epoch: 2, ..put(1) };
+        assert_eq!(check(&forged, 2), Err(CapError::Forged));
+        // Stale and forged at once: the forgery is what the node reports.
+        let forged_old = Cap { epoch: 0, ..put(1) };
+        assert_eq!(check(&forged_old, 2), Err(CapError::Forged));
     }
 }

@@ -129,12 +129,39 @@ pub struct MetaCall {
     /// disabled (otherwise the peer's certificate names the site).
     pub site: Option<String>,
     pub request: MetaRequest,
+    /// From a node: the highest epoch of the primary role it has seen. A meta of an
+    /// older epoch learns from it that it lost the primary role, refuses the request
+    /// and, from then on, every write (failover fencing). Meta believes it only from a
+    /// node or meta certificate (or without TLS).
+    pub epoch: Option<u64>,
 }
 
 impl From<MetaRequest> for MetaCall {
     /// A request that acts for no particular user.
     fn from(request: MetaRequest) -> MetaCall {
-        MetaCall { caller: None, site: None, request }
+        MetaCall { caller: None, site: None, request, epoch: None }
+    }
+}
+
+/// A node's request, sent with the highest epoch of the primary role the node has
+/// seen: `ask(AtEpoch { epoch, request })`.
+#[derive(Debug, Clone)]
+pub struct AtEpoch<M> {
+    pub epoch: u64,
+    pub request: M,
+}
+
+impl<M: MetaMessage> crate::Call for AtEpoch<M> {
+    type Wire = MetaCall;
+    type Answer = MetaResult;
+    type Output = M::Response;
+
+    fn into_wire(self) -> MetaCall {
+        MetaCall { epoch: Some(self.epoch), ..MetaCall::from(self.request.into()) }
+    }
+
+    fn output(answer: MetaResult) -> Result<M::Response, WireError> {
+        <M as crate::Call>::output(answer)
     }
 }
 
@@ -152,7 +179,7 @@ impl<M: MetaMessage> crate::Call for As<M> {
     type Output = M::Response;
 
     fn into_wire(self) -> MetaCall {
-        MetaCall { caller: Some(self.caller), site: Some(self.site), request: self.request.into() }
+        MetaCall { caller: Some(self.caller), site: Some(self.site), request: self.request.into(), epoch: None }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
@@ -246,7 +273,7 @@ impl<M: MetaMessage> crate::Call for M {
     type Output = M::Response;
 
     fn into_wire(self) -> MetaCall {
-        MetaCall { caller: None, site: None, request: self.into() }
+        MetaCall::from(self.into())
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
@@ -639,6 +666,10 @@ pub struct Registered {
     pub cluster_id: String,
     /// The key meta signs chunk capabilities with, which the node checks them with.
     pub cap_key: Option<crate::cap::CapKey>,
+    /// The epoch of the primary role this meta serves (1 on SQLite, which never fails
+    /// over; `primary_epoch` on PostgreSQL). The node keeps the highest it has seen
+    /// and refuses capabilities and metas of older ones.
+    pub epoch: u64,
 }
 
 /// `Unlink`'s answer: the inode and whether it lives on as an orphan.

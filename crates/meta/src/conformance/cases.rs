@@ -1146,12 +1146,12 @@ pub fn cluster_identity(b: &dyn Factory) {
     assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
     let first =
         MetaRequest::RegisterNode(RegisterNode { node: node("n1", "10.0.0.1:7000", 1000, 100), cluster_id: None });
-    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None }));
+    assert_eq!(ok(&s, first), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None, epoch: 1 }));
     let again = MetaRequest::RegisterNode(RegisterNode {
         node: node("n1", "10.0.0.1:7000", 1000, 100),
         cluster_id: Some(id.clone()),
     });
-    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None }));
+    assert_eq!(ok(&s, again), MetaReply::Registered(Registered { cluster_id: id.clone(), cap_key: None, epoch: 1 }));
     let foreign = MetaRequest::RegisterNode(RegisterNode {
         node: node("n2", "10.0.0.2:7000", 1000, 100),
         cluster_id: Some("f".repeat(32)),

@@ -50,6 +50,8 @@ pub struct Ctx {
     pub heartbeat_ms: u64,
     /// The cluster this database was formatted for.
     pub cluster_id: Arc<str>,
+    /// The epoch of the primary role this meta serves (`Store::epoch`).
+    pub epoch: u64,
     /// Whom the request acts for, as meta resolved it from the peer and the request:
     /// every permission is checked against it (`perm`); uid 0 is the superuser.
     pub caller: Caller,
@@ -60,13 +62,14 @@ pub struct Ctx {
 
 impl Ctx {
     /// The current wall-clock time, read once so a request uses one timestamp.
-    pub fn now(heartbeat_ms: u64, cluster_id: Arc<str>) -> Ctx {
+    pub fn now(heartbeat_ms: u64, cluster_id: Arc<str>, epoch: u64) -> Ctx {
         let now = Timestamp::now();
         Ctx {
             now,
             now_ms: now.secs * 1000 + i64::from(now.nanos / 1_000_000),
             heartbeat_ms,
             cluster_id,
+            epoch,
             caller: Caller::ROOT,
             certificate: None,
         }
@@ -341,7 +344,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::RegisterNode(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "registering a node")?;
             register_node(t, ctx, &m.node, m.cluster_id.as_deref())?;
-            Ok(Registered { cluster_id: ctx.cluster_id.to_string(), cap_key: None })
+            Ok(Registered { cluster_id: ctx.cluster_id.to_string(), cap_key: None, epoch: ctx.epoch })
         }),
         R::UpdateLocations(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "reporting chunk locations")?;
