@@ -514,7 +514,7 @@ impl Worker for Registration {
     }
 
     fn progress(&self) -> String {
-        format!("registered with meta at {}", self.config.meta_addr)
+        format!("registered with meta at {} (epoch {})", self.config.meta_addr, self.meta.epoch.get())
     }
 
     async fn work(&mut self) -> Result<Step, NodeError> {
