@@ -676,7 +676,8 @@ fn granted_caps(req: &MetaRequest) -> (bool, bool) {
 
 impl MetaService {
     /// Adds the capabilities `grants` allows to an `Opened` answer, bound to `holder`
-    /// (the peer's certificate name), and the capability key to a node's
+    /// (the peer's certificate name) and signed with this meta's epoch (a node that
+    /// has seen a newer one refuses them), and the capability key to a node's
     /// registration (only a node, meta or a peer of an insecure cluster gets it).
     fn with_caps(
         &self,
