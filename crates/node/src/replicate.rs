@@ -152,12 +152,16 @@ impl Replicator {
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
     }
 
+    /// Stores a replica here (durable; only `reclaim` of an unreferenced chunk removes
+    /// it), replacing a site-cache copy of the same chunk.
     pub(crate) async fn store_here(&self, id: ChunkId, data: Bytes) -> Result<(), WireError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.put(&id, &data))
             .await
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))?
-            .map_err(WireError::from)
+            .map_err(WireError::from)?;
+        self.link.uncache(id).await;
+        Ok(())
     }
 
     /// Makes the copies beyond this node's, within `--sync-timeout`; answers the nodes

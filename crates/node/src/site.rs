@@ -171,6 +171,37 @@ impl SiteLink {
         lock(&self.pending).0.push(StoredChunk { id, size, nodes: holders });
     }
 
+    /// A replica of `id` is now in this node's store: its site-cache copy, if any,
+    /// goes, so the bytes are not held twice (reads find the replica first). No removal
+    /// is reported: the replica's report makes the catalogue's row a replica, and a
+    /// cached copy's removal never takes a replica's row.
+    pub(crate) async fn uncache(&self, id: ChunkId) {
+        if !lock(&self.lru).by_id.contains_key(&id) {
+            return;
+        }
+        lock(&self.lru).remove(&id);
+        let cache = self.cache.clone();
+        match tokio::task::spawn_blocking(move || cache.delete(&[id], Duration::ZERO)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(chunk = %id, "cannot drop the cached copy of a replica: {e}"),
+            Err(e) => tracing::warn!(chunk = %id, "cache task failed: {e}"),
+        }
+    }
+
+    /// This node's site-cache copy of `id`, verified, if it has an intact one.
+    pub(crate) async fn cached_copy(&self, id: ChunkId) -> Result<Option<Bytes>, WireError> {
+        if let Some(data) = self.recent.get(&id) {
+            return Ok(Some(data));
+        }
+        let cache = self.cache.clone();
+        match tokio::task::spawn_blocking(move || cache.get(&id, 0, u64::MAX)).await {
+            Ok(Ok(data)) => Ok(Some(Bytes::from(data))),
+            Ok(Err(ChunkError::NotFound { .. } | ChunkError::Corrupt { .. })) => Ok(None),
+            Ok(Err(e)) => Err(wire(e)),
+            Err(e) => Err(WireError::new(ErrorCode::Internal, format!("cache task failed: {e}"))),
+        }
+    }
+
     /// Bytes held in the site cache.
     pub fn cache_bytes(&self) -> u64 {
         self.cache.stats().used_bytes
