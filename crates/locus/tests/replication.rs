@@ -272,8 +272,18 @@ fn an_async_write_goes_on_while_the_wan_is_cut_and_ships_only_what_it_missed() {
 
 /// Every chunk file of a node's store: (id in hex, path).
 fn chunk_files(c: &Cluster, node: &str) -> Vec<(String, std::path::PathBuf)> {
+    files_of_store(&c.node_dir(node))
+}
+
+/// Every chunk file of a node's site cache: (id in hex, path).
+fn cached_files(c: &Cluster, node: &str) -> Vec<(String, std::path::PathBuf)> {
+    files_of_store(&c.node_dir(node).join("cache"))
+}
+
+/// Every chunk file of the chunk store in `dir`: (id in hex, path).
+fn files_of_store(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
     let mut out = Vec::new();
-    let Ok(fans) = fs::read_dir(c.node_dir(node).join("chunks")) else { return out };
+    let Ok(fans) = fs::read_dir(dir.join("chunks")) else { return out };
     for fan in fans.flatten().filter(|f| f.path().is_dir()) {
         for f in fs::read_dir(fan.path()).unwrap().flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
@@ -487,4 +497,112 @@ fn sync_loses_nothing_when_the_remote_node_dies_storing_a_copy() {
 #[test]
 fn sync_loses_nothing_when_the_remote_node_dies_before_its_site_copies() {
     sync_survives_a_crash_at("replicate-before-copies", 4, "b0");
+}
+
+/// Changes to `node`'s site cache its `site-link` worker has reported to meta, as
+/// `locus status` shows them (the count moves only once meta has them).
+fn cache_changes_reported(c: &Cluster, node: &str) -> u64 {
+    let status = text(&c.locus(&["status", "--meta", &c.meta.addr]));
+    status
+        .lines()
+        .find(|l| l.contains(&format!("node {node} ")) && l.contains(" site-link "))
+        .and_then(|l| l.split(" peers, ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until `node` has reported at least `at_least` cache changes.
+fn wait_for_cache_reports(c: &Cluster, node: &str, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cache_changes_reported(c, node) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{node} reported {} cache changes, not {at_least}",
+            cache_changes_reported(c, node)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ids(files: Vec<(String, std::path::PathBuf)>) -> std::collections::BTreeSet<String> {
+    files.into_iter().map(|(id, _)| id).collect()
+}
+
+#[test]
+fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_cache() {
+    let fast: &[&str] = &["--repair-every", "1s"];
+    let small_cache: &[&str] = &["--repair-every", "1s", "--cache", "12M"];
+    let Some(mut c) = cluster(&[("a0", "a", fast), ("b0", "b", small_cache)]) else { return };
+    let at_a = c.mount_at("a");
+    for d in ["d", "e"] {
+        fs::create_dir(at_a.join(d)).unwrap();
+        let set = policy(&c, &["set", &format!("/{d}"), "--sites", "a", "--copies", "1", "--mode", "sync"]);
+        assert!(set.status.success(), "{}", text(&set));
+    }
+    let data = pattern(8 << 20, 31);
+    write_synced(&at_a.join("d/f"), &data).unwrap();
+    let f_chunks = ids(chunk_files(&c, "a0"));
+    assert!(f_chunks.len() >= 2, "{f_chunks:?}");
+
+    // A reader at b: b0 fetches the chunks into its site cache and reports them.
+    let at_b = c.mount_at("b");
+    assert!(fs::read(at_b.join("d/f")).unwrap() == data);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ids(cached_files(&c, "b0")).is_superset(&f_chunks) {
+        assert!(Instant::now() < deadline, "b0 did not cache the chunks it served");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for_cache_reports(&c, "b0", f_chunks.len() as u64);
+    assert!(chunk_files(&c, "b0").is_empty(), "a cached copy is not stored as a replica");
+    let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+    assert!(fsck.contains("every chunk has the copies its policy asks for"), "{fsck}");
+
+    // Now the policy wants a copy at b: the cached copies there do not count, so the
+    // repair worker makes replicas at b0 (which replace its cached copies).
+    let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "sync"]);
+    assert!(set.status.success(), "{}", text(&set));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ids(chunk_files(&c, "b0")).is_superset(&f_chunks) {
+        assert!(Instant::now() < deadline, "repair made no replica at b0: a cached copy was counted as one");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(ids(cached_files(&c, "b0")).is_disjoint(&f_chunks), "a replica replaces the cached copy");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+        if fsck.contains("every chunk has the copies its policy asks for") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{fsck}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Cache pressure at b: 24 MiB of a site-a file read through b0's 12 MiB cache.
+    let reported = cache_changes_reported(&c, "b0");
+    let other = pattern(24 << 20, 32);
+    write_synced(&at_a.join("e/g"), &other).unwrap();
+    let g_chunks: std::collections::BTreeSet<String> =
+        ids(chunk_files(&c, "a0")).difference(&f_chunks).cloned().collect();
+    assert!(fs::read(at_b.join("e/g")).unwrap() == other);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let evicted = loop {
+        // Every chunk of g was cached once; those gone were evicted.
+        let kept = ids(cached_files(&c, "b0")).intersection(&g_chunks).count();
+        if kept < g_chunks.len() && files_under(&c.node_dir("b0").join("cache/chunks")).1 <= 12 << 20 {
+            break g_chunks.len() - kept;
+        }
+        assert!(Instant::now() < deadline, "b0's cache never evicted ({kept} of {} chunks of g kept)", g_chunks.len());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    wait_for_cache_reports(&c, "b0", reported + (g_chunks.len() + evicted) as u64);
+    assert!(ids(chunk_files(&c, "b0")).is_superset(&f_chunks), "the cache evicted a replica");
+    let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+    assert!(fsck.contains("every chunk has the copies its policy asks for"), "{fsck}");
+
+    // Site a gone (kill -9): f is read at b from b0's replicas.
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let fresh = c.mount_at("b");
+    assert!(fs::read(fresh.join("d/f")).unwrap() == data, "b0's replicas serve f without site a");
 }

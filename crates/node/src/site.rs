@@ -105,6 +105,9 @@ pub struct SiteLink {
     /// and to the readers that follow right behind.
     recent: ChunkCache,
     lru: Mutex<Lru>,
+    /// Held while a copy is made room for and written, so that concurrent copies do
+    /// not each find the same room and overrun the cap (the later put would fail).
+    keeping: tokio::sync::Mutex<()>,
     peers: NodeDirectory,
     /// Smoothed round trip to each node of another site, once measured.
     rtts: RwLock<HashMap<String, Duration>>,
@@ -152,6 +155,7 @@ impl SiteLink {
             cache: Arc::new(cache),
             recent: ChunkCache::new(RECENT_BYTES),
             lru: Mutex::new(lru),
+            keeping: tokio::sync::Mutex::new(()),
             rtts: RwLock::default(),
             site_rtts: Mutex::default(),
             fetches: SingleFlight::default(),
@@ -314,6 +318,7 @@ impl SiteLink {
         if size > self.config.cache_bytes {
             return;
         }
+        let _room = self.keeping.lock().await;
         let mut evicted = Vec::new();
         while self.cache.stats().used_bytes + size > self.config.cache_bytes {
             let Some(victim) = lock(&self.lru).oldest() else { break };
