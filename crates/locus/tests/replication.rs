@@ -1,9 +1,11 @@
-//! Replication across sites (real processes): policies set with the CLI and inherited;
-//! a `sync` write survives the loss of every process of the writing site (loopback,
-//! sites named per node). The partition tests put each site in its own network
-//! namespace joined by the `locus-wan` emulator and cut it with 100 % loss: a `sync`
-//! write fails with EIO within the sync timeout; an `async` write keeps going and,
-//! once the cut heals, ships exactly the missing chunks across the WAN.
+//! Replication across sites (real processes). The cross-site tests put each site in
+//! its own network namespace joined by the `locus-wan` emulator (20 ms RTT): a `sync`
+//! write survives kill -9 of every process of the writing site, also with a process
+//! killed at each fail point of the replication path (over a WAN losing 0.5 % of the
+//! packets each way, meta at a site of its own); with the WAN cut (100 % loss) a `sync`
+//! write fails with EIO within the sync timeout, and an `async` write keeps going and,
+//! once the cut heals, ships exactly the missing chunks. Repair, scrub, drain and the
+//! site-cache tests stay on loopback (sites named per node).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -96,9 +98,43 @@ fn policies_are_set_inherited_listed_and_checked() {
     assert!(text(&policy(&c, &["get", "/p/sub"])).contains("cluster default"));
 }
 
+/// One-way delay of the emulated WAN (20 ms RTT).
+const WAN_DELAY: Duration = Duration::from_millis(10);
+/// Loss each way of the WAN in the crash tests: TCP retransmits on every path.
+const LOSSY: f64 = 0.5;
+
+/// `sites` as network namespaces joined by the `locus-wan` emulator set to `profile`,
+/// meta alone started at `sites[0]`. `None` (skipped) when the kernel or tools lack
+/// network namespaces.
+fn wan_sites(prefix: &str, sites: &[&str], profile: &LinkProfile) -> Option<(WanLink, Cluster)> {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns` and ethtool");
+        return None;
+    }
+    let link = WanLink::start(prefix, sites.len(), profile)
+        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
+    let c = Cluster::start_in_sites(Path::new(BIN), &link, sites);
+    Some((link, c))
+}
+
+/// Sites a and b over the emulated WAN (20 ms RTT, no loss), meta at a, and the given
+/// nodes (id, site, extra flags) each in its site's namespace.
+fn wan_cluster(prefix: &str, nodes: &[(&str, &str, &[&str])]) -> Option<(WanLink, Cluster)> {
+    let (link, mut c) = wan_sites(prefix, &["a", "b"], &wan(0.0))?;
+    for (id, site, flags) in nodes {
+        c.add_node_with(id, site, flags);
+    }
+    c.wait_for_nodes(nodes.len());
+    Some((link, c))
+}
+
 #[test]
 fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
-    let Some(mut c) = cluster(&[("a0", "a", &[]), ("b0", "b", &[]), ("b1", "b", &[])]) else { return };
+    let Some((_link, mut c)) = wan_sites("lwt-rkill-", &["m", "a", "b"], &wan(LOSSY)) else { return };
+    for (id, site) in [("a0", "a"), ("b0", "b"), ("b1", "b")] {
+        c.add_node(id, site);
+    }
+    c.wait_for_nodes(3);
     let at_a = c.mount_at("a");
     fs::create_dir(at_a.join("d")).unwrap();
     let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "2", "--mode", "sync"]);
@@ -112,11 +148,8 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     assert!(stored.len() >= 3, "{stored:?}");
     assert!(ids("b0") == stored && ids("b1") == stored, "both nodes of b hold every chunk");
 
-    // kill -9 every process of site a.
-    let _ = c.mounts[0].1.child.kill();
-    let _ = c.mounts[0].1.child.wait();
-    let _ = c.nodes[0].child.kill();
-    let _ = c.nodes[0].child.wait();
+    // kill -9 every process of site a (meta is at site m).
+    c.kill_site("a");
     let at_b = c.mount_at("b");
     assert!(fs::read(at_b.join("d/f")).unwrap() == data, "every fsynced byte is readable at b");
 
@@ -125,27 +158,6 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
     let short = format!("UNDER-REPLICATED: {} chunks (10.0 MiB) short at a under [sites a,b copies 2", stored.len());
     assert!(fsck.contains(&short), "{fsck}");
-}
-
-/// One-way delay of the emulated WAN in the partition tests (20 ms RTT).
-const WAN_DELAY: Duration = Duration::from_millis(10);
-
-/// Sites a and b as network namespaces joined by the `locus-wan` emulator (20 ms RTT,
-/// no loss), meta at a, and the given nodes (id, site, extra flags) each in its site's
-/// namespace. `None` (skipped) when the kernel or tools lack network namespaces.
-fn wan_cluster(prefix: &str, nodes: &[(&str, &str, &[&str])]) -> Option<(WanLink, Cluster)> {
-    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() {
-        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns` and ethtool");
-        return None;
-    }
-    let link = WanLink::start(prefix, 2, &wan(0.0))
-        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
-    let mut c = Cluster::start_in_sites(Path::new(BIN), &link, &["a", "b"]);
-    for (id, site, flags) in nodes {
-        c.add_node_with(id, site, flags);
-    }
-    c.wait_for_nodes(nodes.len());
-    Some((link, c))
 }
 
 /// The WAN's settings with `loss_pct` % loss each way (100: the sites are cut apart).
@@ -437,14 +449,11 @@ fn write_until_failure(dir: &Path, limit: u64) -> Vec<(u64, Vec<u8>)> {
 }
 
 /// Kills `victim` (a0 at the writing site, or b0 at the other) at the `after + 1`-th
-/// pass of `point` while a `sync` a,b directory is written at a; then every process
-/// of site a is killed, and every fsynced file must be readable at b, byte-exact.
-fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
-    if !testkit::can_mount() {
-        eprintln!("SKIPPED: needs root and /dev/fuse");
-        return;
-    }
-    let mut c = Cluster::start(Path::new(BIN), 0);
+/// pass of `point` while a `sync` a,b directory is written at a (sites over a lossy
+/// WAN, meta at a site of its own); then every process of site a is killed, and every
+/// fsynced file must be readable at b, byte-exact.
+fn sync_survives_a_crash_at(prefix: &str, point: &str, after: u32, victim: &str) {
+    let Some((_link, mut c)) = wan_sites(prefix, &["m", "a", "b"], &wan(LOSSY)) else { return };
     for (id, site) in [("a0", "a"), ("b0", "b")] {
         c.arm((id == victim).then(|| format!("{point}={after}*off->return")).as_deref());
         c.add_node(id, site);
@@ -464,8 +473,7 @@ fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
     // Everything back up without fail points (b0 must serve), then site a gone again.
     c.kill_all();
     c.restart();
-    let _ = c.nodes[0].child.kill();
-    let _ = c.nodes[0].child.wait();
+    c.kill_site("a");
     let at_b = c.mount_at("b");
     for (i, data) in &acked {
         let got = fs::read(at_b.join(format!("d/f{i}"))).unwrap_or_else(|e| panic!("f{i}: {e}"));
@@ -481,22 +489,22 @@ fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
 
 #[test]
 fn sync_loses_nothing_when_the_writing_node_dies_with_its_copies_in_flight() {
-    sync_survives_a_crash_at("replicate-before-copies", 4, "a0");
+    sync_survives_a_crash_at("lwt-rcrash1-", "replicate-before-copies", 4, "a0");
 }
 
 #[test]
 fn sync_loses_nothing_when_the_writing_node_dies_after_its_copies() {
-    sync_survives_a_crash_at("replicate-after-copies", 4, "a0");
+    sync_survives_a_crash_at("lwt-rcrash2-", "replicate-after-copies", 4, "a0");
 }
 
 #[test]
 fn sync_loses_nothing_when_the_remote_node_dies_storing_a_copy() {
-    sync_survives_a_crash_at("chunk-before-rename", 4, "b0");
+    sync_survives_a_crash_at("lwt-rcrash3-", "chunk-before-rename", 4, "b0");
 }
 
 #[test]
 fn sync_loses_nothing_when_the_remote_node_dies_before_its_site_copies() {
-    sync_survives_a_crash_at("replicate-before-copies", 4, "b0");
+    sync_survives_a_crash_at("lwt-rcrash4-", "replicate-before-copies", 4, "b0");
 }
 
 /// Changes to `node`'s site cache its `site-link` worker has reported to meta, as
