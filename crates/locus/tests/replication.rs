@@ -614,3 +614,36 @@ fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_c
     let fresh = c.mount_at("b");
     assert!(fs::read(fresh.join("d/f")).unwrap() == data, "b0's replicas serve f without site a");
 }
+
+#[test]
+fn copies_an_async_queue_owed_are_made_by_repair_after_the_node_is_killed() {
+    let flags: &[&str] = &["--sync-timeout", "2s", "--repair-every", "1s"];
+    let Some((link, mut c)) = wan_cluster("lwt-rrestart-", &[("a0", "a", flags), ("b0", "b", &[])]) else { return };
+    let at_a = c.mount_at("a");
+    fs::create_dir(at_a.join("d")).unwrap();
+    let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "async"]);
+    assert!(set.status.success(), "{}", text(&set));
+    link.set(&wan(100.0)).unwrap();
+    let written: Vec<Vec<u8>> = (0..3).map(|i| pattern(2 << 20, 40 + i)).collect();
+    for (i, d) in written.iter().enumerate() {
+        write_synced(&at_a.join(format!("d/f{i}")), d).unwrap();
+    }
+    let owed = ids(chunk_files(&c, "a0"));
+    assert_eq!(owed.len(), 3, "{owed:?}");
+    assert!(chunk_files(&c, "b0").is_empty(), "nothing crossed the cut");
+    // kill -9 a0 with its queue of owed copies (in memory), and start it again.
+    c.restart_node(0);
+    c.wait_for_nodes(2);
+    link.set(&wan(0.0)).unwrap();
+    let started = Instant::now();
+    while !ids(chunk_files(&c, "b0")).is_superset(&owed) {
+        assert!(started.elapsed() < Duration::from_secs(30), "the copies owed before the restart were never made");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = fs::read_to_string(c.path().join("a0.log")).unwrap();
+    assert!(log.contains("repaired a chunk's copies"), "repair, not the lost queue, made them:\n{log}");
+    let at_b = c.mount_at("b");
+    for (i, d) in written.iter().enumerate() {
+        assert!(fs::read(at_b.join(format!("d/f{i}"))).unwrap() == *d);
+    }
+}
