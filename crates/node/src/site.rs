@@ -469,3 +469,70 @@ fn slice(id: ChunkId, data: Bytes, offset: u64, len: u64) -> Result<Bytes, WireE
     }
     Ok(data.slice(offset as usize..(offset + len.min(size - offset)) as usize))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replicate::Replicator;
+
+    /// A site link whose cache holds `cache_bytes`, with a meta that is never asked
+    /// (a listener that accepts and stays silent), and the node's own store.
+    async fn link(dir: &std::path::Path, cache_bytes: u64) -> (Arc<SiteLink>, Arc<ChunkStore>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let meta = Arc::new(RpcClient::connect(&addr, 1, Duration::from_secs(5)).await.unwrap());
+        let cache = ChunkStore::open_cache(&dir.join("cache"), cache_bytes).unwrap();
+        let config = WanConfig { cache_bytes, ..WanConfig::default() };
+        let link = SiteLink::open("b0".into(), "b".into(), config, meta, cache).unwrap();
+        (Arc::new(link), Arc::new(ChunkStore::open(&dir.join("chunks"), 1 << 30).unwrap()))
+    }
+
+    fn chunk(seed: u8, len: usize) -> (ChunkId, Bytes) {
+        let data = Bytes::from(vec![seed; len]);
+        (ChunkId::of(&data), data)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn copies_kept_at_once_evict_to_stay_under_the_cap_and_report_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (link, _) = link(dir.path(), 3 << 20).await;
+        let chunks: Vec<(ChunkId, Bytes)> = (0..6).map(|i| chunk(i, 1 << 20)).collect();
+        let keeps = chunks.iter().map(|(id, data)| {
+            let link = link.clone();
+            let (id, data) = (*id, data.clone());
+            tokio::spawn(async move { link.keep(id, data).await })
+        });
+        for k in keeps.collect::<Vec<_>>() {
+            k.await.unwrap();
+        }
+        assert_eq!(link.cache_bytes(), 3 << 20, "full, not over the cap, and no copy refused");
+        let (added, removed) = std::mem::take(&mut *lock(&link.pending));
+        assert_eq!(added.len(), 6, "every copy was cached once: {added:?}");
+        assert!(added.iter().all(|c| c.nodes.is_empty()), "cached copies name no nodes (not replicas)");
+        assert_eq!(removed.len(), 3, "three were evicted and reported: {removed:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_stored_here_replaces_the_cached_copy_without_reporting_a_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (link, store) = link(dir.path(), 8 << 20).await;
+        let (id, data) = chunk(7, 1 << 20);
+        link.keep(id, data.clone()).await;
+        assert_eq!(link.cached_copy(id).await.unwrap(), Some(data.clone()));
+        lock(&link.pending).0.clear();
+
+        let replicator = Replicator::new("b0".into(), "b".into(), link.clone(), store.clone(), Duration::from_secs(1));
+        replicator.store_here(id, data.clone()).await.unwrap();
+        assert!(store.has(&[id]).unwrap()[0], "stored as a replica");
+        assert_eq!(link.cached_copy(id).await.unwrap(), None, "the cached copy is gone");
+        assert_eq!(link.cache_bytes(), 0);
+        assert!(lock(&link.pending).1.is_empty(), "no removal reported: the node still holds the chunk");
+        // Eviction pressure later never touches the replica.
+        for i in 0..10 {
+            let (other, bytes) = chunk(100 + i, 1 << 20);
+            link.keep(other, bytes).await;
+        }
+        assert_eq!(store.get(&id, 0, u64::MAX).unwrap(), data.to_vec());
+        assert!(!lock(&link.pending).1.contains(&id), "the replica was never evicted");
+    }
+}
