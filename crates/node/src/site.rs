@@ -319,20 +319,10 @@ impl SiteLink {
             return;
         }
         let _room = self.keeping.lock().await;
-        let mut evicted = Vec::new();
-        while self.cache.stats().used_bytes + size > self.config.cache_bytes {
-            let Some(victim) = lock(&self.lru).oldest() else { break };
-            lock(&self.lru).remove(&victim);
-            if let Err(e) = self.cache.delete(&[victim], Duration::ZERO) {
-                tracing::warn!(chunk = %victim, "cannot evict from the site cache: {e}");
-                break;
-            }
-            evicted.push(victim);
-        }
+        self.evict_down_to(self.config.cache_bytes - size);
         let cache = self.cache.clone();
         let stored = tokio::task::spawn_blocking(move || cache.put(&id, &data)).await;
         let mut pending = lock(&self.pending);
-        pending.1.extend(evicted);
         match stored {
             Ok(Ok(())) => {
                 lock(&self.lru).touch(id);
@@ -341,6 +331,36 @@ impl SiteLink {
             Ok(Err(e)) => tracing::warn!(chunk = %id, "cannot cache a fetched chunk: {e}"),
             Err(e) => tracing::warn!(chunk = %id, "cache task failed: {e}"),
         }
+    }
+
+    /// Evicts cached copies, least recently used first, until the cache holds at most
+    /// `bytes` (or nothing is left to evict); the evictions are reported to meta.
+    fn evict_down_to(&self, bytes: u64) {
+        let mut evicted = Vec::new();
+        while self.cache.stats().used_bytes > bytes {
+            let Some(victim) = lock(&self.lru).oldest() else { break };
+            lock(&self.lru).remove(&victim);
+            if let Err(e) = self.cache.delete(&[victim], Duration::ZERO) {
+                tracing::warn!(chunk = %victim, "cannot evict from the site cache: {e}");
+                break;
+            }
+            evicted.push(victim);
+        }
+        lock(&self.pending).1.extend(evicted);
+    }
+
+    /// The disk this node's store shares with its site cache is full: cached copies
+    /// (never replicas) are evicted until `bytes` are freed, if the cache holds that
+    /// many; answers whether it did.
+    pub(crate) async fn make_room(&self, bytes: u64) -> bool {
+        let _room = self.keeping.lock().await;
+        let used = self.cache.stats().used_bytes;
+        if used < bytes {
+            return false;
+        }
+        self.evict_down_to(used - bytes);
+        tracing::warn!(bytes, "the disk is full: evicted cached copies to store a replica");
+        true
     }
 
     /// Nodes other than this one among `holders`, nearest first, with a client each.
@@ -476,7 +496,8 @@ mod tests {
     use crate::replicate::Replicator;
 
     /// A site link whose cache holds `cache_bytes`, with a meta that is never asked
-    /// (a listener that accepts and stays silent), and the node's own store.
+    /// (a listener that accepts and stays silent), and the node's own store (1 GiB), both
+    /// under `dir`.
     async fn link(dir: &std::path::Path, cache_bytes: u64) -> (Arc<SiteLink>, Arc<ChunkStore>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -534,5 +555,66 @@ mod tests {
         }
         assert_eq!(store.get(&id, 0, u64::MAX).unwrap(), data.to_vec());
         assert!(!lock(&link.pending).1.contains(&id), "the replica was never evicted");
+    }
+
+    /// A tmpfs of `mib` MiB mounted for a test, unmounted when dropped.
+    struct SmallDisk(tempfile::TempDir);
+
+    impl SmallDisk {
+        /// `None` where this process may not mount (not root).
+        fn mount(mib: u32) -> Option<SmallDisk> {
+            let dir = tempfile::tempdir().unwrap();
+            let size = format!("size={mib}m");
+            let mounted = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
+                .arg(dir.path())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            mounted.then_some(SmallDisk(dir))
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_disk_evicts_cached_copies_for_a_replica_and_never_replicas() {
+        let Some(disk) = SmallDisk::mount(8) else {
+            eprintln!("SKIPPED: needs root to mount a small tmpfs");
+            return;
+        };
+        // The cache's cap and the store's capacity both exceed the disk.
+        let (link, store) = link(disk.0.path(), 64 << 20).await;
+        let cached: Vec<ChunkId> = (0..5)
+            .map(|i| chunk(i, 1 << 20))
+            .map(|(id, data)| {
+                let link = link.clone();
+                async move {
+                    link.keep(id, data).await;
+                    id
+                }
+            })
+            .collect::<futures_util::future::JoinAll<_>>()
+            .await;
+        assert_eq!(link.cache_bytes(), 5 << 20);
+        lock(&link.pending).1.clear();
+        let replicator = Replicator::new("b0".into(), "b".into(), link.clone(), store.clone(), Duration::from_secs(1));
+
+        // 4 MiB do not fit beside the 5 MiB cached: cached copies make room.
+        let (first, data) = chunk(50, 4 << 20);
+        replicator.store_here(first, data).await.unwrap();
+        assert!(store.has(&[first]).unwrap()[0]);
+        let evicted = lock(&link.pending).1.clone();
+        assert!(evicted.len() >= 4 && evicted.iter().all(|id| cached.contains(id)), "{evicted:?}");
+
+        // Then the disk is full of replicas: the next one fails and nothing is evicted.
+        let (second, data) = chunk(51, 4 << 20);
+        let e = replicator.store_here(second, data).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+        assert!(store.has(&[first]).unwrap()[0], "a replica is never evicted");
     }
 }
