@@ -537,7 +537,8 @@ fn ids(files: Vec<(String, std::path::PathBuf)>) -> std::collections::BTreeSet<S
 
 #[test]
 fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_cache() {
-    let fast: &[&str] = &["--repair-every", "1s"];
+    let metrics = testkit::free_addr();
+    let fast: &[&str] = &["--repair-every", "1s", "--metrics", &metrics];
     let small_cache: &[&str] = &["--repair-every", "1s", "--cache", "12M"];
     let Some(mut c) = cluster(&[("a0", "a", fast), ("b0", "b", small_cache)]) else { return };
     let at_a = c.mount_at("a");
@@ -565,7 +566,8 @@ fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_c
     assert!(fsck.contains("every chunk has the copies its policy asks for"), "{fsck}");
 
     // Now the policy wants a copy at b: the cached copies there do not count, so the
-    // repair worker makes replicas at b0 (which replace its cached copies).
+    // repair worker makes replicas at b0, which b0 makes from its cached copies (they
+    // replace them) without the bytes crossing again.
     let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "sync"]);
     assert!(set.status.success(), "{}", text(&set));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -574,6 +576,8 @@ fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_c
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(ids(cached_files(&c, "b0")).is_disjoint(&f_chunks), "a replica replaces the cached copy");
+    assert_eq!(metric(&metrics, "locus_replication_shipped_bytes_total"), 0, "no chunk was sent again");
+    assert!(metric(&metrics, "locus_replication_already_there_total") >= f_chunks.len() as u64);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));

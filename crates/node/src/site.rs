@@ -192,10 +192,14 @@ impl SiteLink {
         }
     }
 
-    /// This node's site-cache copy of `id`, verified, if it has an intact one.
+    /// This node's site-cache copy of `id`, verified, if it has an intact one (asking
+    /// the disk only for a chunk the cache lists).
     pub(crate) async fn cached_copy(&self, id: ChunkId) -> Result<Option<Bytes>, WireError> {
         if let Some(data) = self.recent.get(&id) {
             return Ok(Some(data));
+        }
+        if !lock(&self.lru).by_id.contains_key(&id) {
+            return Ok(None);
         }
         let cache = self.cache.clone();
         match tokio::task::spawn_blocking(move || cache.get(&id, 0, u64::MAX)).await {

@@ -30,7 +30,9 @@ pub enum NodeRequest {
         /// Meta's read capability for this chunk, for a client.
         cap: Option<Cap>,
     },
-    /// Which of these chunks the node holds (one flag per id, in order).
+    /// Which of these chunks the node holds as replicas (one flag per id, in order);
+    /// a node holding one only in its site cache makes it a replica first, so a
+    /// replicating node need not send it.
     Has {
         ids: Vec<ChunkId>,
     },
