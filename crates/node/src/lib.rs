@@ -247,9 +247,12 @@ impl Service for NodeService {
             NodeRequest::Get { id, offset, len, local_only, .. } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
-                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound && !local_only => {
-                        site.get(id, offset, len).await
+                    // Another node fetching for its site gets this node's cached copy
+                    // too, but never makes it fetch further.
+                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound && local_only => {
+                        site.cached(id, offset, len).await.and_then(|cached| cached.ok_or(e))
                     }
+                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound => site.get(id, offset, len).await,
                     (local, _) => local,
                 };
                 return match answer {

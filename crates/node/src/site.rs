@@ -192,22 +192,13 @@ impl SiteLink {
         }
     }
 
-    /// This node's site-cache copy of `id`, verified, if it has an intact one (asking
-    /// the disk only for a chunk the cache lists).
+    /// This node's whole site-cache copy of `id`, verified, if it has an intact one
+    /// (asking the disk only for a chunk the cache lists).
     pub(crate) async fn cached_copy(&self, id: ChunkId) -> Result<Option<Bytes>, WireError> {
-        if let Some(data) = self.recent.get(&id) {
-            return Ok(Some(data));
-        }
-        if !lock(&self.lru).by_id.contains_key(&id) {
+        if self.recent.get(&id).is_none() && !lock(&self.lru).by_id.contains_key(&id) {
             return Ok(None);
         }
-        let cache = self.cache.clone();
-        match tokio::task::spawn_blocking(move || cache.get(&id, 0, u64::MAX)).await {
-            Ok(Ok(data)) => Ok(Some(Bytes::from(data))),
-            Ok(Err(ChunkError::NotFound { .. } | ChunkError::Corrupt { .. })) => Ok(None),
-            Ok(Err(e)) => Err(wire(e)),
-            Err(e) => Err(WireError::new(ErrorCode::Internal, format!("cache task failed: {e}"))),
-        }
+        self.cached(id, 0, u64::MAX).await
     }
 
     /// Bytes held in the site cache.
@@ -217,9 +208,20 @@ impl SiteLink {
 
     /// Bytes `[offset, offset + len)` of a chunk this node does not store itself.
     pub async fn get(self: &Arc<Self>, id: ChunkId, offset: u64, len: u64) -> Result<Bytes, WireError> {
+        if let Some(data) = self.cached(id, offset, len).await? {
+            return Ok(data);
+        }
+        let fetched = self.fetches.run(id, || self.fetch_and_cache(id)).await?;
+        slice(id, fetched, offset, len)
+    }
+
+    /// Bytes `[offset, offset + len)` of a chunk from this node's site cache alone
+    /// (memory, then disk), never fetched: `None` without an intact copy (a corrupt
+    /// one is dropped and its removal reported, never served).
+    pub async fn cached(&self, id: ChunkId, offset: u64, len: u64) -> Result<Option<Bytes>, WireError> {
         if let Some(data) = self.recent.get(&id) {
             self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return slice(id, data, offset, len);
+            return slice(id, data, offset, len).map(Some);
         }
         let cache = self.cache.clone();
         let cached = tokio::task::spawn_blocking(move || cache.get(&id, offset, len))
@@ -229,18 +231,17 @@ impl SiteLink {
             Ok(data) => {
                 self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 lock(&self.lru).touch(id);
-                return Ok(Bytes::from(data));
+                Ok(Some(Bytes::from(data)))
             }
-            Err(ChunkError::NotFound { .. }) => {}
+            Err(ChunkError::NotFound { .. }) => Ok(None),
             Err(ChunkError::Corrupt { .. }) => {
-                // Never served; drop it and fetch a good copy.
                 let _ = self.cache.delete(&[id], Duration::ZERO);
                 lock(&self.lru).remove(&id);
+                lock(&self.pending).1.push(id);
+                Ok(None)
             }
-            Err(e) => return Err(wire(e)),
+            Err(e) => Err(wire(e)),
         }
-        let fetched = self.fetches.run(id, || self.fetch_and_cache(id)).await?;
-        slice(id, fetched, offset, len)
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
