@@ -653,3 +653,18 @@ fn copies_an_async_queue_owed_are_made_by_repair_after_the_node_is_killed() {
         assert!(fs::read(at_b.join(format!("d/f{i}"))).unwrap() == *d);
     }
 }
+
+#[test]
+fn sync_loses_nothing_when_the_writing_node_dies_storing_its_own_copy() {
+    sync_survives_a_crash_at("lwt-rcrash5-", "chunk-before-rename", 4, "a0");
+}
+
+#[test]
+fn sync_loses_nothing_when_the_remote_node_dies_before_syncing_a_copy() {
+    sync_survives_a_crash_at("lwt-rcrash6-", "chunk-before-sync", 4, "b0");
+}
+
+#[test]
+fn sync_loses_nothing_when_the_remote_node_dies_after_its_site_copies() {
+    sync_survives_a_crash_at("lwt-rcrash7-", "replicate-after-copies", 4, "b0");
+}
