@@ -370,7 +370,8 @@ async fn remove_node(meta: &RpcClient, id: &str, force: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// How many referenced chunks `id` holds that no other live, undrained node holds.
+/// How many referenced chunks `id` holds that no other live, undrained node holds a
+/// replica of (a site-cache copy elsewhere may be evicted at any time).
 async fn sole_copies(meta: &RpcClient, id: &str) -> anyhow::Result<u64> {
     let others: HashSet<String> = meta_call(meta, ListNodes {})
         .await?
@@ -383,9 +384,7 @@ async fn sole_copies(meta: &RpcClient, id: &str) -> anyhow::Result<u64> {
         let page = meta_call(meta, ListChunks { after, limit: PAGE }).await?;
         count += page
             .iter()
-            .filter(|c| {
-                c.refcount > 0 && c.nodes.iter().any(|n| n == id) && !c.nodes.iter().any(|n| others.contains(n))
-            })
+            .filter(|c| c.refcount > 0 && c.nodes.iter().any(|n| n == id) && !c.replicas().any(|n| others.contains(n)))
             .count() as u64;
         match page.last() {
             Some(last) if page.len() == PAGE as usize => after = Some(last.id),
@@ -403,7 +402,7 @@ async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<()> {
     loop {
         let page = meta_call(meta, UnderReplicated { node: None, after, limit: PAGE }).await?;
         for c in page.chunks {
-            let sites = if c.sites.is_empty() { "no live copy".to_string() } else { c.sites.join(",") };
+            let sites = if c.sites.is_empty() { "no live replica".to_string() } else { c.sites.join(",") };
             let e = per.entry((c.policy.to_string(), sites)).or_default();
             e.0 += 1;
             e.1 += c.size;

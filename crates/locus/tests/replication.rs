@@ -1,9 +1,11 @@
-//! Replication across sites (real processes): policies set with the CLI and inherited;
-//! a `sync` write survives the loss of every process of the writing site (loopback,
-//! sites named per node). The partition tests put each site in its own network
-//! namespace joined by the `locus-wan` emulator and cut it with 100 % loss: a `sync`
-//! write fails with EIO within the sync timeout; an `async` write keeps going and,
-//! once the cut heals, ships exactly the missing chunks across the WAN.
+//! Replication across sites (real processes). The cross-site tests put each site in
+//! its own network namespace joined by the `locus-wan` emulator (20 ms RTT): a `sync`
+//! write survives kill -9 of every process of the writing site, also with a process
+//! killed at each fail point of the replication path (over a WAN losing 0.5 % of the
+//! packets each way, meta at a site of its own); with the WAN cut (100 % loss) a `sync`
+//! write fails with EIO within the sync timeout, and an `async` write keeps going and,
+//! once the cut heals, ships exactly the missing chunks. Repair, scrub, drain and the
+//! site-cache tests stay on loopback (sites named per node).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -96,9 +98,43 @@ fn policies_are_set_inherited_listed_and_checked() {
     assert!(text(&policy(&c, &["get", "/p/sub"])).contains("cluster default"));
 }
 
+/// One-way delay of the emulated WAN (20 ms RTT).
+const WAN_DELAY: Duration = Duration::from_millis(10);
+/// Loss each way of the WAN in the crash tests: TCP retransmits on every path.
+const LOSSY: f64 = 0.5;
+
+/// `sites` as network namespaces joined by the `locus-wan` emulator set to `profile`,
+/// meta alone started at `sites[0]`. `None` (skipped) when the kernel or tools lack
+/// network namespaces.
+fn wan_sites(prefix: &str, sites: &[&str], profile: &LinkProfile) -> Option<(WanLink, Cluster)> {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns` and ethtool");
+        return None;
+    }
+    let link = WanLink::start(prefix, sites.len(), profile)
+        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
+    let c = Cluster::start_in_sites(Path::new(BIN), &link, sites);
+    Some((link, c))
+}
+
+/// Sites a and b over the emulated WAN (20 ms RTT, no loss), meta at a, and the given
+/// nodes (id, site, extra flags) each in its site's namespace.
+fn wan_cluster(prefix: &str, nodes: &[(&str, &str, &[&str])]) -> Option<(WanLink, Cluster)> {
+    let (link, mut c) = wan_sites(prefix, &["a", "b"], &wan(0.0))?;
+    for (id, site, flags) in nodes {
+        c.add_node_with(id, site, flags);
+    }
+    c.wait_for_nodes(nodes.len());
+    Some((link, c))
+}
+
 #[test]
 fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
-    let Some(mut c) = cluster(&[("a0", "a", &[]), ("b0", "b", &[]), ("b1", "b", &[])]) else { return };
+    let Some((_link, mut c)) = wan_sites("lwt-rkill-", &["m", "a", "b"], &wan(LOSSY)) else { return };
+    for (id, site) in [("a0", "a"), ("b0", "b"), ("b1", "b")] {
+        c.add_node(id, site);
+    }
+    c.wait_for_nodes(3);
     let at_a = c.mount_at("a");
     fs::create_dir(at_a.join("d")).unwrap();
     let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "2", "--mode", "sync"]);
@@ -112,11 +148,8 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     assert!(stored.len() >= 3, "{stored:?}");
     assert!(ids("b0") == stored && ids("b1") == stored, "both nodes of b hold every chunk");
 
-    // kill -9 every process of site a.
-    let _ = c.mounts[0].1.child.kill();
-    let _ = c.mounts[0].1.child.wait();
-    let _ = c.nodes[0].child.kill();
-    let _ = c.nodes[0].child.wait();
+    // kill -9 every process of site a (meta is at site m).
+    c.kill_site("a");
     let at_b = c.mount_at("b");
     assert!(fs::read(at_b.join("d/f")).unwrap() == data, "every fsynced byte is readable at b");
 
@@ -125,27 +158,6 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
     let short = format!("UNDER-REPLICATED: {} chunks (10.0 MiB) short at a under [sites a,b copies 2", stored.len());
     assert!(fsck.contains(&short), "{fsck}");
-}
-
-/// One-way delay of the emulated WAN in the partition tests (20 ms RTT).
-const WAN_DELAY: Duration = Duration::from_millis(10);
-
-/// Sites a and b as network namespaces joined by the `locus-wan` emulator (20 ms RTT,
-/// no loss), meta at a, and the given nodes (id, site, extra flags) each in its site's
-/// namespace. `None` (skipped) when the kernel or tools lack network namespaces.
-fn wan_cluster(prefix: &str, nodes: &[(&str, &str, &[&str])]) -> Option<(WanLink, Cluster)> {
-    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() {
-        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns` and ethtool");
-        return None;
-    }
-    let link = WanLink::start(prefix, 2, &wan(0.0))
-        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
-    let mut c = Cluster::start_in_sites(Path::new(BIN), &link, &["a", "b"]);
-    for (id, site, flags) in nodes {
-        c.add_node_with(id, site, flags);
-    }
-    c.wait_for_nodes(nodes.len());
-    Some((link, c))
 }
 
 /// The WAN's settings with `loss_pct` % loss each way (100: the sites are cut apart).
@@ -272,8 +284,18 @@ fn an_async_write_goes_on_while_the_wan_is_cut_and_ships_only_what_it_missed() {
 
 /// Every chunk file of a node's store: (id in hex, path).
 fn chunk_files(c: &Cluster, node: &str) -> Vec<(String, std::path::PathBuf)> {
+    files_of_store(&c.node_dir(node))
+}
+
+/// Every chunk file of a node's site cache: (id in hex, path).
+fn cached_files(c: &Cluster, node: &str) -> Vec<(String, std::path::PathBuf)> {
+    files_of_store(&c.node_dir(node).join("cache"))
+}
+
+/// Every chunk file of the chunk store in `dir`: (id in hex, path).
+fn files_of_store(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
     let mut out = Vec::new();
-    let Ok(fans) = fs::read_dir(c.node_dir(node).join("chunks")) else { return out };
+    let Ok(fans) = fs::read_dir(dir.join("chunks")) else { return out };
     for fan in fans.flatten().filter(|f| f.path().is_dir()) {
         for f in fs::read_dir(fan.path()).unwrap().flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
@@ -427,14 +449,11 @@ fn write_until_failure(dir: &Path, limit: u64) -> Vec<(u64, Vec<u8>)> {
 }
 
 /// Kills `victim` (a0 at the writing site, or b0 at the other) at the `after + 1`-th
-/// pass of `point` while a `sync` a,b directory is written at a; then every process
-/// of site a is killed, and every fsynced file must be readable at b, byte-exact.
-fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
-    if !testkit::can_mount() {
-        eprintln!("SKIPPED: needs root and /dev/fuse");
-        return;
-    }
-    let mut c = Cluster::start(Path::new(BIN), 0);
+/// pass of `point` while a `sync` a,b directory is written at a (sites over a lossy
+/// WAN, meta at a site of its own); then every process of site a is killed, and every
+/// fsynced file must be readable at b, byte-exact.
+fn sync_survives_a_crash_at(prefix: &str, point: &str, after: u32, victim: &str) {
+    let Some((_link, mut c)) = wan_sites(prefix, &["m", "a", "b"], &wan(LOSSY)) else { return };
     for (id, site) in [("a0", "a"), ("b0", "b")] {
         c.arm((id == victim).then(|| format!("{point}={after}*off->return")).as_deref());
         c.add_node(id, site);
@@ -454,8 +473,7 @@ fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
     // Everything back up without fail points (b0 must serve), then site a gone again.
     c.kill_all();
     c.restart();
-    let _ = c.nodes[0].child.kill();
-    let _ = c.nodes[0].child.wait();
+    c.kill_site("a");
     let at_b = c.mount_at("b");
     for (i, data) in &acked {
         let got = fs::read(at_b.join(format!("d/f{i}"))).unwrap_or_else(|e| panic!("f{i}: {e}"));
@@ -471,20 +489,182 @@ fn sync_survives_a_crash_at(point: &str, after: u32, victim: &str) {
 
 #[test]
 fn sync_loses_nothing_when_the_writing_node_dies_with_its_copies_in_flight() {
-    sync_survives_a_crash_at("replicate-before-copies", 4, "a0");
+    sync_survives_a_crash_at("lwt-rcrash1-", "replicate-before-copies", 4, "a0");
 }
 
 #[test]
 fn sync_loses_nothing_when_the_writing_node_dies_after_its_copies() {
-    sync_survives_a_crash_at("replicate-after-copies", 4, "a0");
+    sync_survives_a_crash_at("lwt-rcrash2-", "replicate-after-copies", 4, "a0");
 }
 
 #[test]
 fn sync_loses_nothing_when_the_remote_node_dies_storing_a_copy() {
-    sync_survives_a_crash_at("chunk-before-rename", 4, "b0");
+    sync_survives_a_crash_at("lwt-rcrash3-", "chunk-before-rename", 4, "b0");
 }
 
 #[test]
 fn sync_loses_nothing_when_the_remote_node_dies_before_its_site_copies() {
-    sync_survives_a_crash_at("replicate-before-copies", 4, "b0");
+    sync_survives_a_crash_at("lwt-rcrash4-", "replicate-before-copies", 4, "b0");
+}
+
+/// Changes to `node`'s site cache its `site-link` worker has reported to meta, as
+/// `locus status` shows them (the count moves only once meta has them).
+fn cache_changes_reported(c: &Cluster, node: &str) -> u64 {
+    let status = text(&c.locus(&["status", "--meta", &c.meta.addr]));
+    status
+        .lines()
+        .find(|l| l.contains(&format!("node {node} ")) && l.contains(" site-link "))
+        .and_then(|l| l.split(" peers, ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until `node` has reported at least `at_least()` cache changes
+/// (asked again each time: what is expected may settle while the node works).
+fn wait_for_cache_reports(c: &Cluster, node: &str, at_least: impl Fn() -> u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cache_changes_reported(c, node) < at_least() {
+        let (have, want) = (cache_changes_reported(c, node), at_least());
+        assert!(Instant::now() < deadline, "{node} reported {have} cache changes, not {want}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ids(files: Vec<(String, std::path::PathBuf)>) -> std::collections::BTreeSet<String> {
+    files.into_iter().map(|(id, _)| id).collect()
+}
+
+#[test]
+fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_cache() {
+    let metrics = testkit::free_addr();
+    let fast: &[&str] = &["--repair-every", "1s", "--metrics", &metrics];
+    let small_cache: &[&str] = &["--repair-every", "1s", "--cache", "12M"];
+    let Some(mut c) = cluster(&[("a0", "a", fast), ("b0", "b", small_cache)]) else { return };
+    let at_a = c.mount_at("a");
+    for d in ["d", "e"] {
+        fs::create_dir(at_a.join(d)).unwrap();
+        let set = policy(&c, &["set", &format!("/{d}"), "--sites", "a", "--copies", "1", "--mode", "sync"]);
+        assert!(set.status.success(), "{}", text(&set));
+    }
+    let data = pattern(8 << 20, 31);
+    write_synced(&at_a.join("d/f"), &data).unwrap();
+    let f_chunks = ids(chunk_files(&c, "a0"));
+    assert!(f_chunks.len() >= 2, "{f_chunks:?}");
+
+    // A reader at b: b0 fetches the chunks into its site cache and reports them.
+    let at_b = c.mount_at("b");
+    assert!(fs::read(at_b.join("d/f")).unwrap() == data);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ids(cached_files(&c, "b0")).is_superset(&f_chunks) {
+        assert!(Instant::now() < deadline, "b0 did not cache the chunks it served");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for_cache_reports(&c, "b0", || f_chunks.len() as u64);
+    assert!(chunk_files(&c, "b0").is_empty(), "a cached copy is not stored as a replica");
+    let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+    assert!(fsck.contains("every chunk has the copies its policy asks for"), "{fsck}");
+
+    // Now the policy wants a copy at b: the cached copies there do not count, so the
+    // repair worker makes replicas at b0, which b0 makes from its cached copies (they
+    // replace them) without the bytes crossing again.
+    let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "sync"]);
+    assert!(set.status.success(), "{}", text(&set));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ids(chunk_files(&c, "b0")).is_superset(&f_chunks) {
+        assert!(Instant::now() < deadline, "repair made no replica at b0: a cached copy was counted as one");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(ids(cached_files(&c, "b0")).is_disjoint(&f_chunks), "a replica replaces the cached copy");
+    assert_eq!(metric(&metrics, "locus_replication_shipped_bytes_total"), 0, "no chunk was sent again");
+    assert!(metric(&metrics, "locus_replication_already_there_total") >= f_chunks.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+        if fsck.contains("every chunk has the copies its policy asks for") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{fsck}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Cache pressure at b: 24 MiB of a site-a file read through b0's 12 MiB cache.
+    let reported = cache_changes_reported(&c, "b0");
+    let other = pattern(24 << 20, 32);
+    write_synced(&at_a.join("e/g"), &other).unwrap();
+    let g_chunks: std::collections::BTreeSet<String> =
+        ids(chunk_files(&c, "a0")).difference(&f_chunks).cloned().collect();
+    assert!(fs::read(at_b.join("e/g")).unwrap() == other);
+    let kept = || ids(cached_files(&c, "b0")).intersection(&g_chunks).count();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kept() == g_chunks.len() || files_under(&c.node_dir("b0").join("cache/chunks")).1 > 12 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "b0's cache never evicted ({} of {} chunks of g kept)",
+            kept(),
+            g_chunks.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Every chunk of g is cached once and those gone were evicted: two changes per
+    // chunk of g, less one per chunk kept (copies still being written count as
+    // evicted until they land, which only asks for more).
+    wait_for_cache_reports(&c, "b0", || reported + (2 * g_chunks.len() - kept()) as u64);
+    assert!(ids(chunk_files(&c, "b0")).is_superset(&f_chunks), "the cache evicted a replica");
+    let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
+    assert!(fsck.contains("every chunk has the copies its policy asks for"), "{fsck}");
+
+    // Site a gone (kill -9): f is read at b from b0's replicas.
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let fresh = c.mount_at("b");
+    assert!(fs::read(fresh.join("d/f")).unwrap() == data, "b0's replicas serve f without site a");
+}
+
+#[test]
+fn copies_an_async_queue_owed_are_made_by_repair_after_the_node_is_killed() {
+    let flags: &[&str] = &["--sync-timeout", "2s", "--repair-every", "1s"];
+    let Some((link, mut c)) = wan_cluster("lwt-rrestart-", &[("a0", "a", flags), ("b0", "b", &[])]) else { return };
+    let at_a = c.mount_at("a");
+    fs::create_dir(at_a.join("d")).unwrap();
+    let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "async"]);
+    assert!(set.status.success(), "{}", text(&set));
+    link.set(&wan(100.0)).unwrap();
+    let written: Vec<Vec<u8>> = (0..3).map(|i| pattern(2 << 20, 40 + i)).collect();
+    for (i, d) in written.iter().enumerate() {
+        write_synced(&at_a.join(format!("d/f{i}")), d).unwrap();
+    }
+    let owed = ids(chunk_files(&c, "a0"));
+    assert_eq!(owed.len(), 3, "{owed:?}");
+    assert!(chunk_files(&c, "b0").is_empty(), "nothing crossed the cut");
+    // kill -9 a0 with its queue of owed copies (in memory), and start it again.
+    c.restart_node(0);
+    c.wait_for_nodes(2);
+    link.set(&wan(0.0)).unwrap();
+    let started = Instant::now();
+    while !ids(chunk_files(&c, "b0")).is_superset(&owed) {
+        assert!(started.elapsed() < Duration::from_secs(30), "the copies owed before the restart were never made");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = fs::read_to_string(c.path().join("a0.log")).unwrap();
+    assert!(log.contains("repaired a chunk's copies"), "repair, not the lost queue, made them:\n{log}");
+    let at_b = c.mount_at("b");
+    for (i, d) in written.iter().enumerate() {
+        assert!(fs::read(at_b.join(format!("d/f{i}"))).unwrap() == *d);
+    }
+}
+
+#[test]
+fn sync_loses_nothing_when_the_writing_node_dies_storing_its_own_copy() {
+    sync_survives_a_crash_at("lwt-rcrash5-", "chunk-before-rename", 4, "a0");
+}
+
+#[test]
+fn sync_loses_nothing_when_the_remote_node_dies_before_syncing_a_copy() {
+    sync_survives_a_crash_at("lwt-rcrash6-", "chunk-before-sync", 4, "b0");
+}
+
+#[test]
+fn sync_loses_nothing_when_the_remote_node_dies_after_its_site_copies() {
+    sync_survives_a_crash_at("lwt-rcrash7-", "replicate-after-copies", 4, "b0");
 }

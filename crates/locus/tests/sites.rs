@@ -158,3 +158,59 @@ fn a_dead_copy_fails_over_to_another_or_errs_in_bounded_time() {
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
     assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
 }
+
+/// The chunk ids (hex) of the chunk store directory `dir`.
+fn chunk_names(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|fan| fs::read_dir(fan.path()).into_iter().flatten().flatten())
+        .map(|f| f.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.len() == 64)
+        .collect()
+}
+
+#[test]
+fn a_cached_copy_serves_the_other_nodes_of_its_site() {
+    let Some(mut c) = sites(&["a", "b"], &[]) else { return };
+    let at_a = c.mount_at("a");
+    let data = pattern(24 << 20, 3);
+    fs::write(at_a.join("f"), &data).unwrap();
+    let chunks = chunk_names(&c.node_dir("a0").join("chunks"));
+    let at_b = c.mount_at("b");
+    assert!(fs::read(at_b.join("f")).unwrap() == data);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chunk_names(&cache_dir(&c, "b0")).len() < chunks.len() {
+        assert!(Instant::now() < deadline, "b0 did not cache every chunk");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // b0's copies reach the catalogue with its next site-link round (2 s).
+    std::thread::sleep(Duration::from_secs(3));
+
+    // A second node at b, and site a gone: the chunks placed on b1 come from b0's cache.
+    c.add_node("b1", "b");
+    c.wait_for_nodes(3);
+    let _ = c.nodes[0].child.kill();
+    let _ = c.nodes[0].child.wait();
+    let fresh = c.mount_at("b");
+    assert!(fs::read(fresh.join("f")).unwrap() == data, "read at b without site a");
+    let site_b = ["b0".to_string(), "b1".to_string()];
+    let on_b1: Vec<&String> = chunks
+        .iter()
+        .filter(|hex| {
+            let id = proto::types::ChunkId::from_hex(hex).unwrap();
+            proto::placement::rendezvous(&id, &site_b, 2)[0] == "b1"
+        })
+        .collect();
+    assert!(!on_b1.is_empty(), "some chunk of the file is placed on b1");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let at_b1 = chunk_names(&cache_dir(&c, "b1"));
+        if on_b1.iter().all(|id| at_b1.contains(id)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b1 did not fetch {on_b1:?} from b0's cache: it holds {at_b1:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

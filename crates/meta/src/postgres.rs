@@ -68,7 +68,8 @@ CREATE TABLE extents (
     ino BIGINT NOT NULL, file_offset BIGINT NOT NULL, len BIGINT NOT NULL,
     chunk BYTEA NOT NULL, chunk_offset BIGINT NOT NULL, PRIMARY KEY (ino, file_offset));
 CREATE TABLE chunks (id BYTEA PRIMARY KEY, size BIGINT NOT NULL, refcount BIGINT NOT NULL);
-CREATE TABLE chunk_nodes (chunk BYTEA NOT NULL, node TEXT NOT NULL, PRIMARY KEY (chunk, node));
+CREATE TABLE chunk_nodes (
+    chunk BYTEA NOT NULL, node TEXT NOT NULL, cached BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (chunk, node));
 CREATE TABLE xattrs (
     ino BIGINT NOT NULL, name BYTEA NOT NULL, value BYTEA NOT NULL, PRIMARY KEY (ino, name));
 CREATE TABLE sessions (
@@ -187,9 +188,16 @@ impl PgConn {
     }
 
     fn chunk_record(&mut self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
-        let rows = self.query("SELECT node FROM chunk_nodes WHERE chunk = $1 ORDER BY node", &[&&id.0[..]])?;
-        let nodes = rows.iter().map(|r| r.try_get::<_, String>(0)).collect::<Result<Vec<_>, _>>()?;
-        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
+        let rows = self.query("SELECT node, cached FROM chunk_nodes WHERE chunk = $1 ORDER BY node", &[&&id.0[..]])?;
+        let (mut nodes, mut cached) = (Vec::with_capacity(rows.len()), Vec::new());
+        for row in &rows {
+            let node: String = row.try_get(0)?;
+            if row.try_get::<_, i64>(1)? != 0 {
+                cached.push(node.clone());
+            }
+            nodes.push(node);
+        }
+        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes, cached })
     }
 }
 
@@ -965,10 +973,23 @@ impl Txn for PgConn {
         )?;
         for node in &chunk.nodes {
             self.exec(
-                "INSERT INTO chunk_nodes (chunk, node) VALUES ($1, $2) ON CONFLICT (chunk, node) DO NOTHING",
+                "INSERT INTO chunk_nodes (chunk, node, cached) VALUES ($1, $2, 0)
+                 ON CONFLICT (chunk, node) DO UPDATE SET cached = 0",
                 &[&&chunk.id.0[..], node],
             )?;
         }
+        Ok(())
+    }
+
+    fn add_cached(&mut self, id: &ChunkId, size: u64, node: &str) -> Result<(), MetaError> {
+        self.exec(
+            "INSERT INTO chunks (id, size, refcount) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING",
+            &[&&id.0[..], &(size as i64)],
+        )?;
+        self.exec(
+            "INSERT INTO chunk_nodes (chunk, node, cached) VALUES ($1, $2, 1) ON CONFLICT (chunk, node) DO NOTHING",
+            &[&&id.0[..], &node],
+        )?;
         Ok(())
     }
 
@@ -1010,7 +1031,7 @@ impl Txn for PgConn {
     }
 
     fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
-        self.exec("DELETE FROM chunk_nodes WHERE chunk = $1 AND node = $2", &[&&id.0[..], &node])?;
+        self.exec("DELETE FROM chunk_nodes WHERE chunk = $1 AND node = $2 AND cached = 1", &[&&id.0[..], &node])?;
         Ok(())
     }
 

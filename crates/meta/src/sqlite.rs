@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -91,6 +91,7 @@ const MIGRATIONS: &[Migration] = &[
     add_node_admissions,
     add_cluster_secret,
     add_session_owners,
+    mark_cached_copies,
 ];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
@@ -159,6 +160,14 @@ fn add_session_owners(conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// Version 8 -> 9: a chunk location records whether the node holds a replica (0) or
+/// only a site-cache copy (1), which no policy counts. Locations recorded before are
+/// taken as replicas, as they were counted then.
+fn mark_cached_copies(conn: &Connection) -> Result<(), MetaError> {
+    conn.execute_batch("ALTER TABLE chunk_nodes ADD COLUMN cached BIGINT NOT NULL DEFAULT 0")?;
+    Ok(())
+}
+
 /// A random cluster id: 128 bits from the kernel, in hex.
 pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
     random_hex()
@@ -194,9 +203,13 @@ struct SqlConn {
 
 impl SqlConn {
     fn chunk_record(&self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
-        let mut st = self.conn.prepare_cached("SELECT node FROM chunk_nodes WHERE chunk = ?1 ORDER BY node")?;
-        let nodes = st.query_map([&id.0[..]], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes })
+        let mut st = self.conn.prepare_cached("SELECT node, cached FROM chunk_nodes WHERE chunk = ?1 ORDER BY node")?;
+        let rows = st
+            .query_map([&id.0[..]], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? != 0)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        let cached = rows.iter().filter(|(_, c)| *c).map(|(n, _)| n.clone()).collect();
+        let nodes = rows.into_iter().map(|(n, _)| n).collect();
+        Ok(ChunkRecord { id: *id, size: size as u64, refcount: refcount.max(0) as u64, nodes, cached })
     }
 
     fn run(&self, sql: &str) -> Result<(), MetaError> {
@@ -418,6 +431,7 @@ fn format(w: &mut SqlConn) -> Result<(), MetaError> {
     w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
     add_cluster_secret(&w.conn)?;
     add_session_owners(&w.conn)?;
+    mark_cached_copies(&w.conn)?;
     w.put_inode(&root_inode())
 }
 
@@ -708,11 +722,24 @@ impl Txn for SqlConn {
         )?;
         st.execute(params![&chunk.id.0[..], chunk.size as i64])?;
         let mut st = self.conn.prepare_cached(
-            "INSERT INTO chunk_nodes (chunk, node) VALUES (?1, ?2) ON CONFLICT (chunk, node) DO NOTHING",
+            "INSERT INTO chunk_nodes (chunk, node, cached) VALUES (?1, ?2, 0)
+             ON CONFLICT (chunk, node) DO UPDATE SET cached = 0",
         )?;
         for node in &chunk.nodes {
             st.execute(params![&chunk.id.0[..], node])?;
         }
+        Ok(())
+    }
+
+    fn add_cached(&mut self, id: &ChunkId, size: u64, node: &str) -> Result<(), MetaError> {
+        self.conn
+            .prepare_cached("INSERT INTO chunks (id, size, refcount) VALUES (?1, ?2, 0) ON CONFLICT (id) DO NOTHING")?
+            .execute(params![&id.0[..], size as i64])?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO chunk_nodes (chunk, node, cached) VALUES (?1, ?2, 1) ON CONFLICT (chunk, node) DO NOTHING",
+            )?
+            .execute(params![&id.0[..], node])?;
         Ok(())
     }
 
@@ -752,7 +779,7 @@ impl Txn for SqlConn {
 
     fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
         self.conn
-            .prepare_cached("DELETE FROM chunk_nodes WHERE chunk = ?1 AND node = ?2")?
+            .prepare_cached("DELETE FROM chunk_nodes WHERE chunk = ?1 AND node = ?2 AND cached = 1")?
             .execute(params![&id.0[..], node])?;
         Ok(())
     }
@@ -1224,6 +1251,8 @@ mod tests {
             panic!("expected chunks")
         };
         assert_eq!(chunks.iter().map(|c| c.refcount).collect::<Vec<_>>(), [1, 1, 1]);
+        let located: Vec<usize> = chunks.iter().map(|c| c.replicas().count()).collect();
+        assert!(located.iter().all(|n| *n > 0), "locations recorded before the upgrade are replicas: {located:?}");
         let cluster = s.cluster_id().to_string();
         drop(s);
         let conn = Connection::open(&path).unwrap();

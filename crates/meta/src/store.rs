@@ -94,14 +94,18 @@ pub trait Txn {
     /// Every extent after `(ino, offset)` (exclusive), ordered by (ino, offset).
     fn list_extents(&mut self, after: Option<(InodeId, u64)>, limit: u32) -> Result<Vec<(InodeId, Extent)>, MetaError>;
 
-    /// Records size and locations (added to known ones); refcount is untouched.
+    /// Records size and replica locations (added to known ones; a cached copy on one
+    /// of those nodes becomes a replica); refcount is untouched.
     fn upsert_chunk(&mut self, chunk: &StoredChunk) -> Result<(), MetaError>;
+    /// Records that `node` holds a site-cache copy of the chunk (size recorded if the
+    /// chunk is new); a replica already recorded on that node stays a replica.
+    fn add_cached(&mut self, id: &ChunkId, size: u64, node: &str) -> Result<(), MetaError>;
     /// Adds `delta` to a chunk's refcount, creating an empty record if absent.
     fn adjust_refcount(&mut self, id: &ChunkId, delta: i64) -> Result<(), MetaError>;
     fn get_chunk(&mut self, id: &ChunkId) -> Result<Option<ChunkRecord>, MetaError>;
     fn list_chunks(&mut self, after: Option<&ChunkId>, limit: u32) -> Result<Vec<ChunkRecord>, MetaError>;
     fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError>;
-    /// Forgets that `node` holds a copy of the chunk.
+    /// Forgets that `node` holds a site-cache copy of the chunk (a replica there stays).
     fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError>;
     /// Round trips between sites as nodes last reported them: (from, to, micros).
     fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError>;

@@ -189,6 +189,24 @@ impl NodeService {
         Ok(data.slice(offset as usize..(offset + len.min(size - offset)) as usize))
     }
 
+    /// Which of `ids` this node holds as replicas. One it holds only in its site cache
+    /// is made a replica first: the asker (a node replicating the chunk) wants a copy
+    /// here that counts, and the bytes need not travel again.
+    async fn has(&self, ids: Vec<ChunkId>) -> Result<Vec<bool>, WireError> {
+        let asked = ids.clone();
+        let mut held = self.blocking(move |s| s.has(&asked)).await?;
+        if let Some(r) = &self.replicator {
+            for (id, flag) in ids.into_iter().zip(held.iter_mut()).filter(|(_, held)| !**held) {
+                if let Some(data) = r.link.cached_copy(id).await? {
+                    r.store_here(id, data).await?;
+                    tracing::debug!(chunk = %id, "a cached copy became a replica");
+                    *flag = true;
+                }
+            }
+        }
+        Ok(held)
+    }
+
     async fn blocking<T, F>(&self, work: F) -> Result<T, WireError>
     where
         T: Send + 'static,
@@ -256,9 +274,12 @@ impl Service for NodeService {
             NodeRequest::Get { id, offset, len, local_only, .. } => {
                 let local = self.stored_range(id, offset, len).await;
                 let answer = match (local, &self.site) {
-                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound && !local_only => {
-                        site.get(id, offset, len).await
+                    // Another node fetching for its site gets this node's cached copy
+                    // too, but never makes it fetch further.
+                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound && local_only => {
+                        site.cached(id, offset, len).await.and_then(|cached| cached.ok_or(e))
                     }
+                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound => site.get(id, offset, len).await,
                     (local, _) => local,
                 };
                 return match answer {
@@ -268,7 +289,7 @@ impl Service for NodeService {
                 };
             }
             NodeRequest::Ping => Ok(NodeReply::Done),
-            NodeRequest::Has { ids } => self.blocking(move |s| s.has(&ids)).await.map(NodeReply::Flags),
+            NodeRequest::Has { ids } => self.has(ids).await.map(NodeReply::Flags),
             NodeRequest::List { after, limit } => {
                 let limit = limit.min(MAX_LIST) as usize;
                 self.blocking(move |s| s.list(after, limit)).await.map(NodeReply::Ids)

@@ -48,8 +48,18 @@ impl RepairWorker {
         let r = &self.replicator;
         let data = match r.read_stored(item.id).await? {
             Ok(data) => data,
-            // Only a cached copy here, or a corrupt one (the scrub replaces it): another
-            // holder's scan will repair it, or this one's next.
+            // Meta asks a node with only a site-cache copy when no replica is left: that
+            // copy becomes a replica here before it is copied out.
+            Err(ChunkError::NotFound { .. }) => match r.link.cached_copy(item.id).await? {
+                Some(data) => {
+                    r.store_here(item.id, data.clone()).await?;
+                    tracing::warn!(chunk = %item.id, "no replica left: this node's cached copy becomes one");
+                    data
+                }
+                None => return Err(WireError::new(ErrorCode::NotFound, format!("chunk {} is not here", item.id))),
+            },
+            // A corrupt copy: the scrub replaces it; another holder's scan will repair
+            // the chunk, or this one's next.
             Err(e) => return Err(WireError::from(e)),
         };
         let want = Replicate {

@@ -152,12 +152,36 @@ impl Replicator {
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
     }
 
+    /// Stores a replica here (durable; only `reclaim` of an unreferenced chunk removes
+    /// it), replacing a site-cache copy of the same chunk. When the disk is full below
+    /// the store's capacity, cached copies make room (once); replicas never do, so a
+    /// disk full of replicas fails the put with `NoSpace`.
     pub(crate) async fn store_here(&self, id: ChunkId, data: Bytes) -> Result<(), WireError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.put(&id, &data))
-            .await
-            .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))?
-            .map_err(WireError::from)
+        let put = |data: Bytes| {
+            let store = self.store.clone();
+            async move {
+                tokio::task::spawn_blocking(move || store.put(&id, &data))
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
+            }
+        };
+        let len = data.len() as u64;
+        match put(data.clone()).await? {
+            Ok(()) => {}
+            Err(ChunkError::NoSpace { .. }) if self.below_capacity(len) && self.link.make_room(len).await => {
+                put(data).await?.map_err(WireError::from)?
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.link.uncache(id).await;
+        Ok(())
+    }
+
+    /// The store has room for `len` more bytes by its capacity (so a `NoSpace` came
+    /// from the disk itself).
+    fn below_capacity(&self, len: u64) -> bool {
+        let s = self.store.stats();
+        s.used_bytes + len <= s.capacity_bytes
     }
 
     /// Makes the copies beyond this node's, within `--sync-timeout`; answers the nodes

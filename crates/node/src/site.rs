@@ -105,6 +105,9 @@ pub struct SiteLink {
     /// and to the readers that follow right behind.
     recent: ChunkCache,
     lru: Mutex<Lru>,
+    /// Held while a copy is made room for and written, so that concurrent copies do
+    /// not each find the same room and overrun the cap (the later put would fail).
+    keeping: tokio::sync::Mutex<()>,
     peers: NodeDirectory,
     /// Smoothed round trip to each node of another site, once measured.
     rtts: RwLock<HashMap<String, Duration>>,
@@ -152,6 +155,7 @@ impl SiteLink {
             cache: Arc::new(cache),
             recent: ChunkCache::new(RECENT_BYTES),
             lru: Mutex::new(lru),
+            keeping: tokio::sync::Mutex::new(()),
             rtts: RwLock::default(),
             site_rtts: Mutex::default(),
             fetches: SingleFlight::default(),
@@ -171,6 +175,32 @@ impl SiteLink {
         lock(&self.pending).0.push(StoredChunk { id, size, nodes: holders });
     }
 
+    /// A replica of `id` is now in this node's store: its site-cache copy, if any,
+    /// goes, so the bytes are not held twice (reads find the replica first). No removal
+    /// is reported: the replica's report makes the catalogue's row a replica, and a
+    /// cached copy's removal never takes a replica's row.
+    pub(crate) async fn uncache(&self, id: ChunkId) {
+        if !lock(&self.lru).by_id.contains_key(&id) {
+            return;
+        }
+        lock(&self.lru).remove(&id);
+        let cache = self.cache.clone();
+        match tokio::task::spawn_blocking(move || cache.delete(&[id], Duration::ZERO)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(chunk = %id, "cannot drop the cached copy of a replica: {e}"),
+            Err(e) => tracing::warn!(chunk = %id, "cache task failed: {e}"),
+        }
+    }
+
+    /// This node's whole site-cache copy of `id`, verified, if it has an intact one
+    /// (asking the disk only for a chunk the cache lists).
+    pub(crate) async fn cached_copy(&self, id: ChunkId) -> Result<Option<Bytes>, WireError> {
+        if self.recent.get(&id).is_none() && !lock(&self.lru).by_id.contains_key(&id) {
+            return Ok(None);
+        }
+        self.cached(id, 0, u64::MAX).await
+    }
+
     /// Bytes held in the site cache.
     pub fn cache_bytes(&self) -> u64 {
         self.cache.stats().used_bytes
@@ -178,9 +208,20 @@ impl SiteLink {
 
     /// Bytes `[offset, offset + len)` of a chunk this node does not store itself.
     pub async fn get(self: &Arc<Self>, id: ChunkId, offset: u64, len: u64) -> Result<Bytes, WireError> {
+        if let Some(data) = self.cached(id, offset, len).await? {
+            return Ok(data);
+        }
+        let fetched = self.fetches.run(id, || self.fetch_and_cache(id)).await?;
+        slice(id, fetched, offset, len)
+    }
+
+    /// Bytes `[offset, offset + len)` of a chunk from this node's site cache alone
+    /// (memory, then disk), never fetched: `None` without an intact copy (a corrupt
+    /// one is dropped and its removal reported, never served).
+    pub async fn cached(&self, id: ChunkId, offset: u64, len: u64) -> Result<Option<Bytes>, WireError> {
         if let Some(data) = self.recent.get(&id) {
             self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return slice(id, data, offset, len);
+            return slice(id, data, offset, len).map(Some);
         }
         let cache = self.cache.clone();
         let cached = tokio::task::spawn_blocking(move || cache.get(&id, offset, len))
@@ -190,18 +231,17 @@ impl SiteLink {
             Ok(data) => {
                 self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 lock(&self.lru).touch(id);
-                return Ok(Bytes::from(data));
+                Ok(Some(Bytes::from(data)))
             }
-            Err(ChunkError::NotFound { .. }) => {}
+            Err(ChunkError::NotFound { .. }) => Ok(None),
             Err(ChunkError::Corrupt { .. }) => {
-                // Never served; drop it and fetch a good copy.
                 let _ = self.cache.delete(&[id], Duration::ZERO);
                 lock(&self.lru).remove(&id);
+                lock(&self.pending).1.push(id);
+                Ok(None)
             }
-            Err(e) => return Err(wire(e)),
+            Err(e) => Err(wire(e)),
         }
-        let fetched = self.fetches.run(id, || self.fetch_and_cache(id)).await?;
-        slice(id, fetched, offset, len)
     }
 
     async fn fetch_and_cache(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
@@ -283,20 +323,11 @@ impl SiteLink {
         if size > self.config.cache_bytes {
             return;
         }
-        let mut evicted = Vec::new();
-        while self.cache.stats().used_bytes + size > self.config.cache_bytes {
-            let Some(victim) = lock(&self.lru).oldest() else { break };
-            lock(&self.lru).remove(&victim);
-            if let Err(e) = self.cache.delete(&[victim], Duration::ZERO) {
-                tracing::warn!(chunk = %victim, "cannot evict from the site cache: {e}");
-                break;
-            }
-            evicted.push(victim);
-        }
+        let _room = self.keeping.lock().await;
+        self.evict_down_to(self.config.cache_bytes - size);
         let cache = self.cache.clone();
         let stored = tokio::task::spawn_blocking(move || cache.put(&id, &data)).await;
         let mut pending = lock(&self.pending);
-        pending.1.extend(evicted);
         match stored {
             Ok(Ok(())) => {
                 lock(&self.lru).touch(id);
@@ -305,6 +336,36 @@ impl SiteLink {
             Ok(Err(e)) => tracing::warn!(chunk = %id, "cannot cache a fetched chunk: {e}"),
             Err(e) => tracing::warn!(chunk = %id, "cache task failed: {e}"),
         }
+    }
+
+    /// Evicts cached copies, least recently used first, until the cache holds at most
+    /// `bytes` (or nothing is left to evict); the evictions are reported to meta.
+    fn evict_down_to(&self, bytes: u64) {
+        let mut evicted = Vec::new();
+        while self.cache.stats().used_bytes > bytes {
+            let Some(victim) = lock(&self.lru).oldest() else { break };
+            lock(&self.lru).remove(&victim);
+            if let Err(e) = self.cache.delete(&[victim], Duration::ZERO) {
+                tracing::warn!(chunk = %victim, "cannot evict from the site cache: {e}");
+                break;
+            }
+            evicted.push(victim);
+        }
+        lock(&self.pending).1.extend(evicted);
+    }
+
+    /// The disk this node's store shares with its site cache is full: cached copies
+    /// (never replicas) are evicted until `bytes` are freed, if the cache holds that
+    /// many; answers whether it did.
+    pub(crate) async fn make_room(&self, bytes: u64) -> bool {
+        let _room = self.keeping.lock().await;
+        let used = self.cache.stats().used_bytes;
+        if used < bytes {
+            return false;
+        }
+        self.evict_down_to(used - bytes);
+        tracing::warn!(bytes, "the disk is full: evicted cached copies to store a replica");
+        true
     }
 
     /// Nodes other than this one among `holders`, nearest first, with a client each.
@@ -432,4 +493,133 @@ fn slice(id: ChunkId, data: Bytes, offset: u64, len: u64) -> Result<Bytes, WireE
         return Err(WireError::new(ErrorCode::InvalidArgument, format!("offset {offset} beyond chunk {id}")));
     }
     Ok(data.slice(offset as usize..(offset + len.min(size - offset)) as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replicate::Replicator;
+
+    /// A site link whose cache holds `cache_bytes`, with a meta that is never asked
+    /// (a listener that accepts and stays silent), and the node's own store (1 GiB), both
+    /// under `dir`.
+    async fn link(dir: &std::path::Path, cache_bytes: u64) -> (Arc<SiteLink>, Arc<ChunkStore>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let meta = Arc::new(RpcClient::connect(&addr, 1, Duration::from_secs(5)).await.unwrap());
+        let cache = ChunkStore::open_cache(&dir.join("cache"), cache_bytes).unwrap();
+        let config = WanConfig { cache_bytes, ..WanConfig::default() };
+        let link = SiteLink::open("b0".into(), "b".into(), config, meta, cache).unwrap();
+        (Arc::new(link), Arc::new(ChunkStore::open(&dir.join("chunks"), 1 << 30).unwrap()))
+    }
+
+    fn chunk(seed: u8, len: usize) -> (ChunkId, Bytes) {
+        let data = Bytes::from(vec![seed; len]);
+        (ChunkId::of(&data), data)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn copies_kept_at_once_evict_to_stay_under_the_cap_and_report_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (link, _) = link(dir.path(), 3 << 20).await;
+        let chunks: Vec<(ChunkId, Bytes)> = (0..6).map(|i| chunk(i, 1 << 20)).collect();
+        let keeps = chunks.iter().map(|(id, data)| {
+            let link = link.clone();
+            let (id, data) = (*id, data.clone());
+            tokio::spawn(async move { link.keep(id, data).await })
+        });
+        for k in keeps.collect::<Vec<_>>() {
+            k.await.unwrap();
+        }
+        assert_eq!(link.cache_bytes(), 3 << 20, "full, not over the cap, and no copy refused");
+        let (added, removed) = std::mem::take(&mut *lock(&link.pending));
+        assert_eq!(added.len(), 6, "every copy was cached once: {added:?}");
+        assert!(added.iter().all(|c| c.nodes.is_empty()), "cached copies name no nodes (not replicas)");
+        assert_eq!(removed.len(), 3, "three were evicted and reported: {removed:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_stored_here_replaces_the_cached_copy_without_reporting_a_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (link, store) = link(dir.path(), 8 << 20).await;
+        let (id, data) = chunk(7, 1 << 20);
+        link.keep(id, data.clone()).await;
+        assert_eq!(link.cached_copy(id).await.unwrap(), Some(data.clone()));
+        lock(&link.pending).0.clear();
+
+        let replicator = Replicator::new("b0".into(), "b".into(), link.clone(), store.clone(), Duration::from_secs(1));
+        replicator.store_here(id, data.clone()).await.unwrap();
+        assert!(store.has(&[id]).unwrap()[0], "stored as a replica");
+        assert_eq!(link.cached_copy(id).await.unwrap(), None, "the cached copy is gone");
+        assert_eq!(link.cache_bytes(), 0);
+        assert!(lock(&link.pending).1.is_empty(), "no removal reported: the node still holds the chunk");
+        // Eviction pressure later never touches the replica.
+        for i in 0..10 {
+            let (other, bytes) = chunk(100 + i, 1 << 20);
+            link.keep(other, bytes).await;
+        }
+        assert_eq!(store.get(&id, 0, u64::MAX).unwrap(), data.to_vec());
+        assert!(!lock(&link.pending).1.contains(&id), "the replica was never evicted");
+    }
+
+    /// A tmpfs of `mib` MiB mounted for a test, unmounted when dropped.
+    struct SmallDisk(tempfile::TempDir);
+
+    impl SmallDisk {
+        /// `None` where this process may not mount (not root).
+        fn mount(mib: u32) -> Option<SmallDisk> {
+            let dir = tempfile::tempdir().unwrap();
+            let size = format!("size={mib}m");
+            let mounted = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
+                .arg(dir.path())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            mounted.then_some(SmallDisk(dir))
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_disk_evicts_cached_copies_for_a_replica_and_never_replicas() {
+        let Some(disk) = SmallDisk::mount(8) else {
+            eprintln!("SKIPPED: needs root to mount a small tmpfs");
+            return;
+        };
+        // The cache's cap and the store's capacity both exceed the disk.
+        let (link, store) = link(disk.0.path(), 64 << 20).await;
+        let cached: Vec<ChunkId> = (0..5)
+            .map(|i| chunk(i, 1 << 20))
+            .map(|(id, data)| {
+                let link = link.clone();
+                async move {
+                    link.keep(id, data).await;
+                    id
+                }
+            })
+            .collect::<futures_util::future::JoinAll<_>>()
+            .await;
+        assert_eq!(link.cache_bytes(), 5 << 20);
+        lock(&link.pending).1.clear();
+        let replicator = Replicator::new("b0".into(), "b".into(), link.clone(), store.clone(), Duration::from_secs(1));
+
+        // 4 MiB do not fit beside the 5 MiB cached: cached copies make room.
+        let (first, data) = chunk(50, 4 << 20);
+        replicator.store_here(first, data).await.unwrap();
+        assert!(store.has(&[first]).unwrap()[0]);
+        let evicted = lock(&link.pending).1.clone();
+        assert!(evicted.len() >= 4 && evicted.iter().all(|id| cached.contains(id)), "{evicted:?}");
+
+        // Then the disk is full of replicas: the next one fails and nothing is evicted.
+        let (second, data) = chunk(51, 4 << 20);
+        let e = replicator.store_here(second, data).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+        assert!(store.has(&[first]).unwrap()[0], "a replica is never evicted");
+    }
 }

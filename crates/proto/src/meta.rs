@@ -515,8 +515,11 @@ meta_requests! {
         ids: Vec<ChunkId>,
     } => ();
     /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
-    /// in its site cache, so other sites can find the nearest copy. An added chunk
-    /// that names nodes reports copies its replication made on those nodes.
+    /// in its site cache, so other sites can find the nearest copy; cached copies are
+    /// recorded as such and never count towards a policy, and `removed` takes only a
+    /// cached copy (a replica on that node stays). An added chunk that names nodes
+    /// reports replicas its replication made on those nodes (turning a cached copy
+    /// there into a replica).
     UpdateLocations {
         node: NodeId,
         added: Vec<StoredChunk>,

@@ -24,13 +24,16 @@ pub enum NodeRequest {
         id: ChunkId,
         offset: u64,
         len: u64,
-        /// Serve only what this node holds: set by a node fetching for its site, so
-        /// a miss never turns into a chain of fetches between sites.
+        /// Serve only what this node holds (stored or in its site cache): set by a node
+        /// fetching for its site, so a miss never turns into a chain of fetches between
+        /// sites.
         local_only: bool,
         /// Meta's read capability for this chunk, for a client.
         cap: Option<Cap>,
     },
-    /// Which of these chunks the node holds (one flag per id, in order).
+    /// Which of these chunks the node holds as replicas (one flag per id, in order);
+    /// a node holding one only in its site cache makes it a replica first, so a
+    /// replicating node need not send it.
     Has {
         ids: Vec<ChunkId>,
     },

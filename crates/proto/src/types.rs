@@ -169,7 +169,18 @@ pub struct ChunkRecord {
     pub id: ChunkId,
     pub size: u64,
     pub refcount: u64,
+    /// Every node holding a copy, replica or cached: where a reader may fetch it.
     pub nodes: Vec<NodeId>,
+    /// Those of `nodes` that hold only a site-cache copy: readable, but evictable at
+    /// any time, so no policy, repair or fsck counts them.
+    pub cached: Vec<NodeId>,
+}
+
+impl ChunkRecord {
+    /// The nodes holding a replica (a durable copy a policy counts), in `nodes` order.
+    pub fn replicas(&self) -> impl Iterator<Item = &NodeId> {
+        self.nodes.iter().filter(|n| !self.cached.contains(n))
+    }
 }
 
 /// One directory entry as `readdir` returns it; `cookie` resumes the listing after it.

@@ -490,6 +490,21 @@ impl Cluster {
         self.mounts.clear();
     }
 
+    /// SIGKILLs every node and mount of `site` (not meta), as the loss of the site
+    /// would; its dead mounts are cleared.
+    pub fn kill_site(&mut self, site: &str) {
+        let at = |p: &Proc| p.args.windows(2).any(|w| w[0] == "--site" && w[1] == site);
+        for (m, p) in self.mounts.iter_mut().filter(|(_, p)| at(p)) {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            lazy_unmount(m);
+        }
+        for p in self.nodes.iter_mut().filter(|p| at(p)) {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
     /// Kills meta alone (SIGKILL, as a crash) and starts it again on the same port
     /// with the same arguments; nodes and mounts keep running and reconnect.
     pub fn restart_meta(&mut self) {

@@ -1050,17 +1050,44 @@ pub fn chunk_catalogue(b: &dyn Factory) {
         }
         other => panic!("expected Chunks, got {other:?}"),
     }
-    // Site caches report the copies they gain and lose.
-    let cached = StoredChunk { id: cid(1), size: 100, nodes: vec![] };
-    ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "b1".into(), added: vec![cached], removed: vec![] }));
-    ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "n2".into(), added: vec![], removed: vec![cid(1)] }));
-    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1)] })) {
-        MetaReply::Chunks(c) => {
-            assert_eq!(c[0].nodes, vec!["b1".to_string(), "n1".into(), "n3".into()]);
-            assert_eq!(c[0].refcount, 1, "a cached copy is not a reference");
-        }
-        other => panic!("expected Chunks, got {other:?}"),
-    }
+    // Site caches report the copies they gain and lose; a cached copy is readable
+    // but marked as such, and a cache's removal never takes a replica.
+    let locations =
+        |s: &Arc<MetaService>| match ok(s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1)] })) {
+            MetaReply::Chunks(c) => {
+                assert_eq!(c[0].refcount, 1, "a cached copy is not a reference");
+                (c[0].nodes.clone(), c[0].cached.clone())
+            }
+            other => panic!("expected Chunks, got {other:?}"),
+        };
+    // A node's cache gains (`true`) or loses a copy; a node reports a replica on another.
+    let cache = |node: &str, gained: bool| {
+        let (added, removed) = if gained {
+            (vec![StoredChunk { id: cid(1), size: 100, nodes: vec![] }], vec![])
+        } else {
+            (vec![], vec![cid(1)])
+        };
+        MetaRequest::UpdateLocations(UpdateLocations { node: node.into(), added, removed })
+    };
+    let replica = |by: &str, on: &str| {
+        let added = vec![StoredChunk { id: cid(1), size: 100, nodes: vec![on.into()] }];
+        MetaRequest::UpdateLocations(UpdateLocations { node: by.into(), added, removed: vec![] })
+    };
+    ok(&s, cache("b1", true));
+    ok(&s, cache("n2", false));
+    let names = |v: &[&str]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(locations(&s), (names(&["b1", "n1", "n2", "n3"]), names(&["b1"])), "n2's replica stays");
+    // A cache report on a replica's node leaves it a replica.
+    ok(&s, cache("n3", true));
+    assert_eq!(locations(&s), (names(&["b1", "n1", "n2", "n3"]), names(&["b1"])));
+    // Evicted from b1's cache: gone. Cached again, then made a replica there: a later
+    // eviction report does not take it.
+    ok(&s, cache("b1", false));
+    assert_eq!(locations(&s), (names(&["n1", "n2", "n3"]), vec![]));
+    ok(&s, cache("b1", true));
+    ok(&s, replica("n1", "b1"));
+    ok(&s, cache("b1", false));
+    assert_eq!(locations(&s), (names(&["b1", "n1", "n2", "n3"]), vec![]), "b1 holds a replica now");
     // Paging the catalogue by id.
     let mut seen = Vec::new();
     let mut after = None;
@@ -1452,12 +1479,35 @@ pub fn under_replication(b: &dyn Factory) {
     assert_eq!(short(&s, Some("n1")), vec![(7, vec!["s1".to_string()])], "n1 holds it: n1 repairs");
     assert!(short(&s, Some("n2")).is_empty(), "n2 holds nothing to copy from");
     assert!(short(&s, Some("n3")).is_empty());
+    // A site-cache copy does not count: it may be evicted at any time.
+    let cached = |id: u8| StoredChunk { id: cid(id), size: 1 << 20, nodes: vec![] };
+    ok(
+        &s,
+        MetaRequest::UpdateLocations(UpdateLocations { node: "n2".into(), added: vec![cached(7)], removed: vec![] }),
+    );
+    assert_eq!(short(&s, None), vec![(7, vec!["s1".to_string()])], "n2's cached copy does not count");
+    assert_eq!(short(&s, Some("n1")), vec![(7, vec!["s1".to_string()])], "n1, the replica, repairs");
+    assert!(short(&s, Some("n2")).is_empty());
     let copy = StoredChunk { id: cid(7), size: 1 << 20, nodes: vec!["n2".into()] };
     ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "n1".into(), added: vec![copy], removed: vec![] }));
     assert!(short(&s, None).is_empty(), "two copies at s1");
     ok(&s, MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true }));
     assert_eq!(short(&s, Some("n2")), vec![(7, vec!["s1".to_string()])], "n2 is now the holder that counts");
     assert!(short(&s, Some("n1")).is_empty() && short(&s, Some("n3")).is_empty());
+    // Chunk 8's only replica is on drained n1, a cached copy on n3: n1 repairs it; once
+    // n1 is removed, the cached copy is the last one and n3 repairs from it.
+    let g = mk(&s, ROOT_INODE, "g", NewNode::File);
+    commit(&s, g.ino, vec![ext(0, 10, 8, 0)], 10);
+    ok(
+        &s,
+        MetaRequest::UpdateLocations(UpdateLocations { node: "n3".into(), added: vec![cached(8)], removed: vec![] }),
+    );
+    let eight = |s: &Arc<MetaService>, node| short(s, node).into_iter().filter(|(id, _)| *id == 8).collect::<Vec<_>>();
+    assert_eq!(eight(&s, Some("n1")), vec![(8, vec!["s1".to_string()])], "a drained replica before a cached copy");
+    assert!(eight(&s, Some("n3")).is_empty());
+    ok(&s, MetaRequest::RemoveNode(RemoveNode { node: "n1".into() }));
+    assert_eq!(eight(&s, None), vec![(8, vec![])], "fsck: no live replica");
+    assert_eq!(eight(&s, Some("n3")), vec![(8, vec!["s1".to_string()])], "the last, cached, copy is repaired from");
 }
 
 /// Conformance case `node_admission`: a node registers only once admitted (until

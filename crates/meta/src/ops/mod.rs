@@ -353,9 +353,13 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
                 return Err(MetaError::NotAdmitted(m.node));
             }
             for chunk in m.added {
-                // No nodes named: the reporting node's own copy (its site cache).
-                let nodes = if chunk.nodes.is_empty() { vec![m.node.clone()] } else { chunk.nodes };
-                t.upsert_chunk(&StoredChunk { nodes, ..chunk })?;
+                // No nodes named: the reporting node's own copy in its site cache, which
+                // no policy counts; named nodes hold replicas.
+                if chunk.nodes.is_empty() {
+                    t.add_cached(&chunk.id, chunk.size, &m.node)?;
+                } else {
+                    t.upsert_chunk(&chunk)?;
+                }
             }
             for id in &m.removed {
                 t.remove_location(id, &m.node)?;

@@ -107,8 +107,9 @@ fn too_few_nodes(policy: &Policy, per_site: &BTreeMap<String, u32>, whose: &str)
 }
 
 /// A page of chunks whose live copies fall short of their policy (see
-/// `proto::meta::UnderReplicated`). A site needs as many live holders as the policy's
-/// copies, or as it has live nodes if fewer. The default policy (no sites named)
+/// `proto::meta::UnderReplicated`). A site needs as many live holders of a replica as
+/// the policy's copies, or as it has live nodes if fewer; site-cache copies do not
+/// count (they are evictable), but repair may start from one when no replica is left. The default policy (no sites named)
 /// wants its copies at the repairing node's site; asked without a node (fsck), it is
 /// satisfied when any site holding the chunk has them.
 pub(super) fn under_replicated(
@@ -153,13 +154,18 @@ pub(super) fn under_replicated(
                 p
             }
         };
-        let mut holders: Vec<String> = record.nodes.iter().filter(|n| live.contains(*n)).cloned().collect();
+        // Only replicas count: a site-cache copy may be evicted at any time.
+        let mut holders: Vec<String> = record.replicas().filter(|n| live.contains(*n)).cloned().collect();
         holders.sort();
-        // Who may copy: holders that count first, then drained ones.
+        // Who may copy: holders that count first, then drained ones, then live nodes
+        // with only a cached copy (the last copies left; repair pins them).
         let mut sources = holders.clone();
-        let mut drained_holders: Vec<String> = record.nodes.iter().filter(|n| leaving.contains(*n)).cloned().collect();
+        let mut drained_holders: Vec<String> = record.replicas().filter(|n| leaving.contains(*n)).cloned().collect();
         drained_holders.sort();
         sources.extend(drained_holders);
+        let mut caching: Vec<String> = record.cached.iter().filter(|n| live.contains(*n)).cloned().collect();
+        caching.sort();
+        sources.extend(caching);
         let held_at = |site: &str| holders.iter().filter(|h| site_of.get(*h).is_some_and(|s| s == site)).count();
         let short = |site: &String| {
             let want = policy.copies.min(live_per_site.get(site).copied().unwrap_or(0)).max(1) as usize;
