@@ -506,7 +506,8 @@ mod tests {
     async fn link(dir: &std::path::Path, cache_bytes: u64) -> (Arc<SiteLink>, Arc<ChunkStore>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let meta = Arc::new(RpcClient::connect(&addr, 1, Duration::from_secs(5)).await.unwrap());
+        let rpc = RpcClient::connect(&addr, 1, Duration::from_secs(5)).await.unwrap();
+        let meta = Arc::new(crate::MetaClient { rpc, epoch: Arc::new(crate::cluster::Epoch::none()) });
         let cache = ChunkStore::open_cache(&dir.join("cache"), cache_bytes).unwrap();
         let config = WanConfig { cache_bytes, ..WanConfig::default() };
         let link = SiteLink::open("b0".into(), "b".into(), config, meta, cache).unwrap();
