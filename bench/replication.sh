@@ -180,12 +180,41 @@ pol() { ip netns exec "$NSA" "$LOCUS" policy set "$@" --meta "$META" >>"$LOG/pol
 pol /sync --sites a,b --copies 1 --mode sync
 pol /async --sites a,b --copies 1 --mode async --rpo 30s
 
+# The sections of parts not run this time are kept from the file as it was (so one part
+# can be re-measured without losing the others' tables), marked as kept.
+PREVIOUS=$WORK/previous.md
+if [[ -f $OUT ]]; then cp "$OUT" "$PREVIOUS"; else : >"$PREVIOUS"; fi
+kept() { # part -> that part's section of the previous file (empty if none)
+    python3 - "$1" "$PREVIOUS" <<'PY'
+import re, sys
+text = open(sys.argv[2]).read()
+head = re.search(r"^Release build of .*?(?=\n\n)", text, re.S | re.M)
+starts = {"write": text.find("Two sites joined"), "lag": text.find("## Lag under"), "repair": text.find("## Repair after")}
+start = starts[sys.argv[1]]
+if start < 0:
+    sys.exit()
+ends = [i for i in list(starts.values()) + [text.find("\n## ", start + 1) + 1] if i > start]
+section = text[start:min(ends, default=len(text))].rstrip()
+print(section)
+if "(Kept as" in section:
+    sys.exit()
+print()
+print("(Kept as the previous run wrote it: " + " ".join(head.group(0).split()) + ")" if head else "(Kept from the previous run.)")
+PY
+}
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 write_out() { # the sections of the parts run so far, so a failing part keeps the others'
 {
         echo "# Replication across sites (bench/replication.sh)"
         echo
         echo "Release build of $(cd "$ROOT" && git rev-parse --short HEAD) on $(nproc) cores, $(date -u +%Y-%m-%d);"
         echo "sites as network namespaces joined by locus-wan. Parts run: $PARTS."
+        echo "Load average (1, 5, 15 min) at the start: $LOAD_START; at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "(other engineers' builds share the 2 cores: compare the figures of one run side by side)."
+        if ! has_part write && [[ -n $(kept write) ]]; then
+            echo
+            kept write
+        fi
         if ((${#ROWS[@]})); then
             echo
             echo "Two sites joined at $RATE Mbit/s per direction; meta, node a and the"
@@ -193,9 +222,15 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
             echo "data. single = the default policy (one node at A: one copy); sync / async = --sites a,b"
             echo "--copies 1. iperf3 = -P 8 with bbr on the same path, MB/s received."
             echo
-            echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | note |"
-            echo "|---|---|---|---|---|---|---|---|"
+            echo "| RTT ms | directory | MiB | seconds | MB/s | iperf3 -P 8 MB/s | WAN bytes A->B (async: until B holds every chunk) | load avg 1 min before | note |"
+            echo "|---|---|---|---|---|---|---|---|---|"
             printf '%s\n' "${ROWS[@]}"
+            echo
+            echo "The goal: sync >= 80 % of min(single, link rate). Ratios of the rows above (link = $RATE Mbit/s):"
+            echo
+            echo "| RTT ms | sync / link | sync / iperf3 | sync / single | sync / min(single, link) | goal met |"
+            echo "|---|---|---|---|---|---|"
+            printf '%s\n' "${RATIOS[@]}"
             echo
             echo "A 4 KiB overwrite (dd conv=notrunc,fsync) in the middle of the sync file: bytes"
             echo "the forwarder carried (meta is at A, so only the node-to-node copy crosses)."
@@ -203,6 +238,10 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
             echo "| RTT ms | A->B bytes | B->A bytes |"
             echo "|---|---|---|"
             printf '%s\n' "${OVER[@]}"
+        fi
+        if ! has_part lag && [[ -n $(kept lag) ]]; then
+            echo
+            kept lag
         fi
         if [[ -n $LAG_ROW ]]; then
             echo
@@ -216,6 +255,10 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
             echo "| RTT ms | link and write Mbit/s | seconds written | MB/s written | samples | max lag chunks | max oldest s | RPO s | RPO breach log lines (whole run) | drained s after the writer |"
             echo "|---|---|---|---|---|---|---|---|---|---|"
             echo "$LAG_ROW"
+        fi
+        if ! has_part repair && [[ -n $(kept repair) ]]; then
+            echo
+            kept repair
         fi
         if [[ -n $REPAIR_ROW ]]; then
             echo
@@ -237,6 +280,7 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
 }
 has_part() { [[ " $PARTS " == *" $1 "* ]]; }
 ROWS=()
+RATIOS=()
 OVER=()
 LAG_ROW="" REPAIR_ROW=""
 has_part write || RTTS=""
@@ -248,8 +292,10 @@ for rtt in $RTTS; do
         >"$j" 2>/dev/null || true
     iperf=$(python3 -c "import json; print(f'{json.load(open(\"$j\"))[\"end\"][\"sum_received\"][\"bits_per_second\"]/8e6:.1f}')" \
         2>/dev/null || echo "?")
+    declare -A RATE_OF=()
     for dir in single sync async; do
         f=$MNT/$dir/f-$rtt
+        load=$(cut -d' ' -f1 /proc/loadavg)
         read -r w0 _ < <(wan_bytes)
         t0=$(now)
         head -c $((SIZE_MB << 20)) /dev/urandom | dd of="$f" bs=1M iflag=fullblock conv=fsync status=none
@@ -267,8 +313,19 @@ for rtt in $RTTS; do
             drained="B holds every chunk $(secs "$t1" "$t2") s after fsync"
         fi
         say "  $dir: $(mbs $((SIZE_MB << 20)) "$s") MB/s, WAN A->B $((w1 - w0)) B $drained"
-        ROWS+=("| $rtt | $dir | $SIZE_MB | $s | $(mbs $((SIZE_MB << 20)) "$s") | $iperf | $((w1 - w0)) | $drained |")
+        RATE_OF[$dir]=$(mbs $((SIZE_MB << 20)) "$s")
+        ROWS+=("| $rtt | $dir | $SIZE_MB | $s | ${RATE_OF[$dir]} | $iperf | $((w1 - w0)) | $load | $drained |")
     done
+    RATIOS+=("$(python3 - "${RATE_OF[sync]}" "${RATE_OF[single]}" "$iperf" "$RATE" "$rtt" <<'PY'
+import sys
+sync, single, iperf, rate, rtt = sys.argv[1:]
+sync, single, link = float(sync), float(single), float(rate) / 8
+r = lambda a, b: f"{a / b:.2f}" if b else "?"
+bound = min(single, link)
+iperf_ratio = r(sync, float(iperf)) if iperf != "?" else "?"
+print(f"| {rtt} | {r(sync, link)} | {iperf_ratio} | {r(sync, single)} | {r(sync, bound)} | {'yes' if sync >= 0.8 * bound else 'no'} |")
+PY
+)")
     # A 4 KiB overwrite in the middle of the sync file.
     read -r a0 b0 < <(wan_bytes)
     head -c 4096 /dev/urandom | dd of="$MNT/sync/f-$rtt" bs=4096 seek=$(((SIZE_MB << 20) / 2 / 4096)) \

@@ -419,7 +419,7 @@ write_report() {
         echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo "- Kernel: $(uname -r); CPU: $cpu, $(nproc) cores; RAM: $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
         echo "- Disk: $(findmnt -n -o SOURCE,FSTYPE --target "$SCRATCH" | tr -s ' ' ' ') (scratch $SCRATCH), bdi read_ahead_kb $LOCAL_RA, journal $([[ -n $(ls /proc/fs/jbd2 2>/dev/null) ]] && echo yes || echo none); scratch directories flagged ext4 TOPDIR (\`chattr +T\`, new subdirectories go to fresh block groups): $TOPDIR_NOTE"
-        echo "- Locus: commit $commit; \`locus up\` defaults${LOCUS_ARGS:+ plus \`$LOCUS_ARGS\`} (chunk 4M, cache 512M, readahead 8 chunks, upload window 16, attr TTL 1 s)"
+        echo "- Locus: commit $commit; \`locus up\` defaults${LOCUS_ARGS:+ plus \`$LOCUS_ARGS\`} (chunk 4M, cache 512M, readahead 8 chunks, upload window 32, attr TTL 1 s)"
         echo "- Passthrough: bench/passthrough (fuser 0.18, 2 threads with clone_fd, max_write 1 MiB, TTL 1 s, pread/pwrite)"
         echo "- FUSE readahead: /sys/class/bdi/<MAJ:MIN of the mount>/read_ahead_kb raised from $RA_BEFORE to $RA_KB after each of the ${#RA_NOTES[@]} FUSE mounts of this run (every Locus restart is a new bdi), verified by reading it back"
         echo "- Sizes: ${SIZE_MB} MiB sequential file; $NFILES files in the metadata test; median of $REPS runs (min–max in brackets)"

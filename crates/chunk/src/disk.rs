@@ -1,11 +1,14 @@
 //! Small file-system helpers the store needs: advisory locking, directory fsync,
-//! recognising "disk full", and reading the ids stored in one fan-out directory.
+//! recognising "disk full", reading the ids stored in one fan-out directory, and
+//! writing a new file's bulk past the page cache (`write_new_file`).
 
 use proto::types::ChunkId;
-use std::fs::File;
-use std::io;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::Mutex;
 use util::sync::lock;
 
 /// Takes an exclusive, non-blocking `flock` on `file`. `Ok(false)` means another open
@@ -23,6 +26,86 @@ pub(crate) fn try_lock_exclusive(file: &File) -> io::Result<bool> {
 /// Makes a rename or create inside `dir` durable.
 pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// What `O_DIRECT` asks of buffer addresses, file offsets and lengths (a multiple of
+/// every common logical block size: 512 and 4096 bytes).
+const DIRECT_ALIGN: usize = 4096;
+/// Bytes one direct write carries (one pooled aligned buffer).
+const DIRECT_PIECE: usize = 2 << 20;
+/// Files shorter than this are written through the page cache: a direct write's wait
+/// for the device is not worth saving a copy of a few pages.
+const DIRECT_MIN: usize = 64 << 10;
+/// Aligned buffers kept for reuse: a fresh buffer costs page faults on first touch,
+/// which is what writing past the page cache is there to avoid.
+const DIRECT_POOL: usize = 8;
+
+/// Spare buffers for direct writes, each `DIRECT_PIECE + DIRECT_ALIGN` bytes long.
+static BUFFERS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// Creates `path` (which must not exist) holding `data`. Its block-aligned bulk is
+/// written with `O_DIRECT` through a reused aligned buffer and the rest (the last
+/// partial block, or a small file) through the page cache. Writing into the page
+/// cache touches a freshly allocated page per 4 KiB, which costs far more CPU than the
+/// copy itself (measured: 1.6 s of system time per GiB buffered, 0.06 s direct; see
+/// bench/results/replication-profile.txt); the data is never read back right away, and
+/// the caller's sync still makes it durable. A file system that refuses `O_DIRECT`
+/// gets a buffered write, and so does every write with `direct` false (a cache whose
+/// copies may be read again soon and are never synced).
+pub(crate) fn write_new_file(path: &Path, data: &[u8], direct: bool) -> io::Result<()> {
+    let aligned = data.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+    if !direct || data.len() < DIRECT_MIN {
+        return OpenOptions::new().write(true).create_new(true).open(path)?.write_all(data);
+    }
+    let file = match OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => f,
+        // Refused: created or not, the file is ours (the name is unique) and gets a
+        // buffered write.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            return OpenOptions::new().write(true).create(true).truncate(true).open(path)?.write_all(data);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut buf = lock(&BUFFERS).pop().unwrap_or_else(|| vec![0u8; DIRECT_PIECE + DIRECT_ALIGN]);
+    let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+    let mut done = 0;
+    let result = (|| {
+        while done < aligned {
+            let n = (aligned - done).min(DIRECT_PIECE);
+            let piece = &mut buf[start..start + n];
+            piece.copy_from_slice(&data[done..done + n]);
+            match file.write_all_at(piece, done as u64) {
+                Ok(()) => done += n,
+                // Alignment stricter than ours: the rest goes through the page cache.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if done < data.len() {
+            stop_direct(&file)?;
+            file.write_all_at(&data[done..], done as u64)?;
+        }
+        Ok(())
+    })();
+    let mut pool = lock(&BUFFERS);
+    if pool.len() < DIRECT_POOL {
+        pool.push(buf);
+    }
+    result
+}
+
+/// Turns `O_DIRECT` off for an open file: later writes go through the page cache.
+fn stop_direct(file: &File) -> io::Result<()> {
+    // SAFETY: F_GETFL only reads the descriptor's flags; `file` keeps it open.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFL only changes the descriptor's status flags; `file` keeps it open.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether an OS error means the disk (or the user's quota) is full.
@@ -145,5 +228,26 @@ mod tests {
         }
         let s = sync.state.lock().unwrap();
         assert_eq!((s.requested, s.covered >= s.requested, s.running), (80, true, false));
+    }
+
+    #[test]
+    fn new_files_hold_exactly_their_bytes_direct_or_buffered() {
+        let dir = tempfile::tempdir().unwrap();
+        // Around every boundary: small, one block short of and past the direct minimum,
+        // aligned, a partial last block, and several pieces with a tail.
+        let sizes = [0, 1, 4095, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, 3 * DIRECT_PIECE + 4097, 2 * DIRECT_PIECE];
+        for (i, len) in sizes.into_iter().enumerate() {
+            let padded: Vec<u8> = (0..=len).map(|j| (j * 7 + j / 4096 + i) as u8).collect();
+            // An unaligned start, as bytes received from the network have.
+            let data = &padded[1..];
+            for direct in [true, false] {
+                let path = dir.path().join(format!("f{i}-{direct}"));
+                write_new_file(&path, data, direct).unwrap();
+                assert_eq!(std::fs::read(&path).unwrap(), data, "{len} bytes, direct {direct}");
+                // The name must be new.
+                assert!(write_new_file(&path, data, direct).is_err());
+            }
+        }
+        assert!(lock(&BUFFERS).len() <= DIRECT_POOL);
     }
 }

@@ -439,8 +439,8 @@ impl ChunkStore {
             detail: format!("the disk holding {} is full: {e}", self.dir.display()),
         };
         let written = (|| {
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            f.write_all(data)?;
+            // A durable store's bulk skips the page cache (see `disk::write_new_file`).
+            disk::write_new_file(&tmp, data, self.durable.is_some())?;
             util::crash_point!("chunk-before-sync");
             // The temp file is durable before it gets its name (shared with other puts).
             self.sync()

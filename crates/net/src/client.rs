@@ -187,9 +187,28 @@ impl RpcClient {
         req: &Req,
         bulk: Bytes,
     ) -> Result<(Resp, Bytes), NetError> {
-        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        let conn = self.conn(slot).await?;
+        let conn = self.conn(self.pick_slot()).await?;
         conn.call_bulk(req, bulk, self.timeout).await
+    }
+
+    /// The next slot in turn, unless its connection is busy sending and another live
+    /// one has fewer bytes waiting: a small request (a `Has`) then does not wait behind
+    /// a chunk's bulk bytes, and chunks spread over the idle connections of a distant
+    /// peer instead of queueing two deep on one. A slot not yet connected is taken in
+    /// its turn (it connects).
+    fn pick_slot(&self) -> usize {
+        let n = self.slots.len();
+        let turn = self.next_slot.fetch_add(1, Ordering::Relaxed) % n;
+        let queued = |i: usize| {
+            let slot = self.slots[i].try_lock().ok()?;
+            slot.as_ref().filter(|c| c.is_alive()).map(|c| c.queued())
+        };
+        match queued(turn) {
+            None | Some(0) => turn,
+            Some(busy) => {
+                (0..n).filter_map(|i| Some((queued(i)?, i))).min().filter(|&(q, _)| q < busy).map_or(turn, |(_, i)| i)
+            }
+        }
     }
 }
 
@@ -201,5 +220,40 @@ impl Drop for RpcClient {
                 c.close();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn small_requests_avoid_a_connection_busy_sending_bulk() {
+        // A peer that accepts and never reads: a large send stays stuck in its socket.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let held = std::thread::spawn(move || (0..2).map(|_| listener.accept().unwrap().0).collect::<Vec<_>>());
+        let client = Arc::new(RpcClient::connect_as(&addr, 2, Duration::from_secs(30), None).await.unwrap());
+        client.conn(1).await.unwrap();
+        // Both idle: slots are taken in turn.
+        assert_eq!([client.pick_slot(), client.pick_slot()], [0, 1]);
+        let stuck = client.clone();
+        let bulk = tokio::spawn(async move {
+            let _ = stuck.call_bulk::<_, ()>(&(), Bytes::from(vec![0u8; proto::frame::MAX_BULK as usize])).await;
+        });
+        let busy = client.conn(0).await.unwrap();
+        for _ in 0..500 {
+            if busy.queued() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(busy.queued() > 0, "the bulk send never started");
+        // Every pick now avoids the busy connection, whoever's turn it is.
+        for _ in 0..4 {
+            assert_eq!(client.pick_slot(), 1);
+        }
+        bulk.abort();
+        drop(held.join().unwrap());
     }
 }

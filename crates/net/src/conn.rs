@@ -155,6 +155,9 @@ pub(crate) struct Conn {
     next_id: AtomicU64,
     send_timeout: Duration,
     last_active_ms: AtomicU64,
+    /// Bytes of frames waiting for the writer or being written: how far behind a new
+    /// frame on this connection would start.
+    queued: AtomicU64,
     closed: AtomicBool,
     /// Set when the connection was closed because the peer stopped taking bytes.
     hung: AtomicBool,
@@ -180,6 +183,7 @@ impl Conn {
             next_id: AtomicU64::new(1),
             send_timeout,
             last_active_ms: AtomicU64::new(now_ms()),
+            queued: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             hung: AtomicBool::new(false),
             reader: OnceLock::new(),
@@ -193,6 +197,11 @@ impl Conn {
 
     pub(crate) fn is_alive(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
+    }
+
+    /// Bytes a frame sent now would wait behind.
+    pub(crate) fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
     }
 
     pub(crate) fn touch(&self) {
@@ -225,6 +234,14 @@ impl Conn {
     /// (a slow link may take longer in total, a hung peer may not). A failed or late
     /// write leaves half a frame on the stream, so it ends the connection.
     pub(crate) async fn send(&self, frame: &[u8], bulk: &[u8]) -> Result<(), NetError> {
+        let len = (frame.len() + bulk.len()) as u64;
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        let sent = self.send_queued(frame, bulk).await;
+        self.queued.fetch_sub(len, Ordering::Relaxed);
+        sent
+    }
+
+    async fn send_queued(&self, frame: &[u8], bulk: &[u8]) -> Result<(), NetError> {
         // Waiting for the lock is bounded by the holder's own progress deadline.
         let mut guard = self.writer.lock().await;
         // A connection closed while this sender waited lets go of its socket here.

@@ -48,7 +48,9 @@ pub struct ClientConfig {
     /// Most chunks fetched ahead of a sequential reader; the window starts at two and
     /// doubles while the reader stays sequential (bounded by half the cache).
     pub readahead_chunks: u64,
-    /// Chunk uploads in flight at once (write-behind window).
+    /// Chunk uploads in flight at once (write-behind window). A `sync` write to a
+    /// distant site holds each chunk for two round trips plus its transfer, so the window
+    /// must cover the link's rate times that (32 × 4 MiB: 1 Gbit/s at 100 ms RTT).
     pub upload_window: usize,
     /// Buffered bytes per file before everything buffered is cut into chunks.
     pub max_dirty_bytes: usize,
@@ -69,7 +71,7 @@ impl Default for ClientConfig {
             chunk_size: 4 << 20,
             cache_bytes: 512 << 20,
             readahead_chunks: 32,
-            upload_window: 16,
+            upload_window: 32,
             max_dirty_bytes: 64 << 20,
             meta_connections: 2,
             node_connections: 2,
