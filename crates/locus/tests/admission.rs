@@ -5,8 +5,7 @@
 //! A join token (`locus node token`) admits the one node that spends it first.
 
 use std::collections::BTreeSet;
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use testkit::{Cluster, pattern};
@@ -15,12 +14,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_locus");
 
 fn text(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn write_synced(path: &Path, data: &[u8]) {
-    let mut f = File::create(path).unwrap();
-    f.write_all(data).unwrap();
-    f.sync_all().unwrap();
 }
 
 /// The chunk ids (hex file names) in a node's store.
@@ -80,7 +73,7 @@ fn a_node_joins_only_once_admitted_and_a_removed_node_cannot_return() {
     assert!(pending.contains("n2") && pending.contains("certificate n2 of site a"), "{s}");
     let m = c.mount_at("a");
     let data = pattern(24 << 20, 1);
-    write_synced(&m.join("f"), &data);
+    testkit::write_synced(&m.join("f"), &data).unwrap();
     assert!(chunks_on(&c, "n2").is_empty(), "a pending node got chunks");
 
     // Its own node certificate cannot admit it.
@@ -97,7 +90,7 @@ fn a_node_joins_only_once_admitted_and_a_removed_node_cannot_return() {
     assert!(!status(&c).contains("pending admission"), "{}", status(&c));
     let fresh = c.mount_at("a");
     let more = pattern(48 << 20, 2);
-    write_synced(&fresh.join("g"), &more);
+    testkit::write_synced(&fresh.join("g"), &more).unwrap();
     let held = chunks_on(&c, "n2");
     assert!(!held.is_empty(), "the admitted node took no chunks");
 

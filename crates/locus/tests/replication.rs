@@ -7,12 +7,12 @@
 //! once the cut heals, ships exactly the missing chunks. Repair, scrub, drain and the
 //! site-cache tests stay on loopback (sites named per node).
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use testkit::netns::{self, LinkProfile, WanLink};
-use testkit::{Cluster, files_under, pattern};
+use testkit::{Cluster, files_under, pattern, write_synced};
 
 const BIN: &str = env!("CARGO_BIN_EXE_locus");
 
@@ -43,12 +43,6 @@ fn text(out: &std::process::Output) -> String {
 
 fn chunks_of(c: &Cluster, node: &str) -> usize {
     files_under(&c.node_dir(node).join("chunks")).0
-}
-
-fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = File::create(path)?;
-    f.write_all(data)?;
-    f.sync_all()
 }
 
 fn metric(addr: &str, name: &str) -> u64 {

@@ -1,17 +1,10 @@
 //! A full chunk store recovers by itself: chunks of writes that never committed and of
 //! deleted files are reclaimed by the node's `reclaim` worker, with no `locus gc`.
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use testkit::{Cluster, files_under, pattern};
-
-fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = File::create(path)?;
-    f.write_all(data)?;
-    f.sync_all()
-}
+use testkit::{Cluster, files_under, pattern, write_synced};
 
 #[test]
 fn a_full_store_recovers_once_files_are_deleted() {

@@ -37,7 +37,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Counters for the metrics and the replication tests.
 #[derive(Debug, Default)]
 pub struct ReplicationStats {
-    /// Chunks and bytes this node sent to other nodes as copies.
+    /// Chunks and bytes this node sent to other nodes as copies, counted when a copy is
+    /// handed to the connection: a copy whose answer came too late (its caller timed
+    /// out while TCP was still recovering from a cut) has crossed the WAN all the same,
+    /// and the retry then finds it there.
     pub shipped_chunks: AtomicU64,
     pub shipped_bytes: AtomicU64,
     /// Copies not sent because the target already had the chunk.
@@ -311,9 +314,9 @@ impl Replicator {
         }
         // Node to node: this node's certificate is its authority (no capability).
         let put = NodeRequest::Put { id, cap: None, replicate: ask.clone() };
-        let (reply, _) = client.call_bulk::<_, NodeResult>(&put, data.clone()).await.map_err(transport)?;
         self.stats.shipped_chunks.fetch_add(1, Ordering::Relaxed);
         self.stats.shipped_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        let (reply, _) = client.call_bulk::<_, NodeResult>(&put, data.clone()).await.map_err(transport)?;
         match reply? {
             NodeReply::Stored(nodes) => Ok(nodes),
             _ => Ok(vec![node.to_string()]),

@@ -600,6 +600,41 @@ impl Drop for Cluster {
     }
 }
 
+/// Creates `path` with `data` and fsyncs it, in a process of its own: a test binary
+/// runs tests in threads, and every process another test spawns inherits this one's
+/// open files until its exec closes them, and each such close is a FUSE flush that
+/// commits a partly written file (cutting it into chunks at an arbitrary point). The
+/// errno of a failed create, write, fsync or close comes back as the error.
+pub fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    const WRITER: &str = r#"
+import os, sys
+try:
+    data = sys.stdin.buffer.read()
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+except OSError as e:
+    sys.exit(e.errno or 1)
+"#;
+    let mut child = Command::new("python3").args(["-c", WRITER]).arg(path).stdin(Stdio::piped()).spawn()?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let fed = stdin.write_all(data);
+    drop(stdin);
+    let status = child.wait()?;
+    fed?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+        None => Err(std::io::Error::other(format!("the writer of {} was killed: {status}", path.display()))),
+    }
+}
+
 /// Pseudo-random bytes (xorshift), so no two chunks are alike and nothing dedupes.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
