@@ -28,7 +28,7 @@ use postgres::types::ToSql;
 use postgres::{NoTls, Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
-use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
+use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -155,10 +155,12 @@ type Owned = Box<dyn ToSql + Sync + Send>;
 struct Seen {
     inodes: HashMap<InodeId, Option<Inode>>,
     policies: HashMap<InodeId, Option<Policy>>,
-    /// Inodes numbered in this transaction from this meta's own block of ids: no
-    /// other row can name them yet, except the ones this transaction wrote (a write
-    /// of their opens, extents or policy removes them from here).
-    fresh: HashSet<InodeId>,
+    /// Opens of an inode across all sessions.
+    open_counts: HashMap<InodeId, u64>,
+    /// Inodes known to have no extents: numbered in this transaction from this
+    /// meta's own block of ids, so no other row can name them yet (such an inode
+    /// also starts with no opens and no policy in the maps above).
+    no_extents: HashSet<InodeId>,
 }
 
 /// A client and the runtime its connection runs on. The `postgres` crate's blocking
@@ -998,7 +1000,10 @@ impl Txn for PgConn {
         };
         let id = block.pop().ok_or_else(|| MetaError::Corrupt(format!("sequence {} gave no id", counter.name())))?;
         if matches!(counter, Counter::Inode) {
-            self.seen.fresh.insert(id as u64);
+            let ino = id as u64;
+            self.seen.no_extents.insert(ino);
+            self.seen.open_counts.insert(ino, 0);
+            self.seen.policies.insert(ino, None);
         }
         Ok(id as u64)
     }
@@ -1063,12 +1068,14 @@ impl Txn for PgConn {
         Ok(self.one("SELECT COUNT(*) FROM inodes", &[])?.try_get::<_, i64>(0)? as u64)
     }
 
-    /// Reads the entry's inode in the same round trip: every op that looks a name
-    /// up goes on to its inode (`get_inode` then answers from `seen`).
+    /// Reads the entry's inode and how often it is open in the same round trip:
+    /// every op that looks a name up goes on to its inode, and an unlink to its
+    /// opens (`get_inode` and `count_opens` then answer from `seen`).
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
         let Some(row) = self.opt(
             "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, i.atime_ns, \
-             i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target \
+             i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
+             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino) \
              FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino WHERE d.parent = $1 AND d.name = $2",
             &[&(parent as i64), &name],
         )?
@@ -1083,6 +1090,8 @@ impl Txn for PgConn {
             };
             slot.insert(inode);
         }
+        let opens = row.try_get::<_, i64>(18)? as u64;
+        self.seen.open_counts.entry(ino).or_insert(opens);
         Ok(Some(ino))
     }
 
@@ -1117,7 +1126,7 @@ impl Txn for PgConn {
     }
 
     fn extents_overlapping(&mut self, ino: InodeId, start: u64, end: u64) -> Result<Vec<Extent>, MetaError> {
-        if start >= end || self.seen.fresh.contains(&ino) {
+        if start >= end || self.seen.no_extents.contains(&ino) {
             return Ok(Vec::new());
         }
         // Extents never overlap, so only the last one starting before `start` can
@@ -1142,7 +1151,7 @@ impl Txn for PgConn {
     }
 
     fn insert_extent(&mut self, ino: InodeId, e: &Extent) -> Result<(), MetaError> {
-        self.seen.fresh.remove(&ino);
+        self.seen.no_extents.remove(&ino);
         self.defer(
             "INSERT INTO extents (ino, file_offset, len, chunk, chunk_offset) VALUES ($1, $2, $3, $4, $5)",
             vec![
@@ -1355,7 +1364,7 @@ impl Txn for PgConn {
     }
 
     fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
-        if self.seen.fresh.contains(&ino) {
+        if self.seen.open_counts.get(&ino) == Some(&0) {
             return Ok(OpenRow::default());
         }
         let row = self.opt(
@@ -1367,7 +1376,7 @@ impl Txn for PgConn {
     }
 
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
-        self.seen.fresh.remove(&ino);
+        self.seen.open_counts.remove(&ino);
         if open.count == 0 {
             self.defer(
                 "DELETE FROM opens WHERE session = $1 AND ino = $2",
@@ -1388,11 +1397,17 @@ impl Txn for PgConn {
     }
 
     fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        if let Some(&n) = self.seen.open_counts.get(&ino) {
+            return Ok(n);
+        }
         let row = self.one("SELECT COALESCE(SUM(count), 0)::BIGINT FROM opens WHERE ino = $1", &[&(ino as i64)])?;
-        Ok(row.try_get::<_, i64>(0)? as u64)
+        let n = row.try_get::<_, i64>(0)? as u64;
+        self.seen.open_counts.insert(ino, n);
+        Ok(n)
     }
 
     fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        self.seen.open_counts.clear();
         let rows = self.query("DELETE FROM opens WHERE session = $1 RETURNING ino", &[&(session as i64)])?;
         Ok(rows.iter().map(|r| r.try_get::<_, i64>(0).map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
     }
@@ -1444,16 +1459,29 @@ impl Txn for PgConn {
     }
 
     fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
-        if self.seen.fresh.contains(&ino) {
-            return Ok(None);
-        }
         if let Some(seen) = self.seen.policies.get(&ino) {
             return Ok(seen.clone());
         }
-        let row = self.opt("SELECT sites, copies, mode, rpo_secs FROM policies WHERE ino = $1", &[&(ino as i64)])?;
-        let found = row.map(|r| policy_of((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))).transpose()?;
-        self.seen.policies.insert(ino, found.clone());
-        Ok(found)
+        // The policy is looked for up the chain of parents (`effective_policy`):
+        // the ancestors' policies come along in the same round trip.
+        let rows = self.query(
+            "WITH RECURSIVE up (ino, depth) AS (
+                 SELECT $1::BIGINT, 0
+                 UNION ALL
+                 SELECT i.parent, up.depth + 1 FROM up JOIN inodes i ON i.ino = up.ino
+                 WHERE up.ino <> $2 AND up.depth < 1000)
+             SELECT up.ino, p.sites, p.copies, p.mode, p.rpo_secs FROM up LEFT JOIN policies p ON p.ino = up.ino",
+            &[&(ino as i64), &(ROOT_INODE as i64)],
+        )?;
+        for r in &rows {
+            let at = r.try_get::<_, i64>(0)? as u64;
+            let policy = match r.try_get::<_, Option<String>>(1)? {
+                Some(sites) => Some(policy_of((sites, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))?),
+                None => None,
+            };
+            self.seen.policies.entry(at).or_insert(policy);
+        }
+        Ok(self.seen.policies.entry(ino).or_insert(None).clone())
     }
 
     fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
@@ -1469,7 +1497,6 @@ impl Txn for PgConn {
                 Box::new(p.rpo_secs as i64),
             ],
         )?;
-        self.seen.fresh.remove(&ino);
         self.seen.policies.insert(ino, Some(p.clone()));
         Ok(())
     }
