@@ -154,6 +154,7 @@ type Owned = Box<dyn ToSql + Sync + Send>;
 #[derive(Default)]
 struct Seen {
     inodes: HashMap<InodeId, Option<Inode>>,
+    dentries: HashMap<(InodeId, Vec<u8>), Option<InodeId>>,
     policies: HashMap<InodeId, Option<Policy>>,
     /// Opens of an inode across all sessions.
     open_counts: HashMap<InodeId, u64>,
@@ -339,6 +340,35 @@ impl PgConn {
             let _ = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
             tokio::task::yield_now().await;
         });
+    }
+
+    /// Records what a row read for entry (`parent`, `name`) holds from column `at`
+    /// on: the entry's inode number (NULL: no such entry), the inode's columns and
+    /// its open count; answers the inode number.
+    fn entry_seen(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        row: Option<&Row>,
+        at: usize,
+    ) -> Result<Option<InodeId>, MetaError> {
+        let ino = match row {
+            Some(row) => row.try_get::<_, Option<i64>>(at)?.map(|v| v as u64),
+            None => None,
+        };
+        self.seen.dentries.insert((parent, name.to_vec()), ino);
+        if let (Some(row), Some(ino)) = (row, ino) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
+                let inode = match row.try_get::<_, Option<i64>>(at + 1)? {
+                    Some(_) => Some(inode_of(row, at + 1)?),
+                    None => None,
+                };
+                slot.insert(inode);
+            }
+            let opens = row.try_get::<_, i64>(at + 18)? as u64;
+            self.seen.open_counts.entry(ino).or_insert(opens);
+        }
+        Ok(ino)
     }
 
     fn chunk_record(&mut self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
@@ -1072,30 +1102,47 @@ impl Txn for PgConn {
     /// every op that looks a name up goes on to its inode, and an unlink to its
     /// opens (`get_inode` and `count_opens` then answer from `seen`).
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
-        let Some(row) = self.opt(
-            "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, i.atime_ns, \
-             i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
+        if let Some(&seen) = self.seen.dentries.get(&(parent, name.to_vec())) {
+            return Ok(seen);
+        }
+        let row = self.opt(
+            "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
+             i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
              (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino) \
              FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino WHERE d.parent = $1 AND d.name = $2",
             &[&(parent as i64), &name],
-        )?
-        else {
-            return Ok(None);
-        };
-        let ino = row.try_get::<_, i64>(0)? as u64;
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
-            let inode = match row.try_get::<_, Option<i64>>(1)? {
-                Some(_) => Some(inode_of(&row, 1)?),
-                None => None,
-            };
-            slot.insert(inode);
+        )?;
+        self.entry_seen(parent, name, row.as_ref(), 0)
+    }
+
+    /// A backend across a network reads the directory, the entry, its inode and
+    /// its open count in one round trip.
+    fn prefetch_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        if self.seen.inodes.contains_key(&parent) || self.seen.dentries.contains_key(&(parent, name.to_vec())) {
+            return Ok(());
         }
-        let opens = row.try_get::<_, i64>(18)? as u64;
-        self.seen.open_counts.entry(ino).or_insert(opens);
-        Ok(Some(ino))
+        let row = self.opt(
+            "SELECT p.ino, p.kind, p.mode, p.uid, p.gid, p.size, p.nlink, p.rdev, p.atime_s, p.atime_ns, \
+             p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
+             d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
+             c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, \
+             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino) \
+             FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
+             LEFT JOIN inodes c ON c.ino = d.ino WHERE p.ino = $1",
+            &[&(parent as i64), &name],
+        )?;
+        let Some(row) = row else {
+            self.seen.inodes.insert(parent, None);
+            return Ok(());
+        };
+        let dir = inode_of(&row, 0)?;
+        self.seen.inodes.insert(parent, Some(dir));
+        self.entry_seen(parent, name, Some(&row), 17)?;
+        Ok(())
     }
 
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
+        self.seen.dentries.insert((parent, name.to_vec()), Some(ino));
         self.defer(
             "INSERT INTO dentries (parent, name, ino, cookie) VALUES ($1, $2, $3, $4)",
             vec![Box::new(parent as i64), Box::new(name.to_vec()), Box::new(ino as i64), Box::new(cookie as i64)],
@@ -1103,6 +1150,7 @@ impl Txn for PgConn {
     }
 
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        self.seen.dentries.insert((parent, name.to_vec()), None);
         self.defer(
             "DELETE FROM dentries WHERE parent = $1 AND name = $2",
             vec![Box::new(parent as i64), Box::new(name.to_vec())],
@@ -1363,16 +1411,29 @@ impl Txn for PgConn {
         Ok(())
     }
 
+    /// Reads the inode in the same round trip (a release goes on to check it).
     fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
         if self.seen.open_counts.get(&ino) == Some(&0) {
             return Ok(OpenRow::default());
         }
-        let row = self.opt(
-            "SELECT count, writable FROM opens WHERE session = $1 AND ino = $2",
+        let row = self.one(
+            "SELECT o.count, o.writable, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
+             i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target \
+             FROM (SELECT $1::BIGINT AS session, $2::BIGINT AS ino) k \
+             LEFT JOIN opens o ON o.session = k.session AND o.ino = k.ino LEFT JOIN inodes i ON i.ino = k.ino",
             &[&(session as i64), &(ino as i64)],
         )?;
-        let Some(row) = row else { return Ok(OpenRow::default()) };
-        Ok(OpenRow { count: row.try_get::<_, i64>(0)? as u32, writable: row.try_get::<_, i64>(1)? != 0 })
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
+            let inode = match row.try_get::<_, Option<i64>>(2)? {
+                Some(_) => Some(inode_of(&row, 2)?),
+                None => None,
+            };
+            slot.insert(inode);
+        }
+        Ok(match row.try_get::<_, Option<i64>>(0)? {
+            Some(count) => OpenRow { count: count as u32, writable: row.try_get::<_, i64>(1)? != 0 },
+            None => OpenRow::default(),
+        })
     }
 
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {

@@ -82,6 +82,13 @@ pub trait Txn {
     fn count_inodes(&mut self) -> Result<u64, MetaError>;
 
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError>;
+    /// A hint that the op goes on to read directory `parent`, its entry `name` and
+    /// that entry's inode: a backend across a network reads them in one round trip.
+    /// The answers still come from `get_inode` and `get_dentry`; by default a no-op.
+    fn prefetch_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        let _ = (parent, name);
+        Ok(())
+    }
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError>;
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError>;
     /// Entries with cookie > `after`, in cookie order, at most `limit`.
