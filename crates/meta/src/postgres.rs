@@ -327,21 +327,6 @@ impl PgConn {
         self.pipeline(Last::Batch(sql)).map(drop)
     }
 
-    /// Sends statements without parameters and returns without their answer (which
-    /// the next request reads past): for ending a read-only transaction, whose end
-    /// cannot fail in a way its reader would care about.
-    fn send_only(&mut self, sql: &'static str) {
-        self.seen = Seen::default();
-        tracing::trace!(target: "meta::postgres::wire", "sent without waiting");
-        let Wire { runtime, client } = self.wire();
-        runtime.block_on(async {
-            let mut request = std::pin::pin!(client.batch_execute(sql));
-            // The first poll queues the request; the yield lets the connection write it.
-            let _ = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
-            tokio::task::yield_now().await;
-        });
-    }
-
     /// Records what a row read for entry (`parent`, `name`) holds from column `at`
     /// on: the entry's inode number (NULL: no such entry), the inode's columns and
     /// its open count; answers the inode number.
@@ -575,13 +560,11 @@ impl WriteConn for PgConn {
 
 impl PgConn {
     /// Runs `op` in the begun read transaction and ends it.
-    /// The end and the next BEGIN are sent without waiting for their answer: a read
-    /// thus costs only its own statements' round trips.
     fn finish_read(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
         let r = op(self);
-        self.release_pending = false;
-        self.send_only(concat!("COMMIT; ", begin_read!()));
-        r
+        let end =
+            self.end(if r.is_ok() { concat!("COMMIT; ", begin_read!()) } else { concat!("ROLLBACK; ", begin_read!()) });
+        r.and(end)
     }
 
     /// Commits like `WriteConn::commit` and publishes the commit's WAL position (an
