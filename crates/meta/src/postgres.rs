@@ -2,7 +2,8 @@
 //! PostgreSQL database (the shared `engine` group-commits on the writer and lends the
 //! readers to callers), each with its own cache of prepared statements.
 //!
-//! Isolation: writes run SERIALIZABLE, reads REPEATABLE READ READ ONLY (a snapshot).
+//! Isolation: writes run SERIALIZABLE, reads REPEATABLE READ READ ONLY (a snapshot;
+//! a read of one statement runs it alone, which is a snapshot too).
 //! The POSIX rules in `ops` were written for a single writer that sees a serial
 //! history (SQLite); SERIALIZABLE keeps that true when several metas write to one
 //! database, without adding row locks to every op: a create racing an rmdir, two
@@ -141,6 +142,23 @@ pub(crate) struct PgConn {
     seen: Seen,
     /// Ids taken from a sequence ahead of need, per counter (see `next_id`).
     ids: HashMap<&'static str, Vec<i64>>,
+    /// A read's first try, outside any transaction (see `ReadConn::snapshot`).
+    probe: Probe,
+    /// A BEGIN to send ahead of the next statement, in the same round trip.
+    begin_pending: Option<&'static str>,
+}
+
+/// Where a read's try without a transaction stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Not trying: statements run in the open transaction, if any.
+    Off,
+    /// Trying: the next statement runs alone (its own snapshot).
+    Ready,
+    /// The one statement ran.
+    Used,
+    /// The read wanted a second statement: it must run again in a snapshot.
+    Overflowed,
 }
 
 /// A parameter of a deferred write, owned until the write is sent.
@@ -262,15 +280,27 @@ impl PgConn {
     /// Sends the deferred writes and then `last` in one round trip and waits for
     /// all their answers; the first failure in order is the result.
     fn pipeline(&mut self, last: Last<'_>) -> Result<Answer, MetaError> {
+        match self.probe {
+            Probe::Off => {}
+            Probe::Ready => self.probe = Probe::Used,
+            Probe::Used | Probe::Overflowed => {
+                self.probe = Probe::Overflowed;
+                return Err(MetaError::Internal("a read of several statements runs again in a snapshot".into()));
+            }
+        }
         let deferred = std::mem::take(&mut self.deferred);
+        let begin = self.begin_pending.take();
         tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
         let Wire { runtime, client } = self.wire();
-        let mut requests: Vec<Pending<'_>> = deferred
-            .iter()
-            .map(|(st, params)| -> Pending<'_> {
+        let begin = begin.map(|sql| -> Pending<'_> {
+            Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) })
+        });
+        let mut requests: Vec<Pending<'_>> = begin
+            .into_iter()
+            .chain(deferred.iter().map(|(st, params)| -> Pending<'_> {
                 let params = params.iter().map(|p| &**p as &(dyn ToSql + Sync));
                 Box::pin(async move { client.execute_raw(st, params).await.map(Answer::Count) })
-            })
+            }))
             .collect();
         requests.push(match last {
             Last::Rows(st, params) => Box::pin(async move { client.query(st, params).await.map(Answer::Rows) }),
@@ -559,14 +589,6 @@ impl WriteConn for PgConn {
 }
 
 impl PgConn {
-    /// Runs `op` in the begun read transaction and ends it.
-    fn finish_read(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        let r = op(self);
-        let end =
-            self.end(if r.is_ok() { concat!("COMMIT; ", begin_read!()) } else { concat!("ROLLBACK; ", begin_read!()) });
-        r.and(end)
-    }
-
     /// Commits like `WriteConn::commit` and publishes the commit's WAL position (an
     /// upper bound: the flushed position right after it, as far as a standby can get) to
     /// `committed`.
@@ -600,9 +622,30 @@ fn parse_lsn(text: &str) -> Option<u64> {
 }
 
 impl ReadConn for PgConn {
+    /// A read is first tried outside any transaction: if it needs one statement (a
+    /// lookup, a getattr: `prefetch_entry` and the row cache make most reads one), that
+    /// statement is its own snapshot and the read costs one round trip. If it asks for
+    /// a second one, that try is dropped and the read runs again in a REPEATABLE READ
+    /// snapshot, its BEGIN sent with its first statement.
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        self.ensure_begun(begin_read!())?;
-        self.finish_read(op)
+        self.reconnect_if_closed()?;
+        self.seen = Seen::default();
+        self.probe = Probe::Ready;
+        let tried = op(self);
+        let overflowed = self.probe == Probe::Overflowed;
+        self.probe = Probe::Off;
+        self.seen = Seen::default();
+        if !overflowed {
+            return tried;
+        }
+        self.begin_pending = Some(begin_read!());
+        let r = op(self);
+        // Nothing sent yet (the op failed before its first statement): nothing to end.
+        if self.begin_pending.take().is_some() {
+            return r;
+        }
+        let end = self.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        r.and(end)
     }
 }
 
@@ -675,6 +718,8 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
         deferred: Vec::new(),
         seen: Seen::default(),
         ids: HashMap::new(),
+        probe: Probe::Off,
+        begin_pending: None,
     })
 }
 

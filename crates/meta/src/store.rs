@@ -199,8 +199,9 @@ pub trait WriteConn: Send {
     fn txn(&mut self) -> &mut dyn Txn;
 }
 
-/// One read operation, run on a consistent snapshot.
-pub type ReadOp<'a> = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + 'a>;
+/// One read operation, run on a consistent snapshot. A backend may run it more than
+/// once (a first try without a transaction, then again in one): only the last run counts.
+pub type ReadOp<'a> = &'a mut dyn FnMut(&mut dyn Txn) -> Result<(), MetaError>;
 
 /// A backend's read connection; the shared read pool gives each one its own thread.
 pub trait ReadConn: Send {
