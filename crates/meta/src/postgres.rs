@@ -176,9 +176,9 @@ struct Seen {
     policies: HashMap<InodeId, Option<Policy>>,
     /// Opens of an inode across all sessions.
     open_counts: HashMap<InodeId, u64>,
-    /// Inodes known to have no extents: numbered in this transaction from this
-    /// meta's own block of ids, so no other row can name them yet (such an inode
-    /// also starts with no opens and no policy in the maps above).
+    /// Inodes known to have no extents: read so with their entry, or numbered in this
+    /// transaction from this meta's own block of ids, so no other row can name them
+    /// yet (such an inode also starts with no opens and no policy in the maps above).
     no_extents: HashSet<InodeId>,
 }
 
@@ -382,6 +382,9 @@ impl PgConn {
             }
             let opens = row.try_get::<_, i64>(at + 18)? as u64;
             self.seen.open_counts.entry(ino).or_insert(opens);
+            if !row.try_get::<_, bool>(at + 19)? {
+                self.seen.no_extents.insert(ino);
+            }
         }
         Ok(ino)
     }
@@ -1126,9 +1129,9 @@ impl Txn for PgConn {
         Ok(self.one("SELECT COUNT(*) FROM inodes", &[])?.try_get::<_, i64>(0)? as u64)
     }
 
-    /// Reads the entry's inode and how often it is open in the same round trip:
-    /// every op that looks a name up goes on to its inode, and an unlink to its
-    /// opens (`get_inode` and `count_opens` then answer from `seen`).
+    /// Reads the entry's inode, how often it is open and whether it has extents in
+    /// the same round trip: every op that looks a name up goes on to its inode, and an
+    /// unlink to its opens and extents (answered from `seen`).
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
         if let Some(&seen) = self.seen.dentries.get(&(parent, name.to_vec())) {
             return Ok(seen);
@@ -1136,7 +1139,8 @@ impl Txn for PgConn {
         let row = self.opt(
             "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
              i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
-             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino) \
+             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
+             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino) \
              FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino WHERE d.parent = $1 AND d.name = $2",
             &[&(parent as i64), &name],
         )?;
@@ -1154,7 +1158,8 @@ impl Txn for PgConn {
              p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
              d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
              c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, \
-             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino) \
+             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
+             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino) \
              FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
              LEFT JOIN inodes c ON c.ino = d.ino WHERE p.ino = $1",
             &[&(parent as i64), &name],
