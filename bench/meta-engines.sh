@@ -2,8 +2,11 @@
 # Metadata engines side by side: the same Locus cluster (one `locus meta`, one `locus node`,
 # one FUSE mount, all on 127.0.0.1) with meta over SQLite and over PostgreSQL, single site,
 # interleaved round by round. Each round runs bench/meta_bench.py (create, stat, unlink of
-# FILES empty files in one directory) on a fresh database and data directory. Prints a
-# Markdown table of every round and the medians, and writes it to OUT.
+# FILES empty files in one directory) and then PostMark (Debian's `postmark` 1.51:
+# PM_FILES files in one directory, PM_TX transactions of create/delete and read/append,
+# its default sizes of 500 to 10,000 bytes) on a fresh database and data directory.
+# Prints a Markdown table of every round (with the load average at its start) and the
+# medians, and writes it to OUT.
 #
 # PostgreSQL: a server of its own, started by this script (initdb into the scratch directory
 # as the `postgres` user when run as root, a free loopback port, default durability settings:
@@ -14,15 +17,19 @@
 # engines, not the transport (bench/tls.sh measures what TLS costs).
 #
 # Usage (as root):  bench/meta-engines.sh
-# Environment: BIN=target/release/locus  ROUNDS=3  FILES=5000  OUT=bench/results/meta-engines.md
+# Environment: BIN=target/release/locus  ROUNDS=3  FILES=5000  PM_FILES=1000  PM_TX=10000
+#              OUT=bench/results/meta-engines.md
 set -Eeuo pipefail
-export LOCUS_INSECURE_NO_TLS=1
+export LOCUS_INSECURE_NO_TLS=true
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/locus}
 ROUNDS=${ROUNDS:-3}
 FILES=${FILES:-5000}
+PM_FILES=${PM_FILES:-1000}
+PM_TX=${PM_TX:-10000}
 OUT=${OUT:-$ROOT/bench/results/meta-engines.md}
 [[ -x $BIN ]] || { echo "no locus binary at $BIN (cargo build --release -p locus)" >&2; exit 1; }
+command -v postmark >/dev/null || { echo "postmark not found: apt-get install postmark" >&2; exit 1; }
 
 pg_bin() {
     local initdb
@@ -66,7 +73,15 @@ start() {
     echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
 }
 
-run() { # engine round; writes "create stat unlink" to $WORK/last
+# PostMark's transactions per second in directory $1 (it reports whole seconds, so
+# PM_TX should keep it busy for 20 s or more).
+postmark_tps() {
+    mkdir -p "$1"
+    printf 'set location %s\nset number %s\nset transactions %s\nrun\nquit\n' "$1" "$PM_FILES" "$PM_TX" |
+        (cd "$1" && postmark) | sed -n 's/.* seconds of transactions (\([0-9]*\) per second).*/\1/p'
+}
+
+run() { # engine round; writes "create stat unlink postmark" to $WORK/last
     local engine=$1 r=$2 db
     if [[ $engine == sqlite ]]; then
         db=$WORK/meta-$r.db
@@ -83,6 +98,10 @@ run() { # engine round; writes "create stat unlink" to $WORK/last
     start "mount-$engine-$r" "locus mounted on" mount "$mnt" --meta "$meta"
     python3 "$ROOT/bench/meta_bench.py" "$mnt/bench" --files "$FILES" |
         sed -E 's/create_per_s=([0-9]+) stat_per_s=([0-9]+) unlink_per_s=([0-9]+)/\1 \2 \3/' >"$WORK/last"
+    local tps
+    tps=$(postmark_tps "$mnt/postmark")
+    [[ -n $tps ]] || { echo "postmark gave no result on $engine" >&2; exit 1; }
+    echo "$(cat "$WORK/last") $tps" >"$WORK/last"
     umount "$mnt" 2>/dev/null || umount -l "$mnt"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -94,29 +113,34 @@ say() { echo "$@"; echo "$@" >&3; }
 say "# Metadata engines: SQLite vs PostgreSQL (single site)"
 say
 say "bench/meta-engines.sh, $(date -u +%Y-%m-%d), commit $(git -C "$ROOT" rev-parse --short HEAD)," \
-    "$(nproc) cores, $FILES empty files in one directory, $ROUNDS rounds; one meta, one node and"
-say "one FUSE mount as separate processes on 127.0.0.1; $PGVERSION on the same machine (fsync on)."
+    "$(nproc) cores, $FILES empty files in one directory, PostMark $PM_FILES files / $PM_TX transactions,"
+say "$ROUNDS rounds; one meta, one node and one FUSE mount as separate processes on 127.0.0.1;"
+say "$PGVERSION on the same machine (fsync on). Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
 say
-say "| round | engine | creates/s | stats/s | unlinks/s |"
-say "|---:|---|---:|---:|---:|"
+say "| round | engine | load avg | creates/s | stats/s | unlinks/s | postmark tx/s |"
+say "|---:|---|---:|---:|---:|---:|---:|"
 for r in $(seq 1 "$ROUNDS"); do
     for engine in sqlite postgres; do
+        load=$(cut -d' ' -f1 /proc/loadavg)
         run "$engine" "$r"
-        read -r c s u <"$WORK/last"
-        echo "$engine $c $s $u" >>"$WORK/rows"
-        say "| $r | $engine | $c | $s | $u |"
+        read -r c s u p <"$WORK/last"
+        echo "$engine $c $s $u $p" >>"$WORK/rows"
+        say "| $r | $engine | $load | $c | $s | $u | $p |"
     done
 done
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 say
-say "| median | creates/s | stats/s | unlinks/s |"
-say "|---|---:|---:|---:|"
+say "| median | creates/s | stats/s | unlinks/s | postmark tx/s |"
+say "|---|---:|---:|---:|---:|"
 declare -A med
 for engine in sqlite postgres; do
-    for k in 2 3 4; do med[$engine$k]=$(awk -v e=$engine -v k=$k '$1==e {print $k}' "$WORK/rows" | median); done
-    say "| $engine | ${med[${engine}2]} | ${med[${engine}3]} | ${med[${engine}4]} |"
+    for k in 2 3 4 5; do med[$engine$k]=$(awk -v e=$engine -v k=$k '$1==e {print $k}' "$WORK/rows" | median); done
+    say "| $engine | ${med[${engine}2]} | ${med[${engine}3]} | ${med[${engine}4]} | ${med[${engine}5]} |"
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.0f %%", 100 * a / b}'; }
-say "| postgres / sqlite | $(ratio "${med[postgres2]}" "${med[sqlite2]}") | $(ratio "${med[postgres3]}" "${med[sqlite3]}") | $(ratio "${med[postgres4]}" "${med[sqlite4]}") |"
+say "| postgres / sqlite | $(ratio "${med[postgres2]}" "${med[sqlite2]}") | $(ratio "${med[postgres3]}" "${med[sqlite3]}") |" \
+    "$(ratio "${med[postgres4]}" "${med[sqlite4]}") | $(ratio "${med[postgres5]}" "${med[sqlite5]}") |"
+say
+say "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 exec 3>&-
 mv "$OUT.tmp" "$OUT"

@@ -73,8 +73,9 @@ impl Store {
     }
 
     /// Runs `f` on a consistent snapshot, on the calling thread, with a free read
-    /// connection (waiting for one if all are in use). Blocking.
-    pub fn read<R>(&self, f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
+    /// connection (waiting for one if all are in use). Blocking. `f` may run more than
+    /// once (see `ReadOp`).
+    pub fn read<R>(&self, mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
         let mut conn = {
             let mut free = lock(&self.readers);
             loop {
@@ -86,10 +87,11 @@ impl Store {
         };
         let mut slot = None;
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            conn.snapshot(Box::new(|t| {
+            conn.snapshot(&mut |t| {
+                slot = None;
                 slot = Some(f(t)?);
                 Ok(())
-            }))
+            })
         }));
         lock(&self.readers).push(conn);
         self.returned.notify_one();
@@ -366,7 +368,7 @@ pub async fn write_async<R: Send + 'static>(
 pub async fn read_async<R: Send + 'static>(
     store: &Store,
     point: bool,
-    f: impl FnOnce(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
+    f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
 ) -> Result<R, MetaError> {
     use tokio::runtime::{Handle, RuntimeFlavor};
     if point && store.local_reads {

@@ -2,7 +2,8 @@
 //! PostgreSQL database (the shared `engine` group-commits on the writer and lends the
 //! readers to callers), each with its own cache of prepared statements.
 //!
-//! Isolation: writes run SERIALIZABLE, reads REPEATABLE READ READ ONLY (a snapshot).
+//! Isolation: writes run SERIALIZABLE, reads REPEATABLE READ READ ONLY (a snapshot;
+//! a read of one statement runs it alone, which is a snapshot too).
 //! The POSIX rules in `ops` were written for a single writer that sees a serial
 //! history (SQLite); SERIALIZABLE keeps that true when several metas write to one
 //! database, without adding row locks to every op: a create racing an rmdir, two
@@ -25,15 +26,19 @@ use crate::sqlite::{
 };
 use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
+use postgres::{NoTls, Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
-use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
-use std::collections::HashMap;
+use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
+use tokio_postgres::{Client, Config};
 use util::sync::lock;
 
 /// Read connections: each read holds one for its round trips to the server.
@@ -104,10 +109,10 @@ CREATE TABLE principals (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 /// One connection to the server with its prepared statements.
 pub(crate) struct PgConn {
     /// Always `Some` until dropped (taken out to be closed off the runtime).
-    client: Option<Client>,
+    wire: Option<Wire>,
     /// How to connect again once the server closed the connection (restart, failover,
     /// an administrator's pg_terminate_backend), and the URL without password.
-    config: postgres::Config,
+    config: Config,
     shown: String,
     /// Session settings run again on every new connection (the writer's
     /// `synchronous_commit=off`).
@@ -130,6 +135,116 @@ pub(crate) struct PgConn {
     /// The writer of a meta holding the primary role's lease: each commit checks the
     /// lease is still held and, in the same transaction, that the epoch is unchanged.
     fence: Option<Arc<PrimaryLease>>,
+    /// Writes whose answer no op waits for, sent ahead of the next statement that
+    /// has one (or the commit) in the same round trip. A failure among them fails
+    /// that statement, inside the same op or commit, so errors keep their meaning.
+    deferred: Vec<(Statement, Vec<Owned>)>,
+    /// Rows the open transaction has read or written (see `Seen`).
+    seen: Seen,
+    /// Ids taken from a sequence ahead of need, per counter (see `next_id`).
+    ids: HashMap<&'static str, Vec<i64>>,
+    /// A read's first try, outside any transaction (see `ReadConn::snapshot`).
+    probe: Probe,
+    /// A BEGIN to send ahead of the next statement, in the same round trip.
+    begin_pending: Option<&'static str>,
+}
+
+/// Where a read's try without a transaction stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Not trying: statements run in the open transaction, if any.
+    Off,
+    /// Trying: the next statement runs alone (its own snapshot).
+    Ready,
+    /// The one statement ran.
+    Used,
+    /// The read wanted a second statement: it must run again in a snapshot.
+    Overflowed,
+}
+
+/// A parameter of a deferred write, owned until the write is sent.
+type Owned = Box<dyn ToSql + Sync + Send>;
+
+/// Rows as the open transaction sees them, so that an op reading a row twice (a
+/// directory checked, then stamped; a new inode read back) asks the server once. A
+/// snapshot (REPEATABLE READ or SERIALIZABLE) shows a transaction the same rows until
+/// it writes them itself, and its writes go through here too; everything is
+/// forgotten at every transaction or savepoint boundary.
+#[derive(Default)]
+struct Seen {
+    inodes: HashMap<InodeId, Option<Inode>>,
+    dentries: HashMap<(InodeId, Vec<u8>), Option<InodeId>>,
+    policies: HashMap<InodeId, Option<Policy>>,
+    /// Opens of an inode across all sessions.
+    open_counts: HashMap<InodeId, u64>,
+    /// Inodes known to have no extents: read so with their entry, or numbered in this
+    /// transaction from this meta's own block of ids, so no other row can name them
+    /// yet (such an inode also starts with no opens and no policy in the maps above).
+    no_extents: HashSet<InodeId>,
+}
+
+/// A client and the runtime its connection runs on. The `postgres` crate's blocking
+/// client answers one request per round trip; its async core, driven here, lets
+/// deferred writes ride ahead of the next request in one pipeline.
+struct Wire {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl Wire {
+    fn connect(config: &Config, shown: &str) -> Result<Wire, MetaError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| MetaError::Internal(format!("a runtime for the PostgreSQL connection: {e}")))?;
+        let (client, connection) = runtime
+            .block_on(config.connect(NoTls))
+            .map_err(|source| MetaError::Connect { url: shown.into(), source })?;
+        // Runs whenever the caller blocks on the runtime; ends when the client closes.
+        runtime.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL connection ended");
+            }
+        });
+        Ok(Wire { runtime, client })
+    }
+}
+
+/// What the statement at the end of a pipeline asks for.
+enum Last<'a> {
+    Rows(&'a Statement, Params<'a>),
+    Count(&'a Statement, Params<'a>),
+    Batch(&'a str),
+    Simple(&'a str),
+}
+
+/// Its answer.
+enum Answer {
+    Rows(Vec<Row>),
+    Count(u64),
+    Simple(Vec<SimpleQueryMessage>),
+}
+
+type Pending<'a> = Pin<Box<dyn Future<Output = Result<Answer, postgres::Error>> + 'a>>;
+
+/// Polls every future in order until all are done: each request is queued on the
+/// connection before the next one's, so all go out together and are answered in order.
+async fn in_order(mut futures: Vec<Pending<'_>>) -> Vec<Result<Answer, postgres::Error>> {
+    let mut out: Vec<Option<Result<Answer, postgres::Error>>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (f, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(r) => *slot = Some(r),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    out.into_iter().flatten().collect()
 }
 
 /// How a write transaction begins: see the module's note on isolation.
@@ -149,42 +264,130 @@ macro_rules! begin_read {
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl PgConn {
-    fn client(&mut self) -> &mut Client {
-        self.client.as_mut().expect("a connection is used only before it is dropped")
+    fn wire(&self) -> &Wire {
+        self.wire.as_ref().expect("a connection is used only before it is dropped")
     }
 
     fn statement(&mut self, sql: &'static str) -> Result<Statement, MetaError> {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let st = self.client().prepare(sql)?;
+        let wire = self.wire();
+        let st = wire.runtime.block_on(wire.client.prepare(sql))?;
         self.statements.insert(sql, st.clone());
         Ok(st)
     }
 
+    /// Sends the deferred writes and then `last` in one round trip and waits for
+    /// all their answers; the first failure in order is the result.
+    fn pipeline(&mut self, last: Last<'_>) -> Result<Answer, MetaError> {
+        match self.probe {
+            Probe::Off => {}
+            Probe::Ready => self.probe = Probe::Used,
+            Probe::Used | Probe::Overflowed => {
+                self.probe = Probe::Overflowed;
+                return Err(MetaError::Internal("a read of several statements runs again in a snapshot".into()));
+            }
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        let begin = self.begin_pending.take();
+        tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
+        let Wire { runtime, client } = self.wire();
+        let begin = begin.map(|sql| -> Pending<'_> {
+            Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) })
+        });
+        let mut requests: Vec<Pending<'_>> = begin
+            .into_iter()
+            .chain(deferred.iter().map(|(st, params)| -> Pending<'_> {
+                let params = params.iter().map(|p| &**p as &(dyn ToSql + Sync));
+                Box::pin(async move { client.execute_raw(st, params).await.map(Answer::Count) })
+            }))
+            .collect();
+        requests.push(match last {
+            Last::Rows(st, params) => Box::pin(async move { client.query(st, params).await.map(Answer::Rows) }),
+            Last::Count(st, params) => Box::pin(async move { client.execute(st, params).await.map(Answer::Count) }),
+            Last::Batch(sql) => Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) }),
+            Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
+        });
+        let mut answers = runtime.block_on(in_order(requests));
+        let last = answers.pop().expect("the last request is answered");
+        answers.into_iter().try_for_each(|a| a.map(drop))?;
+        Ok(last?)
+    }
+
+    /// Queues a write whose answer nothing waits for (see `deferred`).
+    fn defer(&mut self, sql: &'static str, params: Vec<Owned>) -> Result<(), MetaError> {
+        let st = self.statement(sql)?;
+        self.deferred.push((st, params));
+        Ok(())
+    }
+
     fn query(&mut self, sql: &'static str, params: Params<'_>) -> Result<Vec<Row>, MetaError> {
         let st = self.statement(sql)?;
-        Ok(self.client().query(&st, params)?)
+        match self.pipeline(Last::Rows(&st, params))? {
+            Answer::Rows(rows) => Ok(rows),
+            _ => unreachable!("a query answers rows"),
+        }
     }
 
     fn opt(&mut self, sql: &'static str, params: Params<'_>) -> Result<Option<Row>, MetaError> {
-        let st = self.statement(sql)?;
-        Ok(self.client().query_opt(&st, params)?)
+        let mut rows = self.query(sql, params)?;
+        if rows.len() > 1 {
+            return Err(MetaError::Corrupt(format!("{} rows where at most one was expected: {sql}", rows.len())));
+        }
+        Ok(rows.pop())
     }
 
     fn one(&mut self, sql: &'static str, params: Params<'_>) -> Result<Row, MetaError> {
-        let st = self.statement(sql)?;
-        Ok(self.client().query_one(&st, params)?)
+        self.opt(sql, params)?.ok_or_else(|| MetaError::Corrupt(format!("no row where one was expected: {sql}")))
     }
 
     fn exec(&mut self, sql: &'static str, params: Params<'_>) -> Result<u64, MetaError> {
         let st = self.statement(sql)?;
-        Ok(self.client().execute(&st, params)?)
+        match self.pipeline(Last::Count(&st, params))? {
+            Answer::Count(n) => Ok(n),
+            _ => unreachable!("an execute answers a count"),
+        }
     }
 
-    /// Runs statements without parameters in one round trip.
+    /// Runs statements without parameters in one round trip (after the deferred
+    /// writes). Every transaction or savepoint boundary goes through here, so it
+    /// forgets the rows seen.
     pub(crate) fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
-        Ok(self.client().batch_execute(sql)?)
+        self.seen = Seen::default();
+        self.pipeline(Last::Batch(sql)).map(drop)
+    }
+
+    /// Records what a row read for entry (`parent`, `name`) holds from column `at`
+    /// on: the entry's inode number (NULL: no such entry), the inode's columns and
+    /// its open count; answers the inode number.
+    fn entry_seen(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        row: Option<&Row>,
+        at: usize,
+    ) -> Result<Option<InodeId>, MetaError> {
+        let ino = match row {
+            Some(row) => row.try_get::<_, Option<i64>>(at)?.map(|v| v as u64),
+            None => None,
+        };
+        self.seen.dentries.insert((parent, name.to_vec()), ino);
+        if let (Some(row), Some(ino)) = (row, ino) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
+                let inode = match row.try_get::<_, Option<i64>>(at + 1)? {
+                    Some(_) => Some(inode_of(row, at + 1)?),
+                    None => None,
+                };
+                slot.insert(inode);
+            }
+            let opens = row.try_get::<_, i64>(at + 18)? as u64;
+            self.seen.open_counts.entry(ino).or_insert(opens);
+            if !row.try_get::<_, bool>(at + 19)? {
+                self.seen.no_extents.insert(ino);
+            }
+        }
+        Ok(ino)
     }
 
     fn chunk_record(&mut self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
@@ -201,19 +404,19 @@ impl PgConn {
     }
 }
 
-/// Closes a client: it blocks on (and owns) a runtime of its own, which may be neither
-/// run nor dropped inside another runtime, so there it is closed on a thread of its own.
-fn close_off_runtime(client: Option<Client>) {
-    if let Some(client) = client
+/// Closes a connection: its runtime may be neither run nor dropped inside another
+/// runtime, so there it is closed on a thread of its own.
+fn close_off_runtime(wire: Option<Wire>) {
+    if let Some(wire) = wire
         && tokio::runtime::Handle::try_current().is_ok()
     {
-        std::thread::spawn(move || drop(client));
+        std::thread::spawn(move || drop(wire));
     }
 }
 
 impl Drop for PgConn {
     fn drop(&mut self) {
-        close_off_runtime(self.client.take());
+        close_off_runtime(self.wire.take());
     }
 }
 
@@ -231,13 +434,13 @@ impl PgConn {
     }
 
     fn reconnect_if_closed(&mut self) -> Result<(), MetaError> {
-        if self.client.as_ref().is_some_and(Client::is_closed) {
+        if self.wire.as_ref().is_some_and(|w| w.client.is_closed()) {
             tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
-            let client =
-                self.config.connect(NoTls).map_err(|source| MetaError::Connect { url: self.shown.clone(), source })?;
-            let old = self.client.replace(client);
+            let wire = Wire::connect(&self.config, &self.shown)?;
+            let old = self.wire.replace(wire);
             close_off_runtime(old);
             self.statements.clear();
+            self.deferred.clear();
             self.begun = false;
             self.release_pending = false;
             self.batch(self.setup)?;
@@ -397,14 +600,6 @@ impl WriteConn for PgConn {
 }
 
 impl PgConn {
-    /// Runs `op` in the begun read transaction and ends it.
-    fn finish_read(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        let r = op(self);
-        let end =
-            self.end(if r.is_ok() { concat!("COMMIT; ", begin_read!()) } else { concat!("ROLLBACK; ", begin_read!()) });
-        r.and(end)
-    }
-
     /// Commits like `WriteConn::commit` and publishes the commit's WAL position (an
     /// upper bound: the flushed position right after it, as far as a standby can get) to
     /// `committed`.
@@ -413,7 +608,12 @@ impl PgConn {
     fn commit_reporting_lsn(&mut self, fence: &str, committed: &AtomicU64) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
-        let answers = self.client().simple_query(&format!("{fence}COMMIT; SELECT pg_current_wal_flush_lsn()::text"))?;
+        self.seen = Seen::default();
+        let Answer::Simple(answers) =
+            self.pipeline(Last::Simple(&format!("{fence}COMMIT; SELECT pg_current_wal_flush_lsn()::text")))?
+        else {
+            unreachable!("a simple query answers messages")
+        };
         let lsn = answers.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(row) => row.get(0).and_then(parse_lsn),
             _ => None,
@@ -433,9 +633,30 @@ fn parse_lsn(text: &str) -> Option<u64> {
 }
 
 impl ReadConn for PgConn {
+    /// A read is first tried outside any transaction: if it needs one statement (a
+    /// lookup, a getattr: `prefetch_entry` and the row cache make most reads one), that
+    /// statement is its own snapshot and the read costs one round trip. If it asks for
+    /// a second one, that try is dropped and the read runs again in a REPEATABLE READ
+    /// snapshot, its BEGIN sent with its first statement.
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
-        self.ensure_begun(begin_read!())?;
-        self.finish_read(op)
+        self.reconnect_if_closed()?;
+        self.seen = Seen::default();
+        self.probe = Probe::Ready;
+        let tried = op(self);
+        let overflowed = self.probe == Probe::Overflowed;
+        self.probe = Probe::Off;
+        self.seen = Seen::default();
+        if !overflowed {
+            return tried;
+        }
+        self.begin_pending = Some(begin_read!());
+        let r = op(self);
+        // Nothing sent yet (the op failed before its first statement): nothing to end.
+        if self.begin_pending.take().is_some() {
+            return r;
+        }
+        let end = self.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        r.and(end)
     }
 }
 
@@ -478,13 +699,13 @@ impl ReadConn for StandbyReader {
 }
 
 /// `url` without its password, for messages.
-fn shown(config: &postgres::Config) -> String {
+fn shown(config: &Config) -> String {
     let host = config
         .get_hosts()
         .iter()
         .map(|h| match h {
-            postgres::config::Host::Tcp(name) => name.clone(),
-            postgres::config::Host::Unix(path) => path.display().to_string(),
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
         })
         .collect::<Vec<_>>()
         .join(",");
@@ -493,10 +714,9 @@ fn shown(config: &postgres::Config) -> String {
     format!("postgres://{user}{host}:{port}/{}", config.get_dbname().or(config.get_user()).unwrap_or(""))
 }
 
-fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> {
-    let client = config.connect(NoTls).map_err(|source| MetaError::Connect { url: shown.into(), source })?;
+fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
     Ok(PgConn {
-        client: Some(client),
+        wire: Some(Wire::connect(config, shown)?),
         config: config.clone(),
         shown: shown.into(),
         setup: "",
@@ -506,12 +726,17 @@ fn connect(config: &postgres::Config, shown: &str) -> Result<PgConn, MetaError> 
         durable: false,
         release_pending: false,
         fence: None,
+        deferred: Vec::new(),
+        seen: Seen::default(),
+        ids: HashMap::new(),
+        probe: Probe::Off,
+        begin_pending: None,
     })
 }
 
 /// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
-fn parse(url: &str) -> Result<(postgres::Config, String), MetaError> {
-    let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| MetaError::UnsupportedUrl {
+fn parse(url: &str) -> Result<(Config, String), MetaError> {
+    let mut config: Config = url.parse().map_err(|e: postgres::Error| MetaError::UnsupportedUrl {
         url: url.into(),
         reason: format!("not a PostgreSQL connection URL: {e}"),
     })?;
@@ -703,17 +928,30 @@ pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
 /// (one per copied table) and the counters, which are sequences here.
 impl PgConn {
     pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
-        Ok(self.client().prepare(sql)?)
+        let wire = self.wire();
+        Ok(wire.runtime.block_on(wire.client.prepare(sql))?)
     }
 
     pub(crate) fn execute_prepared(&mut self, st: &Statement, params: Params<'_>) -> Result<u64, MetaError> {
-        Ok(self.client().execute(st, params)?)
+        match self.pipeline(Last::Count(st, params))? {
+            Answer::Count(n) => Ok(n),
+            _ => unreachable!("an execute answers a count"),
+        }
     }
 
     /// Rows in `table` (a name taken from the source's catalogue).
     pub(crate) fn count_rows(&mut self, table: &str) -> Result<u64, MetaError> {
-        let n: i64 = self.client().query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.try_get(0)?;
-        Ok(n as u64)
+        let Answer::Simple(answers) = self.pipeline(Last::Simple(&format!("SELECT COUNT(*) FROM {table}")))? else {
+            unreachable!("a simple query answers messages")
+        };
+        let n = answers
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).and_then(|n| n.parse::<u64>().ok()),
+                _ => None,
+            })
+            .ok_or_else(|| MetaError::Internal(format!("no row count for table {table}")))?;
+        Ok(n)
     }
 
     /// Sets counter `name` (as SQLite names it) so that the next id it gives is `value + 1`.
@@ -721,7 +959,7 @@ impl PgConn {
         match name {
             "syncs" => self.exec("UPDATE counters SET value = $1 WHERE name = 'syncs'", &[&value])?,
             "next_inode" | "next_cookie" | "next_session" => {
-                self.client().query_one("SELECT setval($1::text::regclass, $2, false)", &[&name, &(value + 1)])?;
+                self.one("SELECT setval($1::text::regclass, $2, false)", &[&name, &(value + 1)])?;
                 0
             }
             other => return Err(MetaError::Corrupt(format!("unknown counter {other:?}"))),
@@ -745,8 +983,9 @@ macro_rules! inode_cols {
     };
 }
 
-fn inode_of(r: &Row) -> Result<Inode, MetaError> {
-    let int = |i: usize| r.try_get::<_, i64>(i);
+/// The inode in `r`'s columns from `at` on (in `inode_cols` order).
+fn inode_of(r: &Row, at: usize) -> Result<Inode, MetaError> {
+    let int = |i: usize| r.try_get::<_, i64>(at + i);
     let ts =
         |s: usize| -> Result<Timestamp, postgres::Error> { Ok(Timestamp { secs: int(s)?, nanos: int(s + 1)? as u32 }) };
     let ino = int(0)? as u64;
@@ -767,7 +1006,7 @@ fn inode_of(r: &Row) -> Result<Inode, MetaError> {
             data_version: int(14)? as u64,
         },
         parent: int(15)? as u64,
-        target: r.try_get(16)?,
+        target: r.try_get(at + 16)?,
     })
 }
 
@@ -811,30 +1050,75 @@ fn session_of(r: &Row) -> Result<SessionRow, MetaError> {
 }
 
 impl Txn for PgConn {
+    /// Ids come from sequences ID_BLOCK at a time, kept by this connection: a
+    /// sequence is outside transactions anyway (a rolled-back id is never given
+    /// again), and metas over one database each hold their own block.
     fn next_id(&mut self, counter: Counter) -> Result<u64, MetaError> {
         let sql = match counter {
-            Counter::Inode => "SELECT nextval('next_inode')",
-            Counter::Cookie => "SELECT nextval('next_cookie')",
-            Counter::Session => "SELECT nextval('next_session')",
+            Counter::Inode => "SELECT nextval('next_inode') FROM generate_series(1, 64) ORDER BY 1 DESC",
+            Counter::Cookie => "SELECT nextval('next_cookie') FROM generate_series(1, 64) ORDER BY 1 DESC",
+            Counter::Session => "SELECT nextval('next_session') FROM generate_series(1, 64) ORDER BY 1 DESC",
             // A row write, so a durable commit has a WAL record to flush.
-            Counter::Sync => "UPDATE counters SET value = value + 1 WHERE name = 'syncs' RETURNING value",
+            Counter::Sync => {
+                let v: i64 = self
+                    .opt("UPDATE counters SET value = value + 1 WHERE name = 'syncs' RETURNING value", &[])?
+                    .ok_or_else(|| MetaError::Corrupt(format!("counter {} missing", counter.name())))?
+                    .try_get(0)?;
+                return Ok(v as u64);
+            }
         };
-        let v: i64 = self
-            .opt(sql, &[])?
-            .ok_or_else(|| MetaError::Corrupt(format!("counter {} missing", counter.name())))?
-            .try_get(0)?;
-        Ok(v as u64)
+        let block = match self.ids.get_mut(sql) {
+            Some(block) if !block.is_empty() => block,
+            _ => {
+                let fetched = self.query(sql, &[])?.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>()?;
+                self.ids.insert(sql, fetched);
+                self.ids.get_mut(sql).expect("just inserted")
+            }
+        };
+        let id = block.pop().ok_or_else(|| MetaError::Corrupt(format!("sequence {} gave no id", counter.name())))?;
+        if matches!(counter, Counter::Inode) {
+            let ino = id as u64;
+            self.seen.no_extents.insert(ino);
+            self.seen.open_counts.insert(ino, 0);
+            self.seen.policies.insert(ino, None);
+        }
+        Ok(id as u64)
     }
 
     fn get_inode(&mut self, ino: InodeId) -> Result<Option<Inode>, MetaError> {
-        self.opt(concat!("SELECT ", inode_cols!(), " FROM inodes WHERE ino = $1"), &[&(ino as i64)])?
-            .map(|r| inode_of(&r))
-            .transpose()
+        if let Some(seen) = self.seen.inodes.get(&ino) {
+            return Ok(seen.clone());
+        }
+        let found = self
+            .opt(concat!("SELECT ", inode_cols!(), " FROM inodes WHERE ino = $1"), &[&(ino as i64)])?
+            .map(|r| inode_of(&r, 0))
+            .transpose()?;
+        self.seen.inodes.insert(ino, found.clone());
+        Ok(found)
     }
 
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
         let a = &inode.attr;
-        self.exec(
+        let params: Vec<Owned> = vec![
+            Box::new(a.ino as i64),
+            Box::new(kind_code(a.kind)),
+            Box::new(a.mode as i64),
+            Box::new(a.uid as i64),
+            Box::new(a.gid as i64),
+            Box::new(a.size as i64),
+            Box::new(a.nlink as i64),
+            Box::new(a.rdev as i64),
+            Box::new(a.atime.secs),
+            Box::new(a.atime.nanos as i64),
+            Box::new(a.mtime.secs),
+            Box::new(a.mtime.nanos as i64),
+            Box::new(a.ctime.secs),
+            Box::new(a.ctime.nanos as i64),
+            Box::new(a.data_version as i64),
+            Box::new(inode.parent as i64),
+            Box::new(inode.target.clone()),
+        ];
+        self.defer(
             concat!(
                 "INSERT INTO inodes (",
                 inode_cols!(),
@@ -845,31 +1129,15 @@ impl Txn for PgConn {
                  mtime_ns = excluded.mtime_ns, ctime_s = excluded.ctime_s, ctime_ns = excluded.ctime_ns,
                  data_version = excluded.data_version, parent = excluded.parent, target = excluded.target"
             ),
-            &[
-                &(a.ino as i64),
-                &kind_code(a.kind),
-                &(a.mode as i64),
-                &(a.uid as i64),
-                &(a.gid as i64),
-                &(a.size as i64),
-                &(a.nlink as i64),
-                &(a.rdev as i64),
-                &a.atime.secs,
-                &(a.atime.nanos as i64),
-                &a.mtime.secs,
-                &(a.mtime.nanos as i64),
-                &a.ctime.secs,
-                &(a.ctime.nanos as i64),
-                &(a.data_version as i64),
-                &(inode.parent as i64),
-                &inode.target,
-            ],
+            params,
         )?;
+        self.seen.inodes.insert(a.ino, Some(inode.clone()));
         Ok(())
     }
 
     fn delete_inode(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.exec("DELETE FROM inodes WHERE ino = $1", &[&(ino as i64)])?;
+        self.defer("DELETE FROM inodes WHERE ino = $1", vec![Box::new(ino as i64)])?;
+        self.seen.inodes.insert(ino, None);
         Ok(())
     }
 
@@ -877,22 +1145,65 @@ impl Txn for PgConn {
         Ok(self.one("SELECT COUNT(*) FROM inodes", &[])?.try_get::<_, i64>(0)? as u64)
     }
 
+    /// Reads the entry's inode, how often it is open and whether it has extents in
+    /// the same round trip: every op that looks a name up goes on to its inode, and an
+    /// unlink to its opens and extents (answered from `seen`).
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
-        let row = self.opt("SELECT ino FROM dentries WHERE parent = $1 AND name = $2", &[&(parent as i64), &name])?;
-        Ok(row.map(|r| r.try_get::<_, i64>(0)).transpose()?.map(|v| v as u64))
+        if let Some(&seen) = self.seen.dentries.get(&(parent, name.to_vec())) {
+            return Ok(seen);
+        }
+        let row = self.opt(
+            "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
+             i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
+             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
+             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino) \
+             FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino WHERE d.parent = $1 AND d.name = $2",
+            &[&(parent as i64), &name],
+        )?;
+        self.entry_seen(parent, name, row.as_ref(), 0)
+    }
+
+    /// A backend across a network reads the directory, the entry, its inode and
+    /// its open count in one round trip.
+    fn prefetch_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        if self.seen.inodes.contains_key(&parent) || self.seen.dentries.contains_key(&(parent, name.to_vec())) {
+            return Ok(());
+        }
+        let row = self.opt(
+            "SELECT p.ino, p.kind, p.mode, p.uid, p.gid, p.size, p.nlink, p.rdev, p.atime_s, p.atime_ns, \
+             p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
+             d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
+             c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, \
+             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
+             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino) \
+             FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
+             LEFT JOIN inodes c ON c.ino = d.ino WHERE p.ino = $1",
+            &[&(parent as i64), &name],
+        )?;
+        let Some(row) = row else {
+            self.seen.inodes.insert(parent, None);
+            return Ok(());
+        };
+        let dir = inode_of(&row, 0)?;
+        self.seen.inodes.insert(parent, Some(dir));
+        self.entry_seen(parent, name, Some(&row), 17)?;
+        Ok(())
     }
 
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
-        self.exec(
+        self.seen.dentries.insert((parent, name.to_vec()), Some(ino));
+        self.defer(
             "INSERT INTO dentries (parent, name, ino, cookie) VALUES ($1, $2, $3, $4)",
-            &[&(parent as i64), &name, &(ino as i64), &(cookie as i64)],
-        )?;
-        Ok(())
+            vec![Box::new(parent as i64), Box::new(name.to_vec()), Box::new(ino as i64), Box::new(cookie as i64)],
+        )
     }
 
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
-        self.exec("DELETE FROM dentries WHERE parent = $1 AND name = $2", &[&(parent as i64), &name])?;
-        Ok(())
+        self.seen.dentries.insert((parent, name.to_vec()), None);
+        self.defer(
+            "DELETE FROM dentries WHERE parent = $1 AND name = $2",
+            vec![Box::new(parent as i64), Box::new(name.to_vec())],
+        )
     }
 
     fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
@@ -912,44 +1223,49 @@ impl Txn for PgConn {
     }
 
     fn extents_overlapping(&mut self, ino: InodeId, start: u64, end: u64) -> Result<Vec<Extent>, MetaError> {
-        let mut out = Vec::new();
-        if start >= end {
-            return Ok(out);
+        if start >= end || self.seen.no_extents.contains(&ino) {
+            return Ok(Vec::new());
         }
-        // Extents never overlap, so only the last one starting before `start` can reach into the range.
-        let before = self.opt(
-            "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
-             WHERE ino = $1 AND file_offset < $2 ORDER BY file_offset DESC LIMIT 1",
-            &[&(ino as i64), &off(start)],
+        // Extents never overlap, so only the last one starting before `start` can
+        // reach into the range: it and the ones starting inside, in one statement.
+        let rows = self.query(
+            "(SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
+              WHERE ino = $1 AND file_offset < $2 ORDER BY file_offset DESC LIMIT 1)
+             UNION ALL
+             (SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
+              WHERE ino = $1 AND file_offset >= $2 AND file_offset < $3)",
+            &[&(ino as i64), &off(start), &off(end)],
         )?;
-        if let Some(row) = before {
-            let (_, e) = extent_of(&row)?;
-            if e.end() > start {
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (_, e) = extent_of(row)?;
+            if e.file_offset >= start || e.end() > start {
                 out.push(e);
             }
         }
-        let inside = self.query(
-            "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
-             WHERE ino = $1 AND file_offset >= $2 AND file_offset < $3 ORDER BY file_offset",
-            &[&(ino as i64), &off(start), &off(end)],
-        )?;
-        for row in &inside {
-            out.push(extent_of(row)?.1);
-        }
+        out.sort_by_key(|e| e.file_offset);
         Ok(out)
     }
 
     fn insert_extent(&mut self, ino: InodeId, e: &Extent) -> Result<(), MetaError> {
-        self.exec(
+        self.seen.no_extents.remove(&ino);
+        self.defer(
             "INSERT INTO extents (ino, file_offset, len, chunk, chunk_offset) VALUES ($1, $2, $3, $4, $5)",
-            &[&(ino as i64), &off(e.file_offset), &(e.len as i64), &&e.chunk.0[..], &(e.chunk_offset as i64)],
-        )?;
-        Ok(())
+            vec![
+                Box::new(ino as i64),
+                Box::new(off(e.file_offset)),
+                Box::new(e.len as i64),
+                Box::new(e.chunk.0.to_vec()),
+                Box::new(e.chunk_offset as i64),
+            ],
+        )
     }
 
     fn delete_extent(&mut self, ino: InodeId, file_offset: u64) -> Result<(), MetaError> {
-        self.exec("DELETE FROM extents WHERE ino = $1 AND file_offset = $2", &[&(ino as i64), &off(file_offset)])?;
-        Ok(())
+        self.defer(
+            "DELETE FROM extents WHERE ino = $1 AND file_offset = $2",
+            vec![Box::new(ino as i64), Box::new(off(file_offset))],
+        )
     }
 
     fn list_extents(&mut self, after: Option<(InodeId, u64)>, limit: u32) -> Result<Vec<(InodeId, Extent)>, MetaError> {
@@ -966,40 +1282,38 @@ impl Txn for PgConn {
     }
 
     fn upsert_chunk(&mut self, chunk: &StoredChunk) -> Result<(), MetaError> {
-        self.exec(
+        self.defer(
             "INSERT INTO chunks (id, size, refcount) VALUES ($1, $2, 0)
              ON CONFLICT (id) DO UPDATE SET size = excluded.size",
-            &[&&chunk.id.0[..], &(chunk.size as i64)],
+            vec![Box::new(chunk.id.0.to_vec()), Box::new(chunk.size as i64)],
         )?;
         for node in &chunk.nodes {
-            self.exec(
+            self.defer(
                 "INSERT INTO chunk_nodes (chunk, node, cached) VALUES ($1, $2, 0)
                  ON CONFLICT (chunk, node) DO UPDATE SET cached = 0",
-                &[&&chunk.id.0[..], node],
+                vec![Box::new(chunk.id.0.to_vec()), Box::new(node.clone())],
             )?;
         }
         Ok(())
     }
 
     fn add_cached(&mut self, id: &ChunkId, size: u64, node: &str) -> Result<(), MetaError> {
-        self.exec(
+        self.defer(
             "INSERT INTO chunks (id, size, refcount) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING",
-            &[&&id.0[..], &(size as i64)],
+            vec![Box::new(id.0.to_vec()), Box::new(size as i64)],
         )?;
-        self.exec(
+        self.defer(
             "INSERT INTO chunk_nodes (chunk, node, cached) VALUES ($1, $2, 1) ON CONFLICT (chunk, node) DO NOTHING",
-            &[&&id.0[..], &node],
-        )?;
-        Ok(())
+            vec![Box::new(id.0.to_vec()), Box::new(node.to_string())],
+        )
     }
 
     fn adjust_refcount(&mut self, id: &ChunkId, delta: i64) -> Result<(), MetaError> {
-        self.exec(
+        self.defer(
             "INSERT INTO chunks (id, size, refcount) VALUES ($1, 0, $2)
              ON CONFLICT (id) DO UPDATE SET refcount = chunks.refcount + excluded.refcount",
-            &[&&id.0[..], &delta],
-        )?;
-        Ok(())
+            vec![Box::new(id.0.to_vec()), Box::new(delta)],
+        )
     }
 
     fn get_chunk(&mut self, id: &ChunkId) -> Result<Option<ChunkRecord>, MetaError> {
@@ -1025,14 +1339,15 @@ impl Txn for PgConn {
     }
 
     fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError> {
-        self.exec("DELETE FROM chunk_nodes WHERE chunk = $1", &[&&id.0[..]])?;
-        self.exec("DELETE FROM chunks WHERE id = $1", &[&&id.0[..]])?;
-        Ok(())
+        self.defer("DELETE FROM chunk_nodes WHERE chunk = $1", vec![Box::new(id.0.to_vec())])?;
+        self.defer("DELETE FROM chunks WHERE id = $1", vec![Box::new(id.0.to_vec())])
     }
 
     fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
-        self.exec("DELETE FROM chunk_nodes WHERE chunk = $1 AND node = $2 AND cached = 1", &[&&id.0[..], &node])?;
-        Ok(())
+        self.defer(
+            "DELETE FROM chunk_nodes WHERE chunk = $1 AND node = $2 AND cached = 1",
+            vec![Box::new(id.0.to_vec()), Box::new(node.to_string())],
+        )
     }
 
     fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError> {
@@ -1051,12 +1366,11 @@ impl Txn for PgConn {
     }
 
     fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
-        self.exec(
+        self.defer(
             "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3)
              ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
-            &[&(ino as i64), &name, &value],
-        )?;
-        Ok(())
+            vec![Box::new(ino as i64), Box::new(name.to_vec()), Box::new(value.to_vec())],
+        )
     }
 
     fn list_xattrs(&mut self, ino: InodeId) -> Result<Vec<Vec<u8>>, MetaError> {
@@ -1069,8 +1383,7 @@ impl Txn for PgConn {
     }
 
     fn delete_all_xattrs(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.exec("DELETE FROM xattrs WHERE ino = $1", &[&(ino as i64)])?;
-        Ok(())
+        self.defer("DELETE FROM xattrs WHERE ino = $1", vec![Box::new(ino as i64)])
     }
 
     fn orphans(&mut self) -> Result<Vec<InodeId>, MetaError> {
@@ -1159,34 +1472,64 @@ impl Txn for PgConn {
         Ok(())
     }
 
+    /// Reads the inode in the same round trip (a release goes on to check it).
     fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
-        let row = self.opt(
-            "SELECT count, writable FROM opens WHERE session = $1 AND ino = $2",
+        if self.seen.open_counts.get(&ino) == Some(&0) {
+            return Ok(OpenRow::default());
+        }
+        let row = self.one(
+            "SELECT o.count, o.writable, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
+             i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target \
+             FROM (SELECT $1::BIGINT AS session, $2::BIGINT AS ino) k \
+             LEFT JOIN opens o ON o.session = k.session AND o.ino = k.ino LEFT JOIN inodes i ON i.ino = k.ino",
             &[&(session as i64), &(ino as i64)],
         )?;
-        let Some(row) = row else { return Ok(OpenRow::default()) };
-        Ok(OpenRow { count: row.try_get::<_, i64>(0)? as u32, writable: row.try_get::<_, i64>(1)? != 0 })
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
+            let inode = match row.try_get::<_, Option<i64>>(2)? {
+                Some(_) => Some(inode_of(&row, 2)?),
+                None => None,
+            };
+            slot.insert(inode);
+        }
+        Ok(match row.try_get::<_, Option<i64>>(0)? {
+            Some(count) => OpenRow { count: count as u32, writable: row.try_get::<_, i64>(1)? != 0 },
+            None => OpenRow::default(),
+        })
     }
 
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
+        self.seen.open_counts.remove(&ino);
         if open.count == 0 {
-            self.exec("DELETE FROM opens WHERE session = $1 AND ino = $2", &[&(session as i64), &(ino as i64)])?;
+            self.defer(
+                "DELETE FROM opens WHERE session = $1 AND ino = $2",
+                vec![Box::new(session as i64), Box::new(ino as i64)],
+            )
         } else {
-            self.exec(
+            self.defer(
                 "INSERT INTO opens (session, ino, count, writable) VALUES ($1, $2, $3, $4)
                  ON CONFLICT (session, ino) DO UPDATE SET count = excluded.count, writable = excluded.writable",
-                &[&(session as i64), &(ino as i64), &i64::from(open.count), &i64::from(open.writable)],
-            )?;
+                vec![
+                    Box::new(session as i64),
+                    Box::new(ino as i64),
+                    Box::new(i64::from(open.count)),
+                    Box::new(i64::from(open.writable)),
+                ],
+            )
         }
-        Ok(())
     }
 
     fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        if let Some(&n) = self.seen.open_counts.get(&ino) {
+            return Ok(n);
+        }
         let row = self.one("SELECT COALESCE(SUM(count), 0)::BIGINT FROM opens WHERE ino = $1", &[&(ino as i64)])?;
-        Ok(row.try_get::<_, i64>(0)? as u64)
+        let n = row.try_get::<_, i64>(0)? as u64;
+        self.seen.open_counts.insert(ino, n);
+        Ok(n)
     }
 
     fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        self.seen.open_counts.clear();
         let rows = self.query("DELETE FROM opens WHERE session = $1 RETURNING ino", &[&(session as i64)])?;
         Ok(rows.iter().map(|r| r.try_get::<_, i64>(0).map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
     }
@@ -1238,22 +1581,51 @@ impl Txn for PgConn {
     }
 
     fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
-        let row = self.opt("SELECT sites, copies, mode, rpo_secs FROM policies WHERE ino = $1", &[&(ino as i64)])?;
-        row.map(|r| policy_of((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))).transpose()
+        if let Some(seen) = self.seen.policies.get(&ino) {
+            return Ok(seen.clone());
+        }
+        // The policy is looked for up the chain of parents (`effective_policy`):
+        // the ancestors' policies come along in the same round trip.
+        let rows = self.query(
+            "WITH RECURSIVE up (ino, depth) AS (
+                 SELECT $1::BIGINT, 0
+                 UNION ALL
+                 SELECT i.parent, up.depth + 1 FROM up JOIN inodes i ON i.ino = up.ino
+                 WHERE up.ino <> $2 AND up.depth < 1000)
+             SELECT up.ino, p.sites, p.copies, p.mode, p.rpo_secs FROM up LEFT JOIN policies p ON p.ino = up.ino",
+            &[&(ino as i64), &(ROOT_INODE as i64)],
+        )?;
+        for r in &rows {
+            let at = r.try_get::<_, i64>(0)? as u64;
+            let policy = match r.try_get::<_, Option<String>>(1)? {
+                Some(sites) => Some(policy_of((sites, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))?),
+                None => None,
+            };
+            self.seen.policies.entry(at).or_insert(policy);
+        }
+        Ok(self.seen.policies.entry(ino).or_insert(None).clone())
     }
 
     fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
-        self.exec(
+        self.defer(
             "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (ino) DO UPDATE SET sites = excluded.sites, copies = excluded.copies,
              mode = excluded.mode, rpo_secs = excluded.rpo_secs",
-            &[&(ino as i64), &p.sites.join(","), &(p.copies as i64), &p.mode.to_string(), &(p.rpo_secs as i64)],
+            vec![
+                Box::new(ino as i64),
+                Box::new(p.sites.join(",")),
+                Box::new(p.copies as i64),
+                Box::new(p.mode.to_string()),
+                Box::new(p.rpo_secs as i64),
+            ],
         )?;
+        self.seen.policies.insert(ino, Some(p.clone()));
         Ok(())
     }
 
     fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.exec("DELETE FROM policies WHERE ino = $1", &[&(ino as i64)])?;
+        self.defer("DELETE FROM policies WHERE ino = $1", vec![Box::new(ino as i64)])?;
+        self.seen.policies.insert(ino, None);
         Ok(())
     }
 
@@ -1339,8 +1711,8 @@ mod tests {
     use std::sync::Arc;
     use testkit::postgres::PgServer;
 
-    fn raw(url: &str) -> Client {
-        Client::connect(url, NoTls).expect("connect")
+    fn raw(url: &str) -> postgres::Client {
+        postgres::Client::connect(url, NoTls).expect("connect")
     }
 
     #[test]

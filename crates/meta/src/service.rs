@@ -407,7 +407,7 @@ impl MetaService {
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
-                Ok(match engine::read_async(&self.store, point, move |t| ops::read(t, &ctx, req)).await? {
+                Ok(match engine::read_async(&self.store, point, move |t| ops::read(t, &ctx, req.clone())).await? {
                     // Worker reports live in memory, beside the store.
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;

@@ -82,6 +82,13 @@ pub trait Txn {
     fn count_inodes(&mut self) -> Result<u64, MetaError>;
 
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError>;
+    /// A hint that the op goes on to read directory `parent`, its entry `name` and
+    /// that entry's inode: a backend across a network reads them in one round trip.
+    /// The answers still come from `get_inode` and `get_dentry`; by default a no-op.
+    fn prefetch_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        let _ = (parent, name);
+        Ok(())
+    }
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError>;
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError>;
     /// Entries with cookie > `after`, in cookie order, at most `limit`.
@@ -196,8 +203,9 @@ pub trait WriteConn: Send {
     fn txn(&mut self) -> &mut dyn Txn;
 }
 
-/// One read operation, run on a consistent snapshot.
-pub type ReadOp<'a> = Box<dyn FnOnce(&mut dyn Txn) -> Result<(), MetaError> + 'a>;
+/// One read operation, run on a consistent snapshot. A backend may run it more than
+/// once (a first try without a transaction, then again in one): only the last run counts.
+pub type ReadOp<'a> = &'a mut dyn FnMut(&mut dyn Txn) -> Result<(), MetaError>;
 
 /// A backend's read connection; the shared read pool gives each one its own thread.
 pub trait ReadConn: Send {

@@ -12,6 +12,7 @@ pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_del
 }
 
 pub(super) fn lookup(t: &mut dyn Txn, c: &Caller, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
+    t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     match name {
@@ -56,6 +57,7 @@ pub(super) fn create(
     exclusive: bool,
 ) -> Result<(Attr, bool), MetaError> {
     check_name(name)?;
+    t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
     check(caller, &p.attr, MAY_EXEC)?;
     if let Some(existing) = t.get_dentry(parent, name)? {
@@ -175,6 +177,7 @@ pub(super) fn unlink(
     name: &[u8],
 ) -> Result<(InodeId, bool), MetaError> {
     check_name(name)?;
+    t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
@@ -201,6 +204,7 @@ pub(super) fn rmdir(
     name: &[u8],
 ) -> Result<(), MetaError> {
     check_name(name)?;
+    t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
