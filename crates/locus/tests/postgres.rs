@@ -370,6 +370,10 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
 
     // A rejoins once the cut heals: its old database discarded (never a primary again),
     // its old meta replaced by one over B's primary, node a0 (never stopped) back in touch.
+    let primary_log = fs::read_to_string(primary.path().join("server.log")).unwrap_or_default();
+    // Serialization failures at A's primary: B's meta's transactions take several WAN
+    // round trips each and lose SSI conflicts (as the pivot) to A's short ones.
+    let conflicts = primary_log.matches("could not serialize access").count();
     drop(primary);
     let _ = c.other_metas[0].child.kill();
     let _ = c.other_metas[0].child.wait();
@@ -384,18 +388,24 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
         "FAILOVER setting network namespaces A and B joined by locus-wan (20 ms RTT), cut by 100 % loss both ways"
     );
     println!("FAILOVER lease_ms {LEASE_MS}");
-    println!(
-        "FAILOVER acknowledged_before_cut a={} b={}",
-        ops_a.iter().filter(|(_, t, r)| *t <= cut && r.is_ok()).count(),
-        ops_b.iter().filter(|(_, t, r)| *t <= cut && r.is_ok()).count()
-    );
+    let before_cut = |ops: &[Attempt]| ops.iter().filter(|(_, t, r)| *t <= cut && r.is_ok()).count();
+    println!("FAILOVER acknowledged_before_cut a={} b={}", before_cut(&ops_a), before_cut(&ops_b));
+    println!("FAILOVER serialization_failures_at_a_primary {conflicts}");
     println!("FAILOVER procedure_done_ms {}", back.as_millis());
     println!("FAILOVER b_accepts_writes_again_ms {}", first_b_after_cut.map_or(-1, |d| d.as_millis() as i64));
     println!("FAILOVER acknowledged_ops_lost {}", lost.len());
     println!("FAILOVER writes_accepted_at_a_after_cut {}", accepted_at_a(cut));
     println!("FAILOVER writes_accepted_at_a_after_lease {}", accepted_at_a(lease_end));
-    println!("FAILOVER write_at_a_after_lease {probe:?}");
+    let probe_said = match probe {
+        Ok(Err(libc::EROFS)) => "refused (EROFS)".to_string(),
+        Ok(Err(errno)) => format!("failed (errno {errno})"),
+        Ok(Ok(())) => "ACCEPTED".to_string(),
+        Err(_) => "no answer within 20 s".to_string(),
+    };
+    println!("FAILOVER write_at_a_after_lease {probe_said}");
     println!("FAILOVER fsck_after_rejoin {}", if fsck.status.success() { "clean" } else { "NOT clean" });
+    // B's writes before the cut may all be starved (see `conflicts`): not asserted.
+    assert!(before_cut(&ops_a) > 0, "A wrote before the cut");
     assert!(lost.is_empty(), "acknowledged files lost or different at B: {lost:?}");
     assert_eq!(accepted_at_a(lease_end), 0, "A accepted writes after its lease ended");
     assert_eq!(probe, Ok(Err(libc::EROFS)), "a write at A after its lease: {meta_a_log}");
