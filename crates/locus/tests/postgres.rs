@@ -398,6 +398,9 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     // Serialization failures at A's primary: B's meta's transactions take several WAN
     // round trips each and lose SSI conflicts (as the pivot) to A's short ones.
     let conflicts = primary_log.matches("could not serialize access").count();
+    // (An immediate stop: a fast one waits for its WAL sender to a standby it cannot reach.)
+    let rejoin = std::time::Instant::now();
+    primary.crash();
     drop(primary);
     let _ = c.other_metas[0].child.kill();
     let _ = c.other_metas[0].child.wait();
@@ -406,6 +409,7 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     c.wait_for_nodes(2);
     policy(&c, "a,b");
     let fsck = c.locus(&["fsck", "--meta", &meta_b]);
+    let rejoin_ms = rejoin.elapsed().as_millis();
     let fsck_text = String::from_utf8_lossy(&fsck.stdout).into_owned() + &String::from_utf8_lossy(&fsck.stderr);
 
     println!(
@@ -427,6 +431,7 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
         None => "no answer within 20 s".to_string(),
     };
     println!("FAILOVER write_at_a_after_lease {probe_said}");
+    println!("FAILOVER rejoin_and_fsck_ms {rejoin_ms}");
     println!("FAILOVER fsck_after_rejoin {}", if fsck.status.success() { "clean" } else { "NOT clean" });
     // B's writes before the cut may all be starved (see `conflicts`): not asserted.
     assert!(before_cut(&ops_a) > 0, "A wrote before the cut");
