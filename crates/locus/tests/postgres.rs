@@ -376,6 +376,13 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     // another mount, so that a write of the workload blocked in a commit cannot hide it).
     std::thread::sleep(Duration::from_millis(LEASE_MS + 3000).saturating_sub(since_cut()));
     let probe = probe_create(&probe_a.join("w/probe"), Duration::from_secs(20));
+    // End A's mounts first: a killed process closes its files, and a close through a
+    // mount whose meta's writer is stuck in a commit waiting for B would wait out the
+    // client's RPC timeout.
+    for (_, mount) in &mut c.mounts[..2] {
+        let _ = mount.child.kill();
+        let _ = mount.child.wait();
+    }
     let (ops_a, ops_b) = (finish_workload(work_a), finish_workload(work_b));
 
     let acked = |ops: &[Attempt]| -> Vec<(String, Vec<u8>)> {
