@@ -39,13 +39,13 @@ field() { grep -h "^FAILOVER $1 " "$LOGS/round-$2.log" | cut -d' ' -f3-; }
     echo "A's meta replaced by one over B's primary, node a0 (never stopped) re-registers; policy a,b; fsck."
     echo "Lease $(field lease_ms 1) ms."
     echo
-    echo "| round | acked before cut (A / B) | SSI failures at A's primary | promote + restart + policy (ms) | B accepts writes again (ms) | acked ops lost | writes acked at A after cut / after lease | fresh write at A after lease | fsck after A rejoins | test s | load |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| round | acked before cut (A / B) | SSI failures at A's primary | promote + restart + policy (ms) | B accepts writes again (ms) | acked ops lost | writes acked at A after cut / after lease | fresh write at A after lease | rejoin + fsck (ms) | fsck after A rejoins | test s | load |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for r in $(seq 1 "$ROUNDS"); do
         echo "| $r | $(field acknowledged_before_cut "$r") | $(field serialization_failures_at_a_primary "$r") |" \
             "$(field procedure_done_ms "$r") | $(field b_accepts_writes_again_ms "$r") | $(field acknowledged_ops_lost "$r") |" \
             "$(field writes_accepted_at_a_after_cut "$r") / $(field writes_accepted_at_a_after_lease "$r") |" \
-            "$(field write_at_a_after_lease "$r") | $(field fsck_after_rejoin "$r") | $(field test_seconds "$r") |" \
+            "$(field write_at_a_after_lease "$r") | $(field rejoin_and_fsck_ms "$r") | $(field fsck_after_rejoin "$r") | $(field test_seconds "$r") |" \
             "$(field load "$r") |"
     done
 } >"$OUT"

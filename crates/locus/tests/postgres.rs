@@ -261,10 +261,11 @@ fn finish_workload(mut child: std::process::Child) -> Vec<Attempt> {
         .collect()
 }
 
-/// Creates `path` from a process of its own (see `WORKLOAD`): `Some(Ok)` if it was
-/// created, `Some(Err(errno))` if refused, `None` if no answer came `within` (the
-/// process is then killed).
-fn probe_create(path: &Path, within: std::time::Duration) -> Option<Result<(), i32>> {
+/// Creates `path` from a process of its own (see `WORKLOAD`): `Ok(Ok)` if it was
+/// created, `Ok(Err(errno))` if refused, and the process, killed, if no answer came
+/// `within` (a process killed inside a request the mount's daemon is serving exits only
+/// once that request ends: reap it after ending the mount).
+fn probe_create(path: &Path, within: std::time::Duration) -> Result<Result<(), i32>, std::process::Child> {
     let script = "import sys\ntry:\n    open(sys.argv[1], 'wb').close()\n    print('ok')\nexcept OSError as e:\n    print(e.errno or -1)\n";
     let mut child = std::process::Command::new("python3")
         .args(["-c", script])
@@ -277,16 +278,15 @@ fn probe_create(path: &Path, within: std::time::Duration) -> Option<Result<(), i
     while child.try_wait().expect("wait for the probe").is_none() {
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
-            let _ = child.wait();
-            return None;
+            return Err(child);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let out = child.wait_with_output().expect("the probe's answer");
-    match String::from_utf8_lossy(&out.stdout).trim() {
-        "ok" => Some(Ok(())),
-        errno => Some(Err(errno.parse().unwrap_or(-1))),
-    }
+    Ok(match String::from_utf8_lossy(&out.stdout).trim() {
+        "ok" => Ok(()),
+        errno => Err(errno.parse().unwrap_or(-1)),
+    })
 }
 
 /// Now on CLOCK_MONOTONIC in ns (the workload's clock: Python's `time.monotonic_ns`).
@@ -375,15 +375,21 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     // A keeps trying past the end of its lease; then a fresh write at A (through
     // another mount, so that a write of the workload blocked in a commit cannot hide it).
     std::thread::sleep(Duration::from_millis(LEASE_MS + 3000).saturating_sub(since_cut()));
-    let probe = probe_create(&probe_a.join("w/probe"), Duration::from_secs(20));
+    let mut probe = probe_create(&probe_a.join("w/probe"), Duration::from_secs(20));
     // End A's mounts first: a killed process closes its files, and a close through a
     // mount whose meta's writer is stuck in a commit waiting for B would wait out the
     // client's RPC timeout.
+    let ending = std::time::Instant::now();
     for (_, mount) in &mut c.mounts[..2] {
         let _ = mount.child.kill();
         let _ = mount.child.wait();
     }
+    if let Err(unanswered) = &mut probe {
+        let _ = unanswered.wait();
+    }
+    let probe = probe.ok();
     let (ops_a, ops_b) = (finish_workload(work_a), finish_workload(work_b));
+    let ending_ms = ending.elapsed().as_millis();
 
     let acked = |ops: &[Attempt]| -> Vec<(String, Vec<u8>)> {
         ops.iter().filter_map(|(n, _, r)| r.as_ref().ok().map(|d| (n.clone(), d.clone()))).collect()
@@ -438,6 +444,7 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
         None => "no answer within 20 s".to_string(),
     };
     println!("FAILOVER write_at_a_after_lease {probe_said}");
+    println!("FAILOVER end_workloads_ms {ending_ms}");
     println!("FAILOVER rejoin_and_fsck_ms {rejoin_ms}");
     println!("FAILOVER fsck_after_rejoin {}", if fsck.status.success() { "clean" } else { "NOT clean" });
     // B's writes before the cut may all be starved (see `conflicts`): not asserted.
