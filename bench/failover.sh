@@ -1,38 +1,52 @@
 #!/usr/bin/env bash
 # The failover drill of issue 9 part 5, ROUNDS times: runs the real-process test
-# `failover_to_the_standby_site_loses_no_acknowledged_write` (crates/locus/tests/postgres.rs)
-# and writes the figures it prints (lines "FAILOVER key value") as a Markdown table to
-# bench/results/failover.md. Loopback only (127.0.0.1); needs root, /dev/fuse and
-# Debian's postgresql package.
+# `failover_across_a_cut_wan_loses_no_acknowledged_write` (crates/locus/tests/postgres.rs:
+# sites A and B as network namespaces joined by locus-wan, A cut off by 100 % loss with
+# every process of A still running) and writes the figures it prints (lines "FAILOVER key
+# value") as a Markdown table to bench/results/failover.md. Needs root, /dev/fuse, `ip
+# netns`, ethtool, python3 and Debian's postgresql package.
 #
 # Usage (as root):  bench/failover.sh [ROUNDS]
 set -Eeuo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ROUNDS=${1:-3}
 OUT=$ROOT/bench/results/failover.md
+TEST=failover_across_a_cut_wan_loses_no_acknowledged_write
 LOGS=$(mktemp -d /tmp/locus-failover.XXXXXX)
 trap 'rm -rf "$LOGS"' EXIT
 cd "$ROOT"
+cargo build -q -p testkit --bin locus-wan
 for r in $(seq 1 "$ROUNDS"); do
-    cargo test -q -p locus --test postgres -- failover_to_the_standby_site_loses_no_acknowledged_write \
-        --exact --nocapture >"$LOGS/round-$r.log" 2>&1 || { tail -50 "$LOGS/round-$r.log"; exit 1; }
+    start=$(date +%s)
+    cargo test -q -p locus --test postgres -- "$TEST" --exact --nocapture >"$LOGS/round-$r.log" 2>&1 ||
+        { tail -80 "$LOGS/round-$r.log"; exit 1; }
+    echo "FAILOVER test_seconds $(($(date +%s) - start))" >>"$LOGS/round-$r.log"
+    echo "FAILOVER load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$LOGS/round-$r.log"
 done
 field() { grep -h "^FAILOVER $1 " "$LOGS/round-$2.log" | cut -d' ' -f3-; }
 {
     echo "# Failover drill (issue 9, part 5)"
     echo
-    echo "Produced by \`bench/failover.sh $ROUNDS\` on $(date -u +%Y-%m-%d) ($(nproc) cores, shared machine)."
-    echo "$(grep -h '^FAILOVER loopback' "$LOGS/round-1.log" | cut -d' ' -f2-)."
-    echo "Site A: primary PostgreSQL (synchronous standby at B), meta, node a0, a mount; site B: hot standby,"
-    echo "meta (--read-db at the standby), node b0, a mount; \`/w\` under \`sync\` a,b; both mounts write"
-    echo "64 KiB files with fsync. Cut: A's PostgreSQL crashed (immediate stop) and node a0 killed (SIGKILL);"
-    echo "A's meta and mount keep running. Then \`locus meta promote\` at B, B's meta restarted on the"
-    echo "promoted standby, \`/w\` set to site b alone. Lease $(field lease_ms 1) ms."
+    echo "Produced by \`bench/failover.sh $ROUNDS\` on $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD)" \
+        "($(nproc) cores, shared machine; debug build, as the test runs)."
+    echo "$(grep -h '^FAILOVER setting' "$LOGS/round-1.log" | cut -d' ' -f3-)."
+    echo "Site A: primary PostgreSQL (B's standby synchronous), meta, node a0, a mount; site B: hot standby,"
+    echo "meta (--read-db at the standby, writes to A's primary), node b0, a mount; \`/w\` under \`sync\` a,b;"
+    echo "both mounts write 64 KiB files with fsync, back to back (a python3 process per site). Cut: 100 % loss"
+    echo "both ways at the emulator; A's PostgreSQL, meta, node and mount keep running. Then \`locus meta promote\`"
+    echo "at B, B's meta restarted on the promoted standby, \`/w\` set to site b alone. After the lease plus 3 s,"
+    echo "a fresh create at A (another mount at A). Rejoin: the cut healed, A's PostgreSQL stopped and discarded,"
+    echo "A's meta replaced by one over B's primary, node a0 (never stopped) re-registers; policy a,b; fsck."
+    echo "Lease $(field lease_ms 1) ms."
     echo
-    echo "| round | acked before cut (A / B) | promote + restart + policy (ms) | B accepts writes again (ms) | acked ops lost | writes accepted at A after cut | fsck after A rejoins |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| round | acked before cut (A / B) | SSI failures at A's primary | promote + restart + policy (ms) | B accepts writes again (ms) | acked ops lost | writes acked at A after cut / after lease | fresh write at A after lease | rejoin + fsck (ms) | fsck after A rejoins | test s | load |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for r in $(seq 1 "$ROUNDS"); do
-        echo "| $r | $(field acknowledged_before_cut "$r") | $(field procedure_done_ms "$r") | $(field b_accepts_writes_again_ms "$r") | $(field acknowledged_ops_lost "$r") | $(field writes_accepted_at_a_after_cut "$r") | $(field fsck_after_rejoin "$r") |"
+        echo "| $r | $(field acknowledged_before_cut "$r") | $(field serialization_failures_at_a_primary "$r") |" \
+            "$(field procedure_done_ms "$r") | $(field b_accepts_writes_again_ms "$r") | $(field acknowledged_ops_lost "$r") |" \
+            "$(field writes_accepted_at_a_after_cut "$r") / $(field writes_accepted_at_a_after_lease "$r") |" \
+            "$(field write_at_a_after_lease "$r") | $(field rejoin_and_fsck_ms "$r") | $(field fsck_after_rejoin "$r") | $(field test_seconds "$r") |" \
+            "$(field load "$r") |"
     done
 } >"$OUT"
 cat "$OUT"

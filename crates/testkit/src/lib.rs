@@ -165,13 +165,25 @@ impl Cluster {
     /// `link`, and every node and mount of a site (`add_node`, `mount_at`) runs in its
     /// namespace, so traffic between sites crosses the emulated WAN.
     pub fn start_in_sites(bin: &Path, link: &WanLink, sites: &[&str]) -> Cluster {
+        Self::start_in_sites_on_db(bin, link, sites, None, &[])
+    }
+
+    /// Like `start_in_sites`, with meta over the database at `db_url` (`None`: a SQLite
+    /// file) and extra `locus meta` flags.
+    pub fn start_in_sites_on_db(
+        bin: &Path,
+        link: &WanLink,
+        sites: &[&str],
+        db_url: Option<&str>,
+        meta_extra: &[&str],
+    ) -> Cluster {
         assert!(sites.len() <= link.sites(), "{} sites on a WAN of {}", sites.len(), link.sites());
         let placed = sites
             .iter()
             .enumerate()
             .map(|(i, s)| (s.to_string(), link.site_ns(i).to_string(), WanLink::addr_of(i).to_string()))
             .collect();
-        Self::launch(bin, 0, None, &[], None, placed)
+        Self::launch(bin, 0, db_url, meta_extra, None, placed)
     }
 
     /// Like `start`, with meta over the database at `db_url` (e.g. an empty database of
@@ -398,13 +410,29 @@ impl Cluster {
     /// Like `add_meta`, without the flags `dropped` (and their values) of the first
     /// meta's arguments (a site's meta without the other site's `--read-db`).
     pub fn add_meta_without(&mut self, dropped: &[&str]) -> String {
+        let ns = self.meta.ns.clone();
+        self.spawn_meta(ns, "127.0.0.1", without_flags(&self.meta.args, dropped))
+    }
+
+    /// Like `add_meta_without`, with the new meta at `site` (in its namespace, on its
+    /// address) and its `--db` at `db_url` (e.g. the PostgreSQL server of that site).
+    pub fn add_meta_at(&mut self, site: &str, db_url: &str, dropped: &[&str]) -> String {
+        let (ns, ip) = self.place(site);
         let mut args = without_flags(&self.meta.args, dropped);
+        if let Some(i) = args.iter().position(|a| a == "--db") {
+            args[i + 1] = db_url.to_string();
+        }
+        self.spawn_meta(ns, &ip, args)
+    }
+
+    /// Starts one more `locus meta` with `args` in `ns`, listening on a free port of `ip`.
+    fn spawn_meta(&mut self, ns: Option<String>, ip: &str, mut args: Vec<String>) -> String {
         if let Some(i) = args.iter().position(|a| a == "--listen") {
-            args[i + 1] = "127.0.0.1:0".into();
+            args[i + 1] = format!("{ip}:0");
         }
         let log = self.path().join(format!("meta{}.log", self.other_metas.len() + 1));
         let armed = self.failpoints.as_deref();
-        let proc = spawn_and_wait(&self.bin, self.meta.ns.as_deref(), &args, "locus meta listening on", &log, armed);
+        let proc = spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus meta listening on", &log, armed);
         let addr = proc.addr.clone();
         self.other_metas.push(proc);
         addr

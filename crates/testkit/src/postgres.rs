@@ -1,24 +1,30 @@
 //! A real PostgreSQL server for tests: `initdb` into a temporary directory, then the
-//! server on a free loopback port (its socket in that directory), stopped on drop.
+//! server on a free loopback port (its socket in that directory), stopped on drop; or
+//! inside a WAN site's network namespace on that site's address (`start_in`).
 //! PostgreSQL refuses to run as root, so under root both run as the `postgres` system
 //! user (through `runuser`), owning the directory. Binaries come from PATH or
 //! Debian's /usr/lib/postgresql/<version>/bin.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// The superuser `initdb` creates; the URLs handed out connect as it (trust auth on
-/// loopback only).
+/// loopback, or on the sites' network in a namespace).
 const SUPERUSER: &str = "locus";
 
 /// A running PostgreSQL server; `pg_ctl stop` on drop.
 pub struct PgServer {
     dir: tempfile::TempDir,
     bin: PathBuf,
-    /// The loopback port it listens on.
+    /// The port it listens on.
     pub port: u16,
+    /// The address it listens on (127.0.0.1, or its site's address).
+    host: Ipv4Addr,
+    /// The network namespace it runs in (`None`: the test's own).
+    ns: Option<String>,
     /// Run the server's tools as the `postgres` user (we are root).
     as_postgres: bool,
     databases: AtomicU32,
@@ -74,31 +80,60 @@ impl PgServer {
     /// loopback port; waits (bounded by pg_ctl's 60 s) until it accepts connections.
     /// Durability is off (`fsync=off`): a test server's data dies with the test.
     pub fn start() -> PgServer {
+        Self::start_at(None, Ipv4Addr::LOCALHOST)
+    }
+
+    /// Like `start`, inside network namespace `ns` (a `WanLink` site's) listening on
+    /// `addr` (that site's address); it trusts connections and replication from the
+    /// sites' /24 network, which reaches nothing else.
+    pub fn start_in(ns: &str, addr: Ipv4Addr) -> PgServer {
+        Self::start_at(Some(ns), addr)
+    }
+
+    fn start_at(ns: Option<&str>, host: Ipv4Addr) -> PgServer {
         let bin = bin_dir().expect(
             "PostgreSQL server binaries not found on PATH or in /usr/lib/postgresql/*/bin: install Debian's \
              postgresql package (.ci/run does)",
         );
-        let dir = tempfile::Builder::new().prefix("locus-pg").tempdir().expect("tempdir");
+        let server = Self::new_dir("locus-pg", bin, ns, host);
+        let data = server.data_dir();
+        server.run("initdb", &["-D", &data, "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C", "-N"]);
+        if ns.is_some() {
+            let [a, b, c, _] = host.octets();
+            let hba = Path::new(&data).join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+            text += &format!("host all all {a}.{b}.{c}.0/24 trust\nhost replication all {a}.{b}.{c}.0/24 trust\n");
+            std::fs::write(&hba, text).expect("write pg_hba.conf");
+        }
+        server.launch();
+        server
+    }
+
+    /// A server not yet formatted: its directory (owned by `postgres` under root) and a
+    /// free port on `host` (in `ns`).
+    fn new_dir(prefix: &str, bin: PathBuf, ns: Option<&str>, host: Ipv4Addr) -> PgServer {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir().expect("tempdir");
         let as_postgres = am_root();
         if as_postgres {
             let (uid, gid) = postgres_ids();
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the server's directory");
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let server = PgServer { dir, bin, port, as_postgres, databases: AtomicU32::new(0) };
-        let data = server.data_dir();
-        server.run("initdb", &["-D", &data, "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C", "-N"]);
-        server.launch();
-        server
+        let free = move || std::net::TcpListener::bind((host, 0)).expect("bind").local_addr().expect("addr").port();
+        let port = match ns {
+            None => free(),
+            Some(ns) => crate::netns::enter_and_run(ns, free).expect("enter the server's namespace"),
+        };
+        PgServer { dir, bin, port, host, ns: ns.map(String::from), as_postgres, databases: AtomicU32::new(0) }
     }
 
     /// Starts the server of the formatted data directory (bounded by pg_ctl's 60 s).
     fn launch(&self) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off \
+            "-p {} -k {} -c listen_addresses={} -c fsync=off -c full_page_writes=off \
              -c max_connections=400 -c shared_buffers=32MB",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.host
         );
         let log = self.dir.path().join("server.log").display().to_string();
         self.run("pg_ctl", &["start", "-w", "-t", "60", "-D", &self.data_dir(), "-l", &log, "-o", &options]);
@@ -109,16 +144,19 @@ impl PgServer {
     }
 
     /// One of the server's tools, run as `postgres` under root, in the server's
-    /// directory (not one `postgres` may be unable to enter).
+    /// directory (not one `postgres` may be unable to enter) and network namespace.
     fn tool(&self, tool: &str) -> Command {
         let program = self.bin.join(tool);
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&program);
-            c
-        } else {
-            Command::new(&program)
-        };
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(ns) = &self.ns {
+            argv.extend(["nsenter".into(), format!("--net=/run/netns/{ns}").into()]);
+        }
+        if self.as_postgres {
+            argv.extend(["runuser", "-u", "postgres", "--"].map(Into::into));
+        }
+        argv.push(program.into());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
         cmd.current_dir(self.dir.path());
         cmd
     }
@@ -142,13 +180,13 @@ impl PgServer {
 
     /// The URL of database `name` on this server.
     pub fn url(&self, name: &str) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{name}", self.port)
+        format!("postgres://{SUPERUSER}@{}:{}/{name}", self.host, self.port)
     }
 
     /// Creates a new, empty database and returns its URL.
     pub fn create_database(&self) -> String {
         let name = format!("t{}", self.databases.fetch_add(1, Ordering::Relaxed));
-        self.run("createdb", &["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", SUPERUSER, &name]);
+        self.run("createdb", &["-h", &self.host.to_string(), "-p", &self.port.to_string(), "-U", SUPERUSER, &name]);
         self.url(&name)
     }
 
@@ -156,19 +194,36 @@ impl PgServer {
     /// on a free port of its own); read-only, it serves the same databases by name
     /// (`url`) as they replay.
     pub fn start_standby(&self) -> PgServer {
-        let dir = tempfile::Builder::new().prefix("locus-pg-standby").tempdir().expect("tempdir");
-        if self.as_postgres {
-            let (uid, gid) = postgres_ids();
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the standby's directory");
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let standby =
-            PgServer { dir, bin: self.bin.clone(), port, as_postgres: self.as_postgres, databases: AtomicU32::new(0) };
+        self.standby_at(None, Ipv4Addr::LOCALHOST)
+    }
+
+    /// Like `start_standby`, inside network namespace `ns` on `addr` (another site of
+    /// the primary's `WanLink`): the base backup and the stream cross the WAN.
+    pub fn start_standby_in(&self, ns: &str, addr: Ipv4Addr) -> PgServer {
+        self.standby_at(Some(ns), addr)
+    }
+
+    fn standby_at(&self, ns: Option<&str>, host: Ipv4Addr) -> PgServer {
+        let standby = Self::new_dir("locus-pg-standby", self.bin.clone(), ns, host);
         let data = standby.data_dir();
-        let primary_port = self.port.to_string();
+        let (primary_host, primary_port) = (self.host.to_string(), self.port.to_string());
         standby.run(
             "pg_basebackup",
-            &["-h", "127.0.0.1", "-p", &primary_port, "-U", SUPERUSER, "-D", &data, "-R", "-X", "stream", "-c", "fast"],
+            &[
+                "-h",
+                &primary_host,
+                "-p",
+                &primary_port,
+                "-U",
+                SUPERUSER,
+                "-D",
+                &data,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ],
         );
         standby.launch();
         standby
@@ -176,24 +231,10 @@ impl PgServer {
 
     /// Runs `sql` in database `db` with psql and returns its unaligned output.
     pub fn sql(&self, db: &str, sql: &str) -> String {
-        let port = self.port.to_string();
+        let (host, port) = (self.host.to_string(), self.port.to_string());
         let out = self
             .tool("psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                SUPERUSER,
-                "-d",
-                db,
-                "-At",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                sql,
-            ])
+            .args(["-h", &host, "-p", &port, "-U", SUPERUSER, "-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
             .output()
             .expect("run psql");
         assert!(out.status.success(), "psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr));

@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# Metadata work at a remote site (issue 9, part 4): sites A (10.99.0.1) and B (10.99.0.2) as
+# network namespaces joined by `locus-wan` at RTT_MS round-trip time. A runs the primary
+# PostgreSQL, a meta and a node; B runs a streaming hot standby of A's server (asynchronous
+# streaming replication, `pg_basebackup -R`), a meta of its own (`--db` A's primary,
+# `--read-db` B's standby) and a node. Every PostgreSQL server and locus process runs inside
+# its site's namespace and listens on the site's address.
+#
+# Three configurations, measured side by side in one run, workload by workload:
+#   single  a mount at A through A's meta (the single-site baseline)
+#   before  a mount at B through A's meta (every metadata operation crosses the WAN)
+#   after   a mount at B through B's meta, which reads from B's standby
+# Workloads on a tree of DIRS directories of PER_DIR empty files, created once at A at
+# 0 ms before the WAN delay is set:
+#   ls -lR  `ls -lR` of the directories (output counted: it must list every file)
+#   stat    os.stat of every file by its path (python3 loop, no directory listing)
+#   postmark  Debian's postmark 1.53 (PM_FILES files of 500..10000 bytes, PM_TX
+#           transactions, seed 42) in a directory of its own per configuration
+# `before` runs ls -lR and stat on the first BEFORE_DIRS directories only (every file
+# costs it the same WAN round trips: the full 10,000 would take most of an hour) and
+# the table also gives its time scaled to all DIRS directories.
+# Kernel caches: every measurement runs on a fresh `locus mount` (mounted just before,
+# unmounted just after), so the FUSE superblock's dentries, inodes and attributes and the
+# client's own caches start empty; no global drop_caches (the machine is shared; the page
+# cache of the servers' files stays warm for all three configurations alike).
+#
+# TLS: on (the default; a CA and a certificate per process, as bench/replication.sh).
+#
+# Usage (as root):  bench/meta-site-b.sh
+# Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 ROUNDS=1 SKIP_BUILD=0
+#   WORK=/tmp/locus-msb PREFIX=lmsb- OUT=bench/results/meta-site-b.md
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RTT_MS=${RTT_MS:-50}
+DIRS=${DIRS:-100}
+PER_DIR=${PER_DIR:-100}
+FILES=$((DIRS * PER_DIR))
+BEFORE_DIRS=${BEFORE_DIRS:-10}
+PM_FILES=${PM_FILES:-30}
+PM_TX=${PM_TX:-60}
+ROUNDS=${ROUNDS:-1}
+SKIP_BUILD=${SKIP_BUILD:-0}
+WORK=${WORK:-/tmp/locus-msb}
+PREFIX=${PREFIX:-lmsb-}
+OUT=${OUT:-$ROOT/bench/results/meta-site-b.md}
+
+NSA=${PREFIX}s0
+NSB=${PREFIX}s1
+IPA=10.99.0.1
+IPB=10.99.0.2
+META_A=$IPA:7070
+META_B=$IPB:7070
+PGPORT=5432
+DB=locus
+T_START=$(date +%s)
+
+say() { printf '[%5ss] %s\n' "$(($(date +%s) - T_START))" "$*" >&2; }
+die() {
+    say "FAILED: $*"
+    exit 1
+}
+[[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE, PostgreSQL as the postgres user)"
+command -v postmark >/dev/null || die "postmark not installed (apt-get install postmark)"
+pg_bin() {
+    local initdb
+    if initdb=$(command -v initdb); then dirname "$(readlink -f "$initdb")"; return; fi
+    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
+}
+PGBIN=$(pg_bin)
+[[ -x $PGBIN/initdb ]] || die "PostgreSQL not found: apt-get install postgresql"
+
+if [[ $SKIP_BUILD != 1 ]]; then
+    say "cargo build --release (locus, locus-wan)"
+    (cd "$ROOT" && cargo build --release -p locus -p testkit --bin locus --bin locus-wan) || die "build failed"
+fi
+
+PIDS=() MOUNT_PID="" MNT="" UP_PID=""
+stop_pid() { # pid
+    [[ -n $1 ]] || return 0
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+as_pg_in() { # ns cmd... : a PostgreSQL tool as the postgres user inside namespace ns
+    local ns=$1; shift
+    ip netns exec "$ns" runuser -u postgres -- "$@"
+}
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [[ -n $MNT ]] && { umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; }
+    stop_pid "$MOUNT_PID"
+    for p in "${PIDS[@]}"; do stop_pid "$p"; done
+    for s in a b; do
+        [[ -d $WORK/pg-$s/data ]] && as_pg_in "${PREFIX}s$([[ $s == a ]] && echo 0 || echo 1)" \
+            "$PGBIN/pg_ctl" stop -m fast -D "$WORK/pg-$s/data" >/dev/null 2>&1 || true
+    done
+    stop_pid "$UP_PID"
+    [[ -x $WORK/bin/locus-wan ]] && "$WORK/bin/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
+    rm -rf "$WORK"/pg-* "$WORK"/node-* "$WORK"/mnt-* 2>/dev/null || true
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+rm -rf "$WORK"
+mkdir -p "$WORK/bin" "$WORK/logs" "$WORK/node-a" "$WORK/node-b"
+chmod 755 "$WORK"
+cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$WORK/bin/"
+LOCUS=$WORK/bin/locus
+WAN=$WORK/bin/locus-wan
+LOG=$WORK/logs
+"$WAN" down --prefix "$PREFIX" 2>/dev/null || true
+
+TLS_DIR=$WORK/tls
+"$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
+for c in "meta meta-a a" "meta meta-b b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
+    "admin admin a"; do
+    read -r role name site <<<"$c"
+    "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
+done
+tls() { echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"; }
+export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/admin.pem LOCUS_KEY=$TLS_DIR/admin.key
+
+wait_line() { # file pattern seconds what
+    for _ in $(seq $(($3 * 10))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    tail -20 "$1" "${1%.out}.err" >&2 2>/dev/null || true
+    die "$4 not ready after $3 s"
+}
+set_rtt() { # ms
+    "$WAN" ctl --control "$CTL" set delay_ms="$(python3 -c "print($1/2)")" loss_pct=0 rate_mbit=1000 \
+        queue_bytes=auto >/dev/null
+    sleep 0.3
+}
+
+say "WAN emulator: 2 sites"
+"$WAN" up --prefix "$PREFIX" --sites 2 --rate-mbit 1000 >"$LOG/wan-up.out" 2>"$LOG/wan-fwd.err" &
+UP_PID=$!
+wait_line "$LOG/wan-up.out" "^ready" 30 "locus-wan up"
+CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
+set_rtt 0
+
+# PostgreSQL: A's primary, then B's standby from a base backup taken across the WAN.
+pg_start() { # site ns ip
+    as_pg_in "$2" "$PGBIN/pg_ctl" start -w -t 60 -D "$WORK/pg-$1/data" -l "$WORK/pg-$1/server.log" \
+        -o "-p $PGPORT -k $WORK/pg-$1 -c listen_addresses=$3 -c max_connections=200" >/dev/null
+}
+for s in a b; do mkdir -p "$WORK/pg-$s" && chown postgres: "$WORK/pg-$s"; done
+say "PostgreSQL primary at A, hot standby at B"
+(cd "$WORK/pg-a" && as_pg_in "$NSA" "$PGBIN/initdb" -D "$WORK/pg-a/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
+# The sites' own network (the namespaces reach nothing else) may connect and replicate.
+printf 'host all all 10.99.0.0/24 trust\nhost replication all 10.99.0.0/24 trust\n' >>"$WORK/pg-a/data/pg_hba.conf"
+(cd "$WORK/pg-a" && pg_start a "$NSA" "$IPA")
+(cd "$WORK/pg-a" && as_pg_in "$NSA" "$PGBIN/createdb" -h "$IPA" -p "$PGPORT" -U locus "$DB")
+(cd "$WORK/pg-b" && as_pg_in "$NSB" "$PGBIN/pg_basebackup" -h "$IPA" -p "$PGPORT" -U locus -D "$WORK/pg-b/data" \
+    -R -X stream -c fast)
+(cd "$WORK/pg-b" && pg_start b "$NSB" "$IPB")
+PGVERSION=$("$PGBIN/postgres" --version)
+psql_at() { # ns ip sql
+    (cd /tmp && as_pg_in "$1" "$PGBIN/psql" -h "$2" -p "$PGPORT" -U locus -d "$DB" -At -c "$3")
+}
+[[ $(psql_at "$NSB" "$IPB" "SELECT pg_is_in_recovery()") == t ]] || die "B's server is not a standby"
+PRIMARY=postgres://locus@$IPA:$PGPORT/$DB
+STANDBY=postgres://locus@$IPB:$PGPORT/$DB
+
+say "metas and nodes"
+ip netns exec "$NSA" "$LOCUS" meta --listen "$META_A" --db "$PRIMARY" --init --admit-node node-a --admit-node node-b \
+    --no-root-squash a --no-root-squash b $(tls meta-a) >"$LOG/meta-a.out" 2>"$LOG/meta-a.err" &
+PIDS+=($!)
+wait_line "$LOG/meta-a.out" listening 30 "meta A"
+ip netns exec "$NSB" "$LOCUS" meta --listen "$META_B" --db "$PRIMARY" --read-db "$STANDBY" \
+    --no-root-squash a --no-root-squash b $(tls meta-b) >"$LOG/meta-b.out" 2>"$LOG/meta-b.err" &
+PIDS+=($!)
+wait_line "$LOG/meta-b.out" listening 60 "meta B"
+ip netns exec "$NSA" "$LOCUS" node --listen "$IPA:7101" --meta "$META_A" --data-dir "$WORK/node-a" --id node-a \
+    --site a $(tls node-a) >"$LOG/node-a.out" 2>"$LOG/node-a.err" &
+PIDS+=($!)
+wait_line "$LOG/node-a.out" listening 30 "node A"
+ip netns exec "$NSB" "$LOCUS" node --listen "$IPB:7102" --meta "$META_B" --data-dir "$WORK/node-b" --id node-b \
+    --site b $(tls node-b) >"$LOG/node-b.out" 2>"$LOG/node-b.err" &
+PIDS+=($!)
+wait_line "$LOG/node-b.out" listening 30 "node B"
+
+NMOUNT=0
+mount_at() { # site meta: a fresh mount; sets MNT and MOUNT_PID
+    local site=$1 meta=$2 ns
+    ns=$([[ $site == a ]] && echo "$NSA" || echo "$NSB")
+    NMOUNT=$((NMOUNT + 1))
+    MNT=$WORK/mnt-$NMOUNT
+    mkdir -p "$MNT"
+    nsenter --net="/run/netns/$ns" "$LOCUS" mount "$MNT" --meta "$meta" --site "$site" $(tls "client-$site") \
+        >"$LOG/mount-$NMOUNT.out" 2>"$LOG/mount-$NMOUNT.err" &
+    MOUNT_PID=$!
+    wait_line "$LOG/mount-$NMOUNT.out" mounted 60 "mount $NMOUNT ($site through $meta)"
+}
+unmount() {
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+    stop_pid "$MOUNT_PID"
+    MOUNT_PID="" MNT=""
+}
+now() { date +%s.%N; }
+
+say "creating $FILES files in $DIRS directories at A"
+mount_at a "$META_A"
+t0=$(now)
+python3 - "$MNT/tree" "$DIRS" "$PER_DIR" <<'EOF'
+import os, sys
+top, dirs, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.mkdir(top)
+for i in range(dirs):
+    os.mkdir(f"{top}/d{i:03d}")
+    for j in range(per):
+        os.close(os.open(f"{top}/d{i:03d}/f{j:03d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+EOF
+CREATE_S=$(python3 -c "print(f'{$(now) - $t0:.1f}')")
+mkdir "$MNT/pm-single" "$MNT/pm-before" "$MNT/pm-after"
+unmount
+say "created in $CREATE_S s"
+
+# B's standby must hold the whole tree before anything reads there.
+LSN=$(psql_at "$NSA" "$IPA" "SELECT pg_current_wal_flush_lsn()")
+for _ in $(seq 300); do
+    [[ $(psql_at "$NSB" "$IPB" "SELECT pg_last_wal_replay_lsn() >= '$LSN'::pg_lsn") == t ]] && break
+    sleep 0.1
+done
+set_rtt "$RTT_MS"
+# The RTT as a TCP connect from B to A's PostgreSQL sees it (a SYN and its SYN-ACK).
+PING=$(ip netns exec "$NSB" python3 -c '
+import socket, sys, time
+best = 1e9
+for _ in range(5):
+    t = time.perf_counter(); socket.create_connection((sys.argv[1], int(sys.argv[2]))).close()
+    best = min(best, time.perf_counter() - t)
+print(f"{best * 1000:.1f}")' "$IPA" "$PGPORT")
+say "WAN at $RTT_MS ms (TCP connect B->A: $PING ms)"
+
+site_of() { case $1 in single) echo a ;; *) echo b ;; esac; }
+meta_of() { case $1 in after) echo "$META_B" ;; *) echo "$META_A" ;; esac; }
+dirs_of() { case $1 in before) echo "$BEFORE_DIRS" ;; *) echo "$DIRS" ;; esac; }
+work() { # config workload -> RESULT = seconds (and checks the result)
+    local config=$1 workload=$2 t0 t1 n dirs
+    dirs=$(dirs_of "$config")
+    mount_at "$(site_of "$config")" "$(meta_of "$config")"
+    case $workload in
+    ls)
+        local list=()
+        for i in $(seq 0 $((dirs - 1))); do list+=("$(printf '%s/tree/d%03d' "$MNT" "$i")"); done
+        t0=$(now)
+        n=$(ls -lR "${list[@]}" | grep -c '^-')
+        t1=$(now)
+        [[ $n == $((dirs * PER_DIR)) ]] || die "ls -lR ($config) listed $n files, not $((dirs * PER_DIR))"
+        ;;
+    stat)
+        t0=$(now)
+        python3 - "$MNT/tree" "$dirs" "$PER_DIR" <<'EOF'
+import os, sys
+top, dirs, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(dirs):
+    for j in range(per):
+        if os.stat(f"{top}/d{i:03d}/f{j:03d}").st_size != 0:
+            sys.exit(f"{top}/d{i:03d}/f{j:03d} is not empty")
+EOF
+        t1=$(now)
+        ;;
+    postmark)
+        printf 'set location %s\nset number %s\nset transactions %s\nset size 500 10000\nset seed 42\nrun\nquit\n' \
+            "$MNT/pm-$config" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
+        t0=$(now)
+        postmark "$WORK/pm-$config.cfg" >"$LOG/postmark-$config.out" 2>&1 || die "postmark ($config) failed"
+        t1=$(now)
+        ;;
+    esac
+    unmount
+    RESULT=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
+}
+
+declare -A SECS
+LOADS=()
+for r in $(seq 1 "$ROUNDS"); do
+    for workload in ls stat postmark; do
+        for config in single after before; do
+            [[ $workload == postmark && $r -gt 1 ]] && continue # postmark's directories are not reusable
+            work "$config" "$workload"
+            SECS[$r,$workload,$config]=$RESULT
+            say "round $r $workload $config: $RESULT s"
+        done
+        LOADS+=("$(cut -d' ' -f1-3 /proc/loadavg)")
+    done
+done
+
+label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
+ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
+scaled() { python3 -c "print(f'{$1 * $DIRS / $BEFORE_DIRS:.1f}')"; } # before's time for all DIRS directories
+{
+    echo "# Metadata at site B over a ${RTT_MS} ms WAN (issue 9, part 4)"
+    echo
+    echo "bench/meta-site-b.sh, release build of $(git -C "$ROOT" rev-parse --short HEAD), $(date -u +%Y-%m-%d)," \
+        "$(nproc) cores (shared machine; load average at the start of each workload: ${LOADS[*]})."
+    echo "Sites A ($IPA) and B ($IPB) are network namespaces joined by locus-wan at $RTT_MS ms RTT" \
+        "(TCP connect B->A, best of 5: $PING ms), 1000 Mbit/s."
+    echo "A: $PGVERSION primary (fsync on), meta, node; B: hot standby (asynchronous streaming), meta with"
+    echo "\`--read-db\` at the standby, node. TLS on. Tree: $DIRS directories of $PER_DIR empty files ($FILES), created"
+    echo "at A through A's meta at 0 ms RTT in $CREATE_S s. Every measurement on a fresh mount (no kernel"
+    echo "dentry/attribute cache, no client cache); configurations interleaved workload by workload."
+    echo
+    echo "- single: mount at A through A's meta (single-site baseline), all $FILES files"
+    echo "- after: mount at B through B's meta, reading from B's standby (writes still go to A's primary), all $FILES files"
+    echo "- before: mount at B through A's meta (every metadata operation crosses the WAN); ls -lR and stat on the"
+    echo "  first $BEFORE_DIRS directories ($((BEFORE_DIRS * PER_DIR)) files), also given scaled to $FILES files"
+    echo
+    echo "| round | workload | single s | after s | before s (measured) | before s (for $FILES files) | after / single | before / single |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|"
+    for r in $(seq 1 "$ROUNDS"); do
+        for workload in ls stat postmark; do
+            [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
+            a=${SECS[$r,$workload,single]} b=${SECS[$r,$workload,after]} c=${SECS[$r,$workload,before]}
+            full=$c
+            [[ $workload == postmark ]] || full=$(scaled "$c")
+            echo "| $r | $(label $workload) | $a | $b | $c | $full | $(ratio "$b" "$a") | $(ratio "$full" "$a") |"
+        done
+    done
+    echo
+    echo "postmark's own report per configuration (transactions per second):"
+    echo
+    for config in single after before; do
+        echo "- $config: $(grep -m1 'seconds of transactions' "$LOG/postmark-$config.out" | sed 's/^[[:space:]]*//')"
+    done
+} >"$OUT.tmp"
+mv "$OUT.tmp" "$OUT"
+cat "$OUT"
