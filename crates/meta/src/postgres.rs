@@ -103,6 +103,12 @@ CREATE TABLE join_tokens (hash BYTEA PRIMARY KEY, expires BIGINT NOT NULL);
 CREATE TABLE primary_epoch (epoch BIGINT NOT NULL);
 INSERT INTO primary_epoch (epoch) VALUES (1);
 CREATE TABLE primary_leases (holder TEXT PRIMARY KEY, epoch BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);
+CREATE FUNCTION locus_fence(expected BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT epoch FROM primary_epoch) IS DISTINCT FROM expected THEN
+        RAISE EXCEPTION 'locus: the primary role moved on past epoch %', expected USING ERRCODE = 'LF001';
+    END IF;
+END $$;
 CREATE TABLE principals (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 ";
 
@@ -463,15 +469,14 @@ impl PgConn {
     fn fence_check(&mut self) -> Result<String, MetaError> {
         let Some(lease) = self.fence.clone() else { return Ok(String::new()) };
         lease.check()?;
-        Ok(format!(
-            "DO $$BEGIN IF (SELECT epoch FROM primary_epoch) IS DISTINCT FROM {} THEN RAISE EXCEPTION \
-             'locus: the primary role moved on past epoch {}' USING ERRCODE = '{FENCED_SQLSTATE}'; END IF; END$$; ",
-            lease.epoch, lease.epoch
-        ))
+        // A function of the schema, not a DO block: its plan is compiled once per
+        // connection rather than at every commit.
+        Ok(format!("SELECT locus_fence({}); ", lease.epoch))
     }
 }
 
-/// The SQLSTATE of a commit refused because the epoch changed (class LF: Locus fencing).
+/// The SQLSTATE of a commit refused because the epoch changed (class LF: Locus fencing;
+/// raised by the schema's `locus_fence`).
 pub(crate) const FENCED_SQLSTATE: &str = "LF001";
 
 /// This meta's lease on the primary role: while it holds one, its writes are accepted;
