@@ -31,11 +31,8 @@ OUT=${OUT:-$ROOT/bench/results/meta-engines.md}
 [[ -x $BIN ]] || { echo "no locus binary at $BIN (cargo build --release -p locus)" >&2; exit 1; }
 command -v postmark >/dev/null || { echo "postmark not found: apt-get install postmark" >&2; exit 1; }
 
-pg_bin() {
-    local initdb
-    if initdb=$(command -v initdb); then dirname "$(readlink -f "$initdb")"; return; fi
-    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || { echo "PostgreSQL not found: apt-get install postgresql" >&2; exit 1; }
 as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }

@@ -53,20 +53,10 @@ META_A=$IPA:7070
 META_B=$IPB:7070
 PGPORT=5432
 DB=locus
-T_START=$(date +%s)
-
-say() { printf '[%5ss] %s\n' "$(($(date +%s) - T_START))" "$*" >&2; }
-die() {
-    say "FAILED: $*"
-    exit 1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE, PostgreSQL as the postgres user)"
 command -v postmark >/dev/null || die "postmark not installed (apt-get install postmark)"
-pg_bin() {
-    local initdb
-    if initdb=$(command -v initdb); then dirname "$(readlink -f "$initdb")"; return; fi
-    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
-}
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || die "PostgreSQL not found: apt-get install postgresql"
 
@@ -115,23 +105,9 @@ LOG=$WORK/logs
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
 
 TLS_DIR=$WORK/tls
-"$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
-for c in "meta meta-a a" "meta meta-b b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
-    "admin admin a"; do
-    read -r role name site <<<"$c"
-    "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
-done
-tls() { echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"; }
-export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/admin.pem LOCUS_KEY=$TLS_DIR/admin.key
+bench_pki "meta meta-a a" "meta meta-b b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
+    "admin admin a"
 
-wait_line() { # file pattern seconds what
-    for _ in $(seq $(($3 * 10))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    tail -20 "$1" "${1%.out}.err" >&2 2>/dev/null || true
-    die "$4 not ready after $3 s"
-}
 set_rtt() { # ms
     "$WAN" ctl --control "$CTL" set delay_ms="$(python3 -c "print($1/2)")" loss_pct=0 rate_mbit=1000 \
         queue_bytes=auto >/dev/null

@@ -52,13 +52,8 @@ BIN=$WORK/bin
 LOG=$WORK/logs
 MNT=$WORK/mnt-a
 MNTR=$WORK/mnt-r
-T_START=$(date +%s)
-
-say() { printf '[%5ss] %s\n' "$(($(date +%s) - T_START))" "$*" >&2; }
-die() {
-    say "FAILED: $*"
-    exit 1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE)"
 
 if [[ $SKIP_BUILD != 1 ]]; then
@@ -104,23 +99,9 @@ WAN=$BIN/locus-wan
 # status, fsck) use the admin certificate through LOCUS_CA/CERT/KEY (the admin role: fsck
 # lists chunks on nodes, which a client certificate may not).
 TLS_DIR=$WORK/tls
-"$LOCUS" ca init --dir "$TLS_DIR" >/dev/null
-for c in "meta meta a" "node node-a a" "node node-b b" "node node-r0 r" "node node-r1 r" "node node-r2 r" \
-    "client client-a a" "client client-r r" "admin admin a"; do
-    read -r role name site <<<"$c"
-    "$LOCUS" ca issue --dir "$TLS_DIR" --role "$role" --name "$name" --site "$site" >/dev/null
-done
-tls() { echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"; }
-export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/admin.pem LOCUS_KEY=$TLS_DIR/admin.key
+bench_pki "meta meta a" "node node-a a" "node node-b b" "node node-r0 r" "node node-r1 r" "node node-r2 r" \
+    "client client-a a" "client client-r r" "admin admin a"
 
-wait_line() { # file pattern seconds what
-    for _ in $(seq $(($3 * 10))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    tail -5 "$1" "${1%.out}.err" >&2 2>/dev/null || true
-    die "$4 not ready after $3 s"
-}
 set_path() { # rtt_ms [rate_mbit]
     "$WAN" ctl --control "$CTL" set delay_ms="$(python3 -c "print($1/2)")" loss_pct=0 rate_mbit="${2:-$RATE}" \
         queue_bytes=auto >/dev/null
