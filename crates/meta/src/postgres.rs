@@ -47,6 +47,10 @@ const READERS: usize = 8;
 /// How long connecting may take before meta gives up with an error.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long asking the server to cancel an abandoned request may take (it is local to
+/// the meta that abandons it; past this, the connection is dropped all the same).
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The schema of `sqlite.rs` in PostgreSQL's types (BIGINT for every integer, BYTEA
 /// for blobs), with sequences for the ids.
 pub(crate) const SCHEMA: &str = "
@@ -270,15 +274,22 @@ macro_rules! begin_read {
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl PgConn {
-    fn wire(&self) -> &Wire {
-        self.wire.as_ref().expect("a connection is used only before it is dropped")
+    /// The connection; none after a wait was abandoned (`abandon`) until the next
+    /// transaction connects again.
+    fn wire(&self) -> Result<&Wire, MetaError> {
+        self.wire.as_ref().ok_or_else(|| {
+            MetaError::Internal(format!(
+                "the connection to {} was dropped; the next transaction reconnects",
+                self.shown
+            ))
+        })
     }
 
     fn statement(&mut self, sql: &'static str) -> Result<Statement, MetaError> {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let wire = self.wire();
+        let wire = self.wire()?;
         let st = wire.runtime.block_on(wire.client.prepare(sql))?;
         self.statements.insert(sql, st.clone());
         Ok(st)
@@ -298,7 +309,8 @@ impl PgConn {
         let deferred = std::mem::take(&mut self.deferred);
         let begin = self.begin_pending.take();
         tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
-        let Wire { runtime, client } = self.wire();
+        let lease = self.fence.clone();
+        let Wire { runtime, client } = self.wire()?;
         let begin = begin.map(|sql| -> Pending<'_> {
             Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) })
         });
@@ -315,7 +327,15 @@ impl PgConn {
             Last::Batch(sql) => Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) }),
             Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
         });
-        let mut answers = runtime.block_on(in_order(requests));
+        let answered = runtime.block_on(async {
+            match &lease {
+                None => Some(in_order(requests).await),
+                Some(lease) => lease.while_held(in_order(requests)).await,
+            }
+        });
+        let Some(mut answers) = answered else {
+            return Err(self.abandon());
+        };
         let last = answers.pop().expect("the last request is answered");
         answers.into_iter().try_for_each(|a| a.map(drop))?;
         Ok(last?)
@@ -440,7 +460,7 @@ impl PgConn {
     }
 
     fn reconnect_if_closed(&mut self) -> Result<(), MetaError> {
-        if self.wire.as_ref().is_some_and(|w| w.client.is_closed()) {
+        if self.wire.as_ref().is_none_or(|w| w.client.is_closed()) {
             tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
             let wire = Wire::connect(&self.config, &self.shown)?;
             let old = self.wire.replace(wire);
@@ -459,9 +479,44 @@ impl PgConn {
     fn end(&mut self, end: &str) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
+        if self.wire.is_none() {
+            // Abandoned: the server ended the transaction with the connection.
+            return Ok(());
+        }
         self.batch(end)?;
         self.begun = true;
         Ok(())
+    }
+
+    /// Gives up a request the lease ran out waiting for (a COMMIT waiting for a cut-off
+    /// synchronous standby's flush, or a statement waiting behind one): asks the server
+    /// to cancel it (a cancelled COMMIT stays committed locally, in a database the
+    /// failover discards: it is never acknowledged), drops the connection, and answers
+    /// the refusal. The next transaction connects again (and is refused while the
+    /// lease stays lapsed).
+    fn abandon(&mut self) -> MetaError {
+        if let Some(wire) = self.wire.take() {
+            let token = wire.client.cancel_token();
+            let cancelled =
+                wire.runtime.block_on(async { tokio::time::timeout(CANCEL_TIMEOUT, token.cancel_query(NoTls)).await });
+            if !matches!(cancelled, Ok(Ok(()))) {
+                tracing::warn!(db = %self.shown, "could not cancel the abandoned request; dropping its connection");
+            }
+            close_off_runtime(Some(wire));
+        }
+        self.statements.clear();
+        self.deferred.clear();
+        self.begun = false;
+        self.release_pending = false;
+        self.seen = Seen::default();
+        let epoch = self.fence.as_ref().map_or(0, |l| l.epoch);
+        tracing::error!(db = %self.shown, epoch, "lease on the primary role ran out while waiting for the server: request abandoned, not acknowledged");
+        MetaError::Fenced(format!(
+            "this meta's lease on the primary role (epoch {epoch}) ran out while it waited for {} (a commit \
+             waiting for its synchronous standby, or a request behind one): the request was cancelled and is \
+             not acknowledged; writes are refused until a renewal succeeds",
+            self.shown
+        ))
     }
 
     /// The epoch check to run before this writer's COMMIT (empty without a lease);
@@ -531,6 +586,22 @@ impl PrimaryLease {
         let mut until = lock(&self.valid_until);
         *until = (*until).max(started + self.duration);
         Ok(())
+    }
+
+    /// Runs `request` until it is answered, or answers `None` once the lease has run out
+    /// first (renewals that succeed meanwhile extend the wait).
+    async fn while_held<T>(&self, request: impl Future<Output = T>) -> Option<T> {
+        let mut request = std::pin::pin!(request);
+        loop {
+            let until = *lock(&self.valid_until);
+            if Instant::now() >= until {
+                return None;
+            }
+            match tokio::time::timeout_at(until.into(), request.as_mut()).await {
+                Ok(answer) => return Some(answer),
+                Err(_) => continue,
+            }
+        }
     }
 
     /// Refuses a write once the lease has run out.
@@ -933,7 +1004,7 @@ pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
 /// (one per copied table) and the counters, which are sequences here.
 impl PgConn {
     pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
-        let wire = self.wire();
+        let wire = self.wire()?;
         Ok(wire.runtime.block_on(wire.client.prepare(sql))?)
     }
 
@@ -1912,6 +1983,52 @@ mod tests {
         assert_eq!(create(&meta, "late"), Err(ErrorCode::ReadOnly));
         lease.renew().unwrap();
         create(&meta, "renewed").unwrap();
+    }
+
+    /// A durable commit waiting for a synchronous standby that never answers (a cut-off
+    /// site) is abandoned once the lease runs out: the write and the one queued behind
+    /// it are answered EROFS within the lease plus a bound, not left waiting; once the
+    /// standby requirement is lifted and the lease renewed, the writer reconnects.
+    #[test]
+    fn a_commit_stuck_on_a_lost_standby_is_answered_erofs_when_the_lease_ends() {
+        let server = PgServer::start();
+        let url = server.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let lease_for = Duration::from_millis(1500);
+        let backend = open(&url, None, false, Some(("test".into(), lease_for))).unwrap();
+        let lease = backend.lease.clone().unwrap();
+        let store = crate::engine::Store::new(backend).unwrap();
+        put_entry(&store, false, "before").unwrap();
+        let standby_names = |to: &str| {
+            let mut admin = raw(&server.admin_url());
+            admin.batch_execute(&format!("ALTER SYSTEM SET synchronous_standby_names = '{to}'")).unwrap();
+            admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+        };
+        standby_names("lost");
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let (stuck, queued) = std::thread::scope(|s| {
+            let stuck = s.spawn(|| put_entry(&store, true, "stuck"));
+            std::thread::sleep(Duration::from_millis(100));
+            let queued = s.spawn(|| put_entry(&store, false, "queued"));
+            (stuck.join().unwrap(), queued.join().unwrap())
+        });
+        let took = started.elapsed();
+        assert_eq!(stuck, Err(ErrorCode::ReadOnly), "the stuck commit is not acknowledged");
+        assert_eq!(queued, Err(ErrorCode::ReadOnly), "the write queued behind it is refused");
+        assert!(took < lease_for + Duration::from_secs(3), "answered in {took:?}");
+        standby_names("");
+        std::thread::sleep(Duration::from_millis(200));
+        lease.renew().unwrap();
+        put_entry(&store, true, "after").unwrap();
+    }
+
+    /// Writes an entry of the root in a transaction of its own (`durable`: as an
+    /// fsync's commit).
+    fn put_entry(store: &crate::engine::Store, durable: bool, name: &str) -> Result<(), ErrorCode> {
+        let name = name.as_bytes().to_vec();
+        let ino = 1_000_000 + name.len() as u64 * 1000 + u64::from(name[0]);
+        crate::engine::write(store, durable, move |t| t.put_dentry(ROOT_INODE, &name, ino, ino)).map_err(|e| e.code())
     }
 
     /// `promote` on a hot standby: promotes it, waits out the primary's lease, bumps
