@@ -19,6 +19,12 @@ const MAX_BATCH: usize = 512;
 /// (another transaction, e.g. another meta's, touched the same rows).
 const MAX_RETRIES: u32 = 50;
 
+/// Conflicts after which a batch's next try runs alone among the database's writers
+/// (`WriteConn::run_alone_next`): a batch whose transaction spans several round trips
+/// (a meta across a WAN from its primary) would otherwise keep losing, as the SSI
+/// pivot, to short transactions of another meta.
+const ALONE_AFTER: u32 = 2;
+
 /// One write operation as the engine runs it; it may run more than once, as a batch
 /// that hit a serialization conflict is run again whole.
 type WriteOp = Box<dyn FnMut(&mut dyn Txn) -> Result<(), MetaError> + Send>;
@@ -214,7 +220,8 @@ pub fn open_store(
 /// Runs a batch in one transaction, each op inside a savepoint, and answers each op
 /// after the single commit. A serialization conflict (reported by a backend with
 /// concurrent writers) anywhere in the batch rolls it back and runs it again whole,
-/// after a short randomised pause, up to `MAX_RETRIES` times.
+/// after a short randomised pause, up to `MAX_RETRIES` times; from the `ALONE_AFTER`th
+/// conflict on, each try runs alone among the writers (and thus does not conflict).
 fn run_batch(conn: &mut dyn WriteConn, mut batch: Vec<Job>) {
     let mut attempt = 0;
     let outcome = loop {
@@ -224,7 +231,11 @@ fn run_batch(conn: &mut dyn WriteConn, mut batch: Vec<Job>) {
                     tracing::warn!(error = %e, "rollback after a serialization conflict failed");
                 }
                 attempt += 1;
-                std::thread::sleep(backoff(attempt));
+                if attempt >= ALONE_AFTER {
+                    conn.run_alone_next();
+                } else {
+                    std::thread::sleep(backoff(attempt));
+                }
             }
             outcome => break outcome,
         }

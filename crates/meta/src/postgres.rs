@@ -47,6 +47,18 @@ const READERS: usize = 8;
 /// How long connecting may take before meta gives up with an error.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The advisory lock every write transaction of every meta takes shared, in the round
+/// trip of its first statement (no round trip of its own); a transaction that kept
+/// losing serialization conflicts (`WriteConn::run_alone_next`) takes it exclusively
+/// at session level before its BEGIN, so that its snapshot is taken once the others
+/// have finished and it runs alone. PostgreSQL queues later shared requests behind a
+/// waiting exclusive one, so it waits only for the transactions already running.
+macro_rules! writers_lock {
+    () => {
+        "7483620001"
+    };
+}
+
 /// How long asking the server to cancel an abandoned request may take (it is local to
 /// the meta that abandons it; past this, the connection is dropped all the same).
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -157,6 +169,11 @@ pub(crate) struct PgConn {
     probe: Probe,
     /// A BEGIN to send ahead of the next statement, in the same round trip.
     begin_pending: Option<&'static str>,
+    /// The next write transaction runs alone among the writers (`run_alone_next`).
+    alone_next: bool,
+    /// This session holds the writers' lock exclusively (see `writers_lock`); the
+    /// end of its transaction releases it.
+    alone: bool,
 }
 
 /// Where a read's try without a transaction stands.
@@ -469,6 +486,7 @@ impl PgConn {
             self.deferred.clear();
             self.begun = false;
             self.release_pending = false;
+            self.alone = false;
             self.batch(self.setup)?;
         }
         Ok(())
@@ -481,6 +499,14 @@ impl PgConn {
         self.release_pending = false;
         if self.wire.is_none() {
             // Abandoned: the server ended the transaction with the connection.
+            return Ok(());
+        }
+        if self.alone {
+            // Released after the end, in the same round trip; the next BEGIN cannot
+            // ride along after a query, so it goes with the next transaction's start.
+            let end = end.strip_suffix(begin_write!()).unwrap_or(end);
+            self.batch(&format!("{end}SELECT pg_advisory_unlock_all()"))?;
+            self.alone = false;
             return Ok(());
         }
         self.batch(end)?;
@@ -508,6 +534,7 @@ impl PgConn {
         self.deferred.clear();
         self.begun = false;
         self.release_pending = false;
+        self.alone = false;
         self.seen = Seen::default();
         let epoch = self.fence.as_ref().map_or(0, |l| l.epoch);
         tracing::error!(db = %self.shown, epoch, "lease on the primary role ran out while waiting for the server: request abandoned, not acknowledged");
@@ -627,7 +654,20 @@ impl WriteConn for PgConn {
             lease.check()?;
         }
         self.durable = durable;
-        self.ensure_begun(begin_write!())
+        if std::mem::take(&mut self.alone_next) {
+            self.reconnect_if_closed()?;
+            // The begun but unused transaction ends first: its snapshot must be
+            // taken only once this session holds the lock.
+            let end = if std::mem::take(&mut self.begun) { "ROLLBACK; " } else { "" };
+            self.alone = true;
+            self.batch(&format!("{end}SELECT pg_advisory_lock({})", writers_lock!()))?;
+            return self.ensure_begun(begin_write!());
+        }
+        self.ensure_begun(begin_write!())?;
+        if !self.alone {
+            self.defer(concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), ")"), Vec::new())?;
+        }
+        Ok(())
     }
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
@@ -673,6 +713,10 @@ impl WriteConn for PgConn {
     fn txn(&mut self) -> &mut dyn Txn {
         self
     }
+
+    fn run_alone_next(&mut self) {
+        self.alone_next = true;
+    }
 }
 
 impl PgConn {
@@ -685,11 +729,13 @@ impl PgConn {
         self.begun = false;
         self.release_pending = false;
         self.seen = Seen::default();
+        let unlock = if self.alone { "; SELECT pg_advisory_unlock_all()" } else { "" };
         let Answer::Simple(answers) =
-            self.pipeline(Last::Simple(&format!("{fence}COMMIT; SELECT pg_current_wal_flush_lsn()::text")))?
+            self.pipeline(Last::Simple(&format!("{fence}COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
         else {
             unreachable!("a simple query answers messages")
         };
+        self.alone = false;
         let lsn = answers.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(row) => row.get(0).and_then(parse_lsn),
             _ => None,
@@ -807,6 +853,8 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
         ids: HashMap::new(),
         probe: Probe::Off,
         begin_pending: None,
+        alone_next: false,
+        alone: false,
     })
 }
 
@@ -1983,6 +2031,58 @@ mod tests {
         assert_eq!(create(&meta, "late"), Err(ErrorCode::ReadOnly));
         lease.renew().unwrap();
         create(&meta, "renewed").unwrap();
+    }
+
+    /// Two metas' writers over one database, both updating the root directory: one
+    /// with short transactions back to back, the other with transactions that span
+    /// several round trips (sleeps between statements stand in for a 30 ms WAN). The
+    /// slow one loses every snapshot race, yet each of its writes commits (its third
+    /// try runs alone), and the fast one keeps going too.
+    #[test]
+    fn a_slow_writer_beside_a_busy_one_commits_every_write() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let store = || crate::engine::Store::new(open(&url, None, false, None).unwrap()).unwrap();
+        let (busy, slow) = (store(), store());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let touch_root = |t: &mut dyn Txn| -> Result<(), MetaError> {
+            let mut root = t.get_inode(ROOT_INODE)?.expect("the root exists");
+            root.attr.mtime.secs += 1;
+            t.put_inode(&root)
+        };
+        let (busy_writes, slow_results) = std::thread::scope(|s| {
+            let busy_run = s.spawn(|| {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    crate::engine::write(&busy, false, touch_root).expect("the busy writer's write");
+                    n += 1;
+                }
+                n
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let started = Instant::now();
+            let results: Vec<_> = (0..8u64)
+                .map(|i| {
+                    crate::engine::write(&slow, false, move |t| {
+                        let root = t.get_inode(ROOT_INODE)?;
+                        std::thread::sleep(Duration::from_millis(30));
+                        t.put_dentry(ROOT_INODE, format!("slow{i}").as_bytes(), 2_000_000 + i, 2_000_000 + i)?;
+                        std::thread::sleep(Duration::from_millis(30));
+                        t.put_inode(&root.expect("the root exists"))
+                    })
+                })
+                .collect();
+            let took = started.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            assert!(took < Duration::from_secs(20), "the slow writer took {took:?}");
+            (busy_run.join().unwrap(), results)
+        });
+        assert!(slow_results.iter().all(Result::is_ok), "{slow_results:?}");
+        assert!(busy_writes > 8, "the busy writer made progress too: {busy_writes}");
+        let slow_names: i64 =
+            raw(&url).query_one("SELECT COUNT(*) FROM dentries WHERE name::text LIKE '%736c6f77%'", &[]).unwrap().get(0);
+        assert_eq!(slow_names, 8, "every slow write committed once");
     }
 
     /// A durable commit waiting for a synchronous standby that never answers (a cut-off

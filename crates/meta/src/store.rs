@@ -201,6 +201,10 @@ pub trait WriteConn: Send {
     fn rollback(&mut self) -> Result<(), MetaError>;
     /// The row operations, inside the open transaction.
     fn txn(&mut self) -> &mut dyn Txn;
+    /// The next transaction runs alone among the database's writers (one that kept
+    /// losing serialization conflicts to other metas' writers, so that it wins within
+    /// a bounded number of tries). A backend with a single writer has nothing to do.
+    fn run_alone_next(&mut self) {}
 }
 
 /// One read operation, run on a consistent snapshot. A backend may run it more than
