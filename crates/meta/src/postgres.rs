@@ -2080,8 +2080,10 @@ mod tests {
         });
         assert!(slow_results.iter().all(Result::is_ok), "{slow_results:?}");
         assert!(busy_writes > 8, "the busy writer made progress too: {busy_writes}");
-        let slow_names: i64 =
-            raw(&url).query_one("SELECT COUNT(*) FROM dentries WHERE name::text LIKE '%736c6f77%'", &[]).unwrap().get(0);
+        let slow_names: i64 = raw(&url)
+            .query_one("SELECT COUNT(*) FROM dentries WHERE name::text LIKE '%736c6f77%'", &[])
+            .unwrap()
+            .get(0);
         assert_eq!(slow_names, 8, "every slow write committed once");
     }
 
