@@ -50,6 +50,7 @@ pub struct Store {
     readers: Mutex<Vec<Box<dyn ReadConn>>>,
     returned: Condvar,
     local_reads: bool,
+    local_writes: bool,
     lease: Option<Arc<crate::postgres::PrimaryLease>>,
     /// The epoch of the primary role this meta serves (`Backend::epoch`).
     epoch: u64,
@@ -72,6 +73,7 @@ impl Store {
             readers: Mutex::new(backend.readers),
             returned: Condvar::new(),
             local_reads: backend.local_reads,
+            local_writes: backend.local_writes,
             lease: backend.lease,
             epoch: backend.epoch,
             superseded: AtomicU64::new(0),
@@ -348,20 +350,27 @@ pub fn write<R: Send + 'static>(
 }
 
 /// Typed write for async callers. A plain write on a local backend may commit on the
-/// calling thread (it takes tens of microseconds); a durable one waits for an fsync,
-/// and a backend across a network waits for its server (its client library blocks on
-/// a runtime of its own, which cannot run inside ours), so those are submitted from
-/// the blocking pool.
+/// calling thread (it takes tens of microseconds); a durable one waits for an fsync, so
+/// it is submitted from the blocking pool. A server's write (PostgreSQL) runs in
+/// `block_in_place` on the caller's thread: it waits for round trips anyway, and
+/// handing it to the blocking pool and its answer back cost two more thread wake-ups
+/// per write (measured: 31 against 26 context switches of meta per create).
 pub async fn write_async<R: Send + 'static>(
     store: Arc<Store>,
     durable: bool,
     f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
 ) -> Result<R, MetaError> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if !store.local_writes
+        && matches!(Handle::try_current().map(|h| h.runtime_flavor()), Ok(RuntimeFlavor::MultiThread))
+    {
+        return tokio::task::block_in_place(|| write(&store, durable, f));
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let done = move |r| {
         let _ = tx.send(r);
     };
-    if durable || !store.local_reads {
+    if durable || !store.local_writes {
         tokio::task::spawn_blocking(move || submit(&store, durable, f, done));
     } else {
         submit(&store, durable, f, done);
@@ -374,8 +383,7 @@ pub async fn write_async<R: Send + 'static>(
 /// away would (measured: `block_in_place` for every read cost 15 % of the create rate).
 /// Every other read runs in `block_in_place` on the caller's thread while the runtime
 /// moves this worker's other tasks elsewhere; on a current-thread runtime (tests),
-/// where nothing else could run anyway, inline for a local backend and on a thread of
-/// its own for a remote one (whose client cannot block inside our runtime).
+/// where nothing else could run anyway, inline.
 pub async fn read_async<R: Send + 'static>(
     store: &Store,
     point: bool,
@@ -387,9 +395,6 @@ pub async fn read_async<R: Send + 'static>(
     }
     match Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| store.read(f)),
-        Ok(_) if !store.local_reads => std::thread::scope(|s| {
-            s.spawn(|| store.read(f)).join().unwrap_or_else(|_| Err(MetaError::Internal("a read panicked".into())))
-        }),
         _ => store.read(f),
     }
 }

@@ -10,6 +10,7 @@ mod identity;
 mod locks;
 mod migrate;
 mod ops;
+mod pgwire;
 mod postgres;
 mod service;
 mod sqlite;

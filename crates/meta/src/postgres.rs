@@ -14,19 +14,20 @@
 //! predicates (an empty-directory check against a concurrent insert). Ids come from
 //! sequences, so two metas never contend on a counter row.
 //!
-//! The `postgres` crate blocks on a tokio runtime of its own per connection, which
-//! cannot run inside another runtime: the engine therefore calls this backend only off
-//! the async workers (`Backend::local_reads` is false), and a connection dropped
-//! inside a runtime is closed on a thread of its own.
+//! Each connection is driven on the thread that waits for it (`pgwire`), so it may be
+//! used from anywhere, meta's async workers included: a server on this machine gets
+//! its point reads run inline there (`Backend::local_reads`); writes, and every read
+//! of a server elsewhere, run off the workers.
 
 use crate::error::MetaError;
 use crate::locks::Held;
+use crate::pgwire::Wire;
 use crate::sqlite::{
     SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
 };
 use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
 use postgres::types::ToSql;
-use postgres::{NoTls, Row, SimpleQueryMessage, Statement};
+use postgres::{Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
@@ -38,7 +39,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio_postgres::{Client, Config};
+use tokio_postgres::Config;
 use util::sync::lock;
 
 /// Read connections: each read holds one for its round trips to the server.
@@ -130,7 +131,7 @@ CREATE TABLE principals (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 
 /// One connection to the server with its prepared statements.
 pub(crate) struct PgConn {
-    /// Always `Some` until dropped (taken out to be closed off the runtime).
+    /// The connection, driven on the calling thread (`pgwire`).
     wire: Option<Wire>,
     /// How to connect again once the server closed the connection (restart, failover,
     /// an administrator's pg_terminate_backend), and the URL without password.
@@ -210,33 +211,6 @@ struct Seen {
     no_extents: HashSet<InodeId>,
 }
 
-/// A client and the runtime its connection runs on. The `postgres` crate's blocking
-/// client answers one request per round trip; its async core, driven here, lets
-/// deferred writes ride ahead of the next request in one pipeline.
-struct Wire {
-    runtime: tokio::runtime::Runtime,
-    client: Client,
-}
-
-impl Wire {
-    fn connect(config: &Config, shown: &str) -> Result<Wire, MetaError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| MetaError::Internal(format!("a runtime for the PostgreSQL connection: {e}")))?;
-        let (client, connection) = runtime
-            .block_on(config.connect(NoTls))
-            .map_err(|source| MetaError::Connect { url: shown.into(), source })?;
-        // Runs whenever the caller blocks on the runtime; ends when the client closes.
-        runtime.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL connection ended");
-            }
-        });
-        Ok(Wire { runtime, client })
-    }
-}
-
 /// What the statement at the end of a pipeline asks for.
 enum Last<'a> {
     Rows(&'a Statement, Params<'a>),
@@ -293,12 +267,10 @@ type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 impl PgConn {
     /// The connection; none after a wait was abandoned (`abandon`) until the next
     /// transaction connects again.
-    fn wire(&self) -> Result<&Wire, MetaError> {
-        self.wire.as_ref().ok_or_else(|| {
-            MetaError::Internal(format!(
-                "the connection to {} was dropped; the next transaction reconnects",
-                self.shown
-            ))
+    fn wire(&mut self) -> Result<&mut Wire, MetaError> {
+        let shown = &self.shown;
+        self.wire.as_mut().ok_or_else(|| {
+            MetaError::Internal(format!("the connection to {shown} was dropped; the next transaction reconnects"))
         })
     }
 
@@ -306,8 +278,8 @@ impl PgConn {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let wire = self.wire()?;
-        let st = wire.runtime.block_on(wire.client.prepare(sql))?;
+        let Wire { client, driver } = self.wire()?;
+        let st = driver.block_on(client.prepare(sql))??;
         self.statements.insert(sql, st.clone());
         Ok(st)
     }
@@ -327,7 +299,8 @@ impl PgConn {
         let begin = self.begin_pending.take();
         tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
         let lease = self.fence.clone();
-        let Wire { runtime, client } = self.wire()?;
+        let Wire { client, driver } = self.wire()?;
+        let client = &*client;
         let begin = begin.map(|sql| -> Pending<'_> {
             Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) })
         });
@@ -344,12 +317,10 @@ impl PgConn {
             Last::Batch(sql) => Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) }),
             Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
         });
-        let answered = runtime.block_on(async {
-            match &lease {
-                None => Some(in_order(requests).await),
-                Some(lease) => lease.while_held(in_order(requests)).await,
-            }
-        });
+        let answered = match &lease {
+            None => Some(driver.block_on(in_order(requests))?),
+            Some(lease) => driver.block_on_until(in_order(requests), || lease.valid_until())?,
+        };
         let Some(mut answers) = answered else {
             return Err(self.abandon());
         };
@@ -447,22 +418,6 @@ impl PgConn {
     }
 }
 
-/// Closes a connection: its runtime may be neither run nor dropped inside another
-/// runtime, so there it is closed on a thread of its own.
-fn close_off_runtime(wire: Option<Wire>) {
-    if let Some(wire) = wire
-        && tokio::runtime::Handle::try_current().is_ok()
-    {
-        std::thread::spawn(move || drop(wire));
-    }
-}
-
-impl Drop for PgConn {
-    fn drop(&mut self) {
-        close_off_runtime(self.wire.take());
-    }
-}
-
 impl PgConn {
     /// Opens a transaction unless the last one's end already did.
     /// A transaction starting on a connection the server has closed connects again
@@ -477,11 +432,9 @@ impl PgConn {
     }
 
     fn reconnect_if_closed(&mut self) -> Result<(), MetaError> {
-        if self.wire.as_ref().is_none_or(|w| w.client.is_closed()) {
+        if self.wire.as_ref().is_none_or(Wire::is_closed) {
             tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
-            let wire = Wire::connect(&self.config, &self.shown)?;
-            let old = self.wire.replace(wire);
-            close_off_runtime(old);
+            self.wire = Some(Wire::connect(&self.config, &self.shown)?);
             self.statements.clear();
             self.deferred.clear();
             self.begun = false;
@@ -521,14 +474,10 @@ impl PgConn {
     /// the refusal. The next transaction connects again (and is refused while the
     /// lease stays lapsed).
     fn abandon(&mut self) -> MetaError {
-        if let Some(wire) = self.wire.take() {
-            let token = wire.client.cancel_token();
-            let cancelled =
-                wire.runtime.block_on(async { tokio::time::timeout(CANCEL_TIMEOUT, token.cancel_query(NoTls)).await });
-            if !matches!(cancelled, Ok(Ok(()))) {
-                tracing::warn!(db = %self.shown, "could not cancel the abandoned request; dropping its connection");
-            }
-            close_off_runtime(Some(wire));
+        if let Some(wire) = self.wire.take()
+            && let Err(e) = wire.cancel(&self.config, CANCEL_TIMEOUT)
+        {
+            tracing::warn!(db = %self.shown, error = %e, "could not cancel the abandoned request; dropping its connection");
         }
         self.statements.clear();
         self.deferred.clear();
@@ -615,20 +564,9 @@ impl PrimaryLease {
         Ok(())
     }
 
-    /// Runs `request` until it is answered, or answers `None` once the lease has run out
-    /// first (renewals that succeed meanwhile extend the wait).
-    async fn while_held<T>(&self, request: impl Future<Output = T>) -> Option<T> {
-        let mut request = std::pin::pin!(request);
-        loop {
-            let until = *lock(&self.valid_until);
-            if Instant::now() >= until {
-                return None;
-            }
-            match tokio::time::timeout_at(until.into(), request.as_mut()).await {
-                Ok(answer) => return Some(answer),
-                Err(_) => continue,
-            }
-        }
+    /// Until when the lease holds (renewals that succeed move it later).
+    fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
     }
 
     /// Refuses a write once the lease has run out.
@@ -858,6 +796,18 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
     })
 }
 
+/// Whether every host of `config` is this machine (a loopback address, `localhost`,
+/// or a Unix socket): its point reads answer in tens of microseconds and may run
+/// inline on meta's async workers (`Backend::local_reads`).
+fn on_this_machine(config: &Config) -> bool {
+    config.get_hosts().iter().all(|h| match h {
+        tokio_postgres::config::Host::Tcp(name) => {
+            name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
+        tokio_postgres::config::Host::Unix(_) => true,
+    })
+}
+
 /// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
 fn parse(url: &str) -> Result<(Config, String), MetaError> {
     let mut config: Config = url.parse().map_err(|e: postgres::Error| MetaError::UnsupportedUrl {
@@ -934,7 +884,8 @@ pub fn open(
         cluster_secret,
         writer: Box::new(writer),
         readers,
-        local_reads: false,
+        local_reads: standby.is_none() && on_this_machine(&config),
+        local_writes: false,
         lease,
         epoch: epoch as u64,
     })
@@ -1052,8 +1003,8 @@ pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
 /// (one per copied table) and the counters, which are sequences here.
 impl PgConn {
     pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
-        let wire = self.wire()?;
-        Ok(wire.runtime.block_on(wire.client.prepare(sql))?)
+        let Wire { client, driver } = self.wire()?;
+        Ok(driver.block_on(client.prepare(sql))??)
     }
 
     pub(crate) fn execute_prepared(&mut self, st: &Statement, params: Params<'_>) -> Result<u64, MetaError> {
@@ -1836,7 +1787,7 @@ mod tests {
     use testkit::postgres::PgServer;
 
     fn raw(url: &str) -> postgres::Client {
-        postgres::Client::connect(url, NoTls).expect("connect")
+        postgres::Client::connect(url, postgres::NoTls).expect("connect")
     }
 
     #[test]

@@ -315,6 +315,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         writer: Box::new(writer),
         readers,
         local_reads: true,
+        local_writes: true,
         lease: None,
         epoch: crate::store::SQLITE_EPOCH,
     })

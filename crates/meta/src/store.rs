@@ -229,10 +229,15 @@ pub struct Backend {
     pub writer: Box<dyn WriteConn>,
     /// Read connections, lent to one read at a time.
     pub readers: Vec<Box<dyn ReadConn>>,
-    /// Reads are local and take microseconds (an embedded database): a point read may
-    /// then run inline on an async worker. A backend whose reads cross a network
-    /// (PostgreSQL) says `false`, and every read runs off the runtime's workers.
+    /// Reads are local and take microseconds (an embedded database, or a PostgreSQL
+    /// server on this machine): a point read may then run inline on an async worker.
+    /// A backend whose reads cross a network says `false`, and every read runs off the
+    /// runtime's workers.
     pub local_reads: bool,
+    /// A plain write commits in microseconds (an embedded database) and may run inline
+    /// on an async worker. A server's commit may wait on anything (a synchronous standby,
+    /// a lock), so PostgreSQL says `false` and its writes run off the workers.
+    pub local_writes: bool,
     /// The writer's lease on the primary role (PostgreSQL with `--lease-ms`), which
     /// the meta service renews.
     pub lease: Option<std::sync::Arc<crate::postgres::PrimaryLease>>,
