@@ -75,6 +75,7 @@ for m in "$MNTB" "$MNTA"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" ||
 rm -rf "$WORK"
 mkdir -p "$BIN" "$LOG" "$NODEA_DIR" "$NODEB_DIR" "$MNTA" "$MNTB"
 cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$BIN/"
+BUILT=$(date -u -r "$ROOT/target/release/locus" '+%H:%M UTC')
 LOCUS=$BIN/locus WAN=$BIN/locus-wan
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
 bench_pki "meta meta a" "node node-a a" "node node-b b" "client client-a a" "client client-b b" "admin admin a"
@@ -163,7 +164,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
 {
     echo "# WAN read: one cold reader at B of a file at A, beside iperf3 (bench/wan-read.sh)"
     echo
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), locus $REV$([[ $DIRTY != 0 ]] && echo " + $DIRTY changed files in crates/"), load average at the end: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores."
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), tree $REV$([[ $DIRTY != 0 ]] && echo " + $DIRTY changed files in crates/") at the end, locus binary built $BUILT, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores."
     echo "Link $RATE Mbit/s per direction, random loss $LOSS %, drop-tail bottleneck queue in BDPs of the point's RTT;"
     echo "file $SIZE_MB MiB, one \`dd bs=64k\` at B (new mount, B's node restarted with an empty site cache, page cache dropped),"
     echo "capped at $READ_TIMEOUT s (a capped read reports its rate so far); iperf3 -P 8 -C bbr -t $IPERF_SECS -O $IPERF_OMIT A->B."

@@ -88,9 +88,7 @@ pub fn auto_connections(rtt: Duration, rate: u64, window: u64, per_connection: u
 /// largest send and receive buffers (`tcp_wmem`/`tcp_rmem` maxima, autotuning's
 /// ceiling), half of which holds payload (the rest is the kernel's per-packet overhead).
 fn flow_window() -> u64 {
-    let max_of = |path: &str| {
-        std::fs::read_to_string(path).ok()?.split_whitespace().nth(2)?.parse::<u64>().ok()
-    };
+    let max_of = |path: &str| std::fs::read_to_string(path).ok()?.split_whitespace().nth(2)?.parse::<u64>().ok();
     let wmem = max_of("/proc/sys/net/ipv4/tcp_wmem").unwrap_or(4 << 20);
     let rmem = max_of("/proc/sys/net/ipv4/tcp_rmem").unwrap_or(6 << 20);
     wmem.min(rmem) / 2
@@ -629,7 +627,7 @@ mod tests {
     #[test]
     fn the_flow_window_comes_from_the_kernel_limits() {
         let w = flow_window();
-        assert!(w >= 2048 && w <= 1 << 31, "{w}");
+        assert!((2048..=1 << 31).contains(&w), "{w}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
