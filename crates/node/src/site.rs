@@ -326,13 +326,22 @@ impl SiteLink {
         // Each copy gets two tries: one corrupt transfer is refetched, never served.
         candidates = candidates.into_iter().flat_map(|c| [c.clone(), c]).collect();
         for (node, client) in candidates {
-            match self.fetch_striped(&client, id, record.size).await {
-                Ok(data) if ChunkId::of(&data) == id => {
+            // The hash runs off the runtime's threads: the connections' reading tasks
+            // keep draining their sockets meanwhile (a 2-core node is otherwise late to
+            // read and the sender becomes receive-window limited).
+            let fetched = match self.fetch_striped(&client, id, record.size).await {
+                Ok(data) => tokio::task::spawn_blocking(move || (ChunkId::of(&data) == id, data))
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Internal, format!("hash task failed: {e}"))),
+                Err(e) => Err(e),
+            };
+            match fetched {
+                Ok((true, data)) => {
                     self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     return Ok(data);
                 }
-                Ok(_) => {
+                Ok((false, _)) => {
                     self.stats.corrupt_in_transit.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::error!(chunk = %id, %node, "chunk arrived corrupted; fetching it again");
                     last = WireError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} arrived corrupted"));
@@ -364,18 +373,22 @@ impl SiteLink {
                 tokio::spawn(async move { client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await })
             })
             .collect();
-        let mut data = Vec::with_capacity(size as usize);
+        let mut received = Vec::with_capacity(parts.len());
         for part in parts {
             let (reply, bytes) = part
                 .await
                 .map_err(|e| WireError::new(ErrorCode::Internal, format!("fetch task failed: {e}")))?
                 .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))?;
             match reply? {
-                NodeReply::Data => data.extend_from_slice(&bytes),
+                NodeReply::Data => received.push(bytes),
                 other => return Err(WireError::new(ErrorCode::Internal, format!("Get answered {other:?}"))),
             }
         }
-        Ok(Bytes::from(data))
+        // A chunk that came whole is handed on as received, without a copy.
+        if let [whole] = &received[..] {
+            return Ok(whole.clone());
+        }
+        Ok(Bytes::from(received.concat()))
     }
 
     /// Stores a fetched chunk in the site cache, evicting the least recently used
