@@ -102,13 +102,15 @@ sleep 0.5
 counters() { echo "$(wan_counter received | cut -d' ' -f1) $(wan_counter queue_drops | cut -d' ' -f1)"; }
 pct() { python3 -c "print(f'{100 * $2 / max($1, 1):.2f}')"; }
 
-# Per-thread CPU ticks of a process: "name ticks" per thread.
+# Per-thread CPU of a process: "name ticks runqueue_wait_ns" per thread name (the wait, from
+# schedstat, is time a thread was runnable while other processes held the cores).
 thread_ticks() { # pid
     local t
     for t in /proc/"$1"/task/*; do
-        awk '{ match($0, /\(.*\)/); name = substr($0, RSTART + 1, RLENGTH - 2); split(substr($0, RSTART + RLENGTH + 1), f, " ");
-            print name "\t" f[12] + f[13] }' "$t/stat" 2>/dev/null || true
-    done | awk -F'\t' '{ s[$1] += $2 } END { for (n in s) print n "\t" s[n] }'
+        awk -v w="$(cut -d' ' -f2 "$t/schedstat" 2>/dev/null || echo 0)" '{ match($0, /\(.*\)/);
+            name = substr($0, RSTART + 1, RLENGTH - 2); split(substr($0, RSTART + RLENGTH + 1), f, " ");
+            print name "\t" f[12] + f[13] "\t" w }' "$t/stat" 2>/dev/null || true
+    done | awk -F'\t' '{ s[$1] += $2; w[$1] += $3 } END { for (n in s) print n "\t" s[n] "\t" w[n] }'
 }
 PROF_BEFORE=$WORK/prof-before
 snap_profile() { # file
@@ -175,22 +177,24 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
 } >"$OUT"
 {
     echo "Per-thread CPU during the cold read at $PROFILE_RTT ms, 1 x BDP queue, $PROF_SECS s of reading"
-    echo "(ticks of 1/$(getconf CLK_TCK) s from /proc/PID/task/*/stat, threads of one name summed; % of one core)."
+    echo "(ticks of 1/$(getconf CLK_TCK) s from /proc/PID/task/*/stat, threads of one name summed; % of one core;"
+    echo "runnable-waiting: time those threads were ready to run while other processes held the cores, from schedstat)."
     echo
-    printf '%-8s %-20s %8s %7s\n' process thread ticks "%core"
+    printf '%-8s %-20s %8s %7s %19s\n' process thread ticks "%core" "runnable-waiting %"
     python3 - "$PROF_BEFORE" "$WORK/prof-after" "$PROF_SECS" "$(getconf CLK_TCK)" <<'EOF'
 import sys
 def load(p):
     d = {}
     for line in open(p):
-        proc, name, t = line.rstrip("\n").split("\t")
-        d[(proc, name)] = d.get((proc, name), 0) + int(t)
+        proc, name, t, w = line.rstrip("\n").split("\t")
+        old = d.get((proc, name), (0, 0))
+        d[(proc, name)] = (old[0] + int(t), old[1] + int(w))
     return d
-a, b, secs, hz = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-rows = sorted(((b[k] - a.get(k, 0), k) for k in b), reverse=True)
-for t, (proc, name) in rows:
+a, b, secs, hz = load(sys.argv[1]), load(sys.argv[2]), max(float(sys.argv[3]), 1e-9), int(sys.argv[4])
+rows = sorted(((b[k][0] - a.get(k, (0, 0))[0], b[k][1] - a.get(k, (0, 0))[1], k) for k in b), reverse=True)
+for t, w, (proc, name) in rows:
     if t > 0:
-        print(f"{proc:<8} {name:<20} {t:>8} {100 * t / hz / max(secs, 1e-9):>6.1f}")
+        print(f"{proc:<8} {name:<20} {t:>8} {100 * t / hz / secs:>6.1f} {100 * w / 1e9 / secs:>19.1f}")
 EOF
 } >"$PROFILE_OUT" 2>/dev/null || say "no profile (the profiled point did not run)"
 cat "$OUT"
