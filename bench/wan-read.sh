@@ -110,7 +110,7 @@ thread_ticks() { # pid
         awk -v w="$(cut -d' ' -f2 "$t/schedstat" 2>/dev/null || echo 0)" '{ match($0, /\(.*\)/);
             name = substr($0, RSTART + 1, RLENGTH - 2); split(substr($0, RSTART + RLENGTH + 1), f, " ");
             print name "\t" f[12] + f[13] "\t" w }' "$t/stat" 2>/dev/null || true
-    done | awk -F'\t' '{ s[$1] += $2; w[$1] += $3 } END { for (n in s) print n "\t" s[n] "\t" w[n] }'
+    done | awk -F'\t' '{ s[$1] += $2; w[$1] += $3 } END { for (n in s) printf "%s\t%d\t%.0f\n", n, s[n], w[n] }'
 }
 PROF_BEFORE=$WORK/prof-before
 snap_profile() { # file
