@@ -33,12 +33,185 @@ bench_pki() {
 tls() { echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"; }
 
 # Waits until file $1 has a line matching $2, for at most $3 seconds; else shows the
-# process's last output and dies naming $4.
-wait_line() {
+# process's last output and dies naming $4 (at once if the process $5, when given, exits).
+wait_line() { # file pattern seconds what [pid]
     for _ in $(seq $(($3 * 10))); do
         grep -q "$2" "$1" 2>/dev/null && return 0
+        if [[ -n ${5:-} ]] && ! kill -0 "$5" 2>/dev/null; then
+            tail -5 "$1" "${1%.out}.err" 2>/dev/null >&2
+            die "$4 exited"
+        fi
         sleep 0.1
     done
     tail -20 "$1" "${1%.out}.err" >&2 2>/dev/null || true
     die "$4 not ready after $3 s"
+}
+
+# ---------------------------------------------------------------- two sites on the WAN emulator
+# Used by wan-seeds.sh and wan-read.sh. The caller sets WAN, CTL (after `locus-wan up`), RATE,
+# NSA/NSB, IPA/IPB, META, LOCUS, LOG, WORK, BYTES, RA_KB, NODEA_DIR/NODEB_DIR, MNTA/MNTB,
+# LOCUS_NODE_ARGS, LOCUS_MOUNT_ARGS (NODE_CONN_ARG, MOUNT_CONN_ARG optional) and the pids.
+
+# Stops a process by pid: SIGTERM, then SIGKILL after $2 tenths of a second.
+stop_pid() { # pid [tenths]
+    local pid=$1 n=${2:-100} i
+    [[ -n $pid ]] || return 0
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < n; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        say "pid $pid ignored SIGTERM: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+# Stops a FUSE daemon by pid (SIGTERM unmounts), then makes sure the mountpoint is free.
+stop_mount() { # pid mountpoint
+    stop_pid "$1" 150
+    if mountpoint -q "$2" 2>/dev/null; then
+        umount "$2" 2>/dev/null || umount -l "$2" 2>/dev/null || true
+    fi
+}
+
+# The TLS flags of process $1 (NO_TLS=1: --insecure-no-tls; HAS_TLS=0: a build without TLS).
+tls_flags() { # certificate name
+    local HAS_TLS=${HAS_TLS:-1}
+    if ((HAS_TLS)) && [[ ${NO_TLS:-0} == 1 ]]; then
+        echo "--insecure-no-tls"
+    elif ((HAS_TLS)); then
+        echo "--ca $TLS_DIR/ca.pem --cert $TLS_DIR/$1.pem --key $TLS_DIR/$1.key"
+    fi
+}
+
+inA() { ip netns exec "$NSA" "$@"; }
+inB() { ip netns exec "$NSB" "$@"; }
+# Background daemons are started with `ip netns exec` directly (not through these functions),
+# so that $! is the daemon's own pid. FUSE daemons (locus mount, sshfs) enter only the network
+# namespace with nsenter: `ip netns exec` also gives its command a private (slave) mount
+# namespace, and a mount made there would be invisible to dd and cp.
+
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+set_wan() { "$WAN" ctl --control "$CTL" set "$@" >/dev/null; }
+set_path() { # rtt_ms loss_pct [queue_bytes, default auto]
+    set_wan delay_ms="$(python3 -c "print($1/2)")" loss_pct="$2" rate_mbit="$RATE" queue_bytes="${3:-auto}"
+    sleep 0.3
+}
+# Counters of the forwarder so far, A->B first: "released_bytes" (default) or any other
+# field of `locus-wan ctl stats` (queue_drops, overflow_drops, received, ...).
+wan_counter() { # [field]
+    "$WAN" ctl --control "$CTL" stats | python3 -c '
+import re, sys
+f, t = sys.argv[1], sys.stdin.read()
+ab = re.search(r"s0->s1 .*?\b" + f + r"=(\d+)", t)
+ba = re.search(r"s1->s0 .*?\b" + f + r"=(\d+)", t)
+print(ab.group(1) if ab else -1, ba.group(1) if ba else -1)' "${1:-released_bytes}"
+}
+# Bytes the forwarder released in both directions so far (A->B first).
+wan_bytes() { wan_counter released_bytes; }
+
+set_ra() { # mountpoint
+    local dev ra=/dev/null
+    dev=$(mountpoint -d "$1" 2>/dev/null) || return 0
+    ra=/sys/class/bdi/$dev/read_ahead_kb
+    [[ -w $ra ]] && echo "$RA_KB" >"$ra" || true
+}
+
+# dd with a time cap: "<bytes> <seconds> <complete>"
+timed_dd() { # file timeout
+    { timeout -s INT "$2" dd if="$1" of=/dev/null bs=64k 2>&1 || true; } | python3 -c '
+import re, sys
+m = re.findall(r"^(\d+) bytes.*copied, ([0-9.e+-]+) s", sys.stdin.read(), re.M)
+if not m:
+    print("0 0 0")
+else:
+    b, s = m[-1]
+    print(b, s, 1 if int(b) >= int(sys.argv[1]) else 0)' "$BYTES"
+}
+
+# ---------------------------------------------------------------- Locus roles
+
+start_meta() {
+    # shellcheck disable=SC2046 # tls_flags is a list of flags
+    ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b --no-root-squash a --no-root-squash b $(tls_flags meta) \
+        >"$LOG/meta.out" 2>"$LOG/meta.err" &
+    META_PID=$!
+    wait_line "$LOG/meta.out" "listening" 30 "locus meta" "$META_PID"
+}
+start_node() { # a|b
+    local ns ip dir port
+    if [[ $1 == a ]]; then ns=$NSA ip=$IPA dir=$NODEA_DIR port=7101; else ns=$NSB ip=$IPB dir=$NODEB_DIR port=7102; fi
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" "$LOCUS" node --listen "$ip:$port" --meta "$META" --data-dir "$dir" --id "node-$1" \
+        --site "$1" $LOCUS_NODE_ARGS ${NODE_CONN_ARG:-} $(tls_flags "node-$1") >"$LOG/node-$1.out" 2>>"$LOG/node-$1.err" &
+    if [[ $1 == a ]]; then NODEA_PID=$!; else NODEB_PID=$!; fi
+    wait_line "$LOG/node-$1.out" "listening" 30 "locus node $1" "$!"
+}
+stop_node() { # a|b
+    if [[ $1 == a ]]; then stop_pid "$NODEA_PID" 100; NODEA_PID=""; else stop_pid "$NODEB_PID" 100; NODEB_PID=""; fi
+}
+start_mount() { # a|b
+    local mnt
+    if [[ $1 == a ]]; then mnt=$MNTA; else mnt=$MNTB; fi
+    : >"$LOG/mount-$1.out"
+    # shellcheck disable=SC2086
+    nsenter --net="/run/netns/$([[ $1 == a ]] && echo "$NSA" || echo "$NSB")" "$LOCUS" mount "$mnt" --meta "$META" \
+        --site "$1" $LOCUS_MOUNT_ARGS ${MOUNT_CONN_ARG:-} $(tls_flags "client-$1") >"$LOG/mount-$1.out" 2>>"$LOG/mount-$1.err" &
+    if [[ $1 == a ]]; then MOUNTA_PID=$!; else MOUNTB_PID=$!; fi
+    wait_line "$LOG/mount-$1.out" "mounted" 60 "locus mount $1" "$!"
+    set_ra "$mnt"
+}
+stop_mount_site() { # a|b
+    if [[ $1 == a ]]; then stop_mount "$MOUNTA_PID" "$MNTA"; MOUNTA_PID=""; else stop_mount "$MOUNTB_PID" "$MNTB"; MOUNTB_PID=""; fi
+}
+# First reader at B: nothing of the file anywhere at B. New mount process (empty client
+# cache), B's node restarted with its site cache (cache/ in its data dir, if the build has one)
+# removed, page cache dropped.
+cold_b() {
+    stop_mount_site b
+    stop_node b
+    rm -rf "$NODEB_DIR/cache"
+    if [[ -d $NODEA_DIR/cache ]]; then
+        stop_node a
+        rm -rf "$NODEA_DIR/cache"
+        start_node a
+    fi
+    start_node b
+    drop_caches
+    start_mount b
+}
+# Second reader at B: a new client (mount process), page cache dropped; B's node keeps what it has.
+second_b() {
+    stop_mount_site b
+    drop_caches
+    start_mount b
+}
+
+# One Locus read at B of the file at A: "<bytes> <secs> <complete> <wan A->B bytes>"
+locus_read_b() { # timeout
+    local w0 w1 r
+    read -r w0 _ < <(wan_bytes)
+    r=$(timed_dd "$MNTB/big" "$1")
+    read -r w1 _ < <(wan_bytes)
+    echo "$r $((w1 - w0))"
+}
+
+iperf_run() { # streams [cc] -> "bytes_per_sec" (receiver side), or "fail"
+    local j=$WORK/iperf.json
+    timeout $((IPERF_SECS + IPERF_OMIT + 30)) ip netns exec "$NSA" iperf3 -c "$IPB" -p 5201 -t "$IPERF_SECS" -O "$IPERF_OMIT" -P "$1" -C "${2:-$IPERF_CC}" -J >"$j" 2>/dev/null || true
+    python3 - "$j" <<'EOF'
+import json, sys
+try:
+    e = json.load(open(sys.argv[1]))["end"]
+    print(f'{e["sum_received"]["bits_per_second"] / 8:.0f}')
+except Exception:
+    print("fail")
+EOF
 }

@@ -294,9 +294,14 @@ pub struct NodeArgs {
     /// Disk for copies of other sites' chunks cached at this site, e.g. 50G.
     #[arg(long, default_value = "16G", value_parser = parse_size)]
     pub cache: u64,
-    /// TCP connections to each node of another site; a chunk travels striped over them.
-    #[arg(long, default_value_t = 8)]
-    pub wan_connections: usize,
+    /// TCP connections to each node of another site (an override: by default the count
+    /// is chosen from the measured round trip, --wan-rate and the kernel's TCP windows).
+    #[arg(long)]
+    pub wan_connections: Option<usize>,
+    /// Bytes per second a path to another site should carry, e.g. 125M (1 Gbit/s): sizes
+    /// the automatic connection count.
+    #[arg(long, default_value = "125M", value_parser = parse_size)]
+    pub wan_rate: u64,
     /// Connections towards one site, overriding --wan-connections, e.g. `b=16`; repeatable.
     #[arg(long, value_parser = parse_site_count)]
     pub wan_connections_to: Vec<(String, usize)>,

@@ -124,8 +124,9 @@ fn node_config(args: &NodeArgs, advertise: String) -> node::NodeConfig {
         heartbeat: Duration::from_secs(2),
         wan: node::WanConfig {
             cache_bytes: args.cache,
-            connections: args.wan_connections.max(1),
+            connections: args.wan_connections.map(|n| n.max(1)),
             connections_to: args.wan_connections_to.clone(),
+            path_rate: args.wan_rate,
             ..node::WanConfig::default()
         },
         reclaim: node::ReclaimConfig {
@@ -320,7 +321,8 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         site: LOCAL_SITE.into(),
         capacity: args.capacity,
         cache: 0,
-        wan_connections: 1,
+        wan_connections: Some(1),
+        wan_rate: 125 << 20,
         wan_connections_to: Vec::new(),
         metrics: None,
         reclaim_above: 90.0,

@@ -52,6 +52,8 @@ pub struct RpcClient {
     addr: String,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     next_slot: AtomicUsize,
+    /// Slots requests are spread over (the first ones); the rest stay unopened.
+    active: AtomicUsize,
     timeout: Duration,
     push: Option<Arc<dyn Handler>>,
     /// `None`: plain TCP.
@@ -98,6 +100,7 @@ impl RpcClient {
             addr: addr.to_string(),
             slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
+            active: AtomicUsize::new(connections.max(1)),
             timeout,
             push,
             tls,
@@ -124,9 +127,16 @@ impl RpcClient {
         None
     }
 
-    /// Connections in the pool: how many transfers can stream side by side.
+    /// Connections in use: how many transfers can stream side by side.
     pub fn connections(&self) -> usize {
-        self.slots.len()
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Spreads requests over the first `n` connections only (1 to the pool's size), so
+    /// a caller that learns the path (its round trip) can size the pool to it; a
+    /// connection left out finishes what it carries and is reopened only if used again.
+    pub fn use_connections(&self, n: usize) {
+        self.active.store(n.clamp(1, self.slots.len()), Ordering::Relaxed);
     }
 
     async fn conn(&self, slot: usize) -> Result<Arc<Conn>, NetError> {
@@ -197,7 +207,7 @@ impl RpcClient {
     /// peer instead of queueing two deep on one. A slot not yet connected is taken in
     /// its turn (it connects).
     fn pick_slot(&self) -> usize {
-        let n = self.slots.len();
+        let n = self.active.load(Ordering::Relaxed);
         let turn = self.next_slot.fetch_add(1, Ordering::Relaxed) % n;
         let queued = |i: usize| {
             let slot = self.slots[i].try_lock().ok()?;
@@ -226,6 +236,22 @@ impl Drop for RpcClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn requests_spread_over_the_connections_in_use_only() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let client = RpcClient::connect_as(&addr, 8, Duration::from_secs(30), None).await.unwrap();
+        assert_eq!(client.connections(), 8);
+        client.use_connections(3);
+        assert_eq!(client.connections(), 3);
+        let picked: std::collections::BTreeSet<usize> = (0..12).map(|_| client.pick_slot()).collect();
+        assert_eq!(picked, [0, 1, 2].into(), "only the first three slots");
+        client.use_connections(100);
+        assert_eq!(client.connections(), 8, "never more than the pool holds");
+        client.use_connections(0);
+        assert_eq!(client.connections(), 1, "never fewer than one");
+    }
 
     #[tokio::test]
     async fn small_requests_avoid_a_connection_busy_sending_bulk() {

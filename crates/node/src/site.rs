@@ -1,8 +1,10 @@
 //! The site's window on other sites: a chunk a client asks for that this node does
-//! not hold is fetched once from the nearest node that has it — split into stripes
-//! over several connections so distance does not limit throughput — verified, kept in
-//! the site cache (on disk, capped, least recently used out first) and served from
-//! there to every client of the site. Concurrent misses of one chunk share one fetch.
+//! not hold is fetched once from the nearest node that has it — over a pool of
+//! long-lived connections sized from the measured round trip, whole chunks pipelined
+//! on them while a reader's read-ahead keeps several in flight, a lone chunk split into
+//! stripes — verified, kept in the site cache (on disk, capped, least recently used out
+//! first) and served from there to every client of the site. Concurrent misses of one
+//! chunk share one fetch.
 
 use bytes::Bytes;
 use chunk::cache::ChunkCache;
@@ -27,11 +29,20 @@ const RECENT_BYTES: usize = 256 << 20;
 pub struct WanConfig {
     /// Bytes of chunks cached for this site (copies of other sites' chunks).
     pub cache_bytes: u64,
-    /// TCP connections to each node of another site; stripes of a chunk travel on
-    /// them in parallel.
-    pub connections: usize,
+    /// TCP connections to each node of another site; `None`: chosen per node from its
+    /// measured round trip (`auto_connections`).
+    pub connections: Option<usize>,
     /// Overrides of `connections` for particular sites (site, connections).
     pub connections_to: Vec<(String, usize)>,
+    /// Bytes per second the path to another site should carry: with the round trip
+    /// and the kernel's largest TCP window it sizes the automatic connection count.
+    pub path_rate: u64,
+    /// Bytes per second one connection's receiving task keeps up with (decryption,
+    /// framing; ~40 MB/s measured on the 2-core bench machine under load, see
+    /// bench/results/wan-read.md): the automatic count never leaves the path to fewer.
+    pub connection_rate: u64,
+    /// Most connections the automatic count opens to one node.
+    pub max_connections: usize,
     /// Smallest stripe a chunk is cut into for a parallel fetch.
     pub min_stripe: u64,
     /// How long one stripe may take before the copy counts as failed.
@@ -42,8 +53,11 @@ impl Default for WanConfig {
     fn default() -> Self {
         WanConfig {
             cache_bytes: 16 << 30,
-            connections: 8,
+            connections: None,
             connections_to: Vec::new(),
+            path_rate: 125_000_000,
+            connection_rate: 40_000_000,
+            max_connections: 16,
             min_stripe: 512 << 10,
             timeout: Duration::from_secs(30),
         }
@@ -51,9 +65,41 @@ impl Default for WanConfig {
 }
 
 impl WanConfig {
-    /// Connections to use towards `site`.
-    pub fn connections_for(&self, site: &str) -> usize {
-        self.connections_to.iter().find(|(s, _)| s == site).map_or(self.connections, |(_, n)| *n).max(1)
+    /// Connections fixed by the operator towards `site`, if any.
+    pub fn connections_for(&self, site: &str) -> Option<usize> {
+        self.connections_to.iter().find(|(s, _)| s == site).map(|(_, n)| *n).or(self.connections).map(|n| n.max(1))
+    }
+}
+
+/// Connections that keep a path of `rate` bytes/s and round trip `rtt` full: enough
+/// windows of `window` bytes for the bandwidth-delay product, enough connections of
+/// `per_connection` bytes/s each for the rate, at least 2 (one loss does not stall
+/// the transfer) and at most `max`. Loss does not enter: the connections run BBR
+/// (`--tcp-congestion`), whose rate does not fall with random loss, and more flows than
+/// this only deepen the bottleneck's queue (8 at line rate overflow a 1 x BDP queue).
+pub fn auto_connections(rtt: Duration, rate: u64, window: u64, per_connection: u64, max: usize) -> usize {
+    let bdp = rate as f64 * rtt.as_secs_f64();
+    let for_window = (bdp / window.max(1) as f64).ceil() as usize;
+    let for_rate = rate.div_ceil(per_connection.max(1)) as usize;
+    for_window.max(for_rate).clamp(2, max.max(2))
+}
+
+/// Payload one TCP connection can keep in flight here: the smaller of the kernel's
+/// largest send and receive buffers (`tcp_wmem`/`tcp_rmem` maxima, autotuning's
+/// ceiling), half of which holds payload (the rest is the kernel's per-packet overhead).
+fn flow_window() -> u64 {
+    let max_of = |path: &str| std::fs::read_to_string(path).ok()?.split_whitespace().nth(2)?.parse::<u64>().ok();
+    let wmem = max_of("/proc/sys/net/ipv4/tcp_wmem").unwrap_or(4 << 20);
+    let rmem = max_of("/proc/sys/net/ipv4/tcp_rmem").unwrap_or(6 << 20);
+    wmem.min(rmem) / 2
+}
+
+/// Decrements the count of fetches in flight when a fetch ends, however it ends.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -113,6 +159,13 @@ pub struct SiteLink {
     rtts: RwLock<HashMap<String, Duration>>,
     /// Best round trip per other site, as last measured (reported in the heartbeat).
     site_rtts: Mutex<Vec<(String, u64)>>,
+    /// Payload one connection can keep in flight (`flow_window`).
+    window: u64,
+    /// Connections in use per node of another site (shown by `locus status`).
+    pools: Mutex<BTreeMap<String, usize>>,
+    /// Chunk fetches under way: with several (a reader's read-ahead) each travels whole
+    /// on one connection; a lone one is striped over them all.
+    in_flight: std::sync::atomic::AtomicUsize,
     fetches: SingleFlight<ChunkId, Bytes>,
     /// Location changes not yet reported to meta (an empty `nodes` means this node).
     pending: Mutex<(Vec<StoredChunk>, Vec<ChunkId>)>,
@@ -145,7 +198,8 @@ impl SiteLink {
             }
         }
         let pool_config = config.clone();
-        let pool_size: net::PoolSize = Box::new(move |n: &NodeInfo| pool_config.connections_for(&n.site));
+        let pool_size: net::PoolSize =
+            Box::new(move |n: &NodeInfo| pool_config.connections_for(&n.site).unwrap_or(pool_config.max_connections));
         Ok(SiteLink {
             me,
             site,
@@ -158,6 +212,9 @@ impl SiteLink {
             keeping: tokio::sync::Mutex::new(()),
             rtts: RwLock::default(),
             site_rtts: Mutex::default(),
+            window: flow_window(),
+            pools: Mutex::default(),
+            in_flight: Default::default(),
             fetches: SingleFlight::default(),
             pending: Mutex::default(),
             stats: WanStats::default(),
@@ -269,13 +326,22 @@ impl SiteLink {
         // Each copy gets two tries: one corrupt transfer is refetched, never served.
         candidates = candidates.into_iter().flat_map(|c| [c.clone(), c]).collect();
         for (node, client) in candidates {
-            match self.fetch_striped(&client, id, record.size).await {
-                Ok(data) if ChunkId::of(&data) == id => {
+            // The hash runs off the runtime's threads: the connections' reading tasks
+            // keep draining their sockets meanwhile (a 2-core node is otherwise late to
+            // read and the sender becomes receive-window limited).
+            let fetched = match self.fetch_striped(&client, id, record.size).await {
+                Ok(data) => tokio::task::spawn_blocking(move || (ChunkId::of(&data) == id, data))
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Internal, format!("hash task failed: {e}"))),
+                Err(e) => Err(e),
+            };
+            match fetched {
+                Ok((true, data)) => {
                     self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     return Ok(data);
                 }
-                Ok(_) => {
+                Ok((false, _)) => {
                     self.stats.corrupt_in_transit.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::error!(chunk = %id, %node, "chunk arrived corrupted; fetching it again");
                     last = WireError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} arrived corrupted"));
@@ -289,9 +355,14 @@ impl SiteLink {
         Err(last)
     }
 
-    /// Fetches a chunk as parallel stripes on the peer's connections.
+    /// Fetches a chunk on the peer's connections: whole when the other fetches in
+    /// flight already give every connection a chunk (a sequential reader's read-ahead:
+    /// each connection stays backlogged with whole chunks, one request each), else cut
+    /// into as many stripes as there are connections per fetch in flight.
     async fn fetch_striped(&self, client: &Arc<RpcClient>, id: ChunkId, size: u64) -> Result<Bytes, WireError> {
-        let stripes = client.connections() as u64;
+        let fetching = self.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let _counted = InFlight(&self.in_flight);
+        let stripes = (client.connections() / fetching).max(1) as u64;
         let stripe = size.div_ceil(stripes).max(self.config.min_stripe).max(1);
         let offsets: Vec<u64> = if size == 0 { vec![0] } else { (0..size).step_by(stripe as usize).collect() };
         let parts: Vec<_> = offsets
@@ -302,18 +373,22 @@ impl SiteLink {
                 tokio::spawn(async move { client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await })
             })
             .collect();
-        let mut data = Vec::with_capacity(size as usize);
+        let mut received = Vec::with_capacity(parts.len());
         for part in parts {
             let (reply, bytes) = part
                 .await
                 .map_err(|e| WireError::new(ErrorCode::Internal, format!("fetch task failed: {e}")))?
                 .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))?;
             match reply? {
-                NodeReply::Data => data.extend_from_slice(&bytes),
+                NodeReply::Data => received.push(bytes),
                 other => return Err(WireError::new(ErrorCode::Internal, format!("Get answered {other:?}"))),
             }
         }
-        Ok(Bytes::from(data))
+        // A chunk that came whole is handed on as received, without a copy.
+        if let [whole] = &received[..] {
+            return Ok(whole.clone());
+        }
+        Ok(Bytes::from(received.concat()))
     }
 
     /// Stores a fetched chunk in the site cache, evicting the least recently used
@@ -424,7 +499,14 @@ impl SiteLink {
             }
             let rtt = started.elapsed();
             // Smoothed like TCP's SRTT (7/8 old, 1/8 new).
-            write(&self.rtts).entry(node.id.clone()).and_modify(|old| *old = (*old * 7 + rtt) / 8).or_insert(rtt);
+            let smoothed =
+                *write(&self.rtts).entry(node.id.clone()).and_modify(|old| *old = (*old * 7 + rtt) / 8).or_insert(rtt);
+            if self.config.connections_for(&node.site).is_none() {
+                let c = &self.config;
+                let n = auto_connections(smoothed, c.path_rate, self.window, c.connection_rate, c.max_connections);
+                client.use_connections(n);
+            }
+            lock(&self.pools).insert(node.id.clone(), client.connections());
             let micros = rtt.as_micros() as u64;
             best.entry(node.site).and_modify(|b| *b = (*b).min(micros)).or_insert(micros);
         }
@@ -471,7 +553,13 @@ impl Worker for SiteLinkWorker {
     }
 
     fn progress(&self) -> String {
-        format!("{} peers, {} cache changes reported", self.link.peers.all().len(), self.reported)
+        let pools: Vec<String> = lock(&self.link.pools).iter().map(|(node, n)| format!("{node}:{n}")).collect();
+        format!(
+            "{} peers, connections {}, {} cache changes reported",
+            self.link.peers.all().len(),
+            if pools.is_empty() { "-".to_string() } else { pools.join(",") },
+            self.reported
+        )
     }
 
     async fn work(&mut self) -> Result<Step, WireError> {
@@ -517,6 +605,42 @@ mod tests {
     fn chunk(seed: u8, len: usize) -> (ChunkId, Bytes) {
         let data = Bytes::from(vec![seed; len]);
         (ChunkId::of(&data), data)
+    }
+
+    #[test]
+    fn connection_count_covers_the_bandwidth_delay_product_within_bounds() {
+        let ms = Duration::from_millis;
+        // 1 Gbit/s, 2 MiB of payload per connection, connections as fast as the path.
+        let (rate, window, fast) = (125_000_000, 2 << 20, 1 << 40);
+        assert_eq!(auto_connections(ms(100), rate, window, fast, 16), 6, "12.5 MB in flight / 2 MiB each");
+        assert_eq!(auto_connections(ms(200), rate, window, fast, 16), 12);
+        assert_eq!(auto_connections(ms(10), rate, window, fast, 16), 2, "never fewer than 2");
+        assert_eq!(auto_connections(Duration::ZERO, rate, window, fast, 16), 2);
+        assert_eq!(auto_connections(ms(1000), rate, window, fast, 16), 16, "capped");
+        assert_eq!(auto_connections(ms(100), rate, 0, fast, 16), 16, "no window known: the cap");
+        // Larger windows need fewer connections, but never fewer than the rate needs.
+        assert_eq!(auto_connections(ms(100), rate, 32 << 20, fast, 16), 2);
+        assert_eq!(auto_connections(ms(100), rate, 32 << 20, 40_000_000, 16), 4, "125 / 40 MB/s");
+        assert_eq!(auto_connections(ms(200), rate, window, 40_000_000, 16), 12, "the window still rules");
+        assert_eq!(auto_connections(ms(10), rate, window, 0, 16), 16, "no rate known: the cap");
+    }
+
+    #[test]
+    fn operator_counts_override_the_automatic_one() {
+        let auto = WanConfig::default();
+        assert_eq!(auto.connections_for("a"), None);
+        let fixed = WanConfig { connections: Some(8), connections_to: vec![("c".into(), 3)], ..WanConfig::default() };
+        assert_eq!(fixed.connections_for("a"), Some(8));
+        assert_eq!(fixed.connections_for("c"), Some(3));
+        let only_c = WanConfig { connections_to: vec![("c".into(), 0)], ..WanConfig::default() };
+        assert_eq!(only_c.connections_for("c"), Some(1), "at least one");
+        assert_eq!(only_c.connections_for("a"), None);
+    }
+
+    #[test]
+    fn the_flow_window_comes_from_the_kernel_limits() {
+        let w = flow_window();
+        assert!((2048..=1 << 31).contains(&w), "{w}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,9 +19,19 @@ impl Vfs {
             if offset >= end {
                 return Ok(Bytes::new());
             }
-            let sequential = handle.last_read_end.swap(end, Ordering::Relaxed) == offset || offset == 0;
+            let cs = self.config.chunk_size;
+            // The kernel's asynchronous read-ahead hands several reads over at once and
+            // they may arrive out of order: a read within a chunk of the furthest one so
+            // far continues the stream (an exact match would reset the window to two
+            // chunks at every reordering and starve a distant site's pipeline).
+            let last = handle.last_read_end.load(Ordering::Relaxed);
+            let sequential = offset == 0 || offset.abs_diff(last) <= cs;
+            if sequential {
+                handle.last_read_end.fetch_max(end, Ordering::Relaxed);
+            } else {
+                handle.last_read_end.store(end, Ordering::Relaxed);
+            }
             let ahead = if sequential {
-                let cs = self.config.chunk_size;
                 let max = self.config.readahead_chunks.min((self.config.cache_bytes as u64 / 2 / cs).max(1));
                 if offset / cs != end.saturating_sub(1) / cs || offset.is_multiple_of(cs) {
                     // Crossing into a new chunk: the reader keeps going, widen the window.

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# WAN read benchmark (issue 11, parts 1 and 5): one cold reader at site B of a file that lives
+# at site A, beside `iperf3 -P 8 -C bbr` on the same emulated path, with the bottleneck's
+# drop-tail queue sized in bandwidth-delay products. Sites are network namespaces joined by
+# `locus-wan` (bench/lib.sh); nothing talks to an address outside them.
+#
+# Per point (RTT, queue): iperf3 MB/s, Locus MB/s and its ratio to iperf3, the packets the
+# bottleneck tail-dropped (A->B) for each as a share of the packets it received, and the bytes
+# that crossed A->B per byte read. Also a per-thread CPU table of the processes on the read
+# path during the read at PROFILE_RTT ms with a 1 x BDP queue.
+#
+# Usage (as root):  bench/wan-read.sh
+#   SIZE_MB=1024  RTTS="10 50 100 200" (queue 1 x BDP)  QUEUE_RTT=100 QUEUES="0.5 2" (extra points)
+#   LOSS=0.5  RATE=1000 (Mbit/s)  READ_TIMEOUT=30 (s; a capped read reports its rate so far)
+#   IPERF_SECS=8 IPERF_OMIT=2  PROFILE_RTT=100  READERS=1  SKIP_BUILD=0
+#   LOCUS_NODE_ARGS= LOCUS_MOUNT_ARGS=  OUT=bench/results/wan-read.md  WORK=/tmp/wan-read
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+SIZE_MB=${SIZE_MB:-1024}
+RTTS=${RTTS:-"10 50 100 200"}
+QUEUE_RTT=${QUEUE_RTT:-100}
+QUEUES=${QUEUES:-"0.5 2"}
+LOSS=${LOSS:-0.5}
+RATE=${RATE:-1000}
+READ_TIMEOUT=${READ_TIMEOUT:-30}
+IPERF_SECS=${IPERF_SECS:-8}
+IPERF_OMIT=${IPERF_OMIT:-2}
+PROFILE_RTT=${PROFILE_RTT:-100}
+RA_KB=${RA_KB:-1024}
+LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
+LOCUS_MOUNT_ARGS=${LOCUS_MOUNT_ARGS:-}
+SKIP_BUILD=${SKIP_BUILD:-0}
+WORK=${WORK:-/tmp/wan-read}
+PREFIX=${PREFIX:-lwr-}
+OUT=${OUT:-$ROOT/bench/results/wan-read.md}
+PROFILE_OUT=${PROFILE_OUT:-${OUT%.md}-profile.txt}
+
+NSA=${PREFIX}s0 NSB=${PREFIX}s1 IPA=10.99.0.1 IPB=10.99.0.2
+META=$IPA:7070
+BYTES=$((SIZE_MB * 1048576))
+BIN=$WORK/bin LOG=$WORK/logs
+NODEA_DIR=$WORK/node-a NODEB_DIR=$WORK/node-b MNTA=$WORK/mnt-a MNTB=$WORK/mnt-b
+TLS_DIR=$WORK/tls
+ROWS=$WORK/rows.md
+
+[[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE, drop_caches)"
+command -v iperf3 >/dev/null || die "needs iperf3 (apt-get install iperf3)"
+if [[ $SKIP_BUILD != 1 ]]; then
+    say "cargo build --release (locus, locus-wan)"
+    (cd "$ROOT" && cargo build --release -p locus -p testkit --bin locus --bin locus-wan) || die "build failed"
+fi
+
+UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNTA_PID="" MOUNTB_PID="" IPERF_PID="" CTL=""
+ALLOWED_CC=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    say "cleanup"
+    stop_mount "$MOUNTB_PID" "$MNTB"
+    stop_mount "$MOUNTA_PID" "$MNTA"
+    for p in "$NODEB_PID" "$NODEA_PID" "$META_PID" "$IPERF_PID"; do stop_pid "$p" 50; done
+    stop_pid "$UP_PID" 100
+    [[ -x $BIN/locus-wan ]] && "$BIN/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
+    sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$ALLOWED_CC" 2>/dev/null || true
+    rm -rf "$NODEA_DIR" "$NODEB_DIR" "$WORK/meta.db"* 2>/dev/null || true
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for m in "$MNTB" "$MNTA"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true; done
+rm -rf "$WORK"
+mkdir -p "$BIN" "$LOG" "$NODEA_DIR" "$NODEB_DIR" "$MNTA" "$MNTB"
+cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$BIN/"
+BUILT=$(date -u -r "$ROOT/target/release/locus" '+%H:%M UTC')
+LOCUS=$BIN/locus WAN=$BIN/locus-wan
+"$WAN" down --prefix "$PREFIX" 2>/dev/null || true
+bench_pki "meta meta a" "node node-a a" "node node-b b" "client client-a a" "client client-b b" "admin admin a"
+
+sysctl -q -w net.ipv4.tcp_allowed_congestion_control="reno cubic bbr" || say "cannot widen tcp_allowed_congestion_control"
+"$WAN" up --prefix "$PREFIX" --sites 2 --rate-mbit "$RATE" >"$LOG/wan-up.out" 2>"$LOG/wan-fwd.err" &
+UP_PID=$!
+wait_line "$LOG/wan-up.out" "^ready" 30 "locus-wan up" "$UP_PID"
+CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
+set_path 0 0
+
+start_meta
+start_node a
+start_node b
+start_mount a
+say "writing $SIZE_MB MiB of random data at A"
+head -c "$BYTES" /dev/urandom | dd of="$MNTA/big" bs=1M conv=fsync status=none
+stop_mount_site a
+ip netns exec "$NSB" iperf3 -s -p 5201 >"$LOG/iperf3.log" 2>&1 &
+IPERF_PID=$!
+sleep 0.5
+
+# "<A->B packets received> <A->B tail drops>" at the bottleneck so far.
+counters() { echo "$(wan_counter received | cut -d' ' -f1) $(wan_counter queue_drops | cut -d' ' -f1)"; }
+pct() { python3 -c "print(f'{100 * $2 / max($1, 1):.2f}')"; }
+
+# Per-thread CPU of a process: "name ticks runqueue_wait_ns" per thread name (the wait, from
+# schedstat, is time a thread was runnable while other processes held the cores).
+thread_ticks() { # pid
+    local t
+    for t in /proc/"$1"/task/*; do
+        awk -v w="$(cut -d' ' -f2 "$t/schedstat" 2>/dev/null || echo 0)" '{ match($0, /\(.*\)/);
+            name = substr($0, RSTART + 1, RLENGTH - 2); split(substr($0, RSTART + RLENGTH + 1), f, " ");
+            print name "\t" f[12] + f[13] "\t" w }' "$t/stat" 2>/dev/null || true
+    done | awk -F'\t' '{ s[$1] += $2; w[$1] += $3 } END { for (n in s) printf "%s\t%d\t%.0f\n", n, s[n], w[n] }'
+}
+PROF_BEFORE=$WORK/prof-before
+snap_profile() { # file
+    local who pid
+    : >"$1"
+    for who in node-a:$NODEA_PID node-b:$NODEB_PID mount-b:$MOUNTB_PID; do
+        pid=${who#*:}
+        thread_ticks "$pid" | sed "s/^/${who%%:*}\t/" >>"$1"
+    done
+}
+
+{
+    echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | Locus MB/s | Locus / iperf3 | Locus tail drops % | WAN bytes / bytes read | read |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+} >"$ROWS"
+
+point() { # rtt queue_factor
+    local rtt=$1 qf=$2 q r0 d0 r1 d1 bps b s c w w0 w1 lr ld note ticks
+    q=$(python3 -c "print(max(int($RATE * 1e6 / 8 * $rtt / 1000 * $qf), 65536))")
+    set_path "$rtt" "$LOSS" "$q"
+    say "RTT $rtt ms, loss $LOSS %, queue $qf x BDP = $q B"
+    read -r r0 d0 < <(counters)
+    bps=$(iperf_run 8 bbr)
+    read -r r1 d1 < <(counters)
+    local ip_mbs ip_drop
+    ip_drop=$(pct $((r1 - r0)) $((d1 - d0)))
+    if [[ $bps == fail ]]; then ip_mbs=0; else ip_mbs=$(python3 -c "print(f'{$bps / 1e6:.1f}')"); fi
+    cold_b
+    read -r r0 d0 < <(counters)
+    read -r w0 _ < <(wan_bytes)
+    [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && snap_profile "$PROF_BEFORE"
+    read -r b s c < <(timed_dd "$MNTB/big" "$READ_TIMEOUT")
+    [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && { snap_profile "$WORK/prof-after"; PROF_SECS=$s; }
+    read -r w1 _ < <(wan_bytes)
+    read -r r1 d1 < <(counters)
+    stop_mount_site b
+    lr=$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")
+    ld=$(pct $((r1 - r0)) $((d1 - d0)))
+    note="complete"
+    ((c == 1)) || note="capped at ${READ_TIMEOUT} s: $((b >> 20)) MiB"
+    say "  iperf3 $ip_mbs MB/s (drops $ip_drop %), Locus $lr MB/s (drops $ld %), $note"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$lr" \
+        "$(python3 -c "print(f'{$lr / max($ip_mbs, 1e-9):.2f}')")" "$ld" \
+        "$(python3 -c "print(f'{($w1 - $w0) / max($b, 1):.3f}')")" "$note" >>"$ROWS"
+}
+
+PROF_SECS=0
+for rtt in $RTTS; do point "$rtt" 1; done
+for qf in $QUEUES; do point "$QUEUE_RTT" "$qf"; done
+
+REV=$(cd "$ROOT" && git rev-parse --short HEAD)
+DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
+{
+    echo "# WAN read: one cold reader at B of a file at A, beside iperf3 (bench/wan-read.sh)"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), tree $REV$([[ $DIRTY != 0 ]] && echo " + $DIRTY changed files in crates/") at the end, locus binary built $BUILT, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores."
+    echo "Link $RATE Mbit/s per direction, random loss $LOSS %, drop-tail bottleneck queue in BDPs of the point's RTT;"
+    echo "file $SIZE_MB MiB, one \`dd bs=64k\` at B (new mount, B's node restarted with an empty site cache, page cache dropped),"
+    echo "capped at $READ_TIMEOUT s (a capped read reports its rate so far); iperf3 -P 8 -C bbr -t $IPERF_SECS -O $IPERF_OMIT A->B."
+    echo "Tail drops: packets the bottleneck queue dropped A->B / packets it received A->B during the run."
+    echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`."
+    echo
+    cat "$ROWS"
+} >"$OUT"
+{
+    echo "Per-thread CPU during the cold read at $PROFILE_RTT ms, 1 x BDP queue, $PROF_SECS s of reading"
+    echo "(ticks of 1/$(getconf CLK_TCK) s from /proc/PID/task/*/stat, threads of one name summed; % of one core;"
+    echo "runnable-waiting: time those threads were ready to run while other processes held the cores, from schedstat)."
+    echo
+    printf '%-8s %-20s %8s %7s %19s\n' process thread ticks "%core" "runnable-waiting %"
+    python3 - "$PROF_BEFORE" "$WORK/prof-after" "$PROF_SECS" "$(getconf CLK_TCK)" <<'EOF'
+import sys
+def load(p):
+    d = {}
+    for line in open(p):
+        proc, name, t, w = line.rstrip("\n").split("\t")
+        old = d.get((proc, name), (0, 0))
+        d[(proc, name)] = (old[0] + int(t), old[1] + int(w))
+    return d
+a, b, secs, hz = load(sys.argv[1]), load(sys.argv[2]), max(float(sys.argv[3]), 1e-9), int(sys.argv[4])
+rows = sorted(((b[k][0] - a.get(k, (0, 0))[0], b[k][1] - a.get(k, (0, 0))[1], k) for k in b), reverse=True)
+for t, w, (proc, name) in rows:
+    if t > 0:
+        print(f"{proc:<8} {name:<20} {t:>8} {100 * t / hz / secs:>6.1f} {100 * w / 1e9 / secs:>19.1f}")
+EOF
+} >"$PROFILE_OUT" 2>/dev/null || say "no profile (the profiled point did not run)"
+cat "$OUT"
+say "done in $(($(date +%s) - T_START)) s"
