@@ -336,14 +336,21 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());
+    // The mount reads the node's store in process (no loopback TLS, no second hash).
+    let store = Arc::new(node::open_store(&config, false).await.context("the storage node did not start")?);
+    let local_node = client::LocalNode { id: LOCAL_NODE.into(), store: store.clone() };
     tokio::spawn(async move {
-        if let Err(e) = node::run(config, node_listener).await {
+        if let Err(e) = node::run_on(store, config, node_listener).await {
             let _ = node_failed_tx.send(e);
         }
     });
     wait_for_node(&meta_addr, &node_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
-    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)).await?;
+    let client = client::ClientConfig {
+        local_node: Some(local_node),
+        ..client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)
+    };
+    let vfs = client::Vfs::connect(client).await?;
     println!(
         "locus: meta {meta_addr}, node {node_addr}, data in {}, mounted on {}; Ctrl-C to stop",
         data_dir.display(),
