@@ -244,7 +244,7 @@ impl DataPath {
         let local = self.local.as_ref()?;
         let store = local.store.clone();
         match tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX)).await {
-            Ok(Ok(data)) => Some(Bytes::from(data)),
+            Ok(Ok(data)) => Some(data),
             Ok(Err(ChunkError::NotFound { .. })) => None,
             Ok(Err(e)) => {
                 tracing::warn!(chunk = %id, node = %local.id, "in-process read failed, asking the nodes: {e}");

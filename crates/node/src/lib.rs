@@ -171,10 +171,7 @@ impl NodeService {
         if let Some(data) = self.hot.get(&id) {
             return Ok(data);
         }
-        let data = self
-            .loading
-            .run(id, || async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await.map(Bytes::from) })
-            .await?;
+        let data = self.loading.run(id, || async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await }).await?;
         self.hot.insert(id, data.clone());
         Ok(data)
     }
