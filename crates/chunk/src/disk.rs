@@ -126,16 +126,26 @@ impl Drop for ReadBuffer {
     }
 }
 
-/// A pooled buffer of at least `need` bytes (and at most twice that), or a new one.
+/// Transparent huge page size: read buffers start at such a boundary.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A pooled buffer with `need` bytes from a 2 MiB boundary on (and at most twice as
+/// many in all), or a new one asked to be backed by huge pages: its first touch then
+/// costs one fault per 2 MiB, not one per 4 KiB (measured: the faults of fresh 4 KiB
+/// pages took a fifth of the cold read's CPU).
 fn read_buffer(need: usize) -> Vec<u8> {
+    let len = need + HUGE_PAGE;
     let mut pool = lock(&READ_BUFFERS);
-    match pool.iter().position(|b| b.len() >= need && b.len() <= 2 * need) {
-        Some(i) => pool.swap_remove(i),
-        None => {
-            drop(pool);
-            vec![0u8; need]
-        }
+    if let Some(i) = pool.iter().position(|b| b.len() >= len && b.len() <= 2 * len) {
+        return pool.swap_remove(i);
     }
+    drop(pool);
+    let mut buf = vec![0u8; len];
+    let at = buf.as_ptr().align_offset(HUGE_PAGE);
+    // SAFETY: madvise only advises the kernel about pages inside `buf`, which this
+    // function owns; the range [at, at + need) lies within its `len` bytes.
+    unsafe { libc::madvise(buf.as_mut_ptr().add(at).cast(), need, libc::MADV_HUGEPAGE) };
+    buf
 }
 
 /// The whole file at `path`, or `None` if there is none. With `direct`, a file of
@@ -163,8 +173,8 @@ pub(crate) fn read_file(path: &Path, direct: bool) -> io::Result<Option<Bytes>> 
         file.read_to_end(&mut data)?;
         return Ok(Some(Bytes::from(data)));
     }
-    let mut buf = read_buffer(len.next_multiple_of(DIRECT_ALIGN) + DIRECT_ALIGN);
-    let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+    let mut buf = read_buffer(len.next_multiple_of(DIRECT_ALIGN));
+    let start = buf.as_ptr().align_offset(HUGE_PAGE);
     let end = start + len.next_multiple_of(DIRECT_ALIGN);
     let mut done = 0;
     while done < len {
@@ -328,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn new_files_hold_exactly_their_bytes_direct_or_buffered() {
+    fn files_hold_exactly_their_bytes_written_and_read_direct_or_buffered() {
         let dir = tempfile::tempdir().unwrap();
         // Around every boundary: small, one block short of and past the direct minimum,
         // aligned, a partial last block, and several pieces with a tail.
@@ -341,10 +351,17 @@ mod tests {
                 let path = dir.path().join(format!("f{i}-{direct}"));
                 write_new_file(&path, data, direct).unwrap();
                 assert_eq!(std::fs::read(&path).unwrap(), data, "{len} bytes, direct {direct}");
+                // Read back both ways, twice: the second read reuses the first's buffer.
+                for read_direct in [true, false, true] {
+                    let got = read_file(&path, read_direct).unwrap().unwrap();
+                    assert_eq!(got, data, "{len} bytes, written direct {direct}, read direct {read_direct}");
+                }
                 // The name must be new.
                 assert!(write_new_file(&path, data, direct).is_err());
             }
         }
         assert!(lock(&BUFFERS).len() <= DIRECT_POOL);
+        assert!(read_file(&dir.path().join("absent"), true).unwrap().is_none());
+        assert!(!lock(&READ_BUFFERS).is_empty() && lock(&READ_BUFFERS).len() <= READ_POOL);
     }
 }

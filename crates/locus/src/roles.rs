@@ -232,6 +232,12 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
     let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
     let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
         .with_context(|| format!("cannot mount on {} (is fuse available, and are you root?)", mountpoint.display()))?;
+    let at = mountpoint.to_path_buf();
+    match tokio::task::spawn_blocking(move || fuse::raise_read_ahead(&at)).await {
+        Ok(Ok(())) => tracing::debug!("read-ahead of {} raised to {} KiB", mountpoint.display(), fuse::READ_AHEAD_KB),
+        Ok(Err(e)) => tracing::info!("read-ahead of {} left at the kernel's default: {e}", mountpoint.display()),
+        Err(e) => tracing::warn!("raising the read-ahead of {} failed: {e}", mountpoint.display()),
+    }
     println!("locus mounted on {}", mountpoint.display());
     let ended_elsewhere = async {
         while !mounted.is_finished() {
