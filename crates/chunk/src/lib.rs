@@ -185,10 +185,8 @@ impl ChunkStore {
 
     /// Reads chunk `id`'s file: its plaintext if it opens under the key and hashes to
     /// `id`.
-    /// A durable store's files are read past the page cache (`disk::read_file`); a
-    /// cache's, written through it and perhaps not yet on disk, through it.
     fn read_stored(&self, id: &ChunkId, path: &Path) -> io::Result<Stored> {
-        let Some(file) = disk::read_file(path, self.durable.is_some())? else { return Ok(Stored::Missing) };
+        let Some(file) = disk::read_file(path)? else { return Ok(Stored::Missing) };
         let plain = match &self.at_rest {
             Some(key) => key.open(id, file.to_vec()).map(Bytes::from),
             None => Some(file),
