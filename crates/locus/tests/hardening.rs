@@ -147,7 +147,7 @@ fn up_reads_its_store_in_process_and_never_serves_a_corrupt_chunk() {
     }
     let env = UpEnv::new();
     let mut up = env.up();
-    // Large enough for the direct-read path, not a multiple of a block; and a small file.
+    // Large enough for the pooled-buffer path, not a multiple of a block; and a small file.
     let big: Vec<u8> = (0..(5u32 << 20) + 1234).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     fs::write(env.mnt().join("big"), &big).unwrap();
     fs::write(env.mnt().join("victim"), b"precious bytes that will rot on disk").unwrap();
