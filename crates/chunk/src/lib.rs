@@ -19,6 +19,7 @@ pub mod seal;
 
 mod disk;
 
+use bytes::Bytes;
 use proto::error::{ErrorCode, WireError};
 use proto::node::NodeStats;
 use proto::types::ChunkId;
@@ -112,7 +113,7 @@ pub struct ChunkStore {
 /// A chunk file as read from disk.
 enum Stored {
     Missing,
-    Intact(Vec<u8>),
+    Intact(Bytes),
     /// Fails its hash check, or does not open under the store's key.
     Corrupt,
 }
@@ -185,13 +186,9 @@ impl ChunkStore {
     /// Reads chunk `id`'s file: its plaintext if it opens under the key and hashes to
     /// `id`.
     fn read_stored(&self, id: &ChunkId, path: &Path) -> io::Result<Stored> {
-        let file = match fs::read(path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Stored::Missing),
-            Err(e) => return Err(e),
-        };
+        let Some(file) = disk::read_file(path)? else { return Ok(Stored::Missing) };
         let plain = match &self.at_rest {
-            Some(key) => key.open(id, file),
+            Some(key) => key.open(id, file.to_vec()).map(Bytes::from),
             None => Some(file),
         };
         Ok(match plain {
@@ -222,9 +219,9 @@ impl ChunkStore {
     /// Bytes `[offset, offset+len)` of chunk `id`, after checking the whole chunk
     /// against its id. `len` is clipped at the end of the chunk; an `offset` past the
     /// end is a `Range` error.
-    pub fn get(&self, id: &ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, ChunkError> {
+    pub fn get(&self, id: &ChunkId, offset: u64, len: u64) -> Result<Bytes, ChunkError> {
         let path = self.path_of(id);
-        let mut data = match self.read_stored(id, &path).map_err(io_err("read chunk", &path))? {
+        let data = match self.read_stored(id, &path).map_err(io_err("read chunk", &path))? {
             Stored::Intact(d) => d,
             Stored::Missing => return Err(ChunkError::NotFound { id: *id }),
             Stored::Corrupt => {
@@ -238,9 +235,7 @@ impl ChunkStore {
             return Err(ChunkError::Range { id: *id, offset, size });
         }
         let end = offset.saturating_add(len).min(size);
-        data.truncate(end as usize);
-        data.drain(..offset as usize);
-        Ok(data)
+        Ok(data.slice(offset as usize..end as usize))
     }
 
     /// One flag per id, in order: whether a file for it is present (not re-hashed).

@@ -91,7 +91,7 @@ fn corrupt_chunk_is_never_served_and_can_be_repaired() {
     assert_eq!(WireError::from(err).code, ErrorCode::Corrupt);
     assert!(s.get(&bad, 0, 4).is_err());
     assert_eq!(s.stats().corrupt_reads, 2);
-    assert_eq!(s.get(&good, 0, 5).unwrap(), b"jumps");
+    assert_eq!(s.get(&good, 0, 5).unwrap(), &b"jumps"[..]);
 
     let missing = ChunkId::of(b"missing");
     assert_eq!(s.verify(&[good, bad, missing]), vec![bad, missing]);
@@ -99,7 +99,7 @@ fn corrupt_chunk_is_never_served_and_can_be_repaired() {
 
     // Putting the right bytes again replaces the corrupt copy.
     s.put(&bad, b"the quick brown fox").unwrap();
-    assert_eq!(s.get(&bad, 4, 5).unwrap(), b"quick");
+    assert_eq!(s.get(&bad, 4, 5).unwrap(), &b"quick"[..]);
     assert!(s.verify(&[good, bad]).is_empty());
     let st = s.stats();
     assert_eq!((st.chunk_count, st.used_bytes), (2, 19 + 23));
@@ -226,7 +226,7 @@ fn reopen_scans_usage_and_cleans_tmp() {
     assert_eq!(files_in(&d.path().join("tmp")), 0);
     let st = s.stats();
     assert_eq!((st.used_bytes, st.chunk_count, st.corrupt_reads), (6, 3, 0));
-    assert_eq!(s.get(&ids[2], 0, 3).unwrap(), b"ccc");
+    assert_eq!(s.get(&ids[2], 0, 3).unwrap(), &b"ccc"[..]);
 }
 
 #[test]
@@ -323,7 +323,7 @@ fn turning_encryption_on_keeps_plaintext_chunks_readable() {
     let old = put_new(&s, b"written before the key");
     drop(s);
     let s = store(dir.path()).encrypted(seal::AtRest::new(&[1; 32]));
-    assert_eq!(s.get(&old, 0, u64::MAX).unwrap(), b"written before the key");
+    assert_eq!(s.get(&old, 0, u64::MAX).unwrap(), &b"written before the key"[..]);
     assert!(s.verify(&[old]).is_empty());
 }
 

@@ -1,12 +1,17 @@
 //! The client's data path: the site's nodes, chunk placement, storing chunks and
-//! fetching them (uploads in flight, then the chunk cache, then a node, one fetch per
-//! chunk however many readers want it, every fetched chunk verified against its id).
+//! fetching them (uploads in flight, then the chunk cache, then the store of a node in
+//! this process, then a node over the network; one fetch per chunk however many
+//! readers want it). Every chunk is verified against its id exactly once on its way
+//! here: by the store that read it from disk, by the site node that received it over
+//! the WAN, or by this client when the node that answered is not a certificate-proven
+//! node of its own site.
 
 use crate::error::VfsError;
 use crate::meta_link::MetaLink;
 use bytes::Bytes;
 use chunk::cache::ChunkCache;
-use net::NodeDirectory;
+use chunk::{ChunkError, ChunkStore};
+use net::{NodeDirectory, Role};
 use proto::cap::Cap;
 use proto::error::ErrorCode;
 use proto::meta::{ChunkLocations, Extents, ListNodes, Open, OpenAccess, Opened, Release, StoredChunk};
@@ -23,6 +28,17 @@ use util::sync::{lock, read, write};
 type Result<T> = std::result::Result<T, VfsError>;
 /// A whole chunk's bytes, shared by the cache, uploads and readers.
 pub(crate) type ChunkData = Bytes;
+
+/// The storage node running in this client's own process (`locus up`): the client reads
+/// its chunk store directly, without loopback TLS and without hashing again (the
+/// store verifies every chunk it reads from disk).
+#[derive(Debug, Clone)]
+pub struct LocalNode {
+    /// The node's id, for logs.
+    pub id: String,
+    /// The node's own (opened, locked) chunk store.
+    pub store: Arc<ChunkStore>,
+}
 
 /// Chunks and the nodes that hold them, as one client sees them.
 pub(crate) struct DataPath {
@@ -41,6 +57,8 @@ pub(crate) struct DataPath {
     read_caps: Mutex<HashMap<ChunkId, (Cap, InodeId)>>,
     /// Meta's latest put capability.
     put_cap: Mutex<Option<Cap>>,
+    /// The node in this process, read first when there is one.
+    local: Option<LocalNode>,
 }
 
 /// Read capabilities kept at most; past that the map starts again (files reopened
@@ -54,6 +72,7 @@ impl DataPath {
         cache_bytes: usize,
         node_connections: usize,
         timeout: Duration,
+        local: Option<LocalNode>,
     ) -> DataPath {
         DataPath {
             meta,
@@ -65,6 +84,7 @@ impl DataPath {
             fetches: SingleFlight::default(),
             read_caps: Mutex::default(),
             put_cap: Mutex::default(),
+            local,
         }
     }
 
@@ -217,7 +237,40 @@ impl DataPath {
         self.fetches.run(id, || self.fetch_chunk(id)).await
     }
 
+    /// The chunk from the store of the node in this process, verified by that store as
+    /// it reads the file. `None` when there is no such node or it has no good copy: the
+    /// network path then tries every copy, as for any other client.
+    async fn read_local(&self, id: ChunkId) -> Option<ChunkData> {
+        let local = self.local.as_ref()?;
+        let store = local.store.clone();
+        match tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX)).await {
+            Ok(Ok(data)) => Some(data),
+            Ok(Err(ChunkError::NotFound { .. })) => None,
+            Ok(Err(e)) => {
+                tracing::warn!(chunk = %id, node = %local.id, "in-process read failed, asking the nodes: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::error!(chunk = %id, node = %local.id, "in-process read task failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Whether `node` proved with its certificate (mutual TLS) to be a node of this
+    /// client's site. Such a node verified every chunk it serves (read from its disk,
+    /// or received across the WAN), so the client does not hash it again; a chunk from
+    /// any other node (another site's, or any without TLS) is hashed here.
+    async fn vouches(&self, node: &str) -> bool {
+        let Ok(client) = self.nodes.client(node).await else { return false };
+        client.server_identity().await.is_some_and(|p| p.role == Role::Node && p.site == self.site)
+    }
+
     async fn fetch_chunk(&self, id: ChunkId) -> Result<ChunkData> {
+        if let Some(data) = self.read_local(id).await {
+            self.cache.insert(id, data.clone());
+            return Ok(data);
+        }
         let mut candidates = self.placement(&id);
         let mut last = VfsError::new(ErrorCode::Io, format!("chunk {id} is on no reachable node"));
         let mut asked_meta = false;
@@ -250,7 +303,7 @@ impl DataPath {
             let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false, cap: cap.map(|c| c.0) };
             match self.node_call(&node, &get, Bytes::new()).await {
                 Ok((NodeReply::Data, data)) => {
-                    if ChunkId::of(&data) != id {
+                    if !self.vouches(&node).await && ChunkId::of(&data) != id {
                         tracing::error!(chunk = %id, %node, "chunk failed its hash check in transit");
                         last = VfsError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} is corrupt"));
                         continue;

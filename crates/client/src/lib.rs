@@ -15,6 +15,7 @@ mod meta_link;
 mod session;
 mod vfs;
 
+pub use data::LocalNode;
 pub use error::VfsError;
 pub use meta_link::acting_as;
 pub use vfs::{ClientConfig, DirHandle, FileHandle, OpenOptions, Vfs};

@@ -233,6 +233,12 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
     let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
     let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
         .with_context(|| format!("cannot mount on {} (is fuse available, and are you root?)", mountpoint.display()))?;
+    let at = mountpoint.to_path_buf();
+    match tokio::task::spawn_blocking(move || fuse::raise_read_ahead(&at)).await {
+        Ok(Ok(())) => tracing::debug!("read-ahead of {} raised to {} KiB", mountpoint.display(), fuse::READ_AHEAD_KB),
+        Ok(Err(e)) => tracing::info!("read-ahead of {} left at the kernel's default: {e}", mountpoint.display()),
+        Err(e) => tracing::warn!("raising the read-ahead of {} failed: {e}", mountpoint.display()),
+    }
     println!("locus mounted on {}", mountpoint.display());
     let ended_elsewhere = async {
         while !mounted.is_finished() {
@@ -338,14 +344,21 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     };
     let (node_failed_tx, node_failed) = tokio::sync::oneshot::channel();
     let config = node_config(&node_args, node_addr.clone());
+    // The mount reads the node's store in process (no loopback TLS, no second hash).
+    let store = Arc::new(node::open_store(&config, false).await.context("the storage node did not start")?);
+    let local_node = client::LocalNode { id: LOCAL_NODE.into(), store: store.clone() };
     tokio::spawn(async move {
-        if let Err(e) = node::run(config, node_listener).await {
+        if let Err(e) = node::run_on(store, config, node_listener).await {
             let _ = node_failed_tx.send(e);
         }
     });
     wait_for_node(&meta_addr, &node_addr, node_failed).await?;
     let purpose = format!("mount {}", mountpoint.display());
-    let vfs = client::Vfs::connect(client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)).await?;
+    let client = client::ClientConfig {
+        local_node: Some(local_node),
+        ..client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)
+    };
+    let vfs = client::Vfs::connect(client).await?;
     println!(
         "locus: meta {meta_addr}, node {node_addr}, data in {}, mounted on {}; Ctrl-C to stop",
         data_dir.display(),

@@ -1,6 +1,7 @@
 //! The small things users hit, on real processes and real mounts: Ctrl-C on a busy
 //! `locus up`, a dead mount left behind, `locus status` finding `locus up` without
-//! flags, quiet ioctls, and EIO for a chunk lost on every node.
+//! flags, quiet ioctls, EIO for a chunk lost on every node, and `locus up`'s in-process
+//! reads of its node's store (right bytes, never a corrupt chunk).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -134,6 +135,47 @@ fn up_restarts_over_a_dead_mount_and_status_finds_it_without_flags() {
     assert!(status.success(), "clean stop failed: {status}; log:\n{}", env.log_text());
     let record = env.dir.path().join("home/.local/state/locus/local-cluster.toml");
     assert!(!record.exists(), "{} outlived `locus up`", record.display());
+}
+
+/// `locus up`'s mount reads its node's chunk store in process (no node, no TLS in
+/// between): a fresh process reads the right bytes, and a chunk file that rotted on disk
+/// is EIO, never served.
+#[test]
+fn up_reads_its_store_in_process_and_never_serves_a_corrupt_chunk() {
+    if !can_mount() {
+        return;
+    }
+    let env = UpEnv::new();
+    let mut up = env.up();
+    // Large enough for the pooled-buffer path, not a multiple of a block; and a small file.
+    let big: Vec<u8> = (0..(5u32 << 20) + 1234).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    fs::write(env.mnt().join("big"), &big).unwrap();
+    fs::write(env.mnt().join("victim"), b"precious bytes that will rot on disk").unwrap();
+    signal(&up.child, libc::SIGINT);
+    assert!(testkit::exits_within(&mut up.child, Duration::from_secs(20), "locus up").success());
+
+    let store = env.dir.path().join("data/chunks/chunks");
+    let mut small = Vec::new();
+    for fan in fs::read_dir(&store).unwrap() {
+        for f in fs::read_dir(fan.unwrap().path()).unwrap() {
+            let path = f.unwrap().path();
+            if fs::metadata(&path).unwrap().len() < 100 {
+                small.push(path);
+            }
+        }
+    }
+    assert_eq!(small.len(), 1, "one small chunk: {small:?}");
+    let mut rotten = fs::read(&small[0]).unwrap();
+    rotten[3] ^= 0x40;
+    fs::write(&small[0], rotten).unwrap();
+
+    // A new process: nothing cached in memory, every chunk comes from the store.
+    let mut up = env.up();
+    assert!(fs::read(env.mnt().join("big")).unwrap() == big, "the big file read back wrong");
+    let err = fs::read(env.mnt().join("victim")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    signal(&up.child, libc::SIGINT);
+    testkit::exits_within(&mut up.child, Duration::from_secs(20), "locus up");
 }
 
 #[test]

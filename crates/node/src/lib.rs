@@ -171,10 +171,7 @@ impl NodeService {
         if let Some(data) = self.hot.get(&id) {
             return Ok(data);
         }
-        let data = self
-            .loading
-            .run(id, || async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await.map(Bytes::from) })
-            .await?;
+        let data = self.loading.run(id, || async { self.blocking(move |s| s.get(&id, 0, u64::MAX)).await }).await?;
         self.hot.insert(id, data.clone());
         Ok(data)
     }
@@ -305,24 +302,37 @@ impl Service for NodeService {
     }
 }
 
-/// Runs a node until its task is dropped: opens the store, registers with meta (refusing
-/// to start if meta is unreachable or refuses), heartbeats, and serves `listener`.
-pub async fn run(mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
+/// Opens a node's chunk store (`DATA_DIR`, sealed with its key if it has one), or with
+/// `cache` its site cache (`DATA_DIR/cache`). `locus up` opens the store before `run_on`
+/// so that its mount can read the same store in process (`client::LocalNode`).
+pub async fn open_store(config: &NodeConfig, cache: bool) -> Result<ChunkStore, NodeError> {
     let key = config.encrypt_key.as_deref().map(chunk::seal::AtRest::from_key_file).transpose()?;
-    let seal = move |store: ChunkStore, key: &Option<chunk::seal::AtRest>| match key {
-        Some(key) => store.encrypted(key.clone()),
-        None => store,
+    let (dir, capacity) = match cache {
+        false => (config.data_dir.clone(), config.capacity_bytes),
+        true => (config.data_dir.join("cache"), config.wan.cache_bytes),
     };
-    let (dir, capacity, k) = (config.data_dir.clone(), config.capacity_bytes, key.clone());
-    let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity).map(|s| seal(s, &k)))
-        .await
-        .map_err(|e| NodeError::Internal(format!("opening the chunk store panicked: {e}")))??;
-    let store = Arc::new(store);
-    let (cache_dir, cache_cap) = (config.data_dir.join("cache"), config.wan.cache_bytes);
-    let cache =
-        tokio::task::spawn_blocking(move || ChunkStore::open_cache(&cache_dir, cache_cap).map(|s| seal(s, &key)))
-            .await
-            .map_err(|e| NodeError::Internal(format!("opening the site cache panicked: {e}")))??;
+    let opened = tokio::task::spawn_blocking(move || {
+        let store = if cache { ChunkStore::open_cache(&dir, capacity) } else { ChunkStore::open(&dir, capacity) }?;
+        Ok::<_, ChunkError>(match key {
+            Some(key) => store.encrypted(key),
+            None => store,
+        })
+    })
+    .await
+    .map_err(|e| NodeError::Internal(format!("opening the chunk store panicked: {e}")))??;
+    Ok(opened)
+}
+
+/// Runs a node until its task is dropped: opens the store, then as `run_on`.
+pub async fn run(config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
+    run_on(Arc::new(open_store(&config, false).await?), config, listener).await
+}
+
+/// Runs a node on an opened `store` until its task is dropped: registers with meta
+/// (refusing to start if meta is unreachable or refuses), heartbeats, and serves
+/// `listener`.
+pub async fn run_on(store: Arc<ChunkStore>, mut config: NodeConfig, listener: TcpListener) -> Result<(), NodeError> {
+    let cache = open_store(&config, true).await?;
 
     let epoch = Arc::new(Epoch::load(&config.data_dir)?);
     let rpc = RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)

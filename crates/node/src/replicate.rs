@@ -150,7 +150,7 @@ impl Replicator {
     /// A stored chunk read whole (verified), off the runtime's threads.
     pub(crate) async fn read_stored(&self, id: ChunkId) -> Result<Result<Bytes, ChunkError>, WireError> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX).map(Bytes::from))
+        tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX))
             .await
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("chunk store task failed: {e}")))
     }

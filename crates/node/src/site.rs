@@ -288,7 +288,7 @@ impl SiteLink {
             Ok(data) => {
                 self.stats.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 lock(&self.lru).touch(id);
-                Ok(Some(Bytes::from(data)))
+                Ok(Some(data))
             }
             Err(ChunkError::NotFound { .. }) => Ok(None),
             Err(ChunkError::Corrupt { .. }) => {

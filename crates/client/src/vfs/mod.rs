@@ -18,7 +18,7 @@ mod write;
 mod xattr;
 
 use crate::compact::Compactor;
-use crate::data::DataPath;
+use crate::data::{DataPath, LocalNode};
 use crate::error::VfsError;
 use crate::file::FileState;
 use crate::meta_link::MetaLink;
@@ -60,6 +60,8 @@ pub struct ClientConfig {
     /// How long answers may be reused without asking meta (as the kernel's attribute
     /// cache); used for the absence of extended attributes.
     pub attr_ttl: Duration,
+    /// The storage node in this process (`locus up`), whose store is read directly.
+    pub local_node: Option<LocalNode>,
 }
 
 impl Default for ClientConfig {
@@ -77,6 +79,7 @@ impl Default for ClientConfig {
             node_connections: 2,
             timeout: Duration::from_secs(60),
             attr_ttl: Duration::from_secs(1),
+            local_node: None,
         }
     }
 }
@@ -151,6 +154,7 @@ impl Vfs {
             config.cache_bytes,
             config.node_connections,
             config.timeout,
+            config.local_node.clone(),
         ));
         data.refresh_nodes().await?;
         let workers = Arc::new(Workers::default());

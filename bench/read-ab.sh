@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Side-by-side cold sequential read of two locus binaries (e.g. O_DIRECT chunk reads against
+# buffered ones): each binary gets its own `locus up` and data directory holding the same 1 GiB
+# of random data; every round restarts each in turn, drops the page cache and reads the file
+# with dd (bs=1M and bs=64k), the binaries interleaved. Prints a Markdown table of every round,
+# the medians and the load average. Only 127.0.0.1 is used (locus up's own ports).
+#
+# Usage (as root):  bench/read-ab.sh A_BINARY B_BINARY [ROUNDS] [SIZE_MB]
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+T_START=$(date +%s)
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+((EUID == 0)) || die "run as root (mounts, drop_caches)"
+(($# >= 2)) || die "usage: bench/read-ab.sh A_BINARY B_BINARY [ROUNDS] [SIZE_MB]"
+ROUNDS=${3:-3} SIZE_MB=${4:-1024}
+W=/tmp/bench-read-ab
+declare -A BIN=([a]=$1 [b]=$2) PORT=([a]=17270 [b]=17272) PID=() RES=()
+
+stop() { # a|b
+    [[ -n ${PID[$1]:-} ]] || return 0
+    kill -INT "${PID[$1]}" 2>/dev/null || true
+    wait "${PID[$1]}" 2>/dev/null || true
+    mountpoint -q "$W/$1/mnt" && umount -l "$W/$1/mnt"
+    PID[$1]=""
+}
+start() { # a|b
+    HOME=$W/$1/home LOCUS_LOG=warn "$W/$1/locus" up "$W/$1/mnt" --data-dir "$W/$1/data" \
+        --meta-listen "127.0.0.1:${PORT[$1]}" --node-listen "127.0.0.1:$((PORT[$1] + 1))" >>"$W/$1.log" 2>&1 &
+    PID[$1]=$!
+    for _ in $(seq 200); do
+        mountpoint -q "$W/$1/mnt" && break
+        sleep 0.1
+    done
+    mountpoint -q "$W/$1/mnt" || die "locus $1 did not mount (see $W/$1.log)"
+    local dev
+    dev=$(stat -c '%Hd:%Ld' "$W/$1/mnt")
+    echo 1024 >"/sys/class/bdi/$dev/read_ahead_kb"
+    sleep 3 # the node re-registers (see restart_locus in bench/run.sh)
+}
+cleanup() { stop a; stop b; rm -rf --one-file-system "$W"; }
+trap cleanup EXIT
+
+rm -rf --one-file-system "$W"
+for t in a b; do
+    mkdir -p "$W/$t/mnt" "$W/$t/data" "$W/$t/home"
+    cp "${BIN[$t]}" "$W/$t/locus"
+done
+head -c $((SIZE_MB << 20)) /dev/urandom >"$W/src"
+for t in a b; do
+    start "$t"
+    dd if="$W/src" of="$W/$t/mnt/f" bs=1M conv=fsync status=none
+done
+rm -f "$W/src"
+
+mbps() { awk -v b=$((SIZE_MB << 20)) -v ns="$1" 'BEGIN { printf "%.0f", b * 1000 / ns }'; }
+for r in $(seq "$ROUNDS"); do
+    for bs in 1M 64k; do
+        for t in a b; do
+            stop "$t"
+            start "$t"
+            sync
+            echo 3 >/proc/sys/vm/drop_caches
+            t0=$(date +%s%N)
+            dd if="$W/$t/mnt/f" of=/dev/null bs="$bs" status=none
+            t1=$(date +%s%N)
+            RES["$t|$bs"]+="$(mbps $((t1 - t0))) "
+            say "round $r bs=$bs $t: $(mbps $((t1 - t0))) MB/s"
+        done
+    done
+done
+
+median() { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+echo "# Cold sequential read, A/B: $(date -u '+%Y-%m-%d %H:%M UTC'), $ROUNDS rounds, ${SIZE_MB} MiB"
+echo
+echo "- A: ${BIN[a]}; B: ${BIN[b]}"
+echo "- Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores, shared host)"
+echo
+echo "| dd bs | A rounds (MB/s) | B rounds (MB/s) | A median | B median | B / A |"
+echo "|---|---|---|---:|---:|---:|"
+for bs in 1M 64k; do
+    a=$(median "${RES[a|$bs]}") b=$(median "${RES[b|$bs]}")
+    echo "| $bs | ${RES[a|$bs]% } | ${RES[b|$bs]% } | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') |"
+done
