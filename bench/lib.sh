@@ -108,18 +108,18 @@ postmark_tps() {
         (cd "$1" && postmark) | sed -n 's/.* seconds of transactions (\([0-9]*\) per second).*/\1/p'
 }
 
-# JuiceFS, measured beside Locus: sets JUICEFS to the binary bench/juicefs-build.sh builds from
+# JuiceFS, measured beside Locus: sets JUICEFS_BIN to the binary bench/juicefs-build.sh builds from
 # the public sources (or reuses) and JUICEFS_BUILD to its version line.
 juicefs_bin() {
-    JUICEFS=$("$ROOT/bench/juicefs-build.sh") || die "JuiceFS could not be built (see above; JUICEFS=0 skips it)"
-    JUICEFS_BUILD=$(head -1 "$(dirname "$JUICEFS")/build.txt")
+    JUICEFS_BIN=$("$ROOT/bench/juicefs-build.sh") || die "JuiceFS could not be built (see above; JUICEFS=0 skips it)"
+    JUICEFS_BUILD=$(head -1 "$(dirname "$JUICEFS_BIN")/build.txt")
 }
 
 # A fresh JuiceFS volume: metadata at URL $1 (sqlite3://... or postgres://...), data blocks
 # in directory $2 (`--storage file`), otherwise `juicefs format`'s defaults; output to log $3.
 juicefs_format() { # meta-url data-dir log
     mkdir -p "$2"
-    "$JUICEFS" format --storage file --bucket "$2/" "$1" bench >>"$3" 2>&1 || {
+    "$JUICEFS_BIN" format --storage file --bucket "$2/" "$1" bench >>"$3" 2>&1 || {
         tail -20 "$3" >&2
         die "juicefs format $1 failed"
     }
@@ -130,7 +130,7 @@ juicefs_format() { # meta-url data-dir log
 # (default size, 100 GiB) and no usage report; output to log $4.
 juicefs_mount() { # meta-url mountpoint cache-dir log
     mkdir -p "$2" "$3"
-    "$JUICEFS" mount --no-usage-report --cache-dir "$3" "$1" "$2" >>"$4" 2>&1 9>&- &
+    "$JUICEFS_BIN" mount --no-usage-report --cache-dir "$3" "$1" "$2" >>"$4" 2>&1 9>&- &
     JUICEFS_PID=$!
     wait_mounted "$JUICEFS_PID" "$2" "$4"
 }
