@@ -4,7 +4,8 @@
 # proxy (`go mod download`, since `go install pkg@version` refuses JuiceFS's replace
 # directives), is copied to a scratch directory (the module cache is read-only) and built
 # with `go build -p 2` (the machine is shared) into $JFS_DIR/juicefs-VERSION/juicefs, which
-# later runs reuse. Prints the binary's path on stdout; the version and build time go to
+# later runs reuse (the binary of the committed results was built by this script's first version,
+# with -s -w -trimpath and no revision: it reports 1.4.1+unknown). Prints the binary's path on stdout; the version and build time go to
 # build.txt beside it.
 #
 # Usage:  bench/juicefs-build.sh
@@ -33,8 +34,10 @@ chmod -R u+w "$SCRATCH"
 mkdir -p "$DEST"
 start=$(date +%s)
 REV=$(python3 -c 'import json,sys; print(json.load(sys.stdin).get("Origin", {}).get("Hash", "unknown"))' <<<"$INFO")
-(cd "$SCRATCH" && CGO_ENABLED=1 "$GO" build -p 2 -trimpath \
-    -ldflags "-s -w -X $MOD/pkg/version.version=${VERSION#v} -X $MOD/pkg/version.revision=${REV:0:12}" \
+# The flags of its Makefile's `juicefs` target (revision and date from the proxy's record of the tag).
+REVDATE=$(python3 -c 'import json,sys; print(json.load(open(json.load(sys.stdin)["Info"]))["Time"][:10])' <<<"$INFO")
+(cd "$SCRATCH" && CGO_ENABLED=1 "$GO" build -p 2 \
+    -ldflags "-X $MOD/pkg/version.revision=${REV:0:7} -X $MOD/pkg/version.revisionDate=$REVDATE" \
     -o "$DEST/juicefs.tmp" .) >&2 || { echo "juicefs-build: go build failed" >&2; exit 1; }
 mv "$DEST/juicefs.tmp" "$DEST/juicefs"
 {
