@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Metadata engines side by side: the same Locus cluster (one `locus meta`, one `locus node`,
 # one FUSE mount, all on 127.0.0.1) with meta over SQLite and over PostgreSQL, single site,
-# interleaved round by round. Each round runs bench/meta_bench.py (create, stat, unlink of
+# and JuiceFS (built from its public sources by bench/juicefs-build.sh) on the same two
+# engines (`juicefs format --storage file`, a sqlite3:// file or a database on the same
+# PostgreSQL server; `juicefs mount` with its default options but for a cache directory in
+# the scratch directory and no usage report), interleaved round by round. Each round runs bench/meta_bench.py (create, stat, unlink of
 # FILES empty files in one directory) and then PostMark (Debian's `postmark` 1.51:
 # PM_FILES files in one directory, PM_TX transactions of create/delete and read/append,
 # its default sizes of 500 to 10,000 bytes) on a fresh database and data directory.
@@ -18,7 +21,7 @@
 #
 # Usage (as root):  bench/meta-engines.sh
 # Environment: BIN=target/release/locus  ROUNDS=3  FILES=5000  PM_FILES=1000  PM_TX=10000
-#              OUT=bench/results/meta-engines.md
+#              OUT=bench/results/meta-engines.md  JUICEFS=1 (0: Locus only)
 set -Eeuo pipefail
 export LOCUS_INSECURE_NO_TLS=true
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +31,7 @@ FILES=${FILES:-5000}
 PM_FILES=${PM_FILES:-1000}
 PM_TX=${PM_TX:-10000}
 OUT=${OUT:-$ROOT/bench/results/meta-engines.md}
+JUICEFS=${JUICEFS:-1}
 [[ -x $BIN ]] || { echo "no locus binary at $BIN (cargo build --release -p locus)" >&2; exit 1; }
 command -v postmark >/dev/null || { echo "postmark not found: apt-get install postmark" >&2; exit 1; }
 
@@ -35,8 +39,12 @@ command -v postmark >/dev/null || { echo "postmark not found: apt-get install po
 source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || { echo "PostgreSQL not found: apt-get install postgresql" >&2; exit 1; }
+ENGINES=(sqlite postgres)
+if [[ $JUICEFS == 1 ]]; then
+    juicefs_bin
+    ENGINES+=(juicefs-sqlite juicefs-postgres)
+fi
 as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 WORK=$(mktemp -d /tmp/locus-engines.XXXXXX)
 chmod 755 "$WORK"
@@ -70,29 +78,32 @@ start() {
     echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
 }
 
-# PostMark's transactions per second in directory $1 (it reports whole seconds, so
-# PM_TX should keep it busy for 20 s or more).
-postmark_tps() {
-    mkdir -p "$1"
-    printf 'set location %s\nset number %s\nset transactions %s\nrun\nquit\n' "$1" "$PM_FILES" "$PM_TX" |
-        (cd "$1" && postmark) | sed -n 's/.* seconds of transactions (\([0-9]*\) per second).*/\1/p'
-}
-
 run() { # engine round; writes "create stat unlink postmark" to $WORK/last
     local engine=$1 r=$2 db
-    if [[ $engine == sqlite ]]; then
-        db=$WORK/meta-$r.db
-    else
-        (cd "$WORK/pg" && as_pg "$PGBIN/createdb" -h 127.0.0.1 -p "$PGPORT" -U locus "bench$r")
-        db=postgres://locus@127.0.0.1:$PGPORT/bench$r
-    fi
+    case $engine in
+    sqlite) db=$WORK/meta-$r.db ;;
+    juicefs-sqlite) db=sqlite3://$WORK/jfs-$r.db ;;
+    postgres | juicefs-postgres)
+        db=${engine%postgres}bench$r
+        db=${db//-/_}
+        (cd "$WORK/pg" && as_pg "$PGBIN/createdb" -h 127.0.0.1 -p "$PGPORT" -U locus "$db")
+        db=postgres://locus@127.0.0.1:$PGPORT/$db
+        [[ $engine == postgres ]] || db+="?sslmode=disable"
+        ;;
+    esac
     local meta mnt=$WORK/mnt-$engine-$r
     mkdir -p "$mnt" "$WORK/node-$engine-$r"
-    start "meta-$engine-$r" "locus meta listening on" meta --listen 127.0.0.1:0 --db "$db" --init --admit-node n0
-    meta=$ANNOUNCED
-    start "node-$engine-$r" "locus node listening on" node --listen 127.0.0.1:0 --meta "$meta" \
-        --data-dir "$WORK/node-$engine-$r" --id n0
-    start "mount-$engine-$r" "locus mounted on" mount "$mnt" --meta "$meta"
+    if [[ $engine == juicefs-* ]]; then
+        juicefs_format "$db" "$WORK/node-$engine-$r" "$WORK/$engine-$r.log"
+        juicefs_mount "$db" "$mnt" "$WORK/cache-$engine-$r" "$WORK/$engine-$r.log"
+        PIDS+=("$JUICEFS_PID")
+    else
+        start "meta-$engine-$r" "locus meta listening on" meta --listen 127.0.0.1:0 --db "$db" --init --admit-node n0
+        meta=$ANNOUNCED
+        start "node-$engine-$r" "locus node listening on" node --listen 127.0.0.1:0 --meta "$meta" \
+            --data-dir "$WORK/node-$engine-$r" --id n0
+        start "mount-$engine-$r" "locus mounted on" mount "$mnt" --meta "$meta"
+    fi
     python3 "$ROOT/bench/meta_bench.py" "$mnt/bench" --files "$FILES" |
         sed -E 's/create_per_s=([0-9]+) stat_per_s=([0-9]+) unlink_per_s=([0-9]+)/\1 \2 \3/' >"$WORK/last"
     local tps
@@ -107,17 +118,19 @@ run() { # engine round; writes "create stat unlink postmark" to $WORK/last
 
 exec 3>"$OUT.tmp"
 say() { echo "$@"; echo "$@" >&3; }
-say "# Metadata engines: SQLite vs PostgreSQL (single site)"
+say "# Metadata engines: SQLite vs PostgreSQL (single site), Locus and JuiceFS"
 say
 say "bench/meta-engines.sh, $(date -u +%Y-%m-%d), commit $(git -C "$ROOT" rev-parse --short HEAD)," \
     "$(nproc) cores, $FILES empty files in one directory, PostMark $PM_FILES files / $PM_TX transactions,"
 say "$ROUNDS rounds; one meta, one node and one FUSE mount as separate processes on 127.0.0.1;"
 say "$PGVERSION on the same machine (fsync on). Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+[[ $JUICEFS != 1 ]] || say "JuiceFS: $JUICEFS_BUILD; engines juicefs-*: \`juicefs format --storage file\`, \`juicefs mount\`" \
+    "with default options (--cache-dir in the scratch directory, --no-usage-report)."
 say
 say "| round | engine | load avg | creates/s | stats/s | unlinks/s | postmark tx/s |"
 say "|---:|---|---:|---:|---:|---:|---:|"
 for r in $(seq 1 "$ROUNDS"); do
-    for engine in sqlite postgres; do
+    for engine in "${ENGINES[@]}"; do
         load=$(cut -d' ' -f1 /proc/loadavg)
         run "$engine" "$r"
         read -r c s u p <"$WORK/last"
@@ -130,13 +143,21 @@ say
 say "| median | creates/s | stats/s | unlinks/s | postmark tx/s |"
 say "|---|---:|---:|---:|---:|"
 declare -A med
-for engine in sqlite postgres; do
+for engine in "${ENGINES[@]}"; do
     for k in 2 3 4 5; do med[$engine$k]=$(awk -v e=$engine -v k=$k '$1==e {print $k}' "$WORK/rows" | median); done
     say "| $engine | ${med[${engine}2]} | ${med[${engine}3]} | ${med[${engine}4]} | ${med[${engine}5]} |"
 done
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.0f %%", 100 * a / b}'; }
-say "| postgres / sqlite | $(ratio "${med[postgres2]}" "${med[sqlite2]}") | $(ratio "${med[postgres3]}" "${med[sqlite3]}") |" \
-    "$(ratio "${med[postgres4]}" "${med[sqlite4]}") | $(ratio "${med[postgres5]}" "${med[sqlite5]}") |"
+ratios() { # label a-engine b-engine format scale: a row of scale * a / b per column
+    local k row="| $1 |"
+    for k in 2 3 4 5; do row+=" $(awk -v a="${med[$2$k]}" -v b="${med[$3$k]}" -v f="$4" -v s="$5" 'BEGIN {printf f, s * a / b}') |"; done
+    say "$row"
+}
+ratios "postgres / sqlite" postgres sqlite "%.0f %%" 100
+if [[ $JUICEFS == 1 ]]; then
+    ratios "juicefs: postgres / sqlite" juicefs-postgres juicefs-sqlite "%.0f %%" 100
+    ratios "sqlite: Locus / JuiceFS" sqlite juicefs-sqlite "%.2fx" 1
+    ratios "postgres: Locus / JuiceFS" postgres juicefs-postgres "%.2fx" 1
+fi
 say
 say "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 exec 3>&-

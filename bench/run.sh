@@ -66,37 +66,10 @@ LOCUS_PID=""
 PERF_PID=""
 RA_NOTES=()
 RA_BEFORE="?"
-T_START=$(date +%s)
-
-say() { printf '[%4ss] %s\n' "$(($(date +%s) - T_START))" "$*" >&2; }
-die() {
-    say "FAILED: $*"
-    exit 1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 
 # ---------------------------------------------------------------- processes, mounts, cleanup
-
-# Stops a daemon by pid (SIGTERM unmounts), falling back to a lazy unmount and SIGKILL.
-stop_daemon() { # pid mountpoint
-    local pid=$1 mnt=$2 i
-    [[ -n $pid ]] || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 300); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            say "$(ps -o comm= -p "$pid") (pid $pid) did not exit within 30 s of SIGTERM: lazy unmount and SIGKILL"
-            umount -l "$mnt" 2>/dev/null || true
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    fi
-    wait "$pid" 2>/dev/null || true
-    if mountpoint -q "$mnt" 2>/dev/null; then
-        umount -l "$mnt" 2>/dev/null || true
-    fi
-}
 
 LOCKED=0
 cleanup() {
@@ -128,29 +101,10 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-wait_mounted() { # pid mountpoint logfile
-    local pid=$1 mnt=$2 logfile=$3 i
-    for i in $(seq 300); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            tail -n 20 "$logfile" >&2 || true
-            die "the daemon for $mnt exited before mounting"
-        fi
-        mountpoint -q "$mnt" && return 0
-        sleep 0.1
-    done
-    die "$mnt was not mounted within 30 s"
-}
-
 # Raises the kernel readahead of a FUSE mount (its bdi is named after the mount's MAJ:MIN).
 raise_readahead() { # mountpoint label
-    local dev ra
-    dev=$(mountpoint -d "$1")
-    ra=/sys/class/bdi/$dev/read_ahead_kb
-    [[ -w $ra ]] || die "no $ra for $1"
-    RA_BEFORE=$(cat "$ra")
-    echo "$RA_KB" >"$ra"
-    [[ $(cat "$ra") == "$RA_KB" ]] || die "$ra reads $(cat "$ra") after writing $RA_KB"
-    RA_NOTES+=("$2 bdi $dev")
+    RA_BEFORE=$(set_readahead "$1" "$RA_KB")
+    RA_NOTES+=("$2 bdi $(mountpoint -d "$1")")
 }
 
 start_pt() {
@@ -217,11 +171,6 @@ wait_quiet() {
         sleep 0.5
         QUIET_WAITED=$((QUIET_WAITED + 1))
     done
-}
-
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
 }
 
 # ---------------------------------------------------------------- measurements
