@@ -258,6 +258,8 @@ impl LocusFs {
         R: ErrorReply + Send + 'static,
     {
         let who = caller(req);
+        // One line per kernel request: `LOCUS_LOG=fuse=trace` counts them (bench/meta-profile.sh).
+        tracing::trace!(op, "fuse request");
         self.rt.spawn(async move {
             match client::acting_as(who, work).await {
                 Ok(v) => finish(reply, v),
