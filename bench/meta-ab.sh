@@ -55,7 +55,7 @@ start() { # binary log-filter log-file
 # Per phase: FUSE requests and meta calls per file, by kind.
 count() { # binary label
     local log=/tmp/meta-ab-count.log phase from to
-    start "$1" "warn,fuse=trace,client::meta_link=trace" "$log"
+    start "$1" "warn,fuse=trace,fuser=warn,client::meta_link=trace" "$log"
     for phase in create stat unlink; do
         from=$(wc -l <"$log")
         python3 "$ROOT/bench/meta_bench.py" "$SCRATCH/mnt/d" --files "$NCOUNT" --phases "$phase" \
@@ -63,9 +63,9 @@ count() { # binary label
         sleep 0.5 # background calls (Release) finish
         to=$(wc -l <"$log")
         printf '| %s | %s | %s | %s |\n' "$2" "$phase" \
-            "$(sed -n "$((from + 1)),${to}p" "$log" | grep -o 'fuse request op="[a-z_]*"' | sed 's/.*op="//;s/"//' |
+            "$(sed -n "$((from + 1)),${to}p" "$log" | sed "s/\x1b\[[0-9;]*m//g" | grep -o 'fuse request op="[a-z_]*"' | sed 's/.*op="//;s/"//' |
                 sort | uniq -c | awk -v n="$NCOUNT" '{printf "%s%s %.2f", sep, $2, $1 / n; sep=", "}')" \
-            "$(sed -n "$((from + 1)),${to}p" "$log" | grep -o 'meta call request="[A-Za-z]*"' | sed 's/.*request="//;s/"//' |
+            "$(sed -n "$((from + 1)),${to}p" "$log" | sed "s/\x1b\[[0-9;]*m//g" | grep -o 'meta call request="[A-Za-z]*"' | sed 's/.*request="//;s/"//' |
                 sort | uniq -c | awk -v n="$NCOUNT" '{printf "%s%s %.2f", sep, $2, $1 / n; sep=", "}')"
     done
     stop
