@@ -71,6 +71,8 @@ impl MetaLink {
     /// Sends one request, for the user the current task acts for (`acting_as`), and
     /// returns its typed answer.
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
+        // One line per round trip: `LOCUS_LOG=client::meta_link=trace` counts them.
+        tracing::trace!(request = std::any::type_name::<M>().rsplit("::").next().unwrap_or_default(), "meta call");
         Ok(match current_caller() {
             Some(caller) => self.rpc.ask(As { caller, site: self.info.site.clone(), request: msg }).await??,
             None => self.rpc.ask(msg).await??,

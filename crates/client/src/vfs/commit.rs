@@ -27,6 +27,20 @@ impl Vfs {
         committed
     }
 
+    /// Whether a `flush` of `fh` would do nothing (no buffered, uploading or pending
+    /// writes, no POSIX locks of `lock_owner` to drop), so that the caller may answer it on
+    /// its own thread: the hop to the runtime and back is most of a FUSE request's cost.
+    /// `false` when unsure (the file is busy, the handle unknown): call `flush`.
+    pub fn flush_is_noop(&self, fh: FileHandle, lock_owner: Option<u64>) -> bool {
+        let Ok(handle) = self.handle(fh) else { return false };
+        let Ok(f) = handle.file.inner.try_lock() else { return false };
+        f.dirty.bytes() == 0
+            && f.uploads.is_empty()
+            && f.pending.is_empty()
+            && !f.modified
+            && lock_owner.is_none_or(|owner| !f.lock_owners.contains(&owner))
+    }
+
     /// `flush` plus durability of everything meta acknowledged before.
     pub async fn fsync(self: &Arc<Self>, fh: FileHandle) -> Result<()> {
         let handle = self.handle(fh)?;

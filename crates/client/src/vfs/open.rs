@@ -69,14 +69,17 @@ impl Vfs {
         let (ino, existed) = (opened.attr.ino, opened.attr.size > 0);
         // Meta lets the creator of a new file write it; an existing one as `access` says.
         let granted = OpenAccess { read: opts.access.read, write: opts.access.write || !existed };
+        // Meta read these attributes in the transaction that created (or opened) the file:
+        // no second round trip to ask for them again.
+        let created = opened.attr.clone();
         let (fh, _) = self.adopt(session, opened, granted).await;
         if opts.truncate && existed {
             // Someone else created it first and this open truncates.
             let attr = self.setattr(ino, AttrChanges { size: Some(0), ..AttrChanges::default() }, true).await?;
             return Ok((attr, fh));
         }
-        let attr = self.getattr(ino).await?;
-        Ok((attr, fh))
+        // A thread of this client that had it open already may hold writes meta has not seen.
+        Ok((self.local_view(created).await, fh))
     }
 
     /// Makes a file that meta has just recorded as open here a local open file (or
