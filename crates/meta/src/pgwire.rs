@@ -285,7 +285,9 @@ fn open_stream(config: &Config) -> io::Result<Stream> {
         let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
         let stream = match host {
             Host::Tcp(name) => connect_tcp(name, port, config.get_connect_timeout().copied()).map(Stream::Tcp),
-            Host::Unix(dir) => std::os::unix::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).map(Stream::Unix),
+            Host::Unix(dir) => {
+                std::os::unix::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).map(Stream::Unix)
+            }
         };
         match stream {
             Ok(stream) => return Ok(stream),
