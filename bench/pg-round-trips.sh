@@ -5,6 +5,7 @@
 # entry and attribute caches (TTL 1 s) have run out, as in bench/meta_bench.py --settle.
 # Environment: BIN=target/release/locus  FILES=300
 set -euo pipefail
+export LOCUS_INSECURE_NO_TLS=true # counts round trips only: no TLS on 127.0.0.1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/locus}
 FILES=${FILES:-300}
