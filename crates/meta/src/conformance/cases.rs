@@ -317,8 +317,9 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {
-        MetaReply::Opened(Opened { attr, extents, .. }) => {
+        MetaReply::Opened(Opened { attr, extents, parent, .. }) => {
             assert!(extents.is_empty());
+            assert_eq!(parent, Some(get(&s, ROOT_INODE)), "the parent's attributes after the create");
             attr
         }
         other => panic!("expected Opened, got {other:?}"),

@@ -45,8 +45,9 @@ pub(super) fn read_dir(
     Ok(out)
 }
 
-/// Makes a node; returns its attributes and whether it is new (a non-exclusive
-/// create of an existing regular file returns that file).
+/// Makes a node; returns its attributes, whether it is new (a non-exclusive
+/// create of an existing regular file returns that file) and the parent's attributes
+/// after it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn create(
     t: &mut dyn Txn,
@@ -57,7 +58,7 @@ pub(super) fn create(
     mode: u32,
     caller: &Caller,
     exclusive: bool,
-) -> Result<(Attr, bool), MetaError> {
+) -> Result<(Attr, bool, Attr), MetaError> {
     check_name(name)?;
     t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
@@ -65,7 +66,7 @@ pub(super) fn create(
     if let Some(existing) = t.get_dentry(parent, name)? {
         let e = inode(t, existing)?;
         if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
-            return Ok((e.attr, false));
+            return Ok((e.attr, false, p.attr));
         }
         return Err(MetaError::Exists(show(name)));
     }
@@ -122,8 +123,8 @@ pub(super) fn create(
     t.put_inode(&new)?;
     let cookie = t.next_id(Counter::Cookie)?;
     t.put_dentry(parent, name, ino, cookie)?;
-    touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
-    Ok((new.attr, true))
+    let parent = touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
+    Ok((new.attr, true, parent))
 }
 
 pub(super) fn link(
