@@ -695,9 +695,6 @@ pub struct Opened {
     pub caps: ChunkCaps,
     /// The replication policy the file's chunks are stored under.
     pub policy: Policy,
-    /// `CreateOpen`: the parent directory's attributes as the create left them (as
-    /// `Unlinked::parent`); `None` for `Open`.
-    pub parent: Option<Attr>,
 }
 
 /// Capabilities meta hands out with an open: reading the file's chunks (one per

@@ -32,19 +32,13 @@ impl Vfs {
         Ok(self.local_view(attr).await)
     }
 
-    /// Keeps a parent directory's attributes from an unlink's or create's answer (sent
-    /// at `sent`, `call_alone`'s `mark`) for `fresh_dir_attr`.
-    pub(super) fn remember_parent(&self, attr: Option<Attr>, mark: Option<u64>, sent: Instant) {
-        *lock(&self.changed_parent) = attr.zip(mark).map(|(attr, mark)| FreshAttr { attr, mark, sent });
-    }
-
-    /// The attributes of directory `ino` as this client's last unlink or create in it left them,
+    /// The attributes of directory `ino` as this client's last unlink in it left them,
     /// once, if no other request to meta began or ended since that unlink's and it was
     /// sent less than `ttl` ago: the kernel drops its cached attributes of the parent on
-    /// every unlink and create and asks again at once; had the unlink's reply been able to carry
+    /// every unlink and asks again at once; had the unlink's reply been able to carry
     /// them, the kernel would have cached them for `ttl`.
     pub fn fresh_dir_attr(&self, ino: InodeId, ttl: Duration) -> Option<Attr> {
-        let fresh = lock(&self.changed_parent).take()?;
+        let fresh = lock(&self.unlinked_parent).take()?;
         (fresh.attr.ino == ino && fresh.sent.elapsed() < ttl && self.meta.unchanged_since(fresh.mark))
             .then_some(fresh.attr)
     }
@@ -105,7 +99,7 @@ impl Vfs {
         let sent = Instant::now();
         let (Unlinked { ino, parent, .. }, mark) = self.meta.call_alone(Unlink { parent, name: name.to_vec() }).await?;
         lock(&self.seen_versions).remove(&ino);
-        self.remember_parent(Some(parent), mark, sent);
+        *lock(&self.unlinked_parent) = mark.map(|mark| FreshAttr { attr: parent, mark, sent });
         Ok(())
     }
 

@@ -317,9 +317,8 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     };
     let req = |name: &str, exclusive| create_open(name, exclusive, session);
     let c = match ok(&s, req("c", true)) {
-        MetaReply::Opened(Opened { attr, extents, parent, .. }) => {
+        MetaReply::Opened(Opened { attr, extents, .. }) => {
             assert!(extents.is_empty());
-            assert_eq!(parent, Some(get(&s, ROOT_INODE)), "the parent's attributes after the create");
             attr
         }
         other => panic!("expected Opened, got {other:?}"),

@@ -193,13 +193,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             let attr = inode(t, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened {
-                attr,
-                extents: t.extents_overlapping(m.ino, 0, u64::MAX)?,
-                caps: ChunkCaps::default(),
-                policy,
-                parent: None,
-            })
+            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, caps: ChunkCaps::default(), policy })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -283,7 +277,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::CreateOpen(m) => serve(m, |m| {
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let c = m.create;
-            let (attr, created, parent) = create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
+            let (attr, created) = create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
             if !created {
                 check_open(&ctx.caller, &attr, m.access, false)?;
@@ -292,7 +286,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             add_open(t, m.session, attr.ino, m.access.write || created)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, attr.ino)?.policy;
-            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: Some(parent) })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy })
         }),
         R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| unlink(t, &ctx.caller, now, m.parent, &m.name)),
@@ -323,7 +317,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             add_open(t, m.session, m.ino, m.access.write)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy, parent: None })
+            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy })
         }),
         R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
         R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),

@@ -45,9 +45,8 @@ pub(super) fn read_dir(
     Ok(out)
 }
 
-/// Makes a node; returns its attributes, whether it is new (a non-exclusive
-/// create of an existing regular file returns that file) and the parent's attributes
-/// after it.
+/// Makes a node; returns its attributes and whether it is new (a non-exclusive
+/// create of an existing regular file returns that file).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn create(
     t: &mut dyn Txn,
@@ -58,7 +57,7 @@ pub(super) fn create(
     mode: u32,
     caller: &Caller,
     exclusive: bool,
-) -> Result<(Attr, bool, Attr), MetaError> {
+) -> Result<(Attr, bool), MetaError> {
     check_name(name)?;
     t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
@@ -66,7 +65,7 @@ pub(super) fn create(
     if let Some(existing) = t.get_dentry(parent, name)? {
         let e = inode(t, existing)?;
         if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
-            return Ok((e.attr, false, p.attr));
+            return Ok((e.attr, false));
         }
         return Err(MetaError::Exists(show(name)));
     }
@@ -123,8 +122,8 @@ pub(super) fn create(
     t.put_inode(&new)?;
     let cookie = t.next_id(Counter::Cookie)?;
     t.put_dentry(parent, name, ino, cookie)?;
-    let parent = touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
-    Ok((new.attr, true, parent))
+    touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
+    Ok((new.attr, true))
 }
 
 pub(super) fn link(
