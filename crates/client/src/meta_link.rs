@@ -39,6 +39,18 @@ pub(crate) struct MetaLink {
     pushes: Arc<Pushes>,
     session: AtomicU64,
     info: SessionInfo,
+    /// Calls begun plus calls ended: unchanged between two readings means no request
+    /// to meta began or ended in between (see `call_alone`).
+    calls: AtomicU64,
+}
+
+/// Counts a call's end in `MetaLink::calls`, also when it fails or is dropped.
+struct Ending<'a>(&'a AtomicU64);
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl MetaLink {
@@ -48,7 +60,7 @@ impl MetaLink {
         let rpc = RpcClient::connect_with_push(addr, connections, timeout, pushes.clone())
             .await
             .map_err(|e| VfsError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?;
-        Ok(MetaLink { rpc, pushes, session: AtomicU64::new(0), info })
+        Ok(MetaLink { rpc, pushes, session: AtomicU64::new(0), info, calls: AtomicU64::new(0) })
     }
 
     /// The workers whose status this client reports when meta asks (`locus status`).
@@ -73,10 +85,27 @@ impl MetaLink {
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
         // One line per round trip: `LOCUS_LOG=client::meta_link=trace` counts them.
         tracing::trace!(request = std::any::type_name::<M>().rsplit("::").next().unwrap_or_default(), "meta call");
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let _ending = Ending(&self.calls);
         Ok(match current_caller() {
             Some(caller) => self.rpc.ask(As { caller, site: self.info.site.clone(), request: msg }).await??,
             None => self.rpc.ask(msg).await??,
         })
+    }
+
+    /// `call`, and whether no other request to meta began or ended while it ran: then
+    /// its answer reflects every change this client has had answered, and stays so
+    /// while `unchanged_since` the returned mark.
+    pub async fn call_alone<M: MetaMessage>(&self, msg: M) -> Result<(M::Response, Option<u64>)> {
+        let before = self.calls.load(Ordering::SeqCst);
+        let answer = self.call(msg).await?;
+        let after = self.calls.load(Ordering::SeqCst);
+        Ok((answer, (after == before + 2).then_some(after)))
+    }
+
+    /// Whether no request to meta began or ended since `call_alone` returned `mark`.
+    pub fn unchanged_since(&self, mark: u64) -> bool {
+        self.calls.load(Ordering::SeqCst) == mark
     }
 }
 

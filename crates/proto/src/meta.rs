@@ -680,6 +680,10 @@ pub struct Registered {
 pub struct Unlinked {
     pub ino: InodeId,
     pub orphaned: bool,
+    /// The parent directory's attributes as the unlink left them (new mtime and
+    /// ctime), so a client can answer the kernel's GETATTR of the parent that follows
+    /// an unlink without asking again.
+    pub parent: Attr,
 }
 
 /// A file as an open sees it: attributes and extents at one instant, with the

@@ -6,7 +6,17 @@ use crate::file::FileState;
 use proto::meta::*;
 use proto::types::*;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use util::sync::lock;
+
+/// A directory's attributes as an answer of meta gave them (`Vfs::fresh_dir_attr`).
+pub(super) struct FreshAttr {
+    attr: Attr,
+    /// `MetaLink::call_alone`'s mark for that answer.
+    mark: u64,
+    /// When the request was sent (the attribute TTL counts from there).
+    sent: Instant,
+}
 
 impl Vfs {
     pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
@@ -20,6 +30,17 @@ impl Vfs {
         // (link, unlink, rename, chmod through another client).
         let attr = self.meta.call(GetAttr { ino }).await?;
         Ok(self.local_view(attr).await)
+    }
+
+    /// The attributes of directory `ino` as this client's last unlink in it left them,
+    /// once, if no other request to meta began or ended since that unlink's and it was
+    /// sent less than `ttl` ago: the kernel drops its cached attributes of the parent on
+    /// every unlink and asks again at once; had the unlink's reply been able to carry
+    /// them, the kernel would have cached them for `ttl`.
+    pub fn fresh_dir_attr(&self, ino: InodeId, ttl: Duration) -> Option<Attr> {
+        let fresh = lock(&self.unlinked_parent).take()?;
+        (fresh.attr.ino == ino && fresh.sent.elapsed() < ttl && self.meta.unchanged_since(fresh.mark))
+            .then_some(fresh.attr)
     }
 
     /// Overlays what this client wrote but has not committed yet: size, mtime and ctime.
@@ -75,8 +96,10 @@ impl Vfs {
     }
 
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
-        let Unlinked { ino, .. } = self.meta.call(Unlink { parent, name: name.to_vec() }).await?;
+        let sent = Instant::now();
+        let (Unlinked { ino, parent, .. }, mark) = self.meta.call_alone(Unlink { parent, name: name.to_vec() }).await?;
         lock(&self.seen_versions).remove(&ino);
+        *lock(&self.unlinked_parent) = mark.map(|mark| FreshAttr { attr: parent, mark, sent });
         Ok(())
     }
 

@@ -262,13 +262,22 @@ pub fn hard_links(b: &dyn Factory) {
         err(&s, MetaRequest::Link(Link { ino: f.ino, new_parent: f.ino, new_name: b"x".to_vec() })),
         ErrorCode::NotDir
     );
-    assert_eq!(
-        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() })),
-        MetaReply::Unlinked(Unlinked { ino: f.ino, orphaned: false })
-    );
+    assert_eq!(unlinked(&s, ROOT_INODE, "f"), (f.ino, false));
     assert_eq!(get(&s, f.ino).nlink, 1);
     ok(&s, MetaRequest::Unlink(Unlink { parent: d.ino, name: b"g".to_vec() }));
     assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })), ErrorCode::NotFound);
+}
+
+/// Unlinks `name` in `parent`; checks that the answer carries the parent's attributes
+/// as a later GETATTR sees them; returns the inode and whether it became an orphan.
+fn unlinked(s: &Arc<MetaService>, parent: InodeId, name: &str) -> (InodeId, bool) {
+    match ok(s, MetaRequest::Unlink(Unlink { parent, name: name.into() })) {
+        MetaReply::Unlinked(u) => {
+            assert_eq!(u.parent, get(s, parent), "the parent's attributes after the unlink");
+            (u.ino, u.orphaned)
+        }
+        other => panic!("expected Unlinked, got {other:?}"),
+    }
 }
 
 /// Conformance case `unlink_orphan_release`.
@@ -279,10 +288,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     ok(&s, MetaRequest::Open(Open { ino: f.ino, session, truncate: false, access: OpenAccess::default() }));
     commit(&s, f.ino, vec![ext(0, 100, 1, 0)], 100);
     assert_eq!(refcount(&s, 1), Some(1));
-    assert_eq!(
-        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"f".to_vec() })),
-        MetaReply::Unlinked(Unlinked { ino: f.ino, orphaned: true })
-    );
+    assert_eq!(unlinked(&s, ROOT_INODE, "f"), (f.ino, true));
     assert_eq!(lookup(&s, ROOT_INODE, "f"), Err(ErrorCode::NotFound));
     let orphan = get(&s, f.ino);
     assert_eq!((orphan.nlink, orphan.size), (0, 100));
@@ -323,10 +329,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
         MetaReply::Opened(Opened { attr, extents, .. }) => assert_eq!((attr.ino, extents.len()), (c.ino, 1)),
         other => panic!("expected Opened, got {other:?}"),
     }
-    assert_eq!(
-        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"c".to_vec() })),
-        MetaReply::Unlinked(Unlinked { ino: c.ino, orphaned: true })
-    );
+    assert_eq!(unlinked(&s, ROOT_INODE, "c"), (c.ino, true));
     assert_eq!(err(&s, create_open("i", true, session + 1000)), ErrorCode::NotFound);
     assert_eq!(lookup(&s, ROOT_INODE, "i"), Err(ErrorCode::NotFound), "a refused create leaves no file");
 
@@ -342,10 +345,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
             mode: XattrMode::Any,
         }),
     );
-    assert_eq!(
-        ok(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"h".to_vec() })),
-        MetaReply::Unlinked(Unlinked { ino: h.ino, orphaned: false })
-    );
+    assert_eq!(unlinked(&s, ROOT_INODE, "h"), (h.ino, false));
     assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: h.ino })), ErrorCode::NotFound);
     assert_eq!(refcount(&s, 3), Some(0));
 

@@ -289,10 +289,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy })
         }),
         R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
-        R::Unlink(m) => serve(m, |m| {
-            let (ino, orphaned) = unlink(t, &ctx.caller, now, m.parent, &m.name)?;
-            Ok(Unlinked { ino, orphaned })
-        }),
+        R::Unlink(m) => serve(m, |m| unlink(t, &ctx.caller, now, m.parent, &m.name)),
         R::Rmdir(m) => serve(m, |m| rmdir(t, &ctx.caller, now, m.parent, &m.name)),
         R::Rename(m) => serve(m, |m| rename(t, ctx, m.parent, &m.name, m.new_parent, &m.new_name, m.mode)),
         R::SetXattr(m) => serve(m, |m| set_xattr(t, &ctx.caller, now, m.ino, &m.name, &m.value, m.mode)),

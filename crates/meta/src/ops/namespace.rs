@@ -2,13 +2,15 @@
 
 use super::*;
 
-/// Loads a directory, adjusts its link count, stamps mtime/ctime and stores it.
-pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_delta: i64) -> Result<(), MetaError> {
+/// Loads a directory, adjusts its link count, stamps mtime/ctime and stores it;
+/// returns its new attributes.
+pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_delta: i64) -> Result<Attr, MetaError> {
     let mut d = inode(t, ino)?;
     d.attr.nlink = (i64::from(d.attr.nlink) + nlink_delta).max(0) as u32;
     d.attr.mtime = now;
     d.attr.ctime = now;
-    t.put_inode(&d)
+    t.put_inode(&d)?;
+    Ok(d.attr)
 }
 
 pub(super) fn lookup(t: &mut dyn Txn, c: &Caller, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
@@ -175,7 +177,7 @@ pub(super) fn unlink(
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
-) -> Result<(InodeId, bool), MetaError> {
+) -> Result<Unlinked, MetaError> {
     check_name(name)?;
     t.prefetch_entry(parent, name)?;
     let p = dir(t, parent)?;
@@ -187,9 +189,9 @@ pub(super) fn unlink(
         return Err(MetaError::IsDir(show(name)));
     }
     t.delete_dentry(parent, name)?;
-    touch_dir(t, parent, now, 0)?;
+    let parent = touch_dir(t, parent, now, 0)?;
     let orphaned = drop_link(t, now, i)?;
-    Ok((ino, orphaned))
+    Ok(Unlinked { ino, orphaned, parent })
 }
 
 pub(super) fn is_empty_dir(t: &mut dyn Txn, ino: InodeId) -> Result<bool, MetaError> {
@@ -218,7 +220,8 @@ pub(super) fn rmdir(
     }
     t.delete_dentry(parent, name)?;
     destroy(t, ino)?;
-    touch_dir(t, parent, now, -1)
+    touch_dir(t, parent, now, -1)?;
+    Ok(())
 }
 
 /// Refuses to move directory `moving` under `dest` if `dest` lies inside it.
@@ -348,7 +351,8 @@ pub(super) fn rename(
     reparent(t, src, new_parent, now)?;
     let moved = i64::from(src_dir && parent != new_parent);
     touch_dir(t, parent, now, -moved)?;
-    touch_dir(t, new_parent, now, moved)
+    touch_dir(t, new_parent, now, moved)?;
+    Ok(())
 }
 
 pub(super) fn time_of(set: TimeSet, now: Timestamp) -> Timestamp {

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Round trips to PostgreSQL per file for create, stat and unlink through one FUSE mount
+# (one meta, one node, PostgreSQL on 127.0.0.1), counted by meta's trace event per round
+# trip (LOCUS_LOG=meta::postgres::wire=trace) between phases, 1.5 s apart so the kernel's
+# entry and attribute caches (TTL 1 s) have run out, as in bench/meta_bench.py --settle.
+# Environment: BIN=target/release/locus  FILES=300
+set -euo pipefail
+export LOCUS_INSECURE_NO_TLS=true # counts round trips only: no TLS on 127.0.0.1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${BIN:-$ROOT/target/release/locus}
+FILES=${FILES:-300}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+PGBIN=$(pg_bin)
+as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+WORK=$(mktemp -d /tmp/locus-rt.XXXXXX)
+chmod 755 "$WORK"
+PIDS=()
+cleanup() {
+    umount -l "$WORK/mnt" 2>/dev/null || true
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [[ -d $WORK/pg/data ]] && as_pg "$PGBIN/pg_ctl" stop -m fast -D "$WORK/pg/data" >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$WORK/pg" "$WORK/mnt" "$WORK/node"
+[[ $(id -u) == 0 ]] && chown postgres: "$WORK/pg"
+PGPORT=$(free_port)
+(cd "$WORK/pg" && as_pg "$PGBIN/initdb" -D "$WORK/pg/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
+(cd "$WORK/pg" && as_pg "$PGBIN/pg_ctl" start -w -D "$WORK/pg/data" -l "$WORK/pg/server.log" \
+    -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" >/dev/null)
+(cd "$WORK/pg" && as_pg "$PGBIN/createdb" -h 127.0.0.1 -p "$PGPORT" -U locus bench)
+start() {
+    local name=$1 prefix=$2; shift 2
+    "$BIN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
+    PIDS+=($!)
+    for _ in $(seq 1 400); do
+        if grep -qs "^$prefix" "$WORK/$name.out"; then ANNOUNCED=$(sed -n "s/^$prefix //p" "$WORK/$name.out"); return; fi
+        sleep 0.05
+    done
+    echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
+}
+LOCUS_LOG=meta::postgres::wire=trace start meta "locus meta listening on" meta --listen 127.0.0.1:0 \
+    --db "postgres://locus@127.0.0.1:$PGPORT/bench" --init --admit-node n0
+meta=$ANNOUNCED
+start node "locus node listening on" node --listen 127.0.0.1:0 --meta "$meta" --data-dir "$WORK/node" --id n0
+start mount "locus mounted on" mount "$WORK/mnt" --meta "$meta"
+mkdir "$WORK/mnt/d"
+count() { sleep 1.5; grep -c 'meta::postgres::wire' "$WORK/meta.log" || true; }
+phase() { # name python-statement-on-path-p
+    local before after
+    before=$(count)
+    python3 -c "import os,sys
+for i in range($FILES):
+    p='$WORK/mnt/d/f%d' % i
+    $2" 
+    after=$(count)
+    python3 -c "print('%-8s %6.2f' % ('$1', ($after - $before) / $FILES))"
+}
+echo "round trips to PostgreSQL per file ($FILES files, $(git -C "$ROOT" rev-parse --short HEAD))"
+phase create "os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))"
+phase stat "os.stat(p)"
+phase unlink "os.unlink(p)"
