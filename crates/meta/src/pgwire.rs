@@ -144,7 +144,10 @@ pub(crate) struct Driver {
 impl Wire {
     /// Connects to the first of `config`'s hosts that answers and logs in.
     pub(crate) fn connect(config: &Config, shown: &str) -> Result<Wire, MetaError> {
-        let io_err = |source: io::Error| MetaError::Io { what: format!("connecting to {shown}"), source };
+        let io_err = |source: io::Error| MetaError::Io {
+            what: format!("cannot connect to the PostgreSQL metadata database {shown}"),
+            source,
+        };
         let stream = open_stream(config).map_err(io_err)?;
         Wire::start(config, stream, shown).map_err(|e| e.or_io(io_err))
     }
