@@ -508,8 +508,8 @@ fn cache_changes_reported(c: &Cluster, node: &str) -> u64 {
     status
         .lines()
         .find(|l| l.contains(&format!("node {node} ")) && l.contains(" site-link "))
-        .and_then(|l| l.split(" peers, ").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|l| l.split(" cache changes reported").next())
+        .and_then(|before| before.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
