@@ -20,6 +20,36 @@ pg_bin() {
 # A TCP port free on 127.0.0.1 right now.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# Runs a command as the postgres user when root (initdb refuses to run as root).
+as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+# Starts a PostgreSQL server of the script's own in directory $1 (data in $1/data, log
+# $1/server.log, socket in $1) on 127.0.0.1 at a free port, which it puts in PGPORT;
+# PGBIN must be set (pg_bin). The caller stops it: pg_ctl stop -D $1/data.
+start_pg() { # dir
+    mkdir -p "$1"
+    [[ $(id -u) == 0 ]] && chown postgres: "$1"
+    PGPORT=$(free_port)
+    (cd "$1" && as_pg "$PGBIN/initdb" -D "$1/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
+    (cd "$1" && as_pg "$PGBIN/pg_ctl" start -w -D "$1/data" -l "$1/server.log" \
+        -o "-p $PGPORT -k $1 -c listen_addresses=127.0.0.1" >/dev/null)
+}
+
+# Starts `$BIN ARGS...` in the background (its pid added to PIDS, output in $WORK/NAME.out,
+# log in $WORK/NAME.log) and sets ANNOUNCED to what follows PREFIX on its first line
+# starting so (the address or mount point it announces); waits at most TRIES x 50 ms.
+start_announced() { # name prefix tries args...
+    local name=$1 prefix=$2 tries=$3
+    shift 3
+    "$BIN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
+    PIDS+=($!)
+    for _ in $(seq 1 "$tries"); do
+        if grep -qs "^$prefix" "$WORK/$name.out"; then ANNOUNCED=$(sed -n "s/^$prefix //p" "$WORK/$name.out"); return; fi
+        sleep 0.05
+    done
+    echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
+}
+
 # Mutual TLS for one run: a CA in TLS_DIR and a certificate per "role name site" argument;
 # admin commands (policy, status, fsck) use the one named admin through LOCUS_CA/CERT/KEY.
 bench_pki() {

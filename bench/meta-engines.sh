@@ -44,7 +44,6 @@ if [[ $JUICEFS == 1 ]]; then
     juicefs_bin
     ENGINES+=(juicefs-sqlite juicefs-postgres)
 fi
-as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
 WORK=$(mktemp -d /tmp/locus-engines.XXXXXX)
 chmod 755 "$WORK"
@@ -57,26 +56,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mkdir -p "$WORK/pg"
-[[ $(id -u) == 0 ]] && chown postgres: "$WORK/pg"
-PGPORT=$(free_port)
-(cd "$WORK/pg" && as_pg "$PGBIN/initdb" -D "$WORK/pg/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
-(cd "$WORK/pg" && as_pg "$PGBIN/pg_ctl" start -w -D "$WORK/pg/data" -l "$WORK/pg/server.log" \
-    -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" >/dev/null)
+start_pg "$WORK/pg"
 PGVERSION=$("$PGBIN/postgres" --version)
 
-# Starts `locus ROLE ARGS...` in the background and sets ANNOUNCED to the address or
-# mount point it announces (bounded wait).
-start() {
-    local name=$1 prefix=$2; shift 2
-    "$BIN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
-    PIDS+=($!)
-    for _ in $(seq 1 200); do
-        if grep -qs "^$prefix" "$WORK/$name.out"; then ANNOUNCED=$(sed -n "s/^$prefix //p" "$WORK/$name.out"); return; fi
-        sleep 0.05
-    done
-    echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
-}
+# Starts `locus ROLE ARGS...` in the background (10 s at most to announce itself).
+start() { start_announced "$1" "$2" 200 "${@:3}"; }
 
 run() { # engine round; writes "create stat unlink postmark" to $WORK/last
     local engine=$1 r=$2 db

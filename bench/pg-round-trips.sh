@@ -12,8 +12,6 @@ FILES=${FILES:-300}
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
-as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 WORK=$(mktemp -d /tmp/locus-rt.XXXXXX)
 chmod 755 "$WORK"
 PIDS=()
@@ -24,23 +22,11 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-mkdir -p "$WORK/pg" "$WORK/mnt" "$WORK/node"
-[[ $(id -u) == 0 ]] && chown postgres: "$WORK/pg"
-PGPORT=$(free_port)
-(cd "$WORK/pg" && as_pg "$PGBIN/initdb" -D "$WORK/pg/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
-(cd "$WORK/pg" && as_pg "$PGBIN/pg_ctl" start -w -D "$WORK/pg/data" -l "$WORK/pg/server.log" \
-    -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" >/dev/null)
+mkdir -p "$WORK/mnt" "$WORK/node"
+start_pg "$WORK/pg"
 (cd "$WORK/pg" && as_pg "$PGBIN/createdb" -h 127.0.0.1 -p "$PGPORT" -U locus bench)
-start() {
-    local name=$1 prefix=$2; shift 2
-    "$BIN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
-    PIDS+=($!)
-    for _ in $(seq 1 400); do
-        if grep -qs "^$prefix" "$WORK/$name.out"; then ANNOUNCED=$(sed -n "s/^$prefix //p" "$WORK/$name.out"); return; fi
-        sleep 0.05
-    done
-    echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
-}
+# Starts `locus ROLE ARGS...` in the background (20 s at most to announce itself).
+start() { start_announced "$1" "$2" 400 "${@:3}"; }
 LOCUS_LOG=meta::postgres::wire=trace start meta "locus meta listening on" meta --listen 127.0.0.1:0 \
     --db "postgres://locus@127.0.0.1:$PGPORT/bench" --init --admit-node n0
 meta=$ANNOUNCED

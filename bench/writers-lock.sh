@@ -18,8 +18,6 @@ OUT=$ROOT/bench/results/writers-lock.md
 source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/pgbench ]] || die "pgbench not found: apt-get install postgresql"
-as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 WORK=$(mktemp -d /tmp/locus-writers-lock.XXXXXX)
 chmod 755 "$WORK"
 cleanup() {
@@ -27,11 +25,8 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-[[ $(id -u) == 0 ]] && chown postgres: "$WORK"
-PORT=$(free_port)
-(cd "$WORK" && as_pg "$PGBIN/initdb" -D "$WORK/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
-(cd "$WORK" && as_pg "$PGBIN/pg_ctl" start -w -D "$WORK/data" -l "$WORK/server.log" \
-    -o "-p $PORT -k $WORK -c listen_addresses=127.0.0.1" >/dev/null)
+start_pg "$WORK"
+PORT=$PGPORT
 PSQL=("$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U locus -d postgres -qAt)
 "${PSQL[@]}" -c "CREATE TABLE t (k BIGINT PRIMARY KEY, v BIGINT NOT NULL)" \
     -c "INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g" \
