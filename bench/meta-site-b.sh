@@ -66,13 +66,6 @@ if [[ $SKIP_BUILD != 1 ]]; then
 fi
 
 PIDS=() MOUNT_PID="" MNT="" UP_PID=""
-stop_pid() { # pid
-    [[ -n $1 ]] || return 0
-    kill -TERM "$1" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-}
 as_pg_in() { # ns cmd... : a PostgreSQL tool as the postgres user inside namespace ns
     local ns=$1; shift
     ip netns exec "$ns" runuser -u postgres -- "$@"
@@ -81,13 +74,13 @@ cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     [[ -n $MNT ]] && { umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; }
-    stop_pid "$MOUNT_PID"
-    for p in "${PIDS[@]}"; do stop_pid "$p"; done
+    stop_pid "$MOUNT_PID" 50
+    for p in "${PIDS[@]}"; do stop_pid "$p" 50; done
     for s in a b; do
         [[ -d $WORK/pg-$s/data ]] && as_pg_in "${PREFIX}s$([[ $s == a ]] && echo 0 || echo 1)" \
             "$PGBIN/pg_ctl" stop -m fast -D "$WORK/pg-$s/data" >/dev/null 2>&1 || true
     done
-    stop_pid "$UP_PID"
+    stop_pid "$UP_PID" 50
     [[ -x $WORK/bin/locus-wan ]] && "$WORK/bin/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
     rm -rf "$WORK"/pg-* "$WORK"/node-* "$WORK"/mnt-* 2>/dev/null || true
     exit $rc
@@ -176,7 +169,7 @@ mount_at() { # site meta: a fresh mount; sets MNT and MOUNT_PID
 }
 unmount() {
     umount "$MNT" 2>/dev/null || umount -l "$MNT"
-    stop_pid "$MOUNT_PID"
+    stop_pid "$MOUNT_PID" 50
     MOUNT_PID="" MNT=""
 }
 now() { date +%s.%N; }

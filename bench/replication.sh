@@ -65,21 +65,14 @@ UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNT_PID="" IPERF_PID="" CTL=""
 NODER_PIDS=()
 ALLOWED_CC=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 
-stop_pid() { # pid
-    [[ -n $1 ]] || return 0
-    kill -TERM "$1" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    stop_pid "$MOUNT_PID"
-    stop_pid "$MOUNTR_PID"
+    stop_pid "$MOUNT_PID" 50
+    stop_pid "$MOUNTR_PID" 50
     for m in "$MNT" "$MNTR"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true; done
-    for p in "${NODER_PIDS[@]}"; do stop_pid "$p"; done
-    for p in "$NODEB_PID" "$NODEA_PID" "$META_PID" "$IPERF_PID" "$UP_PID"; do stop_pid "$p"; done
+    for p in "${NODER_PIDS[@]}"; do stop_pid "$p" 50; done
+    for p in "$NODEB_PID" "$NODEA_PID" "$META_PID" "$IPERF_PID" "$UP_PID"; do stop_pid "$p" 50; done
     [[ -x $BIN/locus-wan ]] && "$BIN/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
     sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$ALLOWED_CC" 2>/dev/null || true
     rm -rf "$WORK"/node-* "$WORK/meta.db"* 2>/dev/null || true
