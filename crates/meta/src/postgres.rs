@@ -25,7 +25,9 @@ use crate::pgwire::Wire;
 use crate::sqlite::{
     SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
 };
-use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+use crate::store::{
+    Backend, Counter, DentryRow, Inode, OpenRow, Prefetch, ReadConn, ReadOp, SessionRow, Txn, WriteConn,
+};
 use postgres::types::ToSql;
 use postgres::{Row, SimpleQueryMessage, Statement};
 use proto::meta::{SessionInfo, StoredChunk};
@@ -48,12 +50,15 @@ const READERS: usize = 8;
 /// How long connecting may take before meta gives up with an error.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The advisory lock every write transaction of every meta takes shared, in the round
-/// trip of its first statement (no round trip of its own); a transaction that kept
-/// losing serialization conflicts (`WriteConn::run_alone_next`) takes it exclusively
-/// at session level before its BEGIN, so that its snapshot is taken once the others
-/// have finished and it runs alone. PostgreSQL queues later shared requests behind a
-/// waiting exclusive one, so it waits only for the transactions already running.
+/// The advisory lock every write transaction of every meta takes shared at its commit,
+/// in the COMMIT's own statement batch (no statement or round trip of its own); a
+/// transaction that kept losing serialization conflicts (`WriteConn::run_alone_next`)
+/// takes it exclusively at session level before its BEGIN, so that no other writer
+/// commits from its snapshot to its own commit: with nobody committing beside it, it
+/// cannot lose a serialization conflict. PostgreSQL queues later shared requests behind
+/// a waiting exclusive one, so it waits only for the commits already under way. (A
+/// writer waiting at its commit for the lone one while the lone one waits for a row it
+/// wrote is a deadlock PostgreSQL detects; the loser retries like any conflict.)
 macro_rules! writers_lock {
     () => {
         "7483620001"
@@ -205,6 +210,17 @@ struct Seen {
     policies: HashMap<InodeId, Option<Policy>>,
     /// Opens of an inode across all sessions.
     open_counts: HashMap<InodeId, u64>,
+    /// One session's opens of an inode.
+    opens: HashMap<(SessionId, InodeId), OpenRow>,
+    sessions: HashMap<SessionId, Option<SessionRow>>,
+    /// Every extent of an inode, in offset order (never empty: see `no_extents`).
+    extents: HashMap<InodeId, Vec<Extent>>,
+    /// No directory has a policy (read so along with an entry or an open): every
+    /// policy lookup answers none without asking.
+    no_policies: bool,
+    /// Inodes known to have no extended attributes (read so with their entry, or new):
+    /// deleting them all is then nothing to send.
+    no_xattrs: HashSet<InodeId>,
     /// Inodes known to have no extents: read so with their entry, or numbered in this
     /// transaction from this meta's own block of ids, so no other row can name them
     /// yet (such an inode also starts with no opens and no policy in the maps above).
@@ -287,10 +303,18 @@ impl PgConn {
     /// Sends the deferred writes and then `last` in one round trip and waits for
     /// all their answers; the first failure in order is the result.
     fn pipeline(&mut self, last: Last<'_>) -> Result<Answer, MetaError> {
+        Ok(self.pipeline_all(vec![last])?.pop().expect("one request, one answer"))
+    }
+
+    /// Sends the deferred writes and then every request of `lasts` in one round trip
+    /// and waits for all their answers (those of `lasts`, in order); the first failure
+    /// in order is the result.
+    fn pipeline_all(&mut self, lasts: Vec<Last<'_>>) -> Result<Vec<Answer>, MetaError> {
         match self.probe {
             Probe::Off => {}
-            Probe::Ready => self.probe = Probe::Used,
-            Probe::Used | Probe::Overflowed => {
+            // Several statements are several snapshots: a read needing them runs in one.
+            Probe::Ready if lasts.len() == 1 => self.probe = Probe::Used,
+            Probe::Ready | Probe::Used | Probe::Overflowed => {
                 self.probe = Probe::Overflowed;
                 return Err(MetaError::Internal("a read of several statements runs again in a snapshot".into()));
             }
@@ -311,12 +335,15 @@ impl PgConn {
                 Box::pin(async move { client.execute_raw(st, params).await.map(Answer::Count) })
             }))
             .collect();
-        requests.push(match last {
-            Last::Rows(st, params) => Box::pin(async move { client.query(st, params).await.map(Answer::Rows) }),
-            Last::Count(st, params) => Box::pin(async move { client.execute(st, params).await.map(Answer::Count) }),
-            Last::Batch(sql) => Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) }),
-            Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
-        });
+        let asked = lasts.len();
+        requests.extend(lasts.into_iter().map(|last| -> Pending<'_> {
+            match last {
+                Last::Rows(st, params) => Box::pin(async move { client.query(st, params).await.map(Answer::Rows) }),
+                Last::Count(st, params) => Box::pin(async move { client.execute(st, params).await.map(Answer::Count) }),
+                Last::Batch(sql) => Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) }),
+                Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
+            }
+        }));
         let answered = match &lease {
             None => Some(driver.block_on(in_order(requests))?),
             Some(lease) => driver.block_on_until(in_order(requests), || lease.valid_until())?,
@@ -324,9 +351,9 @@ impl PgConn {
         let Some(mut answers) = answered else {
             return Err(self.abandon());
         };
-        let last = answers.pop().expect("the last request is answered");
+        let lasts = answers.split_off(answers.len() - asked);
         answers.into_iter().try_for_each(|a| a.map(drop))?;
-        Ok(last?)
+        Ok(lasts.into_iter().collect::<Result<Vec<_>, _>>()?)
     }
 
     /// Queues a write whose answer nothing waits for (see `deferred`).
@@ -334,6 +361,19 @@ impl PgConn {
         let st = self.statement(sql)?;
         self.deferred.push((st, params));
         Ok(())
+    }
+
+    /// Runs every query of `queries` in one round trip; their rows in order.
+    fn query_all(&mut self, queries: &[(&'static str, Params<'_>)]) -> Result<Vec<Vec<Row>>, MetaError> {
+        let statements = queries.iter().map(|(sql, _)| self.statement(sql)).collect::<Result<Vec<_>, _>>()?;
+        let lasts = statements.iter().zip(queries).map(|(st, (_, params))| Last::Rows(st, params)).collect();
+        self.pipeline_all(lasts)?
+            .into_iter()
+            .map(|a| match a {
+                Answer::Rows(rows) => Ok(rows),
+                _ => unreachable!("a query answers rows"),
+            })
+            .collect()
     }
 
     fn query(&mut self, sql: &'static str, params: Params<'_>) -> Result<Vec<Row>, MetaError> {
@@ -345,11 +385,7 @@ impl PgConn {
     }
 
     fn opt(&mut self, sql: &'static str, params: Params<'_>) -> Result<Option<Row>, MetaError> {
-        let mut rows = self.query(sql, params)?;
-        if rows.len() > 1 {
-            return Err(MetaError::Corrupt(format!("{} rows where at most one was expected: {sql}", rows.len())));
-        }
-        Ok(rows.pop())
+        at_most_one(self.query(sql, params)?, sql)
     }
 
     fn one(&mut self, sql: &'static str, params: Params<'_>) -> Result<Row, MetaError> {
@@ -373,8 +409,9 @@ impl PgConn {
     }
 
     /// Records what a row read for entry (`parent`, `name`) holds from column `at`
-    /// on: the entry's inode number (NULL: no such entry), the inode's columns and
-    /// its open count; answers the inode number.
+    /// on: the entry's inode number (NULL: no such entry), the inode's columns, its
+    /// open count and whether it has extents, xattrs and a policy; answers the inode
+    /// number.
     fn entry_seen(
         &mut self,
         parent: InodeId,
@@ -400,8 +437,22 @@ impl PgConn {
             if !row.try_get::<_, bool>(at + 19)? {
                 self.seen.no_extents.insert(ino);
             }
+            if !row.try_get::<_, bool>(at + 20)? {
+                self.seen.no_xattrs.insert(ino);
+            }
+            if !row.try_get::<_, bool>(at + 21)? {
+                self.seen.policies.entry(ino).or_insert(None);
+            }
         }
         Ok(ino)
+    }
+
+    /// Records whether any policy exists, as column `at` of `row` says.
+    fn policies_exist_seen(&mut self, row: &Row, at: usize) -> Result<(), MetaError> {
+        if !row.try_get::<_, bool>(at)? {
+            self.seen.no_policies = true;
+        }
+        Ok(())
     }
 
     fn chunk_record(&mut self, id: &ChunkId, size: i64, refcount: i64) -> Result<ChunkRecord, MetaError> {
@@ -495,14 +546,17 @@ impl PgConn {
         ))
     }
 
-    /// The epoch check to run before this writer's COMMIT (empty without a lease);
-    /// refuses at once if the lease has run out.
-    fn fence_check(&mut self) -> Result<String, MetaError> {
-        let Some(lease) = self.fence.clone() else { return Ok(String::new()) };
+    /// What runs before this writer's COMMIT, in the same statement batch: the
+    /// writers' lock in shared mode unless this one runs alone (`writers_lock`), then
+    /// the epoch check (none without a lease); refuses at once if the lease has run out.
+    fn commit_gate(&mut self) -> Result<String, MetaError> {
+        let shared =
+            if self.alone { "" } else { concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), "); ") };
+        let Some(lease) = self.fence.clone() else { return Ok(shared.to_string()) };
         lease.check()?;
         // A function of the schema, not a DO block: its plan is compiled once per
         // connection rather than at every commit.
-        Ok(format!("SELECT locus_fence({}); ", lease.epoch))
+        Ok(format!("{shared}SELECT locus_fence({}); ", lease.epoch))
     }
 }
 
@@ -601,11 +655,7 @@ impl WriteConn for PgConn {
             self.batch(&format!("{end}SELECT pg_advisory_lock({})", writers_lock!()))?;
             return self.ensure_begun(begin_write!());
         }
-        self.ensure_begun(begin_write!())?;
-        if !self.alone {
-            self.defer(concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), ")"), Vec::new())?;
-        }
-        Ok(())
+        self.ensure_begun(begin_write!())
     }
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
@@ -630,17 +680,17 @@ impl WriteConn for PgConn {
     /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
     /// durable one turns it on for its own commit, which also flushes every earlier one.
     fn commit(&mut self) -> Result<(), MetaError> {
-        let fence = self.fence_check()?;
+        let gate = self.commit_gate()?;
         if let Some(committed) = self.committed.clone() {
             self.durable = false;
-            return self.commit_reporting_lsn(&fence, &committed);
+            return self.commit_reporting_lsn(&gate, &committed);
         }
         let end = if std::mem::take(&mut self.durable) {
             concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
         } else {
             concat!("COMMIT; ", begin_write!())
         };
-        if fence.is_empty() { self.end(end) } else { self.end(&(fence + end)) }
+        if gate.is_empty() { self.end(end) } else { self.end(&(gate + end)) }
     }
 
     fn rollback(&mut self) -> Result<(), MetaError> {
@@ -663,13 +713,13 @@ impl PgConn {
     /// `committed`.
     /// (The next BEGIN cannot ride along: after the SELECT, it would find a query
     /// already run in its implicit transaction.)
-    fn commit_reporting_lsn(&mut self, fence: &str, committed: &AtomicU64) -> Result<(), MetaError> {
+    fn commit_reporting_lsn(&mut self, gate: &str, committed: &AtomicU64) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
         self.seen = Seen::default();
         let unlock = if self.alone { "; SELECT pg_advisory_unlock_all()" } else { "" };
         let Answer::Simple(answers) =
-            self.pipeline(Last::Simple(&format!("{fence}COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
+            self.pipeline(Last::Simple(&format!("{gate}COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
         else {
             unreachable!("a simple query answers messages")
         };
@@ -1110,18 +1160,64 @@ fn node_of(r: &Row) -> Result<(NodeInfo, i64), MetaError> {
     ))
 }
 
-fn session_of(r: &Row) -> Result<SessionRow, MetaError> {
-    Ok(SessionRow {
-        id: r.try_get::<_, i64>(0)? as u64,
+/// The single row of `sql`'s answer, if any.
+fn at_most_one(mut rows: Vec<Row>, sql: &str) -> Result<Option<Row>, MetaError> {
+    if rows.len() > 1 {
+        return Err(MetaError::Corrupt(format!("{} rows where at most one was expected: {sql}", rows.len())));
+    }
+    Ok(rows.pop())
+}
+
+/// Directory $1, its entry named $2, that entry's inode, open count and whether it
+/// has extents, xattrs and a policy (`Prefetch::entry`; `PgConn::entry_seen` reads the
+/// entry from column 17); whether any policy exists (column 39) and session $3 (from
+/// column 40).
+const ENTRY_SQL: &str = "SELECT p.ino, p.kind, p.mode, p.uid, p.gid, p.size, p.nlink, p.rdev, p.atime_s, p.atime_ns, \
+     p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
+     d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
+     c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, \
+     (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
+     EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino), EXISTS (SELECT 1 FROM xattrs x WHERE x.ino = d.ino), \
+     EXISTS (SELECT 1 FROM policies y WHERE y.ino = d.ino), EXISTS (SELECT 1 FROM policies), \
+     s.id, s.site, s.host, s.pid, s.purpose, s.last_seen, s.owner \
+     FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
+     LEFT JOIN inodes c ON c.ino = d.ino LEFT JOIN sessions s ON s.id = $3 WHERE p.ino = $1";
+const SESSION_SQL: &str = "SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = $1";
+/// Session $1's opens of inode $2 (count, writable; NULL if none), the inode (from
+/// column 2), whether any policy exists (column 19) and the session (from column 20).
+const OPEN_SQL: &str = "SELECT o.count, o.writable, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, \
+     i.atime_s, i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
+     EXISTS (SELECT 1 FROM policies), s.id, s.site, s.host, s.pid, s.purpose, s.last_seen, s.owner \
+     FROM (SELECT $1::BIGINT AS session, $2::BIGINT AS ino) k \
+     LEFT JOIN opens o ON o.session = k.session AND o.ino = k.ino LEFT JOIN inodes i ON i.ino = k.ino \
+     LEFT JOIN sessions s ON s.id = k.session";
+const EXTENTS_SQL: &str =
+    "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents WHERE ino = $1 ORDER BY file_offset";
+/// Inode $1 and each of its ancestors up to the root ($2): its number, its policy
+/// (NULL if none) and, from column 5, its inode.
+const POLICIES_SQL: &str = "WITH RECURSIVE up (ino, depth) AS (
+         SELECT $1::BIGINT, 0
+         UNION ALL
+         SELECT i.parent, up.depth + 1 FROM up JOIN inodes i ON i.ino = up.ino
+         WHERE up.ino <> $2 AND up.depth < 1000)
+     SELECT up.ino, p.sites, p.copies, p.mode, p.rpo_secs, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, \
+     i.rdev, i.atime_s, i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target \
+     FROM up LEFT JOIN policies p ON p.ino = up.ino LEFT JOIN inodes i ON i.ino = up.ino";
+
+/// The session in columns `at..at + 7` (`session_cols!`); None if they are NULL.
+fn session_of(r: &Row, at: usize) -> Result<Option<SessionRow>, MetaError> {
+    let Some(id) = r.try_get::<_, Option<i64>>(at)? else { return Ok(None) };
+    Ok(Some(SessionRow {
+        id: id as u64,
         info: SessionInfo {
-            site: r.try_get(1)?,
-            host: r.try_get(2)?,
-            pid: r.try_get::<_, i64>(3)? as u32,
-            purpose: r.try_get(4)?,
+            site: r.try_get(at + 1)?,
+            host: r.try_get(at + 2)?,
+            pid: r.try_get::<_, i64>(at + 3)? as u32,
+            purpose: r.try_get(at + 4)?,
         },
-        last_seen_ms: r.try_get(5)?,
-        owner: r.try_get(6)?,
-    })
+        last_seen_ms: r.try_get(at + 5)?,
+        owner: r.try_get(at + 6)?,
+    }))
 }
 
 impl Txn for PgConn {
@@ -1154,6 +1250,7 @@ impl Txn for PgConn {
         if matches!(counter, Counter::Inode) {
             let ino = id as u64;
             self.seen.no_extents.insert(ino);
+            self.seen.no_xattrs.insert(ino);
             self.seen.open_counts.insert(ino, 0);
             self.seen.policies.insert(ino, None);
         }
@@ -1231,37 +1328,124 @@ impl Txn for PgConn {
             "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
              i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target, \
              (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
-             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino) \
+             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino), \
+             EXISTS (SELECT 1 FROM xattrs x WHERE x.ino = d.ino), EXISTS (SELECT 1 FROM policies y WHERE y.ino = d.ino) \
              FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino WHERE d.parent = $1 AND d.name = $2",
             &[&(parent as i64), &name],
         )?;
         self.entry_seen(parent, name, row.as_ref(), 0)
     }
 
-    /// A backend across a network reads the directory, the entry, its inode and
-    /// its open count in one round trip.
-    fn prefetch_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
-        if self.seen.inodes.contains_key(&parent) || self.seen.dentries.contains_key(&(parent, name.to_vec())) {
+    /// Asks for everything `want` names that this transaction has not seen yet, in
+    /// one round trip.
+    fn prefetch(&mut self, want: Prefetch<'_>) -> Result<(), MetaError> {
+        let seen = &self.seen;
+        let entry = want.entry.filter(|&(parent, name)| {
+            !seen.inodes.contains_key(&parent) && !seen.dentries.contains_key(&(parent, name.to_vec()))
+        });
+        let session = want.session.filter(|id| !seen.sessions.contains_key(id));
+        let open = want.open.filter(|key| !seen.opens.contains_key(key) && seen.open_counts.get(&key.1) != Some(&0));
+        let extents = want.extents.filter(|ino| !seen.no_extents.contains(ino) && !seen.extents.contains_key(ino));
+        let policies = want.policies.filter(|ino| !seen.no_policies && !seen.policies.contains_key(ino));
+
+        // The entry's or the open's statement brings the session along.
+        let session_along = session.filter(|&s| entry.is_some() || open.is_some_and(|(o, _)| o == s));
+        let session = session.filter(|_| session_along.is_none());
+        let (parent, name) = entry.map_or((0, &[][..]), |(p, n)| (p as i64, n));
+        let entry_session = session_along.map_or(0, |s| s as i64);
+        let session_id = session.map_or(0, |s| s as i64);
+        let (open_session, open_ino) = open.map_or((0, 0), |(s, i)| (s as i64, i as i64));
+        let extents_ino = extents.map_or(0, |i| i as i64);
+        let policies_ino = policies.map_or(0, |i| i as i64);
+        let root = ROOT_INODE as i64;
+        let entry_params: [&(dyn ToSql + Sync); 3] = [&parent, &name, &entry_session];
+        let session_params: [&(dyn ToSql + Sync); 1] = [&session_id];
+        let open_params: [&(dyn ToSql + Sync); 2] = [&open_session, &open_ino];
+        let extents_params: [&(dyn ToSql + Sync); 1] = [&extents_ino];
+        let policies_params: [&(dyn ToSql + Sync); 2] = [&policies_ino, &root];
+        let queries: Vec<(&'static str, Params<'_>)> = [
+            entry.map(|_| (ENTRY_SQL, &entry_params[..])),
+            session.map(|_| (SESSION_SQL, &session_params[..])),
+            open.map(|_| (OPEN_SQL, &open_params[..])),
+            extents.map(|_| (EXTENTS_SQL, &extents_params[..])),
+            policies.map(|_| (POLICIES_SQL, &policies_params[..])),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if queries.is_empty() {
             return Ok(());
         }
-        let row = self.opt(
-            "SELECT p.ino, p.kind, p.mode, p.uid, p.gid, p.size, p.nlink, p.rdev, p.atime_s, p.atime_ns, \
-             p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
-             d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
-             c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, \
-             (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
-             EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino) \
-             FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
-             LEFT JOIN inodes c ON c.ino = d.ino WHERE p.ino = $1",
-            &[&(parent as i64), &name],
-        )?;
-        let Some(row) = row else {
-            self.seen.inodes.insert(parent, None);
-            return Ok(());
-        };
-        let dir = inode_of(&row, 0)?;
-        self.seen.inodes.insert(parent, Some(dir));
-        self.entry_seen(parent, name, Some(&row), 17)?;
+        let mut answers = self.query_all(&queries)?.into_iter();
+        let mut next = || answers.next().expect("one answer per query");
+
+        if let Some((parent, name)) = entry {
+            match at_most_one(next(), ENTRY_SQL)? {
+                None => {
+                    self.seen.inodes.insert(parent, None);
+                }
+                Some(row) => {
+                    self.seen.inodes.insert(parent, Some(inode_of(&row, 0)?));
+                    self.entry_seen(parent, name, Some(&row), 17)?;
+                    self.policies_exist_seen(&row, 39)?;
+                    if let Some(id) = session_along {
+                        self.seen.sessions.insert(id, session_of(&row, 40)?);
+                    }
+                }
+            }
+        }
+        if let Some(id) = session {
+            let row = at_most_one(next(), SESSION_SQL)?;
+            let session = match row {
+                Some(r) => session_of(&r, 0)?,
+                None => None,
+            };
+            self.seen.sessions.insert(id, session);
+        }
+        if let Some((session, ino)) = open {
+            let row = at_most_one(next(), OPEN_SQL)?
+                .ok_or_else(|| MetaError::Corrupt(format!("no row where one was expected: {OPEN_SQL}")))?;
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
+                let inode = match row.try_get::<_, Option<i64>>(2)? {
+                    Some(_) => Some(inode_of(&row, 2)?),
+                    None => None,
+                };
+                slot.insert(inode);
+            }
+            let o = match row.try_get::<_, Option<i64>>(0)? {
+                Some(count) => OpenRow { count: count as u32, writable: row.try_get::<_, i64>(1)? != 0 },
+                None => OpenRow::default(),
+            };
+            self.seen.opens.insert((session, ino), o);
+            self.policies_exist_seen(&row, 19)?;
+            self.seen.sessions.insert(session, session_of(&row, 20)?);
+        }
+        if let Some(ino) = extents {
+            let all = next().iter().map(|r| extent_of(r).map(|(_, e)| e)).collect::<Result<Vec<_>, _>>()?;
+            if all.is_empty() {
+                self.seen.no_extents.insert(ino);
+            } else {
+                self.seen.extents.insert(ino, all);
+            }
+        }
+        if let Some(ino) = policies {
+            for r in &next() {
+                let at = r.try_get::<_, i64>(0)? as u64;
+                let policy = match r.try_get::<_, Option<String>>(1)? {
+                    Some(sites) => Some(policy_of((sites, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))?),
+                    None => None,
+                };
+                self.seen.policies.entry(at).or_insert(policy);
+                if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(at) {
+                    let inode = match r.try_get::<_, Option<i64>>(5)? {
+                        Some(_) => Some(inode_of(r, 5)?),
+                        None => None,
+                    };
+                    slot.insert(inode);
+                }
+            }
+            self.seen.policies.entry(ino).or_insert(None);
+        }
         Ok(())
     }
 
@@ -1301,6 +1485,10 @@ impl Txn for PgConn {
         if start >= end || self.seen.no_extents.contains(&ino) {
             return Ok(Vec::new());
         }
+        if let Some(all) = self.seen.extents.get(&ino) {
+            let overlapping = |e: &&Extent| e.file_offset < end && (e.file_offset >= start || e.end() > start);
+            return Ok(all.iter().filter(overlapping).cloned().collect());
+        }
         // Extents never overlap, so only the last one starting before `start` can
         // reach into the range: it and the ones starting inside, in one statement.
         let rows = self.query(
@@ -1324,6 +1512,7 @@ impl Txn for PgConn {
 
     fn insert_extent(&mut self, ino: InodeId, e: &Extent) -> Result<(), MetaError> {
         self.seen.no_extents.remove(&ino);
+        self.seen.extents.remove(&ino);
         self.defer(
             "INSERT INTO extents (ino, file_offset, len, chunk, chunk_offset) VALUES ($1, $2, $3, $4, $5)",
             vec![
@@ -1337,6 +1526,7 @@ impl Txn for PgConn {
     }
 
     fn delete_extent(&mut self, ino: InodeId, file_offset: u64) -> Result<(), MetaError> {
+        self.seen.extents.remove(&ino);
         self.defer(
             "DELETE FROM extents WHERE ino = $1 AND file_offset = $2",
             vec![Box::new(ino as i64), Box::new(off(file_offset))],
@@ -1441,6 +1631,7 @@ impl Txn for PgConn {
     }
 
     fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
+        self.seen.no_xattrs.remove(&ino);
         self.defer(
             "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3)
              ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
@@ -1458,6 +1649,9 @@ impl Txn for PgConn {
     }
 
     fn delete_all_xattrs(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        if !self.seen.no_xattrs.insert(ino) {
+            return Ok(());
+        }
         self.defer("DELETE FROM xattrs WHERE ino = $1", vec![Box::new(ino as i64)])
     }
 
@@ -1481,23 +1675,26 @@ impl Txn for PgConn {
                 &s.owner,
             ],
         )?;
+        self.seen.sessions.insert(s.id, Some(s.clone()));
         Ok(())
     }
 
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
-        self.opt("SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = $1", &[&(id as i64)])?
-            .map(|r| session_of(&r))
-            .transpose()
+        self.prefetch(Prefetch { session: Some(id), ..Prefetch::default() })?;
+        Ok(self.seen.sessions.get(&id).cloned().flatten())
     }
 
     fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError> {
         let rows =
             self.query("SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions ORDER BY id", &[])?;
-        rows.iter().map(session_of).collect()
+        rows.iter()
+            .map(|r| session_of(r, 0)?.ok_or_else(|| MetaError::Corrupt("a session without id".into())))
+            .collect()
     }
 
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
         self.exec("DELETE FROM sessions WHERE id = $1", &[&(id as i64)])?;
+        self.seen.sessions.insert(id, None);
         Ok(())
     }
 
@@ -1552,28 +1749,13 @@ impl Txn for PgConn {
         if self.seen.open_counts.get(&ino) == Some(&0) {
             return Ok(OpenRow::default());
         }
-        let row = self.one(
-            "SELECT o.count, o.writable, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
-             i.atime_ns, i.mtime_s, i.mtime_ns, i.ctime_s, i.ctime_ns, i.data_version, i.parent, i.target \
-             FROM (SELECT $1::BIGINT AS session, $2::BIGINT AS ino) k \
-             LEFT JOIN opens o ON o.session = k.session AND o.ino = k.ino LEFT JOIN inodes i ON i.ino = k.ino",
-            &[&(session as i64), &(ino as i64)],
-        )?;
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.seen.inodes.entry(ino) {
-            let inode = match row.try_get::<_, Option<i64>>(2)? {
-                Some(_) => Some(inode_of(&row, 2)?),
-                None => None,
-            };
-            slot.insert(inode);
-        }
-        Ok(match row.try_get::<_, Option<i64>>(0)? {
-            Some(count) => OpenRow { count: count as u32, writable: row.try_get::<_, i64>(1)? != 0 },
-            None => OpenRow::default(),
-        })
+        self.prefetch(Prefetch { open: Some((session, ino)), ..Prefetch::default() })?;
+        Ok(self.seen.opens.get(&(session, ino)).copied().unwrap_or_default())
     }
 
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
         self.seen.open_counts.remove(&ino);
+        self.seen.opens.insert((session, ino), open);
         if open.count == 0 {
             self.defer(
                 "DELETE FROM opens WHERE session = $1 AND ino = $2",
@@ -1605,6 +1787,7 @@ impl Txn for PgConn {
 
     fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
         self.seen.open_counts.clear();
+        self.seen.opens.clear();
         let rows = self.query("DELETE FROM opens WHERE session = $1 RETURNING ino", &[&(session as i64)])?;
         Ok(rows.iter().map(|r| r.try_get::<_, i64>(0).map(|v| v as u64)).collect::<Result<Vec<_>, _>>()?)
     }
@@ -1655,33 +1838,22 @@ impl Txn for PgConn {
         rows.iter().map(node_of).collect()
     }
 
+    /// The policy is looked for up the chain of parents (`effective_policy`): the
+    /// ancestors' policies and inodes come along in the same round trip.
     fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
-        if let Some(seen) = self.seen.policies.get(&ino) {
-            return Ok(seen.clone());
+        if self.seen.no_policies {
+            return Ok(None);
         }
-        // The policy is looked for up the chain of parents (`effective_policy`):
-        // the ancestors' policies come along in the same round trip.
-        let rows = self.query(
-            "WITH RECURSIVE up (ino, depth) AS (
-                 SELECT $1::BIGINT, 0
-                 UNION ALL
-                 SELECT i.parent, up.depth + 1 FROM up JOIN inodes i ON i.ino = up.ino
-                 WHERE up.ino <> $2 AND up.depth < 1000)
-             SELECT up.ino, p.sites, p.copies, p.mode, p.rpo_secs FROM up LEFT JOIN policies p ON p.ino = up.ino",
-            &[&(ino as i64), &(ROOT_INODE as i64)],
-        )?;
-        for r in &rows {
-            let at = r.try_get::<_, i64>(0)? as u64;
-            let policy = match r.try_get::<_, Option<String>>(1)? {
-                Some(sites) => Some(policy_of((sites, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))?),
-                None => None,
-            };
-            self.seen.policies.entry(at).or_insert(policy);
-        }
-        Ok(self.seen.policies.entry(ino).or_insert(None).clone())
+        self.prefetch(Prefetch { policies: Some(ino), ..Prefetch::default() })?;
+        Ok(self.seen.policies.get(&ino).cloned().flatten())
+    }
+
+    fn may_have_policies(&mut self) -> Result<bool, MetaError> {
+        Ok(!self.seen.no_policies)
     }
 
     fn put_policy(&mut self, ino: InodeId, p: &Policy) -> Result<(), MetaError> {
+        self.seen.no_policies = false;
         self.defer(
             "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (ino) DO UPDATE SET sites = excluded.sites, copies = excluded.copies,
@@ -1699,8 +1871,9 @@ impl Txn for PgConn {
     }
 
     fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.defer("DELETE FROM policies WHERE ino = $1", vec![Box::new(ino as i64)])?;
-        self.seen.policies.insert(ino, None);
+        if self.seen.policies.insert(ino, None) != Some(None) {
+            self.defer("DELETE FROM policies WHERE ino = $1", vec![Box::new(ino as i64)])?;
+        }
         Ok(())
     }
 

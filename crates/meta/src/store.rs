@@ -70,6 +70,29 @@ impl Counter {
     }
 }
 
+/// What an op is about to read (`Txn::prefetch`); each part is optional.
+#[derive(Clone, Copy, Default)]
+pub struct Prefetch<'a> {
+    /// Directory `.0`, its entry named `.1`, that entry's inode and its open count.
+    pub entry: Option<(InodeId, &'a [u8])>,
+    /// A session's row (`get_session`).
+    pub session: Option<SessionId>,
+    /// A session's opens of an inode, and the inode (`get_open`).
+    pub open: Option<(SessionId, InodeId)>,
+    /// Every extent of an inode (`extents_overlapping`).
+    pub extents: Option<InodeId>,
+    /// The policies of an inode and all its ancestors, and the ancestors' inodes
+    /// (`get_policy` up the chain of parents, as `effective_policy` walks it).
+    pub policies: Option<InodeId>,
+}
+
+impl<'a> Prefetch<'a> {
+    /// Directory `parent`, its entry `name` and what that names.
+    pub fn entry(parent: InodeId, name: &'a [u8]) -> Self {
+        Prefetch { entry: Some((parent, name)), ..Prefetch::default() }
+    }
+}
+
 /// Primitive row operations inside one transaction. Nothing here knows POSIX rules.
 pub trait Txn {
     /// Increments a counter and returns its new value.
@@ -82,11 +105,11 @@ pub trait Txn {
     fn count_inodes(&mut self) -> Result<u64, MetaError>;
 
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError>;
-    /// A hint that the op goes on to read directory `parent`, its entry `name` and
-    /// that entry's inode: a backend across a network reads them in one round trip.
-    /// The answers still come from `get_inode` and `get_dentry`; by default a no-op.
-    fn prefetch_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
-        let _ = (parent, name);
+    /// A hint of what the op goes on to read: a backend across a network asks for all
+    /// of it in one round trip. The answers still come from the getters; by default a
+    /// no-op.
+    fn prefetch(&mut self, want: Prefetch<'_>) -> Result<(), MetaError> {
+        let _ = want;
         Ok(())
     }
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError>;
@@ -157,6 +180,11 @@ pub trait Txn {
 
     /// The replication policy a directory sets itself (not inherited), if any.
     fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError>;
+    /// Whether any directory may have a policy: false only where the store knows that
+    /// none has, so that `effective_policy` need not walk up the parents.
+    fn may_have_policies(&mut self) -> Result<bool, MetaError> {
+        Ok(true)
+    }
     /// Inserts or overwrites a directory's policy.
     fn put_policy(&mut self, ino: InodeId, policy: &Policy) -> Result<(), MetaError>;
     fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError>;

@@ -1382,6 +1382,11 @@ pub fn replication_policies(b: &dyn Factory) {
     let opened =
         ok(&s, MetaRequest::Open(Open { ino: deep.ino, session, truncate: false, access: OpenAccess::default() }));
     assert!(matches!(opened, MetaReply::Opened(o) if o.policy == stored), "Open carries the policy");
+    let create = Create { parent: sub.ino, name: "new".into(), node: NewNode::File, mode: 0o644, exclusive: true };
+    let access = OpenAccess { read: true, write: true };
+    let created = ok(&s, MetaRequest::CreateOpen(CreateOpen { create, session, access }));
+    assert!(matches!(created, MetaReply::Opened(o) if o.policy == stored), "CreateOpen carries the inherited policy");
+    ok(&s, MetaRequest::Unlink(Unlink { parent: sub.ino, name: b"new".to_vec() }));
 
     // A nearer policy wins; too many copies is allowed, with a warning.
     let three = policy(&["s2"], 3, M::Async);

@@ -20,7 +20,7 @@ use sessions::hello;
 pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
 
 use crate::error::MetaError;
-use crate::store::{Counter, Inode, SessionRow, Txn};
+use crate::store::{Counter, Inode, Prefetch, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
     AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode,
@@ -190,6 +190,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         }),
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
+            t.prefetch(Prefetch { extents: Some(m.ino), policies: Some(m.ino), ..Prefetch::default() })?;
             let attr = inode(t, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
             let policy = effective_policy(t, m.ino)?.policy;
@@ -275,8 +276,9 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.0))
         }
         R::CreateOpen(m) => serve(m, |m| {
-            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let c = m.create;
+            t.prefetch(Prefetch { session: Some(m.session), ..Prefetch::entry(c.parent, &c.name) })?;
+            t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let (attr, created) = create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
             if !created {
@@ -304,6 +306,12 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.put_inode(&i)
         }),
         R::Open(m) => serve(m, |m| {
+            t.prefetch(Prefetch {
+                session: Some(m.session),
+                open: Some((m.session, m.ino)),
+                extents: Some(m.ino),
+                ..Prefetch::default()
+            })?;
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
             let mut i = inode(t, m.ino)?;
             if m.truncate {

@@ -14,7 +14,7 @@ pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_del
 }
 
 pub(super) fn lookup(t: &mut dyn Txn, c: &Caller, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
-    t.prefetch_entry(parent, name)?;
+    t.prefetch(Prefetch::entry(parent, name))?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     match name {
@@ -59,7 +59,7 @@ pub(super) fn create(
     exclusive: bool,
 ) -> Result<(Attr, bool), MetaError> {
     check_name(name)?;
-    t.prefetch_entry(parent, name)?;
+    t.prefetch(Prefetch::entry(parent, name))?;
     let p = dir(t, parent)?;
     check(caller, &p.attr, MAY_EXEC)?;
     if let Some(existing) = t.get_dentry(parent, name)? {
@@ -179,7 +179,7 @@ pub(super) fn unlink(
     name: &[u8],
 ) -> Result<Unlinked, MetaError> {
     check_name(name)?;
-    t.prefetch_entry(parent, name)?;
+    t.prefetch(Prefetch::entry(parent, name))?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
@@ -206,7 +206,7 @@ pub(super) fn rmdir(
     name: &[u8],
 ) -> Result<(), MetaError> {
     check_name(name)?;
-    t.prefetch_entry(parent, name)?;
+    t.prefetch(Prefetch::entry(parent, name))?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;

@@ -53,6 +53,9 @@ pub(super) fn set_policy(t: &mut dyn Txn, ino: InodeId, policy: Option<Policy>) 
 /// or the cluster default.
 pub(super) fn effective_policy(t: &mut dyn Txn, ino: InodeId) -> Result<EffectivePolicy, MetaError> {
     let i = inode(t, ino)?;
+    if !t.may_have_policies()? {
+        return Ok(EffectivePolicy { policy: Policy::default(), set_on: None });
+    }
     let mut cur = if i.attr.kind == FileKind::Dir { ino } else { i.parent };
     for _ in 0..MAX_DEPTH {
         if let Some(policy) = t.get_policy(cur)? {
