@@ -432,24 +432,27 @@ impl PgConn {
                 };
                 slot.insert(inode);
             }
-            let opens = row.try_get::<_, i64>(at + 18)? as u64;
-            self.seen.open_counts.entry(ino).or_insert(opens);
-            if !row.try_get::<_, bool>(at + 19)? {
+            // NULL: the statement did not ask (`ENTRY_READ_SQL`).
+            if let Some(opens) = row.try_get::<_, Option<i64>>(at + 18)? {
+                self.seen.open_counts.entry(ino).or_insert(opens as u64);
+            }
+            let absent = |i: usize| row.try_get::<_, Option<bool>>(at + i).map(|v| v == Some(false));
+            if absent(19)? {
                 self.seen.no_extents.insert(ino);
             }
-            if !row.try_get::<_, bool>(at + 20)? {
+            if absent(20)? {
                 self.seen.no_xattrs.insert(ino);
             }
-            if !row.try_get::<_, bool>(at + 21)? {
+            if absent(21)? {
                 self.seen.policies.entry(ino).or_insert(None);
             }
         }
         Ok(ino)
     }
 
-    /// Records whether any policy exists, as column `at` of `row` says.
+    /// Records whether any policy exists, as column `at` of `row` says (NULL: not asked).
     fn policies_exist_seen(&mut self, row: &Row, at: usize) -> Result<(), MetaError> {
-        if !row.try_get::<_, bool>(at)? {
+        if row.try_get::<_, Option<bool>>(at)? == Some(false) {
             self.seen.no_policies = true;
         }
         Ok(())
@@ -1168,20 +1171,32 @@ fn at_most_one(mut rows: Vec<Row>, sql: &str) -> Result<Option<Row>, MetaError> 
     Ok(rows.pop())
 }
 
-/// Directory $1, its entry named $2, that entry's inode, open count and whether it
-/// has extents, xattrs and a policy (`Prefetch::entry`; `PgConn::entry_seen` reads the
-/// entry from column 17); whether any policy exists (column 39) and session $3 (from
-/// column 40).
-const ENTRY_SQL: &str = "SELECT p.ino, p.kind, p.mode, p.uid, p.gid, p.size, p.nlink, p.rdev, p.atime_s, p.atime_ns, \
-     p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
-     d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
-     c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, \
-     (SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
+/// Directory $1, its entry named $2, that entry's inode (`PgConn::entry_seen` reads the
+/// entry from column 17), what `$facts` says about it (columns 35-39) and session $3
+/// (from column 40).
+macro_rules! entry_sql {
+    ($facts:literal) => {
+        concat!(
+            "SELECT p.ino, p.kind, p.mode, p.uid, p.gid, p.size, p.nlink, p.rdev, p.atime_s, p.atime_ns, \
+             p.mtime_s, p.mtime_ns, p.ctime_s, p.ctime_ns, p.data_version, p.parent, p.target, \
+             d.ino, c.ino, c.kind, c.mode, c.uid, c.gid, c.size, c.nlink, c.rdev, c.atime_s, c.atime_ns, \
+             c.mtime_s, c.mtime_ns, c.ctime_s, c.ctime_ns, c.data_version, c.parent, c.target, ",
+            $facts,
+            ", s.id, s.site, s.host, s.pid, s.purpose, s.last_seen, s.owner \
+             FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
+             LEFT JOIN inodes c ON c.ino = d.ino LEFT JOIN sessions s ON s.id = $3 WHERE p.ino = $1"
+        )
+    };
+}
+/// For a write (`Prefetch::entry`): the inode's open count, whether it has extents,
+/// xattrs and a policy, and whether any policy exists at all.
+const ENTRY_SQL: &str = entry_sql!(
+    "(SELECT COALESCE(SUM(o.count), 0)::BIGINT FROM opens o WHERE o.ino = d.ino), \
      EXISTS (SELECT 1 FROM extents e WHERE e.ino = d.ino), EXISTS (SELECT 1 FROM xattrs x WHERE x.ino = d.ino), \
-     EXISTS (SELECT 1 FROM policies y WHERE y.ino = d.ino), EXISTS (SELECT 1 FROM policies), \
-     s.id, s.site, s.host, s.pid, s.purpose, s.last_seen, s.owner \
-     FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = $2 \
-     LEFT JOIN inodes c ON c.ino = d.ino LEFT JOIN sessions s ON s.id = $3 WHERE p.ino = $1";
+     EXISTS (SELECT 1 FROM policies y WHERE y.ino = d.ino), EXISTS (SELECT 1 FROM policies)"
+);
+/// For a point read (a lookup): none of those facts (NULL), so no subquery to start.
+const ENTRY_READ_SQL: &str = entry_sql!("NULL::BIGINT, NULL::BOOLEAN, NULL::BOOLEAN, NULL::BOOLEAN, NULL::BOOLEAN");
 const SESSION_SQL: &str = "SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = $1";
 /// Session $1's opens of inode $2 (count, writable; NULL if none), the inode (from
 /// column 2), whether any policy exists (column 19) and the session (from column 20).
@@ -1359,12 +1374,14 @@ impl Txn for PgConn {
         let policies_ino = policies.map_or(0, |i| i as i64);
         let root = ROOT_INODE as i64;
         let entry_params: [&(dyn ToSql + Sync); 3] = [&parent, &name, &entry_session];
+        // A point read's one statement (a lookup) needs none of the facts for a write.
+        let entry_sql = if self.probe == Probe::Ready { ENTRY_READ_SQL } else { ENTRY_SQL };
         let session_params: [&(dyn ToSql + Sync); 1] = [&session_id];
         let open_params: [&(dyn ToSql + Sync); 2] = [&open_session, &open_ino];
         let extents_params: [&(dyn ToSql + Sync); 1] = [&extents_ino];
         let policies_params: [&(dyn ToSql + Sync); 2] = [&policies_ino, &root];
         let queries: Vec<(&'static str, Params<'_>)> = [
-            entry.map(|_| (ENTRY_SQL, &entry_params[..])),
+            entry.map(|_| (entry_sql, &entry_params[..])),
             session.map(|_| (SESSION_SQL, &session_params[..])),
             open.map(|_| (OPEN_SQL, &open_params[..])),
             extents.map(|_| (EXTENTS_SQL, &extents_params[..])),
@@ -1380,7 +1397,7 @@ impl Txn for PgConn {
         let mut next = || answers.next().expect("one answer per query");
 
         if let Some((parent, name)) = entry {
-            match at_most_one(next(), ENTRY_SQL)? {
+            match at_most_one(next(), entry_sql)? {
                 None => {
                     self.seen.inodes.insert(parent, None);
                 }
