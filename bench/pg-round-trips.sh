@@ -2,7 +2,10 @@
 # Round trips to PostgreSQL per file for create, stat and unlink through one FUSE mount
 # (one meta, one node, PostgreSQL on 127.0.0.1), counted by meta's trace event per round
 # trip (LOCUS_LOG=meta::postgres::wire=trace) between phases, 1.5 s apart so the kernel's
-# entry and attribute caches (TTL 1 s) have run out, as in bench/meta_bench.py --settle.
+# entry and attribute caches (TTL 1 s) have run out, as in bench/meta_bench.py --settle;
+# beside them the CPU per file of all PostgreSQL processes and of meta (utime + stime
+# from /proc), and the wall time per file. CPU is the figure that compares builds on a
+# shared 2-core machine: PostgreSQL, meta, the mount and the workload share the cores.
 # Environment: BIN=target/release/locus  FILES=300
 set -euo pipefail
 export LOCUS_INSECURE_NO_TLS=true # counts round trips only: no TLS on 127.0.0.1
@@ -34,17 +37,25 @@ start node "locus node listening on" node --listen 127.0.0.1:0 --meta "$meta" --
 start mount "locus mounted on" mount "$WORK/mnt" --meta "$meta"
 mkdir "$WORK/mnt/d"
 count() { sleep 1.5; grep -c 'meta::postgres::wire' "$WORK/meta.log" || true; }
+ticks() { cat "${@/#//proc/}" 2>/dev/null | awk '{t += $14 + $15} END {print t + 0}'; } # pids...
+pg_ticks() { ticks $(pgrep -x postgres | sed 's|$|/stat|'); }
+meta_ticks() { ticks "${PIDS[0]}/stat"; }
 phase() { # name python-statement-on-path-p
-    local before after
+    local before after pg0 pg1 m0 m1 t0 t1
     before=$(count)
+    pg0=$(pg_ticks) m0=$(meta_ticks) t0=$(date +%s.%N)
     python3 -c "import os,sys
 for i in range($FILES):
     p='$WORK/mnt/d/f%d' % i
-    $2" 
+    $2"
+    t1=$(date +%s.%N) pg1=$(pg_ticks) m1=$(meta_ticks)
     after=$(count)
-    python3 -c "print('%-8s %6.2f' % ('$1', ($after - $before) / $FILES))"
+    python3 -c "hz = $(getconf CLK_TCK); per = lambda a, b: (b - a) * 1e6 / hz / $FILES
+print('%-8s %11.2f %10.0f %10.0f %10.0f' % ('$1', ($after - $before) / $FILES, per($pg0, $pg1), per($m0, $m1),
+      ($t1 - $t0) * 1e6 / $FILES))"
 }
-echo "round trips to PostgreSQL per file ($FILES files, $(git -C "$ROOT" rev-parse --short HEAD))"
+echo "per file ($FILES files, $(git -C "$ROOT" rev-parse --short HEAD)), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "phase    round trips  pg cpu us  meta cpu us  wall us"
 phase create "os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))"
 phase stat "os.stat(p)"
 phase unlink "os.unlink(p)"
