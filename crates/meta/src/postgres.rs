@@ -51,7 +51,7 @@ const READERS: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The advisory lock every write transaction of every meta takes shared at its commit,
-/// in the COMMIT's own statement batch (no statement or round trip of its own); a
+/// in the statement that checks the epoch (`PgConn::commit_gate`; no round trip of its own); a
 /// transaction that kept losing serialization conflicts (`WriteConn::run_alone_next`)
 /// takes it exclusively at session level before its BEGIN, so that no other writer
 /// commits from its snapshot to its own commit: with nobody committing beside it, it
@@ -549,17 +549,27 @@ impl PgConn {
         ))
     }
 
-    /// What runs before this writer's COMMIT, in the same statement batch: the
-    /// writers' lock in shared mode unless this one runs alone (`writers_lock`), then
-    /// the epoch check (none without a lease); refuses at once if the lease has run out.
-    fn commit_gate(&mut self) -> Result<String, MetaError> {
-        let shared =
-            if self.alone { "" } else { concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), "); ") };
-        let Some(lease) = self.fence.clone() else { return Ok(shared.to_string()) };
-        lease.check()?;
-        // A function of the schema, not a DO block: its plan is compiled once per
-        // connection rather than at every commit.
-        Ok(format!("{shared}SELECT locus_fence({}); ", lease.epoch))
+    /// Queues what runs before this writer's COMMIT, in its round trip, as one prepared
+    /// statement: the writers' lock in shared mode unless this one runs alone
+    /// (`writers_lock`), then the epoch check (none without a lease); refuses at once if
+    /// the lease has run out.
+    fn commit_gate(&mut self) -> Result<(), MetaError> {
+        let epoch = match &self.fence {
+            Some(lease) => {
+                lease.check()?;
+                Some(lease.epoch)
+            }
+            None => None,
+        };
+        // Prepared (parsed and planned once per connection), sent ahead of the COMMIT.
+        let shared = concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), ")");
+        let both = concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), "), locus_fence($1)");
+        match (self.alone, epoch) {
+            (true, None) => Ok(()),
+            (true, Some(e)) => self.defer("SELECT locus_fence($1)", vec![Box::new(e)]),
+            (false, None) => self.defer(shared, Vec::new()),
+            (false, Some(e)) => self.defer(both, vec![Box::new(e)]),
+        }
     }
 }
 
@@ -683,17 +693,17 @@ impl WriteConn for PgConn {
     /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
     /// durable one turns it on for its own commit, which also flushes every earlier one.
     fn commit(&mut self) -> Result<(), MetaError> {
-        let gate = self.commit_gate()?;
+        self.commit_gate()?;
         if let Some(committed) = self.committed.clone() {
             self.durable = false;
-            return self.commit_reporting_lsn(&gate, &committed);
+            return self.commit_reporting_lsn(&committed);
         }
         let end = if std::mem::take(&mut self.durable) {
             concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
         } else {
             concat!("COMMIT; ", begin_write!())
         };
-        if gate.is_empty() { self.end(end) } else { self.end(&(gate + end)) }
+        self.end(end)
     }
 
     fn rollback(&mut self) -> Result<(), MetaError> {
@@ -716,13 +726,13 @@ impl PgConn {
     /// `committed`.
     /// (The next BEGIN cannot ride along: after the SELECT, it would find a query
     /// already run in its implicit transaction.)
-    fn commit_reporting_lsn(&mut self, gate: &str, committed: &AtomicU64) -> Result<(), MetaError> {
+    fn commit_reporting_lsn(&mut self, committed: &AtomicU64) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
         self.seen = Seen::default();
         let unlock = if self.alone { "; SELECT pg_advisory_unlock_all()" } else { "" };
         let Answer::Simple(answers) =
-            self.pipeline(Last::Simple(&format!("{gate}COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
+            self.pipeline(Last::Simple(&format!("COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
         else {
             unreachable!("a simple query answers messages")
         };
