@@ -191,7 +191,9 @@ impl DataPath {
         let mut i = 0;
         while i < nodes.len() {
             let node = &nodes[i];
-            let put = NodeRequest::Put { id, cap: *lock(&self.put_cap), replicate: replicate.clone() };
+            let cap = *lock(&self.put_cap);
+            let epoch = cap.map_or(0, |c| c.epoch);
+            let put = NodeRequest::Put { id, cap, epoch, replicate: replicate.clone() };
             match self.node_call(node, &put, data.clone()).await {
                 Ok((NodeReply::Stored(nodes), _)) if !nodes.is_empty() => {
                     return Ok(StoredChunk { id, size: data.len() as u64, nodes });

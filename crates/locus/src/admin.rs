@@ -445,6 +445,9 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let bar = progress(total, "scanning");
     let mut scanned = 0u64;
     let mut garbage: Vec<Vec<ChunkId>> = Vec::with_capacity(cluster.nodes.len());
+    // The oldest epoch of the primary role among meta's answers: every delete states
+    // it, so a node that has seen a newer one refuses (meta lost the role meanwhile).
+    let mut epoch = u64::MAX;
     for (info, node) in &cluster.nodes {
         let mut found = Vec::new();
         let mut after = None;
@@ -457,7 +460,8 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             scanned += ids.len() as u64;
             let full_page = ids.len() as u32 == PAGE;
             let unreferenced = meta_call(&cluster.meta, Unreferenced { ids }).await?;
-            found.extend(unreferenced);
+            epoch = epoch.min(unreferenced.epoch);
+            found.extend(unreferenced.ids);
             bar.set_position(scanned);
             if !full_page {
                 break;
@@ -489,8 +493,11 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let mut deleted = 0u64;
     for ((info, node), ids) in cluster.nodes.iter().zip(garbage) {
         for page in ids.chunks(PAGE as usize) {
-            let req = NodeRequest::Delete { ids: page.to_vec(), min_age_secs: age };
-            let NodeReply::Count(n) = node_call(node, req).await? else {
+            let req = NodeRequest::Delete { ids: page.to_vec(), min_age_secs: age, epoch };
+            let NodeReply::Count(n) = node_call(node, req)
+                .await
+                .with_context(|| format!("node {} refused to delete chunks meta found unreferenced", info.id))?
+            else {
                 bail!("node {} answered Delete with something else", info.id);
             };
             deleted += n;

@@ -484,9 +484,12 @@ fn wait_until(what: &str, within: std::time::Duration, mut done: impl FnMut() ->
 /// epoch 2 and B's meta restarts on it; node n0 learns epoch 2 from its heartbeat to
 /// B's meta and keeps it in its data directory. A's mount then writes: A's meta
 /// accepts the create, but n0 refuses its epoch-1 put capability, the fsync fails
-/// with EROFS and n0 stores nothing. Restarted against A's meta, n0 tells it epoch 2
-/// with its registration: A's meta learns it lost the primary role and refuses every
-/// write (EROFS), while n0 waits for a meta of the new primary.
+/// with EROFS and n0 stores nothing. A `locus gc` judged by A's meta, whose catalogue
+/// lacks the file B's mount writes next, would delete that file's chunk: n0 refuses
+/// the deletes, which state epoch 1, and the file reads back whole. Restarted against
+/// A's meta, n0 tells it epoch 2 with its registration: A's meta learns it lost the
+/// primary role and refuses every write (EROFS), while n0 waits for a meta of the new
+/// primary.
 #[test]
 fn nodes_refuse_work_for_a_meta_of_an_older_epoch() {
     use std::io::Write;
@@ -527,12 +530,13 @@ fn nodes_refuse_work_for_a_meta_of_an_older_epoch() {
     c.other_metas.push(testkit::spawn_command(meta_a, "locus meta listening on", &log_a));
     let meta_a = c.other_metas[0].addr.clone();
     let at_a = c.mount_through(&meta_a, "a", &[]);
-    let write = |name: &str| {
-        fs::File::create(at_a.join(name)).and_then(|mut f| {
+    let write_in = |dir: &std::path::Path, name: &str| {
+        fs::File::create(dir.join(name)).and_then(|mut f| {
             f.write_all(&testkit::pattern(256 << 10, name.len() as u64))?;
             f.sync_all()
         })
     };
+    let write = |name: &str| write_in(&at_a, name);
     write("before").expect("A writes while nothing has failed over");
 
     let out = c.locus(&["meta", "promote", "--db", &standby_url]);
@@ -554,6 +558,23 @@ fn nodes_refuse_work_for_a_meta_of_an_older_epoch() {
             && mount_log.contains("signed by a meta of epoch 1, but this node has seen epoch 2"),
         "the mount says why: {mount_log}"
     );
+
+    // A gc judged by A's meta finds the chunk of a file only the new primary knows
+    // unreferenced; n0 refuses to delete it.
+    let at_b = c.mount_with("a", &[]);
+    write_in(&at_b, "at-b").expect("B's mount writes through the new primary");
+    let chunks_with_b = testkit::files_under(&c.node_dir("n0"));
+    assert_ne!(chunks_with_b, chunks_before, "n0 stored B's file");
+    let out = c.locus(&["gc", "--meta", &meta_a, "--min-age", "0s", "--force"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "gc through the meta of epoch 1 succeeded: {said}");
+    assert!(
+        said.contains("refused to delete")
+            && said.contains("acts under epoch 1 of the primary role, but this node has seen epoch 2"),
+        "gc says why: {said}"
+    );
+    assert_eq!(testkit::files_under(&c.node_dir("n0")), chunks_with_b, "n0 deleted nothing");
+    assert_eq!(fs::read(at_b.join("at-b")).unwrap(), testkit::pattern(256 << 10, 4), "B's file reads back whole");
 
     // n0, restarted against A's meta, remembers epoch 2 and tells it: A's meta refuses
     // writes from then on.

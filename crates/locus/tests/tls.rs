@@ -246,7 +246,7 @@ fn a_client_certificate_gets_no_chunk_without_a_capability_and_cannot_administer
     let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: true, cap: None };
 
     let peer = connect("node", "peer");
-    let put = NodeRequest::Put { id, cap: None, replicate: Default::default() };
+    let put = NodeRequest::Put { id, cap: None, epoch: 1, replicate: Default::default() };
     ask(&peer, &put, data.clone()).expect("a node's certificate puts without a capability");
     assert!(ask(&peer, &get, Vec::new()).is_ok(), "a node's certificate gets without a capability");
 
@@ -264,7 +264,7 @@ fn a_client_certificate_gets_no_chunk_without_a_capability_and_cannot_administer
     assert_eq!(ask(&thief, &put, b"forged".to_vec()).unwrap_err().code, ErrorCode::PermissionDenied);
     let list = NodeRequest::List { after: None, limit: 100 };
     assert_eq!(ask(&thief, &list, Vec::new()).unwrap_err().code, ErrorCode::NotPermitted);
-    let delete = NodeRequest::Delete { ids: vec![id], min_age_secs: 0 };
+    let delete = NodeRequest::Delete { ids: vec![id], min_age_secs: 0, epoch: 1 };
     assert_eq!(ask(&thief, &delete, Vec::new()).unwrap_err().code, ErrorCode::NotPermitted);
     // The chunk is still there for those allowed.
     let has = ask(&peer, &NodeRequest::Has { ids: vec![id] }, Vec::new()).unwrap();

@@ -4,8 +4,10 @@
 //! chunks with meta's write capability, both bound to its certificate name; listing,
 //! probing, verifying, deleting and stats are not for clients. A capability signed by
 //! a meta of an older epoch of the primary role than the node has seen is refused
-//! (`ReadOnly`: that meta lost the primary role). Without TLS (the operator disabled
-//! it) every peer is trusted, as before.
+//! (`ReadOnly`: that meta lost the primary role). So is, from any peer and with or
+//! without TLS, a put or delete that states an older epoch than the node has seen: a
+//! node replicating for, or a `gc` judged by, a meta that lost the role. Without TLS
+//! (the operator disabled it) every peer is otherwise trusted, as before.
 
 use net::{PeerIdentity, Role};
 use proto::cap::{CapError, CapKey, CapOp, verify};
@@ -29,8 +31,8 @@ impl CapKeyCell {
 }
 
 /// Allows or refuses `req` from `peer` at `now_ms`, at a node that has seen epoch
-/// `seen` of the primary role (one MAC check for a client's get or put, nothing else
-/// on the hot path).
+/// `seen` of the primary role (one MAC check for a client's get or put, an integer
+/// comparison for a put or delete, nothing else on the hot path).
 pub fn authorize(
     peer: Option<&PeerIdentity>,
     req: &NodeRequest,
@@ -38,10 +40,30 @@ pub fn authorize(
     now_ms: i64,
     seen: u64,
 ) -> Result<(), WireError> {
-    let Some(peer) = peer else { return Ok(()) };
-    if peer.role != Role::Client {
-        return Ok(());
+    if let Some(client) = peer.filter(|p| p.role == Role::Client) {
+        authorize_client(client, req, key, now_ms, seen)?;
     }
+    match req.epoch() {
+        Some(stated) if stated < seen => Err(WireError::new(
+            ErrorCode::ReadOnly,
+            format!(
+                "{} refused: it acts under epoch {stated} of the primary role, but this node has seen epoch {seen}: \
+                 the meta it follows lost the primary role",
+                if matches!(req, NodeRequest::Delete { .. }) { "delete" } else { "put" }
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A client's request: only gets and puts, each with meta's capability.
+fn authorize_client(
+    peer: &PeerIdentity,
+    req: &NodeRequest,
+    key: &CapKeyCell,
+    now_ms: i64,
+    seen: u64,
+) -> Result<(), WireError> {
     let (op, chunk, cap) = match req {
         NodeRequest::Get { id, cap, .. } => (CapOp::Read, Some(id), cap.as_ref()),
         NodeRequest::Put { cap, .. } => (CapOp::Write, None, cap.as_ref()),
@@ -101,14 +123,14 @@ mod tests {
         let other = NodeRequest::Get { id: ChunkId([5; 32]), offset: 0, len: 1, local_only: false, cap: Some(read) };
         assert_eq!(code(&alice, &other, now), ErrorCode::PermissionDenied, "a capability names its chunk");
         // Puts need the write capability, not a read one.
-        let put = |cap| NodeRequest::Put { id: chunk, cap, replicate: Default::default() };
+        let put = |cap| NodeRequest::Put { id: chunk, cap, epoch: 1, replicate: Default::default() };
         assert_eq!(code(&alice, &put(Some(read)), now), ErrorCode::PermissionDenied);
         let write = sign(&key, CapOp::Write, &alice.name, None, now + 1, 1);
         assert_eq!(authorize(Some(&alice), &put(Some(write)), &cell, now, 1), Ok(()));
         // Listing, probing, deleting and stats are for nodes and meta only.
         for req in [
             NodeRequest::List { after: None, limit: 10 },
-            NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0 },
+            NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0, epoch: 1 },
             NodeRequest::Has { ids: vec![chunk] },
             NodeRequest::Verify { ids: vec![chunk] },
             NodeRequest::Stats,
@@ -135,6 +157,7 @@ mod tests {
         let put = |epoch| NodeRequest::Put {
             id: chunk,
             cap: Some(sign(&key, CapOp::Write, &alice.name, None, now + 1, epoch)),
+            epoch,
             replicate: Default::default(),
         };
         let get = |epoch| NodeRequest::Get {
@@ -152,6 +175,35 @@ mod tests {
         for req in [put(2), get(2)] {
             assert_eq!(authorize(Some(&alice), &req, &cell, now, 2), Ok(()));
         }
-        assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &put(1), &cell, now, 2), Ok(()));
+        // A client that states a current epoch beside an old capability is still refused.
+        let mut dressed_up = put(1);
+        if let NodeRequest::Put { epoch, .. } = &mut dressed_up {
+            *epoch = 2;
+        }
+        assert_eq!(authorize(Some(&alice), &dressed_up, &cell, now, 2).unwrap_err().code, ErrorCode::ReadOnly);
+    }
+
+    /// Puts and deletes from nodes and tools (no capability) state the epoch they act
+    /// under: a node that has seen a newer one refuses them, with or without TLS; reads
+    /// and probes state none and pass.
+    #[test]
+    fn node_puts_and_deletes_of_an_older_epoch_are_refused() {
+        let cell = CapKeyCell::default();
+        let chunk = ChunkId([4; 32]);
+        let peer = id("/CN=node.b", Role::Node);
+        let put = |epoch| NodeRequest::Put { id: chunk, cap: None, epoch, replicate: Default::default() };
+        let delete = |epoch| NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0, epoch };
+        for from in [Some(&peer), None] {
+            for req in [put(1), delete(1)] {
+                let refused = authorize(from, &req, &cell, 0, 2).unwrap_err();
+                assert_eq!(refused.code, ErrorCode::ReadOnly, "{req:?}");
+                assert!(refused.message.contains("epoch 1 of the primary role, but this node has seen epoch 2"));
+            }
+            for req in [put(2), delete(2), put(3), delete(3)] {
+                assert_eq!(authorize(from, &req, &cell, 0, 2), Ok(()), "{req:?}");
+            }
+            let has = NodeRequest::Has { ids: vec![chunk] };
+            assert_eq!(authorize(from, &has, &cell, 0, 2), Ok(()));
+        }
     }
 }

@@ -115,13 +115,14 @@ impl Epoch {
         self.seen.load(Ordering::Acquire)
     }
 
-    /// Takes the epoch meta at `meta_addr` serves: a newer one is adopted (on disk
-    /// before it counts, so a restart does not forget it); an older one means that
-    /// meta lost the primary role, and the node refuses to follow it.
-    pub(crate) fn observe(&self, meta_addr: &str, theirs: u64) -> Result<(), NodeError> {
+    /// Takes the epoch `source` serves or acts under (meta at an address, or an
+    /// authorized request): a newer one is adopted (on disk before it counts, so a
+    /// restart does not forget it); an older one means that meta lost the primary
+    /// role, and the node refuses to follow it.
+    pub(crate) fn observe(&self, source: &str, theirs: u64) -> Result<(), NodeError> {
         let ours = self.get();
         if theirs < ours {
-            return Err(NodeError::StaleMeta { addr: meta_addr.into(), theirs, ours });
+            return Err(NodeError::StaleMeta { addr: source.into(), theirs, ours });
         }
         if theirs > ours {
             let _raising = lock(&self.raising);
@@ -133,7 +134,7 @@ impl Epoch {
                 tracing::info!(
                     epoch = theirs,
                     previous = ours,
-                    meta = meta_addr,
+                    from = source,
                     "learned a newer epoch of the primary role: capabilities of older ones are refused from now on"
                 );
             }

@@ -263,6 +263,14 @@ impl Service for NodeService {
             tracing::warn!(peer = %peer.addr(), "refused: {e}");
             return (Err(e), Bytes::new());
         }
+        // An authorized put or delete of a newer epoch (a capability meta signed, or a
+        // peer node that heard of it first) teaches it, so nodes pass a failover's
+        // epoch on to each other before their own heartbeats tell them.
+        if let Some(theirs) = req.epoch().filter(|&e| e > self.epoch.get())
+            && let Err(e) = self.epoch.observe(&format!("a request from {}", peer.addr()), theirs)
+        {
+            tracing::warn!("cannot keep the newer epoch {theirs} of the primary role: {e}");
+        }
         let reply = match req {
             NodeRequest::Put { id, replicate, .. } => match &self.replicator {
                 Some(r) => r.put(id, bulk, replicate).await.map(NodeReply::Stored),
@@ -292,7 +300,7 @@ impl Service for NodeService {
                 self.blocking(move |s| s.list(after, limit)).await.map(NodeReply::Ids)
             }
             NodeRequest::Verify { ids } => self.blocking(move |s| Ok(s.verify(&ids))).await.map(NodeReply::Ids),
-            NodeRequest::Delete { ids, min_age_secs } => {
+            NodeRequest::Delete { ids, min_age_secs, .. } => {
                 let min_age = Duration::from_secs(min_age_secs);
                 self.blocking(move |s| s.delete(&ids, min_age)).await.map(NodeReply::Count)
             }

@@ -80,7 +80,7 @@ impl Worker for Reclaim {
             return Ok(Step::Idle);
         };
         self.after = if ids.len() == PAGE { Some(last) } else { None };
-        let garbage = crate::ask_meta(&self.meta, Unreferenced { ids }).await?;
+        let garbage = crate::ask_meta(&self.meta, Unreferenced { ids }).await?.ids;
         if !garbage.is_empty() {
             let (store, ids, grace) = (self.store.clone(), garbage.clone(), self.config.grace);
             let deleted = tokio::task::spawn_blocking(move || store.delete(&ids, grace))

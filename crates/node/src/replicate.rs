@@ -313,7 +313,7 @@ impl Replicator {
             return Ok(vec![node.to_string()]);
         }
         // Node to node: this node's certificate is its authority (no capability).
-        let put = NodeRequest::Put { id, cap: None, replicate: ask.clone() };
+        let put = NodeRequest::Put { id, cap: None, epoch: self.link.epoch(), replicate: ask.clone() };
         self.stats.shipped_chunks.fetch_add(1, Ordering::Relaxed);
         self.stats.shipped_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         let (reply, _) = client.call_bulk::<_, NodeResult>(&put, data.clone()).await.map_err(transport)?;

@@ -179,6 +179,12 @@ fn wire(e: ChunkError) -> WireError {
 }
 
 impl SiteLink {
+    /// The highest epoch of the primary role this node has seen, which its puts to
+    /// other nodes carry.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.meta.epoch.get()
+    }
+
     /// Opens the site cache (a chunk store of its own under `cache_dir`).
     pub fn open(
         me: String,

@@ -36,9 +36,14 @@ impl Node {
 
     /// Sends `data` as the request's bulk bytes (Put).
     async fn send(&self, id: ChunkId, data: Vec<u8>) -> NodeResult {
+        self.send_at(id, data, 0).await
+    }
+
+    /// As `send`, stating primary-role `epoch`.
+    async fn send_at(&self, id: ChunkId, data: Vec<u8>, epoch: u64) -> NodeResult {
         self.client
             .call_bulk::<_, NodeResult>(
-                &NodeRequest::Put { id, cap: None, replicate: Default::default() },
+                &NodeRequest::Put { id, cap: None, epoch, replicate: Default::default() },
                 Bytes::from(data),
             )
             .await
@@ -159,13 +164,34 @@ async fn delete_honours_min_age() {
     let n = start(1 << 20).await;
     let a = n.put(b"chunk a").await;
     let b = n.put(b"chunk b").await;
-    let del = |ids: Vec<ChunkId>, min_age_secs| NodeRequest::Delete { ids, min_age_secs };
+    let del = |ids: Vec<ChunkId>, min_age_secs| NodeRequest::Delete { ids, min_age_secs, epoch: 0 };
     assert_eq!(n.call(del(vec![a, b], 3600)).await, Ok(NodeReply::Count(0)));
     assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(1)));
     assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(0)));
     assert_eq!(n.call(NodeRequest::Has { ids: vec![a, b] }).await, Ok(NodeReply::Flags(vec![false, true])));
     let s = n.stats().await;
     assert_eq!((s.used_bytes, s.chunk_count), (7, 1));
+}
+
+/// A put or delete of a newer epoch of the primary role teaches the node (a peer
+/// heard of a failover first); from then on puts and deletes of the older epoch are
+/// refused with `ReadOnly` and change nothing, while reads still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_epoch_is_passed_on_and_older_work_refused() {
+    let n = start(1 << 20).await;
+    let put = |data: &[u8], epoch| n.send_at(ChunkId::of(data), data.to_vec(), epoch);
+    assert!(put(b"old", 1).await.is_ok());
+    assert!(put(b"new", 2).await.is_ok(), "a newer epoch than the node knows is no reason to refuse");
+    let refused = put(b"stale", 1).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::ReadOnly, "{refused}");
+    assert!(refused.message.contains("acts under epoch 1 of the primary role, but this node has seen epoch 2"));
+    let old = ChunkId::of(b"old");
+    let delete = |epoch| NodeRequest::Delete { ids: vec![old], min_age_secs: 0, epoch };
+    assert_eq!(n.call(delete(1)).await.unwrap_err().code, ErrorCode::ReadOnly);
+    let has = NodeRequest::Has { ids: vec![old, ChunkId::of(b"stale")] };
+    assert_eq!(n.call(has.clone()).await, Ok(NodeReply::Flags(vec![true, false])), "nothing changed");
+    assert_eq!(n.fetch(old, 0, 3).await.unwrap(), b"old", "reads state no epoch");
+    assert_eq!(n.call(delete(2)).await, Ok(NodeReply::Count(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

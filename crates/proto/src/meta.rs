@@ -509,7 +509,7 @@ meta_requests! {
     /// Of these chunk ids, the ones no extent references (gc candidates).
     Unreferenced {
         ids: Vec<ChunkId>,
-    } => Vec<ChunkId>;
+    } => Garbage;
     /// Removes catalogue entries of chunks gc deleted; refuses referenced ones.
     ForgetChunks {
         ids: Vec<ChunkId>,
@@ -675,6 +675,16 @@ pub struct Registered {
     pub epoch: u64,
 }
 
+/// `Unreferenced`'s answer: the chunks no extent references, and the epoch of the
+/// primary role they were judged under, which every `Delete` of them carries (a node
+/// that has seen a newer epoch refuses it: this meta's catalogue may miss files the
+/// new primary has).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Garbage {
+    pub ids: Vec<ChunkId>,
+    pub epoch: u64,
+}
+
 /// `Unlink`'s answer: the inode and whether it lives on as an orphan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unlinked {
@@ -752,7 +762,7 @@ meta_replies! {
     Nodes(Vec<NodeInfo>),
     Chunks(Vec<ChunkRecord>),
     Extents(Vec<(InodeId, Extent)>),
-    ChunkIds(Vec<ChunkId>),
+    Garbage(Garbage),
     Status(ClusterStatus),
     Policy(EffectivePolicy),
     Policies(Vec<(InodeId, Policy)>),

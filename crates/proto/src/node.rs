@@ -15,6 +15,11 @@ pub enum NodeRequest {
         id: ChunkId,
         /// Meta's write capability for a client (nodes and meta need none).
         cap: Option<Cap>,
+        /// The epoch of the primary role a node or tool writes under (the highest it
+        /// has seen); a client's capability carries its own, which counts instead. A
+        /// node that has seen a newer one refuses (`ReadOnly`): the sender follows a
+        /// meta that lost the primary role.
+        epoch: u64,
         /// Copies the node must ensure before (or, for `async`, after) answering.
         replicate: Replicate,
     },
@@ -50,6 +55,11 @@ pub enum NodeRequest {
     Delete {
         ids: Vec<ChunkId>,
         min_age_secs: u64,
+        /// The epoch of the primary role of the meta that found them unreferenced
+        /// (`Garbage`): a node that has seen a newer one refuses (`ReadOnly`), so a meta
+        /// that lost the primary role, whose catalogue misses the new primary's files,
+        /// never has their chunks deleted.
+        epoch: u64,
     },
     Stats,
     /// Answered at once; nodes time it to measure the round trip between sites.
@@ -63,6 +73,19 @@ pub struct NodeStats {
     pub used_bytes: u64,
     pub chunk_count: u64,
     pub corrupt_reads: u64,
+}
+
+impl NodeRequest {
+    /// The epoch of the primary role a request that stores or deletes acts under: a
+    /// capability's if it has one (signed by meta), else the stated one (`None` for
+    /// reads and probes, which change nothing).
+    pub fn epoch(&self) -> Option<u64> {
+        match self {
+            NodeRequest::Put { cap: Some(cap), .. } => Some(cap.epoch),
+            NodeRequest::Put { epoch, .. } | NodeRequest::Delete { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
+    }
 }
 
 /// Successful answers from a node.

@@ -1127,7 +1127,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     );
     assert_eq!(
         ok(&s, MetaRequest::Unreferenced(Unreferenced { ids: vec![cid(1), cid(2), cid(99)] })),
-        MetaReply::ChunkIds(vec![cid(2), cid(99)])
+        MetaReply::Garbage(Garbage { ids: vec![cid(2), cid(99)], epoch: 1 })
     );
     ok(&s, MetaRequest::ForgetChunks(ForgetChunks { ids: vec![cid(1), cid(2)] }));
     assert_eq!(refcount(&s, 2), None);

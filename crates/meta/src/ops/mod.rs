@@ -23,8 +23,8 @@ use crate::error::MetaError;
 use crate::store::{Counter, Inode, Prefetch, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, MetaMessage, MetaReply, MetaRequest, NewNode,
-    OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
+    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, Garbage, MetaMessage, MetaReply, MetaRequest,
+    NewNode, OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
@@ -223,7 +223,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                     _ => out.push(id),
                 }
             }
-            Ok(out)
+            Ok(Garbage { ids: out, epoch: ctx.epoch })
         }),
         R::Status(m) => serve(m, |_| {
             let (chunks, chunk_bytes) = t.chunk_totals()?;
