@@ -238,15 +238,17 @@ start_node() { # a|b
 stop_node() { # a|b
     if [[ $1 == a ]]; then stop_pid "$NODEA_PID" 100; NODEA_PID=""; else stop_pid "$NODEB_PID" 100; NODEB_PID=""; fi
 }
-start_mount() { # a|b
-    local mnt
-    if [[ $1 == a ]]; then mnt=$MNTA; else mnt=$MNTB; fi
-    : >"$LOG/mount-$1.out"
+# Mounts site $1's client on MNTA/MNTB (its pid in MOUNTA_PID/MOUNTB_PID), or as a further
+# client of that site on mountpoint $2 (its pid in EXTRA_MOUNT_PID; logs mount-SITE-NAME.*).
+start_mount() { # a|b [mountpoint]
+    local mnt=${2:-} log=$LOG/mount-$1${2:+-$(basename "${2:-}")}
+    [[ -n $mnt ]] || { if [[ $1 == a ]]; then mnt=$MNTA; else mnt=$MNTB; fi; }
+    : >"$log.out"
     # shellcheck disable=SC2086
     nsenter --net="/run/netns/$([[ $1 == a ]] && echo "$NSA" || echo "$NSB")" "$LOCUS" mount "$mnt" --meta "$META" \
-        --site "$1" $LOCUS_MOUNT_ARGS ${MOUNT_CONN_ARG:-} $(tls_flags "client-$1") >"$LOG/mount-$1.out" 2>>"$LOG/mount-$1.err" &
-    if [[ $1 == a ]]; then MOUNTA_PID=$!; else MOUNTB_PID=$!; fi
-    wait_line "$LOG/mount-$1.out" "mounted" 60 "locus mount $1" "$!"
+        --site "$1" $LOCUS_MOUNT_ARGS ${MOUNT_CONN_ARG:-} $(tls_flags "client-$1") >"$log.out" 2>>"$log.err" &
+    if [[ -n ${2:-} ]]; then EXTRA_MOUNT_PID=$!; elif [[ $1 == a ]]; then MOUNTA_PID=$!; else MOUNTB_PID=$!; fi
+    wait_line "$log.out" "mounted" 60 "locus mount $1" "$!"
     set_ra "$mnt"
 }
 stop_mount_site() { # a|b

@@ -7,12 +7,15 @@
 # Per point (RTT, queue): iperf3 MB/s, Locus MB/s and its ratio to iperf3, the packets the
 # bottleneck tail-dropped (A->B) for each as a share of the packets it received, and the bytes
 # that crossed A->B per byte read. Also a per-thread CPU table of the processes on the read
-# path during the read at PROFILE_RTT ms with a 1 x BDP queue.
+# path during the read at PROFILE_RTT ms with a 1 x BDP queue. Then (part 4) READERS clients
+# at B (a mount process each) read the file at once, cold, at QUEUE_RTT ms with a 1 x BDP
+# queue: their aggregate rate against the link, the bytes that crossed A->B per file, and a
+# later reader at B (new mount, B's node keeps its site cache) against a cold reader at A.
 #
 # Usage (as root):  bench/wan-read.sh
 #   SIZE_MB=1024  RTTS="10 50 100 200" (queue 1 x BDP)  QUEUE_RTT=100 QUEUES="0.5 2" (extra points)
 #   LOSS=0.5  RATE=1000 (Mbit/s)  READ_TIMEOUT=30 (s; a capped read reports its rate so far)
-#   IPERF_SECS=8 IPERF_OMIT=2  PROFILE_RTT=100  READERS=1  SKIP_BUILD=0
+#   IPERF_SECS=8 IPERF_OMIT=2  PROFILE_RTT=100  READERS=8 (0: no many-readers point)  SKIP_BUILD=0
 #   LOCUS_NODE_ARGS= LOCUS_MOUNT_ARGS=  OUT=bench/results/wan-read.md  WORK=/tmp/wan-read
 set -Eeuo pipefail
 
@@ -30,6 +33,7 @@ IPERF_SECS=${IPERF_SECS:-8}
 IPERF_OMIT=${IPERF_OMIT:-2}
 PROFILE_RTT=${PROFILE_RTT:-100}
 RA_KB=${RA_KB:-1024}
+READERS=${READERS:-8}
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
 LOCUS_MOUNT_ARGS=${LOCUS_MOUNT_ARGS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
@@ -54,11 +58,13 @@ if [[ $SKIP_BUILD != 1 ]]; then
 fi
 
 UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNTA_PID="" MOUNTB_PID="" IPERF_PID="" CTL=""
+EXTRA_PIDS=() EXTRA_MNTS=()
 ALLOWED_CC=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     say "cleanup"
+    stop_extra_mounts
     stop_mount "$MOUNTB_PID" "$MNTB"
     stop_mount "$MOUNTA_PID" "$MNTA"
     for p in "$NODEB_PID" "$NODEA_PID" "$META_PID" "$IPERF_PID"; do stop_pid "$p" 50; done
@@ -67,6 +73,11 @@ cleanup() {
     sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$ALLOWED_CC" 2>/dev/null || true
     rm -rf "$NODEA_DIR" "$NODEB_DIR" "$WORK/meta.db"* 2>/dev/null || true
     exit $rc
+}
+stop_extra_mounts() {
+    local i
+    for i in "${!EXTRA_PIDS[@]}"; do stop_mount "${EXTRA_PIDS[$i]}" "${EXTRA_MNTS[$i]}"; done
+    EXTRA_PIDS=() EXTRA_MNTS=()
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -157,9 +168,65 @@ point() { # rtt queue_factor
         "$(python3 -c "print(f'{($w1 - $w0) / max($b, 1):.3f}')")" "$note" >>"$ROWS"
 }
 
+# READERS clients at B read the file at once, cold (B's node restarted with an empty site
+# cache, page cache dropped); then a later client at B, and a cold client at A for reference.
+READER_ROWS=$WORK/readers.md
+many_readers() {
+    local n=$READERS rtt=$QUEUE_RTT q i w0 w1 b s c total=0 slowest=0 rates=() readers=() later single
+    q=$(python3 -c "print(max(int($RATE * 1e6 / 8 * $rtt / 1000), 65536))")
+    set_path "$rtt" "$LOSS" "$q"
+    say "$n readers at B at once: RTT $rtt ms, loss $LOSS %, queue 1 x BDP = $q B"
+    cold_b
+    for ((i = 2; i <= n; i++)); do
+        mkdir -p "$WORK/mnt-b$i"
+        start_mount b "$WORK/mnt-b$i"
+        EXTRA_PIDS+=("$EXTRA_MOUNT_PID") EXTRA_MNTS+=("$WORK/mnt-b$i")
+    done
+    drop_caches
+    read -r w0 _ < <(wan_bytes)
+    timed_dd "$MNTB/big" "$READ_TIMEOUT" >"$WORK/reader1" &
+    readers+=($!)
+    for ((i = 2; i <= n; i++)); do
+        timed_dd "$WORK/mnt-b$i/big" "$READ_TIMEOUT" >"$WORK/reader$i" &
+        readers+=($!)
+    done
+    wait "${readers[@]}"
+    read -r w1 _ < <(wan_bytes)
+    local complete=0
+    for ((i = 1; i <= n; i++)); do
+        read -r b s c <"$WORK/reader$i"
+        total=$((total + b)) complete=$((complete + c))
+        rates+=("$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")")
+        slowest=$(python3 -c "print(max($slowest, $s))")
+    done
+    stop_extra_mounts
+    read -r b s c < <(second_b && timed_dd "$MNTB/big" "$READ_TIMEOUT")
+    later=$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")
+    stop_mount_site b
+    drop_caches
+    start_mount a
+    read -r b s c < <(timed_dd "$MNTA/big" "$READ_TIMEOUT")
+    single=$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")
+    stop_mount_site a
+    local agg
+    agg=$(python3 -c "print(f'{$total / max($slowest, 1e-9) / 1e6:.1f}')")
+    say "  aggregate $agg MB/s over $slowest s, WAN bytes $((w1 - w0)), later reader $later MB/s, single site $single MB/s"
+    {
+        echo "| readers | RTT ms | aggregate MB/s | aggregate / link | file / slowest time, / link | per reader MB/s (min-max) | WAN bytes / file | readers complete | later reader at B MB/s | cold reader at A MB/s | later at B / at A |"
+        echo "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s/%s | %s | %s | %s |\n' "$n" "$rtt" "$agg" \
+            "$(python3 -c "print(f'{$agg / ($RATE / 8):.2f}')")" \
+            "$(python3 -c "print(f'{$BYTES / max($slowest, 1e-9) / 1e6 / ($RATE / 8):.2f}')")" \
+            "$(printf '%s\n' "${rates[@]}" | sort -n | sed -n '1p;$p' | paste -sd-)" \
+            "$(python3 -c "print(f'{($w1 - $w0) / $BYTES:.3f}')")" "$complete" "$n" "$later" "$single" \
+            "$(python3 -c "print(f'{$later / max($single, 1e-9):.2f}')")"
+    } >"$READER_ROWS"
+}
+
 PROF_SECS=0
 for rtt in $RTTS; do point "$rtt" 1; done
 for qf in $QUEUES; do point "$QUEUE_RTT" "$qf"; done
+((READERS > 0)) && many_readers
 
 REV=$(cd "$ROOT" && git rev-parse --short HEAD)
 DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
@@ -174,6 +241,15 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
     echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`."
     echo
     cat "$ROWS"
+    if [[ -s $READER_ROWS ]]; then
+        echo
+        echo "$READERS clients at B (a mount process each) read the file at once, cold, at $QUEUE_RTT ms, 1 x BDP queue;"
+        echo "aggregate = bytes all read / the slowest reader's time; link = $RATE Mbit/s; file / slowest time: the rate at which"
+        echo "the file itself reached B. Later reader: a new mount at B"
+        echo "after them (page cache dropped, B's node keeps its site cache); cold reader at A: a new mount at A, page cache dropped."
+        echo
+        cat "$READER_ROWS"
+    fi
 } >"$OUT"
 {
     echo "Per-thread CPU during the cold read at $PROFILE_RTT ms, 1 x BDP queue, $PROF_SECS s of reading"

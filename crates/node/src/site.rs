@@ -274,7 +274,17 @@ impl SiteLink {
         if let Some(data) = self.cached(id, offset, len).await? {
             return Ok(data);
         }
-        let fetched = self.fetches.run(id, || self.fetch_and_cache(id)).await?;
+        let fetched = self
+            .fetches
+            .run(id, || async {
+                // A fetch of `id` that ended while this reader looked in the cache left
+                // it in memory: many readers at one site cross the WAN once per chunk.
+                match self.recent.get(&id) {
+                    Some(data) => Ok(data),
+                    None => self.fetch_and_cache(id).await,
+                }
+            })
+            .await?;
         slice(id, fetched, offset, len)
     }
 
