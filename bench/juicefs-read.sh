@@ -50,7 +50,7 @@ LOCUS_PORTS="--meta-listen 127.0.0.1:$(free_port) --node-listen 127.0.0.1:$(free
 cleanup() {
     local rc=$? t
     set +e
-    for t in "${TARGETS[@]}"; do stop_daemon "${PID[$t]:-}" "${MNT[$t]}"; done
+    for t in "${TARGETS[@]}"; do stop_mount "${PID[$t]:-}" "${MNT[$t]}"; done
     if findmnt -rn -o TARGET | grep -q "^$W/"; then
         say "a mount under $W is still busy; leaving it in place"
     else
@@ -88,7 +88,7 @@ start() { # target
 
 # A cold start of a target: daemon stopped, its client-side caches emptied, started again.
 restart() { # target
-    stop_daemon "${PID[$1]}" "${MNT[$1]}"
+    stop_mount "${PID[$1]}" "${MNT[$1]}"
     [[ $1 != juicefs ]] || rm -rf --one-file-system "$W/jfs-cache"
     start "$1"
 }

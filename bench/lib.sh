@@ -102,9 +102,10 @@ stop_pid() { # pid [tenths]
     wait "$pid" 2>/dev/null || true
 }
 
-# Stops a FUSE daemon by pid (SIGTERM unmounts), then makes sure the mountpoint is free.
+# Stops a FUSE daemon by pid (SIGTERM unmounts; SIGKILL after 30 s), then makes sure the
+# mountpoint is free (a lazy unmount if it is busy).
 stop_mount() { # pid mountpoint
-    stop_pid "$1" 150
+    stop_pid "$1" 300
     if mountpoint -q "$2" 2>/dev/null; then
         umount "$2" 2>/dev/null || umount -l "$2" 2>/dev/null || true
     fi
@@ -126,28 +127,6 @@ inB() { ip netns exec "$NSB" "$@"; }
 # so that $! is the daemon's own pid. FUSE daemons (locus mount, sshfs) enter only the network
 # namespace with nsenter: `ip netns exec` also gives its command a private (slave) mount
 # namespace, and a mount made there would be invisible to dd and cp.
-
-# Stops a daemon by pid (SIGTERM unmounts), falling back to a lazy unmount and SIGKILL.
-stop_daemon() { # pid mountpoint
-    local pid=$1 mnt=$2 i
-    [[ -n $pid ]] || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 300); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            say "$(ps -o comm= -p "$pid") (pid $pid) did not exit within 30 s of SIGTERM: lazy unmount and SIGKILL"
-            umount -l "$mnt" 2>/dev/null || true
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    fi
-    wait "$pid" 2>/dev/null || true
-    if mountpoint -q "$mnt" 2>/dev/null; then
-        umount -l "$mnt" 2>/dev/null || true
-    fi
-}
 
 # Waits (30 s at most) until $2 is a mount point; dies if daemon $1 exits first (showing log $3).
 wait_mounted() { # pid mountpoint logfile

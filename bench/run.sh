@@ -81,8 +81,8 @@ cleanup() {
         kill -INT "$PERF_PID" 2>/dev/null
         wait "$PERF_PID" 2>/dev/null
     fi
-    stop_daemon "$LOCUS_PID" "$LOCUS_MNT"
-    stop_daemon "$PT_PID" "$PT_MNT"
+    stop_mount "$LOCUS_PID" "$LOCUS_MNT"
+    stop_mount "$PT_PID" "$PT_MNT"
     if mountpoint -q "$LOCUS_MNT" 2>/dev/null || mountpoint -q "$PT_MNT" 2>/dev/null; then
         say "a mount under $SCRATCH is still busy; leaving $SCRATCH in place"
     elif [[ -d $SCRATCH ]]; then
@@ -129,7 +129,7 @@ start_locus() {
 # and the client then dials the node's previous (persisted) address: reads fail with EIO until
 # the client's next node-list refresh (every 2 s heartbeat). Wait that out before measuring.
 restart_locus() {
-    stop_daemon "$LOCUS_PID" "$LOCUS_MNT"
+    stop_mount "$LOCUS_PID" "$LOCUS_MNT"
     LOCUS_PID=""
     start_locus
     sleep "${LOCUS_RESTART_SETTLE:-3}"
