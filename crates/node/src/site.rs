@@ -274,17 +274,7 @@ impl SiteLink {
         if let Some(data) = self.cached(id, offset, len).await? {
             return Ok(data);
         }
-        let fetched = self
-            .fetches
-            .run(id, || async {
-                // A fetch of `id` that ended while this reader looked in the cache left
-                // it in memory: many readers at one site cross the WAN once per chunk.
-                match self.recent.get(&id) {
-                    Some(data) => Ok(data),
-                    None => self.fetch_and_cache(id).await,
-                }
-            })
-            .await?;
+        let fetched = self.fetches.run(id, || self.fetch_unless_recent(id)).await?;
         slice(id, fetched, offset, len)
     }
 
@@ -314,6 +304,16 @@ impl SiteLink {
                 Ok(None)
             }
             Err(e) => Err(wire(e)),
+        }
+    }
+
+    /// A miss's single flight: a fetch of `id` that ended while this reader looked in
+    /// the cache left it in memory (so many readers at one site cross the WAN once per
+    /// chunk); otherwise it is fetched.
+    async fn fetch_unless_recent(self: &Arc<Self>, id: ChunkId) -> Result<Bytes, WireError> {
+        match self.recent.get(&id) {
+            Some(data) => Ok(data),
+            None => self.fetch_and_cache(id).await,
         }
     }
 
@@ -621,6 +621,20 @@ mod tests {
     fn chunk(seed: u8, len: usize) -> (ChunkId, Bytes) {
         let data = Bytes::from(vec![seed; len]);
         (ChunkId::of(&data), data)
+    }
+
+    /// A miss whose flight starts after another reader's fetch of the chunk ended (the
+    /// chunk is in memory, not yet on disk) takes that copy and asks nobody: meta here
+    /// never answers, so a second fetch would hang past the timeout.
+    #[tokio::test]
+    async fn a_miss_after_a_finished_fetch_takes_the_copy_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (link, _) = link(dir.path(), 1 << 20).await;
+        let (id, data) = chunk(7, 1000);
+        link.recent.insert(id, data.clone());
+        let got = tokio::time::timeout(Duration::from_secs(5), link.fetch_unless_recent(id)).await;
+        assert_eq!(got.expect("the miss fetched the chunk again").unwrap(), data);
+        assert_eq!(link.stats.fetched_chunks.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     #[test]
