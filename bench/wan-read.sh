@@ -109,6 +109,8 @@ ip netns exec "$NSB" iperf3 -s -p 5201 >"$LOG/iperf3.log" 2>&1 &
 IPERF_PID=$!
 sleep 0.5
 
+# MB/s (10^6 bytes/s, one decimal) of $1 bytes in $2 seconds.
+mbs() { python3 -c "print(f'{$1 / max($2, 1e-9) / 1e6:.1f}')"; }
 # "<A->B packets received> <A->B tail drops>" at the bottleneck so far.
 counters() { echo "$(wan_counter received | cut -d' ' -f1) $(wan_counter queue_drops | cut -d' ' -f1)"; }
 pct() { python3 -c "print(f'{100 * $2 / max($1, 1):.2f}')"; }
@@ -158,7 +160,7 @@ point() { # rtt queue_factor
     read -r w1 _ < <(wan_bytes)
     read -r r1 d1 < <(counters)
     stop_mount_site b
-    lr=$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")
+    lr=$(mbs "$b" "$s")
     ld=$(pct $((r1 - r0)) $((d1 - d0)))
     note="complete"
     ((c == 1)) || note="capped at ${READ_TIMEOUT} s: $((b >> 20)) MiB"
@@ -196,20 +198,20 @@ many_readers() {
     for ((i = 1; i <= n; i++)); do
         read -r b s c <"$WORK/reader$i"
         total=$((total + b)) complete=$((complete + c))
-        rates+=("$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")")
+        rates+=("$(mbs "$b" "$s")")
         slowest=$(python3 -c "print(max($slowest, $s))")
     done
     stop_extra_mounts
     read -r b s c < <(second_b && timed_dd "$MNTB/big" "$READ_TIMEOUT")
-    later=$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")
+    later=$(mbs "$b" "$s")
     stop_mount_site b
     drop_caches
     start_mount a
     read -r b s c < <(timed_dd "$MNTA/big" "$READ_TIMEOUT")
-    single=$(python3 -c "print(f'{$b / max($s, 1e-9) / 1e6:.1f}')")
+    single=$(mbs "$b" "$s")
     stop_mount_site a
     local agg
-    agg=$(python3 -c "print(f'{$total / max($slowest, 1e-9) / 1e6:.1f}')")
+    agg=$(mbs "$total" "$slowest")
     say "  aggregate $agg MB/s over $slowest s, WAN bytes $((w1 - w0)), later reader $later MB/s, single site $single MB/s"
     {
         echo "| readers | RTT ms | aggregate MB/s | aggregate / link | file / slowest time, / link | per reader MB/s (min-max) | WAN bytes / file | readers complete | later reader at B MB/s | cold reader at A MB/s | later at B / at A |"
