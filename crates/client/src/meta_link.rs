@@ -6,7 +6,7 @@ use bytes::Bytes;
 use net::PushHandler;
 use net::RpcClient;
 use proto::error::ErrorCode;
-use proto::meta::{As, Hello, MetaMessage, MetaPush, PushAnswer, SessionInfo};
+use proto::meta::{Envelope, Hello, MetaMessage, MetaPush, PushAnswer, SessionInfo};
 use proto::types::{Caller, SessionId};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,7 +88,7 @@ impl MetaLink {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let _ending = Ending(&self.calls);
         Ok(match current_caller() {
-            Some(caller) => self.rpc.ask(As { caller, site: self.info.site.clone(), request: msg }).await??,
+            Some(caller) => self.rpc.ask(Envelope::as_user(caller, self.info.site.clone(), msg)).await??,
             None => self.rpc.ask(msg).await??,
         })
     }

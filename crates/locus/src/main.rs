@@ -82,44 +82,51 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         handshake_timeout: args.handshake_timeout,
         ..net::Limits::default()
     });
-    let tls = args.tls;
+    match credentials(&args.command) {
+        Some(Credentials::Own(what)) => pki::install(&args.tls, what)?,
+        Some(Credentials::Operator(what, meta)) => pki::install(&local::admin_tls(args.tls.clone(), meta), what)?,
+        None => {}
+    }
     match args.command {
-        Up(a) => roles::up(a, tls).await,
+        Up(a) => roles::up(a, args.tls).await,
         Meta(cli::MetaArgs { action: Some(cli::MetaAction::Migrate(m)), .. }) => roles::migrate(m).await,
         Meta(cli::MetaArgs { action: Some(cli::MetaAction::Promote(p)), .. }) => roles::promote(p).await,
-        Meta(a) => {
-            pki::install(&tls, "locus meta")?;
-            roles::meta(a).await
-        }
-        Node(a) if a.action.is_some() => {
-            let meta = a.action.as_ref().and_then(|x| x.meta()).map(str::to_string);
-            pki::install(&local::admin_tls(tls, meta.as_deref()), "locus node")?;
-            roles::node(*a).await
-        }
-        Node(a) => {
-            pki::install(&tls, "locus node")?;
-            roles::node(*a).await
-        }
-        Mount(a) => {
-            pki::install(&tls, "locus mount")?;
-            roles::mount(a).await
-        }
-        Status(a) => {
-            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus status")?;
-            admin::status(a).await
-        }
-        Fsck(a) => {
-            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus fsck")?;
-            admin::fsck(a).await
-        }
-        Gc(a) => {
-            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus gc")?;
-            admin::gc(a).await
-        }
-        Policy(a) => {
-            pki::install(&local::admin_tls(tls, a.meta.as_deref()), "locus policy")?;
-            policy::run(a).await
-        }
+        Meta(a) => roles::meta(a).await,
+        Node(a) => roles::node(*a).await,
+        Mount(a) => roles::mount(a).await,
+        Status(a) => admin::status(a).await,
+        Fsck(a) => admin::fsck(a).await,
+        Gc(a) => admin::gc(a).await,
+        Policy(a) => policy::run(a).await,
         Ca(c) => pki::command(c),
+    }
+}
+
+/// The certificate a command installs before it runs; the name is what its errors say.
+enum Credentials<'a> {
+    /// A service's own (`--ca --cert --key`).
+    Own(&'static str),
+    /// An operator's command (status, fsck, gc, policy, node admission) talking to the
+    /// meta at `--meta`: the certificate given, or else the admin certificate of the
+    /// cluster `locus up` started here when that is the meta it talks to.
+    Operator(&'static str, Option<&'a str>),
+}
+
+/// `up`, `ca`, `meta migrate` and `meta promote` install none (`up` makes its own).
+fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
+    use Credentials::*;
+    use cli::Command::*;
+    match command {
+        Up(_) | Ca(_) | Meta(cli::MetaArgs { action: Some(_), .. }) => None,
+        Meta(_) => Some(Own("locus meta")),
+        Node(a) => Some(match &a.action {
+            Some(action) => Operator("locus node", action.meta()),
+            None => Own("locus node"),
+        }),
+        Mount(_) => Some(Own("locus mount")),
+        Status(a) => Some(Operator("locus status", a.meta.as_deref())),
+        Fsck(a) => Some(Operator("locus fsck", a.meta.as_deref())),
+        Gc(a) => Some(Operator("locus gc", a.meta.as_deref())),
+        Policy(a) => Some(Operator("locus policy", a.meta.as_deref())),
     }
 }

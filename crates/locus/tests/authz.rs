@@ -46,7 +46,7 @@ impl Raw {
     }
 
     fn ask<M: MetaMessage>(&self, caller: &Caller, req: M) -> Result<M::Response, ErrorCode> {
-        let req = As { caller: caller.clone(), site: "default".into(), request: req };
+        let req = Envelope::as_user(caller.clone(), "default".into(), req);
         self.rt.block_on(self.rpc.ask(req)).unwrap().map_err(|e| e.code)
     }
 }

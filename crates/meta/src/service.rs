@@ -834,11 +834,11 @@ mod tests {
                 exclusive: true,
             })
         };
-        client.ask(AtEpoch { epoch: 1, request: ListNodes {} }).await.unwrap().unwrap();
+        client.ask(Envelope::at_epoch(1, ListNodes {})).await.unwrap().unwrap();
         let made: MetaResult = client.call(&MetaCall::from(mkdir("before"))).await.unwrap();
         assert!(made.is_ok(), "{made:?}");
 
-        let refused = client.ask(AtEpoch { epoch: 2, request: ListNodes {} }).await.unwrap().unwrap_err();
+        let refused = client.ask(Envelope::at_epoch(2, ListNodes {})).await.unwrap().unwrap_err();
         assert_eq!(refused.code, ErrorCode::ReadOnly, "{refused:?}");
         assert!(refused.message.contains("a node has seen epoch 2"), "{}", refused.message);
         let write: MetaResult = client.call(&MetaCall::from(mkdir("after"))).await.unwrap();

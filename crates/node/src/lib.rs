@@ -28,7 +28,7 @@ use chunk::cache::ChunkCache;
 use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
-use proto::meta::{AtEpoch, JoinNode, MetaMessage, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
+use proto::meta::{Envelope, JoinNode, MetaMessage, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
@@ -231,7 +231,7 @@ pub(crate) struct MetaClient {
 impl MetaClient {
     /// Asks meta, with the node's epoch.
     pub(crate) async fn ask<M: MetaMessage>(&self, request: M) -> Result<Result<M::Response, WireError>, NetError> {
-        self.rpc.ask(AtEpoch { epoch: self.epoch.get(), request }).await
+        self.rpc.ask(Envelope::at_epoch(self.epoch.get(), request)).await
     }
 }
 

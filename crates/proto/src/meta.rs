@@ -143,43 +143,35 @@ impl From<MetaRequest> for MetaCall {
     }
 }
 
-/// A node's request, sent with the highest epoch of the primary role the node has
-/// seen: `ask(AtEpoch { epoch, request })`.
+/// A typed request with what travels beside it (the fields of `MetaCall`): a client
+/// acting for one of its users sends `Envelope::as_user`, a node `Envelope::at_epoch`.
 #[derive(Debug, Clone)]
-pub struct AtEpoch<M> {
-    pub epoch: u64,
+pub struct Envelope<M> {
+    pub caller: Option<Caller>,
+    pub site: Option<String>,
+    pub epoch: Option<u64>,
     pub request: M,
 }
 
-impl<M: MetaMessage> crate::Call for AtEpoch<M> {
+impl<M> Envelope<M> {
+    /// On behalf of `caller`, a user numbered as at `site`.
+    pub fn as_user(caller: Caller, site: String, request: M) -> Self {
+        Envelope { caller: Some(caller), site: Some(site), epoch: None, request }
+    }
+
+    /// From a node that has seen `epoch` of the primary role (at most).
+    pub fn at_epoch(epoch: u64, request: M) -> Self {
+        Envelope { caller: None, site: None, epoch: Some(epoch), request }
+    }
+}
+
+impl<M: MetaMessage> crate::Call for Envelope<M> {
     type Wire = MetaCall;
     type Answer = MetaResult;
     type Output = M::Response;
 
     fn into_wire(self) -> MetaCall {
-        MetaCall { epoch: Some(self.epoch), ..MetaCall::from(self.request.into()) }
-    }
-
-    fn output(answer: MetaResult) -> Result<M::Response, WireError> {
-        <M as crate::Call>::output(answer)
-    }
-}
-
-/// A request sent on behalf of a user of a site: `ask(As { caller, site, request })`.
-#[derive(Debug, Clone)]
-pub struct As<M> {
-    pub caller: Caller,
-    pub site: String,
-    pub request: M,
-}
-
-impl<M: MetaMessage> crate::Call for As<M> {
-    type Wire = MetaCall;
-    type Answer = MetaResult;
-    type Output = M::Response;
-
-    fn into_wire(self) -> MetaCall {
-        MetaCall { caller: Some(self.caller), site: Some(self.site), request: self.request.into(), epoch: None }
+        MetaCall { caller: self.caller, site: self.site, request: self.request.into(), epoch: self.epoch }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
