@@ -39,8 +39,9 @@ pub(crate) struct MetaLink {
     pushes: Arc<Pushes>,
     session: AtomicU64,
     info: SessionInfo,
-    /// Calls begun plus calls ended: unchanged between two readings means no request
-    /// to meta began or ended in between (see `call_alone`).
+    /// Calls that may change a directory (`MetaRequestKind::may_change_a_directory`)
+    /// begun plus ended: unchanged between two readings means no such request began or
+    /// ended in between (see `call_alone`).
     calls: AtomicU64,
 }
 
@@ -85,25 +86,29 @@ impl MetaLink {
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
         // One line per round trip: `LOCUS_LOG=client::meta_link=trace` counts them.
         tracing::trace!(request = std::any::type_name::<M>().rsplit("::").next().unwrap_or_default(), "meta call");
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let _ending = Ending(&self.calls);
+        let _ending = M::KIND.may_change_a_directory().then(|| {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Ending(&self.calls)
+        });
         Ok(match current_caller() {
             Some(caller) => self.rpc.ask(Envelope::as_user(caller, self.info.site.clone(), msg)).await??,
             None => self.rpc.ask(msg).await??,
         })
     }
 
-    /// `call`, and whether no other request to meta began or ended while it ran: then
-    /// its answer reflects every change this client has had answered, and stays so
-    /// while `unchanged_since` the returned mark.
+    /// `call`, and whether no other request to meta that may change a directory began
+    /// or ended while it ran: then its answer reflects every change of a directory this
+    /// client has had answered, and stays so while `unchanged_since` the returned mark.
     pub async fn call_alone<M: MetaMessage>(&self, msg: M) -> Result<(M::Response, Option<u64>)> {
+        let own = if M::KIND.may_change_a_directory() { 2 } else { 0 };
         let before = self.calls.load(Ordering::SeqCst);
         let answer = self.call(msg).await?;
         let after = self.calls.load(Ordering::SeqCst);
-        Ok((answer, (after == before + 2).then_some(after)))
+        Ok((answer, (after == before + own).then_some(after)))
     }
 
-    /// Whether no request to meta began or ended since `call_alone` returned `mark`.
+    /// Whether no request to meta that may change a directory began or ended since
+    /// `call_alone` returned `mark`.
     pub fn unchanged_since(&self, mark: u64) -> bool {
         self.calls.load(Ordering::SeqCst) == mark
     }

@@ -350,13 +350,14 @@ impl Filesystem for LocusFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (vfs, ttl) = (self.vfs.clone(), self.ttl);
-        let work = async move {
-            match vfs.fresh_dir_attr(ino.0, ttl) {
-                Some(attr) => Ok(attr),
-                None => vfs.getattr(ino.0).await,
-            }
-        };
-        self.run(req, "getattr", reply, work, move |r, a| r.attr(&ttl, &file_attr(&a)));
+        // A directory this client just changed: answered on this thread, as `flush`.
+        if let Some(attr) = vfs.fresh_dir_attr(ino.0, ttl) {
+            tracing::trace!(op = "getattr", inline = true, "fuse request");
+            return reply.attr(&ttl, &file_attr(&attr));
+        }
+        self.run(req, "getattr", reply, async move { vfs.getattr(ino.0).await }, move |r, a| {
+            r.attr(&ttl, &file_attr(&a))
+        });
     }
 
     fn setattr(

@@ -885,6 +885,7 @@ mod tests {
             extents: vec![extent],
             caps: ChunkCaps::default(),
             policy: Default::default(),
+            parent: None,
         });
         let now = proto::types::Timestamp::now().millis();
         let MetaReply::Opened(read) = service.with_caps(opened.clone(), (true, false), "/CN=host.a", None) else {

@@ -179,6 +179,29 @@ impl<M: MetaMessage> crate::Call for Envelope<M> {
     }
 }
 
+impl MetaRequestKind {
+    /// Whether the request may change any directory's attributes (its entries, times,
+    /// link count, mode, owner or xattrs). A client's copy of a directory's attributes
+    /// from an answer stays fresh while only requests that cannot are sent
+    /// (`client::Vfs::fresh_dir_attr`). When in doubt: true.
+    pub fn may_change_a_directory(self) -> bool {
+        use MetaRequestKind as K;
+        match self {
+            K::Heartbeat | K::Lookup | K::GetAttr | K::ReadLink | K::ReadDir | K::GetXattr | K::ListXattr => false,
+            K::StatFs | K::Extents | K::GetLock | K::ListNodes | K::ChunkLocations | K::ListChunks => false,
+            K::ListExtents | K::Unreferenced | K::Status | K::GetPolicy | K::ListPolicies => false,
+            K::UnderReplicated | K::Revocations => false,
+            // An open record; the last release of an orphan removes a file no directory names.
+            K::Release => false,
+            K::Hello | K::Goodbye | K::SetAttr | K::Create | K::CreateOpen | K::Link | K::Unlink | K::Rmdir => true,
+            K::Rename | K::SetXattr | K::RemoveXattr | K::Open | K::CommitWrite | K::Fallocate | K::Compact => true,
+            K::SyncAll | K::SetLock | K::ReleaseLocks | K::RegisterNode | K::ForgetChunks | K::UpdateLocations => true,
+            K::SetPolicy | K::DrainNode | K::ReportLag | K::ReportWorkers | K::AdmitNode | K::RemoveNode => true,
+            K::MakeJoinToken | K::JoinNode => true,
+        }
+    }
+}
+
 impl MetaRequest {
     /// The session a request says it acts for, if it names one. Meta holds it against
     /// the session bound to the connection (see `net::Peer::session`).
@@ -257,6 +280,8 @@ pub enum PushAnswer {
 pub trait MetaMessage: Into<MetaRequest> {
     /// What a successful answer carries.
     type Response: Into<MetaReply> + TryFrom<MetaReply, Error = MetaReply>;
+    /// Which request this is (for what a caller decides before sending it).
+    const KIND: MetaRequestKind;
 }
 
 impl<M: MetaMessage> crate::Call for M {
@@ -292,8 +317,15 @@ macro_rules! meta_requests {
 
             impl MetaMessage for $name {
                 type Response = $resp;
+                const KIND: MetaRequestKind = MetaRequestKind::$name;
             }
         )*
+
+        /// Which request a `MetaMessage` is, without its fields.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum MetaRequestKind {
+            $( $name, )*
+        }
 
         /// Every request to `locus meta` as it travels. Names (`name`) are single path
         /// components in raw bytes.
@@ -697,6 +729,10 @@ pub struct Opened {
     pub caps: ChunkCaps,
     /// The replication policy the file's chunks are stored under.
     pub policy: Policy,
+    /// `CreateOpen`'s answer: the parent directory's attributes as the create left
+    /// them, so a client can answer the kernel's GETATTR of the parent that follows a
+    /// create without asking again (as `Unlinked::parent`). `None` from `Open`.
+    pub parent: Option<Attr>,
 }
 
 /// Capabilities meta hands out with an open: reading the file's chunks (one per

@@ -226,3 +226,36 @@ fn fragmented_files_are_compacted_in_the_background() {
 async fn extent_count(meta: &net::RpcClient, ino: u64) -> usize {
     meta.ask(proto::meta::Extents { ino }).await.unwrap().unwrap().extents.len()
 }
+
+/// The attributes of a directory this client's create or unlink just changed are known
+/// without asking meta (for the kernel's GETATTR of the parent that follows), equal to
+/// meta's, once; a close in between leaves them fresh, another change makes them stale.
+#[test]
+fn a_directory_just_changed_is_answered_from_the_change() {
+    let env = env();
+    env.rt.block_on(async {
+        let vfs = connect(&env.meta_addr).await;
+        let dir = vfs.create(ROOT_INODE, b"fresh-parent", NewNode::Dir, 0o755, true).await.unwrap();
+        let ttl = Duration::from_secs(30);
+        let (_, fh) = vfs.create_open(dir.ino, b"a", 0o644, true, OpenOptions::default()).await.unwrap();
+        // The close's Release to meta runs in the background meanwhile.
+        vfs.release(fh).await.unwrap();
+        // Heartbeats and the revocation list go to meta meanwhile too (every 2 s here).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let fresh = vfs.fresh_dir_attr(dir.ino, ttl).expect("the create's answer, after a close");
+        assert_eq!(fresh, vfs.getattr(dir.ino).await.unwrap());
+        assert!(fresh.mtime > dir.mtime, "the create's new mtime");
+        assert_eq!(vfs.fresh_dir_attr(dir.ino, ttl), None, "answered once");
+
+        vfs.create_open(dir.ino, b"b", 0o644, true, OpenOptions::default()).await.unwrap();
+        vfs.setattr(dir.ino, AttrChanges { mode: Some(0o700), ..AttrChanges::default() }, false).await.unwrap();
+        assert_eq!(vfs.fresh_dir_attr(dir.ino, ttl), None, "a chmod of the directory came after the create");
+
+        vfs.unlink(dir.ino, b"a").await.unwrap();
+        assert_eq!(vfs.fresh_dir_attr(ROOT_INODE, ttl), None, "another directory");
+        vfs.unlink(dir.ino, b"b").await.unwrap();
+        let fresh = vfs.fresh_dir_attr(dir.ino, ttl).expect("the unlink's answer");
+        assert_eq!(fresh, vfs.getattr(dir.ino).await.unwrap());
+        assert_eq!(fresh.mode & 0o7777, 0o700);
+    });
+}

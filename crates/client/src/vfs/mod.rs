@@ -131,9 +131,9 @@ pub struct Vfs {
     seen_versions: Mutex<HashMap<InodeId, u64>>,
     /// Extended attributes known to be absent, until when (see `getxattr`).
     absent_xattrs: Mutex<HashMap<(InodeId, Vec<u8>), std::time::Instant>>,
-    /// The parent directory's attributes from the last unlink's answer, for the
-    /// kernel's GETATTR of that directory that follows (see `fresh_dir_attr`).
-    unlinked_parent: Mutex<Option<namespace::FreshAttr>>,
+    /// The parent directory's attributes from the last unlink's or create's answer,
+    /// for the kernel's GETATTR of that directory that follows (see `fresh_dir_attr`).
+    changed_parent: Mutex<Option<namespace::FreshAttr>>,
     /// Files found fragmented on close, for the compaction worker.
     compact_queue: mpsc::UnboundedSender<(InodeId, Option<proto::types::Caller>)>,
     workers: Arc<Workers>,
@@ -176,7 +176,7 @@ impl Vfs {
             next_handle: AtomicU64::new(1),
             seen_versions: Mutex::default(),
             absent_xattrs: Mutex::default(),
-            unlinked_parent: Mutex::default(),
+            changed_parent: Mutex::default(),
             compact_queue,
             workers,
         }))

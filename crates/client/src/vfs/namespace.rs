@@ -32,15 +32,23 @@ impl Vfs {
         Ok(self.local_view(attr).await)
     }
 
-    /// The attributes of directory `ino` as this client's last unlink in it left them,
-    /// once, if no other request to meta began or ended since that unlink's and it was
-    /// sent less than `ttl` ago: the kernel drops its cached attributes of the parent on
-    /// every unlink and asks again at once; had the unlink's reply been able to carry
-    /// them, the kernel would have cached them for `ttl`.
+    /// The attributes of directory `ino` as this client's last unlink or create in it
+    /// left them, once, if no other request to meta that may change a directory began
+    /// or ended since that one's and it was sent less than `ttl` ago: the kernel drops
+    /// its cached attributes of the parent on every unlink and create and asks again at
+    /// once; had the reply been able to carry them, the kernel would have cached them
+    /// for `ttl`. Answered without waiting, so the FUSE adapter answers it on its
+    /// reading thread.
     pub fn fresh_dir_attr(&self, ino: InodeId, ttl: Duration) -> Option<Attr> {
-        let fresh = lock(&self.unlinked_parent).take()?;
+        let fresh = lock(&self.changed_parent).take()?;
         (fresh.attr.ino == ino && fresh.sent.elapsed() < ttl && self.meta.unchanged_since(fresh.mark))
             .then_some(fresh.attr)
+    }
+
+    /// Keeps directory attributes a changing call (`MetaLink::call_alone`, sent at
+    /// `sent`, its mark `mark`) answered, for `fresh_dir_attr`.
+    pub(super) fn remember_parent(&self, attr: Attr, mark: Option<u64>, sent: Instant) {
+        *lock(&self.changed_parent) = mark.map(|mark| FreshAttr { attr, mark, sent });
     }
 
     /// Overlays what this client wrote but has not committed yet: size, mtime and ctime.
@@ -99,7 +107,7 @@ impl Vfs {
         let sent = Instant::now();
         let (Unlinked { ino, parent, .. }, mark) = self.meta.call_alone(Unlink { parent, name: name.to_vec() }).await?;
         lock(&self.seen_versions).remove(&ino);
-        *lock(&self.unlinked_parent) = mark.map(|mark| FreshAttr { attr: parent, mark, sent });
+        self.remember_parent(parent, mark, sent);
         Ok(())
     }
 

@@ -64,7 +64,11 @@ impl Vfs {
         let session = self.meta.session();
         let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, exclusive };
         let req = CreateOpen { create, session, access: opts.access };
-        let opened = self.meta.call(req).await?;
+        let sent = std::time::Instant::now();
+        let (mut opened, mark) = self.meta.call_alone(req).await?;
+        if let Some(parent) = opened.parent.take() {
+            self.remember_parent(parent, mark, sent);
+        }
         self.data.learn_caps(opened.attr.ino, &opened);
         let (ino, existed) = (opened.attr.ino, opened.attr.size > 0);
         // Meta lets the creator of a new file write it; an existing one as `access` says.

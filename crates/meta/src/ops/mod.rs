@@ -13,7 +13,7 @@ mod sessions;
 use catalogue::{admit, drain, forget_chunk, join, make_join_token, nodes, register_node, remove};
 use data::{commit_write, compact, fallocate, punch, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
-use namespace::{create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
+use namespace::{Created, create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
 use perm::{MAY_EXEC, MAY_READ, MAY_WRITE, check, check_data_write, check_privileged, check_xattr};
 use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
 use sessions::hello;
@@ -194,7 +194,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             let attr = inode(t, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened { attr, extents: t.extents_overlapping(m.ino, 0, u64::MAX)?, caps: ChunkCaps::default(), policy })
+            let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: None })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -273,13 +274,14 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::Goodbye(m) => serve(m, |m| end_session(t, m.session)),
         R::SetAttr(m) => serve(m, |m| set_attr(t, ctx, m.ino, &m.set, m.session)),
         R::Create(m) => {
-            serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.0))
+            serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.attr))
         }
         R::CreateOpen(m) => serve(m, |m| {
             let c = m.create;
             t.prefetch(Prefetch { session: Some(m.session), ..Prefetch::entry(c.parent, &c.name) })?;
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
-            let (attr, created) = create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
+            let Created { attr, created, parent } =
+                create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
             require_file(&inode(t, attr.ino)?)?;
             if !created {
                 check_open(&ctx.caller, &attr, m.access, false)?;
@@ -288,7 +290,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             add_open(t, m.session, attr.ino, m.access.write || created)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, attr.ino)?.policy;
-            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: Some(parent) })
         }),
         R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| unlink(t, &ctx.caller, now, m.parent, &m.name)),
@@ -325,7 +327,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             add_open(t, m.session, m.ino, m.access.write)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy })
+            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy, parent: None })
         }),
         R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
         R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),

@@ -45,8 +45,16 @@ pub(super) fn read_dir(
     Ok(out)
 }
 
-/// Makes a node; returns its attributes and whether it is new (a non-exclusive
-/// create of an existing regular file returns that file).
+/// What `create` made (or found, for a non-exclusive create of an existing file).
+pub(super) struct Created {
+    pub attr: Attr,
+    /// False when an existing regular file was returned.
+    pub created: bool,
+    /// The parent directory's attributes after the create.
+    pub parent: Attr,
+}
+
+/// Makes a node (a non-exclusive create of an existing regular file returns that file).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn create(
     t: &mut dyn Txn,
@@ -57,7 +65,7 @@ pub(super) fn create(
     mode: u32,
     caller: &Caller,
     exclusive: bool,
-) -> Result<(Attr, bool), MetaError> {
+) -> Result<Created, MetaError> {
     check_name(name)?;
     t.prefetch(Prefetch::entry(parent, name))?;
     let p = dir(t, parent)?;
@@ -65,7 +73,7 @@ pub(super) fn create(
     if let Some(existing) = t.get_dentry(parent, name)? {
         let e = inode(t, existing)?;
         if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
-            return Ok((e.attr, false));
+            return Ok(Created { attr: e.attr, created: false, parent: p.attr });
         }
         return Err(MetaError::Exists(show(name)));
     }
@@ -122,8 +130,8 @@ pub(super) fn create(
     t.put_inode(&new)?;
     let cookie = t.next_id(Counter::Cookie)?;
     t.put_dentry(parent, name, ino, cookie)?;
-    touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
-    Ok((new.attr, true))
+    let parent = touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
+    Ok(Created { attr: new.attr, created: true, parent })
 }
 
 pub(super) fn link(
