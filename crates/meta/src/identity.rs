@@ -293,7 +293,7 @@ impl Identities {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const MAP: &str = "# site b\n\"/DC=org/DC=grid/CN=Alice Smith\" alice 5003\n\"/CN=Bob\" bob 5004\n\n[groups]\n\"/OU=Physics\" physics 7000\nnobody 99 98\n";
@@ -342,8 +342,9 @@ mod tests {
         }
     }
 
-    /// Two sites numbering the same principals differently, as meta resolves them.
-    fn two_sites(dir: &Path) -> Identities {
+    /// Two sites numbering the same principals differently, as meta resolves them:
+    /// Alice is 1001 at site a and 5003 at site b.
+    pub(crate) fn two_sites(dir: &Path) -> Identities {
         std::fs::write(
             dir.join("a.map"),
             "\"/DC=org/DC=grid/CN=Alice Smith\" alice 1001\n[groups]\n\"/OU=Physics\" physics 300\n",

@@ -714,7 +714,11 @@ impl MetaService {
 fn localize(mut reply: MetaReply, acting: &Acting) -> MetaReply {
     match &mut reply {
         MetaReply::Attr(a) => acting.localize(a),
-        MetaReply::Opened(o) => acting.localize(&mut o.attr),
+        MetaReply::Opened(o) => {
+            acting.localize(&mut o.attr);
+            o.parent.iter_mut().for_each(|p| acting.localize(p));
+        }
+        MetaReply::Unlinked(u) => acting.localize(&mut u.parent),
         MetaReply::Entries(entries) => entries.iter_mut().for_each(|e| acting.localize(&mut e.attr)),
         _ => {}
     }
@@ -728,6 +732,46 @@ mod tests {
     use proto::meta::*;
     use proto::meta::{NewNode, SessionInfo};
     use proto::types::{Attr, Caller, ROOT_INODE};
+
+    /// Every attribute an answer carries is shown in the caller's site numbering: a
+    /// parent's attributes in an unlink's or create's answer too (the client answers
+    /// the kernel's GETATTR of the parent from them).
+    #[test]
+    fn every_attribute_of_an_answer_is_localized() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = crate::identity::tests::two_sites(dir.path());
+        let alice = ids.acting(Some("a"), true, Some(Caller { uid: 1001, gid: 300, groups: vec![] })).caller;
+        let attr = Attr {
+            ino: 7,
+            kind: proto::types::FileKind::Dir,
+            mode: 0o755,
+            uid: alice.uid,
+            gid: alice.gid,
+            size: 4096,
+            nlink: 2,
+            rdev: 0,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            data_version: 0,
+        };
+        let at_b = ids.acting(Some("b"), true, Some(Caller::new(5004, 7000)));
+        let shown = |a: &Attr| (a.uid, a.gid);
+        let opened = Opened {
+            attr: attr.clone(),
+            extents: Vec::new(),
+            caps: ChunkCaps::default(),
+            policy: Default::default(),
+            parent: Some(attr.clone()),
+        };
+        let MetaReply::Opened(o) = localize(MetaReply::Opened(opened), &at_b) else { unreachable!() };
+        assert_eq!([shown(&o.attr), shown(o.parent.as_ref().unwrap())], [(5003, 7000); 2]);
+        let unlinked = Unlinked { ino: 8, orphaned: false, parent: attr.clone() };
+        let MetaReply::Unlinked(u) = localize(MetaReply::Unlinked(unlinked), &at_b) else { unreachable!() };
+        assert_eq!(shown(&u.parent), (5003, 7000));
+        let MetaReply::Attr(a) = localize(MetaReply::Attr(attr), &at_b) else { unreachable!() };
+        assert_eq!(shown(&a), (5003, 7000));
+    }
 
     fn create(parent: u64, name: String) -> MetaRequest {
         MetaRequest::Create(Create {
