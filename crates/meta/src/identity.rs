@@ -342,6 +342,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// A file owned by `uid` and `gid`.
+    pub(crate) fn owned_by(uid: u32, gid: u32) -> Attr {
+        Attr {
+            ino: 5,
+            kind: proto::types::FileKind::File,
+            mode: 0o600,
+            uid,
+            gid,
+            size: 0,
+            nlink: 1,
+            rdev: 0,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            data_version: 0,
+        }
+    }
+
     /// Two sites numbering the same principals differently, as meta resolves them:
     /// Alice is 1001 at site a and 5003 at site b.
     pub(crate) fn two_sites(dir: &Path) -> Identities {
@@ -375,20 +393,7 @@ pub(crate) mod tests {
         let alice_a = ids.acting(Some("a"), true, Some(Caller { uid: 1001, gid: 300, groups: vec![300, 12] }));
         assert!(alice_a.caller.uid >= PRINCIPAL_BASE);
         assert_eq!(alice_a.caller.groups, vec![alice_a.caller.gid], "unmapped groups are dropped");
-        let mut attr = Attr {
-            ino: 5,
-            kind: proto::types::FileKind::File,
-            mode: 0o600,
-            uid: alice_a.caller.uid,
-            gid: alice_a.caller.gid,
-            size: 0,
-            nlink: 1,
-            rdev: 0,
-            atime: Default::default(),
-            mtime: Default::default(),
-            ctime: Default::default(),
-            data_version: 0,
-        };
+        let mut attr = owned_by(alice_a.caller.uid, alice_a.caller.gid);
         let at_b = ids.acting(Some("b"), true, Some(Caller::new(5004, 7000)));
         at_b.localize(&mut attr);
         assert_eq!((attr.uid, attr.gid), (5003, 7000), "alice's file shows as alice's uid at site b");

@@ -741,20 +741,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ids = crate::identity::tests::two_sites(dir.path());
         let alice = ids.acting(Some("a"), true, Some(Caller { uid: 1001, gid: 300, groups: vec![] })).caller;
-        let attr = Attr {
-            ino: 7,
-            kind: proto::types::FileKind::Dir,
-            mode: 0o755,
-            uid: alice.uid,
-            gid: alice.gid,
-            size: 4096,
-            nlink: 2,
-            rdev: 0,
-            atime: Default::default(),
-            mtime: Default::default(),
-            ctime: Default::default(),
-            data_version: 0,
-        };
+        let attr = crate::identity::tests::owned_by(alice.uid, alice.gid);
         let at_b = ids.acting(Some("b"), true, Some(Caller::new(5004, 7000)));
         let shown = |a: &Attr| (a.uid, a.gid);
         let opened = Opened {
