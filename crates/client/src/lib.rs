@@ -17,5 +17,5 @@ mod vfs;
 
 pub use data::LocalNode;
 pub use error::VfsError;
-pub use meta_link::acting_as;
-pub use vfs::{ClientConfig, DirHandle, FileHandle, OpenOptions, Vfs};
+pub use meta_link::{InProcessAnswer, InProcessMeta, acting_as};
+pub use vfs::{ClientConfig, DirHandle, FileHandle, InProcessMetaHandle, OpenOptions, Vfs};

@@ -47,7 +47,7 @@ async fn start_meta(
     (maps, no_root_squash): IdentityConfig,
     revoked: Option<PathBuf>,
     admit: &[String],
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, Arc<meta::MetaService>)> {
     let addr = listener.local_addr()?.to_string();
     let service = tokio::task::spawn_blocking(move || {
         let service = meta::MetaService::open(&config)?;
@@ -61,8 +61,17 @@ async fn start_meta(
     if let Some(path) = revoked {
         service.watch_revocations(path);
     }
-    tokio::spawn(net::serve(listener, service));
-    Ok(addr)
+    tokio::spawn(net::serve(listener, service.clone()));
+    Ok((addr, service))
+}
+
+/// Meta in the mount's process (`locus up`), which the client calls directly.
+struct InProcessMeta(meta::InProcessClient);
+
+impl client::InProcessMeta for InProcessMeta {
+    fn call(&self, call: proto::meta::MetaCall) -> client::InProcessAnswer<'_> {
+        Box::pin(self.0.call(call))
+    }
 }
 
 /// `locus meta promote`: makes a PostgreSQL standby the primary of a new epoch and
@@ -105,7 +114,7 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         session_expiry: expiry,
         primary_lease: lease,
     };
-    let addr = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
+    let (addr, _) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -315,7 +324,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
     };
-    let meta_addr =
+    let (meta_addr, meta_service) =
         start_meta(meta_listener, config, IdentityConfig::default(), revoked, &[LOCAL_NODE.to_string()]).await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
@@ -356,6 +365,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
     let purpose = format!("mount {}", mountpoint.display());
     let client = client::ClientConfig {
         local_node: Some(local_node),
+        in_process_meta: Some(client::InProcessMetaHandle(Arc::new(InProcessMeta(meta_service.in_process_client())))),
         ..client_config(meta_addr.clone(), LOCAL_SITE.into(), purpose, &args.tuning)
     };
     let vfs = client::Vfs::connect(client).await?;

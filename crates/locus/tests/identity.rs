@@ -188,12 +188,25 @@ fn up_refuses_a_data_directory_that_lost_its_database() {
     assert!(!data.join("meta.db").exists());
 }
 
-/// Runs `locus up` until it has mounted (bounded), returning the child.
-fn up(mnt: &Path, data: &Path) -> std::process::Child {
+/// A scratch directory for `locus up` and its `data` and `mnt` paths, or `None` (the
+/// test is skipped) without root and /dev/fuse.
+fn up_scratch() -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)> {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    Some((dir, data, mnt))
+}
+
+/// Runs `locus up` with meta at `meta` until it has mounted (bounded), returning the child.
+fn up(mnt: &Path, data: &Path, meta: &str) -> std::process::Child {
     use std::io::BufRead;
     let mut child = Command::new(bin())
         .args(["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
-        .args(["--meta-listen", &testkit::free_addr(), "--node-listen", &testkit::free_addr()])
+        .args(["--meta-listen", meta, "--node-listen", &testkit::free_addr()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -225,20 +238,51 @@ fn stop(mut child: std::process::Child, mnt: &Path) {
 
 #[test]
 fn up_formats_a_new_data_directory_once_and_reuses_it() {
-    if !testkit::can_mount() {
-        eprintln!("SKIPPED: needs root and /dev/fuse");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
-    std::fs::create_dir_all(&mnt).unwrap();
-    let first = up(&mnt, &data);
+    let Some((_dir, data, mnt)) = up_scratch() else { return };
+    let first = up(&mnt, &data, &testkit::free_addr());
     std::fs::write(mnt.join("kept"), b"still here").unwrap();
     let cluster = recorded_cluster(&data.join("chunks"));
     stop(first, &mnt);
-    let second = up(&mnt, &data);
+    let second = up(&mnt, &data, &testkit::free_addr());
     let content = std::fs::read(mnt.join("kept"));
     stop(second, &mnt);
     assert_eq!(content.unwrap(), b"still here", "the second start used the same namespace");
     assert_eq!(recorded_cluster(&data.join("chunks")), cluster);
+}
+
+/// `locus up`'s mount calls meta in its own process: the namespace works through it
+/// (a file written, renamed, read back after the kernel's caches ran out, removed) and
+/// meta still reaches the mount's session on its connection (`locus status` lists the
+/// mount's workers, which meta asks for with a push).
+#[test]
+fn up_serves_the_mount_through_meta_in_its_process() {
+    let Some((_dir, data, mnt)) = up_scratch() else { return };
+    let meta = testkit::free_addr();
+    let child = up(&mnt, &data, &meta);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    std::fs::write(mnt.join("d/a"), b"through meta in this process").unwrap();
+    std::fs::rename(mnt.join("d/a"), mnt.join("d/b")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1200)); // the 1 s entry and attribute TTL
+    let read = std::fs::read(mnt.join("d/b"));
+    let names: Vec<_> = std::fs::read_dir(mnt.join("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let status = Command::new(bin())
+        .args(["status", "--meta", &meta])
+        .env("LOCUS_CA", data.join("tls/ca.pem"))
+        .env("LOCUS_CERT", data.join("tls/admin.pem"))
+        .env("LOCUS_KEY", data.join("tls/admin.key"))
+        .output()
+        .unwrap();
+    std::fs::remove_file(mnt.join("d/b")).unwrap();
+    let gone = std::fs::metadata(mnt.join("d/b")).map(|_| ()).unwrap_err().kind();
+    stop(child, &mnt);
+    assert_eq!(read.unwrap(), b"through meta in this process");
+    assert_eq!(names, ["b"]);
+    assert_eq!(gone, std::io::ErrorKind::NotFound);
+    let text = String::from_utf8_lossy(&status.stdout);
+    let mount_rows: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("session ")).collect();
+    assert!(
+        mount_rows.iter().any(|l| l.contains(" compaction ")),
+        "the mount did not report its workers: {text}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
 }

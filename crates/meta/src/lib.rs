@@ -25,5 +25,5 @@ pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_ma
 pub use locks::Held;
 pub use migrate::migrate;
 pub use postgres::{PrimaryLease, Promotion, promote};
-pub use service::{MetaConfig, MetaService};
+pub use service::{InProcessClient, MetaConfig, MetaService};
 pub use store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

@@ -243,7 +243,7 @@ impl MetaService {
     /// binding itself must come from the certificate the session said `Hello` with
     /// (kept in the session's row: it holds at every meta and after a restart).
     /// Without TLS a new connection may claim any session.
-    async fn check_claim(&self, peer: &net::Peer, claimed: SessionId) -> Result<(), MetaError> {
+    async fn check_claim(&self, peer: &impl Origin, claimed: SessionId) -> Result<(), MetaError> {
         match peer.session() {
             Some(bound) if bound == claimed => Ok(()),
             Some(bound) if lock(&self.clients).contains_key(&bound) => Err(MetaError::NotPermitted(format!(
@@ -270,7 +270,7 @@ impl MetaService {
     /// cached copies or its workers, and only as itself (its certificate's name is
     /// its node id) at its own site; a session's site is its certificate's. Without
     /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
-    fn check_identity(peer: &net::Peer, req: &MetaRequest) -> Result<(), MetaError> {
+    fn check_identity(peer: &impl Origin, req: &MetaRequest) -> Result<(), MetaError> {
         let Some(who) = peer.identity() else { return Ok(()) };
         let as_node = |id: &str, site: Option<&str>| {
             if who.role != net::Role::Node {
@@ -598,27 +598,106 @@ impl net::Service for MetaService {
     /// unbound one), so one connection never acts for two live sessions. The request
     /// acts for the caller the peer may act as (`authority::resolve`).
     async fn handle(self: Arc<Self>, peer: net::Peer, call: MetaCall, _bulk: Bytes) -> (MetaResult, Bytes) {
+        (self.answer_from(&peer, call).await, Bytes::new())
+    }
+}
+
+/// Where a request came from, as meta checks it: a connection (`net::Peer`) or a
+/// client in meta's own process (`InProcessClient`).
+trait Origin: Send + Sync {
+    /// What the peer's certificate proves (`None` without TLS).
+    fn identity(&self) -> Option<&net::PeerIdentity>;
+    /// The session bound to it (`MetaService::check_claim`).
+    fn session(&self) -> Option<SessionId>;
+    fn set_session(&self, session: SessionId);
+    /// The connection meta pushes its requests to a session on (`MetaPush`).
+    fn push_handle(&self) -> Option<ConnHandle>;
+    /// Who it is, for logs.
+    fn describe(&self) -> String;
+}
+
+impl Origin for net::Peer {
+    fn identity(&self) -> Option<&net::PeerIdentity> {
+        net::Peer::identity(self)
+    }
+    fn session(&self) -> Option<SessionId> {
+        net::Peer::session(self)
+    }
+    fn set_session(&self, session: SessionId) {
+        net::Peer::set_session(self, session)
+    }
+    fn push_handle(&self) -> Option<ConnHandle> {
+        Some(self.handle())
+    }
+    fn describe(&self) -> String {
+        self.addr().to_string()
+    }
+}
+
+/// A client in meta's own process (`locus up`'s mount): its requests are calls, not
+/// frames on a connection, and are checked as a connection's: it proves what this
+/// process's certificate proves and is bound to one session at a time. Meta pushes to
+/// its session on the connection the session said `Hello` on.
+pub struct InProcessClient {
+    service: Arc<MetaService>,
+    identity: Option<net::PeerIdentity>,
+    session: Mutex<Option<SessionId>>,
+}
+
+impl Origin for InProcessClient {
+    fn identity(&self) -> Option<&net::PeerIdentity> {
+        self.identity.as_ref()
+    }
+    fn session(&self) -> Option<SessionId> {
+        *lock(&self.session)
+    }
+    fn set_session(&self, session: SessionId) {
+        *lock(&self.session) = Some(session);
+    }
+    fn push_handle(&self) -> Option<ConnHandle> {
+        None
+    }
+    fn describe(&self) -> String {
+        "a client in this process".into()
+    }
+}
+
+impl InProcessClient {
+    /// Answers one request as `handle` answers a connection's.
+    pub async fn call(&self, call: MetaCall) -> MetaResult {
+        self.service.answer_from(self, call).await
+    }
+}
+
+impl MetaService {
+    /// A client in this process (see `InProcessClient`).
+    pub fn in_process_client(self: &Arc<Self>) -> InProcessClient {
+        InProcessClient { service: self.clone(), identity: net::own_identity(), session: Mutex::new(None) }
+    }
+
+    /// Checks and answers a request from `peer`.
+    async fn answer_from(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> MetaResult {
         let MetaCall { caller, site, request: mut req, epoch } = call;
-        if let Err(e) = Self::check_identity(&peer, &req) {
-            tracing::warn!(addr = %peer.addr(), "refused: {e}");
-            return (Err(e.into()), Bytes::new());
+        if let Err(e) = Self::check_identity(peer, &req) {
+            tracing::warn!(peer = %peer.describe(), "refused: {e}");
+            return Err(e.into());
         }
         if let Some(epoch) = believed_epoch(peer.identity(), epoch)
             && let Err(e) = self.store.check_node_epoch(epoch)
         {
-            tracing::warn!(addr = %peer.addr(), "refused a node's request: {e}");
-            return (Err(e.into()), Bytes::new());
+            tracing::warn!(peer = %peer.describe(), "refused a node's request: {e}");
+            return Err(e.into());
         }
         if let Some(claimed) = req.claimed_session()
-            && let Err(e) = self.check_claim(&peer, claimed).await
+            && let Err(e) = self.check_claim(peer, claimed).await
         {
-            return (Err(e.into()), Bytes::new());
+            return Err(e.into());
         }
         let acting = crate::authority::resolve(&self.identities(), peer.identity(), site.as_deref(), caller);
         if let MetaRequest::SetAttr(m) = &mut req {
             match acting.owner_in(m.set.uid, m.set.gid) {
                 Ok((uid, gid)) => (m.set.uid, m.set.gid) = (uid, gid),
-                Err(e) => return (Err(e.into()), Bytes::new()),
+                Err(e) => return Err(e.into()),
             }
         }
         let grants = granted_caps(&req);
@@ -629,9 +708,11 @@ impl net::Service for MetaService {
         });
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
-            lock(&self.clients).insert(welcome.session, peer.handle());
+            if let Some(handle) = peer.push_handle() {
+                lock(&self.clients).insert(welcome.session, handle);
+            }
         }
-        (result.map_err(Into::into), Bytes::new())
+        result.map_err(Into::into)
     }
 }
 
@@ -772,14 +853,15 @@ mod tests {
 
     /// A connection that said `Hello` for one session cannot act for another live
     /// session (the "Goodbye for somebody else" attack); a fresh connection binds to
-    /// the session its first request names.
+    /// the session its first request names. A client in meta's own process
+    /// (`InProcessClient`) is held to the same rule.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_acts_for_one_live_session_only() {
         let dir = tempfile::tempdir().unwrap();
         let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(net::serve(listener, service));
+        tokio::spawn(net::serve(listener, service.clone()));
         let info = SessionInfo { site: "s".into(), host: "h".into(), pid: 9, purpose: "test".into() };
         let hello = || Hello { protocol: proto::PROTOCOL_VERSION, session: info.clone() };
         let alice = net::RpcClient::connect(&addr, 1, Duration::from_secs(10)).await.unwrap();
@@ -797,6 +879,14 @@ mod tests {
         let held = alice.ask(GetLock { session: a, lock: LockRange { owner: 3, ..lock } }).await.unwrap().unwrap();
         assert!(held.is_some(), "bob's lock was dropped");
         alice.ask(Heartbeat { session: a }).await.unwrap().unwrap();
+
+        let local = service.in_process_client();
+        let call = |r: MetaRequest| local.call(MetaCall::from(r));
+        call(MetaRequest::Heartbeat(Heartbeat { session: a })).await.unwrap();
+        let refused = call(MetaRequest::Goodbye(Goodbye { session: b })).await.unwrap_err();
+        assert_eq!(refused.code, proto::error::ErrorCode::NotPermitted, "{refused:?}");
+        let root = call(MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE })).await.unwrap();
+        assert_eq!(root, MetaReply::Attr(alice.ask(GetAttr { ino: ROOT_INODE }).await.unwrap().unwrap()));
 
         // A new connection of bob's (a pooled one) binds to bob's session.
         let bob_again = net::RpcClient::connect(&addr, 1, Duration::from_secs(10)).await.unwrap();

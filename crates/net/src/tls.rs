@@ -398,6 +398,13 @@ pub(crate) fn current() -> Option<Arc<Tls>> {
     }
 }
 
+/// What this process's own certificate proves (`None` without TLS): the identity of a
+/// peer in this same process, whose requests are calls rather than connections
+/// (`locus up`'s mount at its meta).
+pub fn own_identity() -> Option<PeerIdentity> {
+    current().map(|tls| tls.identity().clone())
+}
+
 /// Whether this process was told to run without TLS.
 pub(crate) fn insecure() -> bool {
     matches!(SECURITY.get(), Some(Security::Insecure))

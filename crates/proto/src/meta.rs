@@ -159,6 +159,11 @@ impl<M> Envelope<M> {
         Envelope { caller: Some(caller), site: Some(site), epoch: None, request }
     }
 
+    /// For nobody in particular (the client host itself, as a bare request).
+    pub fn plain(request: M) -> Self {
+        Envelope { caller: None, site: None, epoch: None, request }
+    }
+
     /// From a node that has seen `epoch` of the primary role (at most).
     pub fn at_epoch(epoch: u64, request: M) -> Self {
         Envelope { caller: None, site: None, epoch: Some(epoch), request }

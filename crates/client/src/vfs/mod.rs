@@ -34,6 +34,16 @@ use util::worker::Workers;
 
 type Result<T> = std::result::Result<T, VfsError>;
 
+/// Meta in this client's process, as a `ClientConfig` holds it.
+#[derive(Clone)]
+pub struct InProcessMetaHandle(pub Arc<dyn crate::meta_link::InProcessMeta>);
+
+impl std::fmt::Debug for InProcessMetaHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InProcessMeta")
+    }
+}
+
 /// Tunables of a client; every field has a measured default.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -62,6 +72,8 @@ pub struct ClientConfig {
     pub attr_ttl: Duration,
     /// The storage node in this process (`locus up`), whose store is read directly.
     pub local_node: Option<LocalNode>,
+    /// Meta in this process (`locus up`), called directly.
+    pub in_process_meta: Option<InProcessMetaHandle>,
 }
 
 impl Default for ClientConfig {
@@ -80,6 +92,7 @@ impl Default for ClientConfig {
             timeout: Duration::from_secs(60),
             attr_ttl: Duration::from_secs(1),
             local_node: None,
+            in_process_meta: None,
         }
     }
 }
@@ -149,7 +162,10 @@ impl Vfs {
             pid: std::process::id(),
             purpose: config.purpose.clone(),
         };
-        let meta = Arc::new(MetaLink::connect(&config.meta_addr, config.meta_connections, config.timeout, info).await?);
+        let in_process = config.in_process_meta.clone().map(|h| h.0);
+        let meta = Arc::new(
+            MetaLink::connect(&config.meta_addr, config.meta_connections, config.timeout, info, in_process).await?,
+        );
         let period = meta.hello().await?;
         let data = Arc::new(DataPath::new(
             meta.clone(),
