@@ -258,9 +258,20 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
     Ok(NewNode::Special { kind, rdev })
 }
 
+/// Requests that go to the runtime at once (`LocusFs::run`): those that move file data,
+/// whose first poll may read, cut or hash megabytes (a flush or release of a file with
+/// buffered writes), and `create`, measured slower when polled first (creates 0.92x:
+/// bench/results/metadata-ab-create-polled-first.md).
+const ON_THE_RUNTIME: [&str; 7] = ["read", "write", "flush", "release", "fsync", "fallocate", "create"];
+
 impl LocusFs {
-    /// Runs `work` on the runtime; `finish` turns its result into a reply. `op` names
-    /// the operation in the error log.
+    /// Runs `work` and replies with `finish` (or the errno); `op` names the operation
+    /// in the error log. Unless `op` is one of `ON_THE_RUNTIME`, `work` is first polled
+    /// on fuser's thread, in the runtime's context: a request answered without waiting
+    /// (meta in this process reading or committing its local database, an answer the
+    /// client holds) is answered there, without the hand-off to the runtime and back (two
+    /// thread wake-ups, most of a stat's cost); one that must wait continues on the
+    /// runtime.
     fn run<T, F, R>(
         &self,
         req: &Request,
@@ -276,12 +287,20 @@ impl LocusFs {
         let who = caller(req);
         // One line per kernel request: `LOCUS_LOG=fuse=trace` counts them (bench/meta-profile.sh).
         tracing::trace!(op, "fuse request");
-        self.rt.spawn(async move {
+        let mut task = Box::pin(async move {
             match client::acting_as(who, work).await {
                 Ok(v) => finish(reply, v),
                 Err(e) => reply.fail(errno(op, &e)),
             }
         });
+        if !ON_THE_RUNTIME.contains(&op) {
+            let _runtime = self.rt.enter();
+            // A future may be polled with another waker later: the runtime's, once spawned.
+            if task.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())).is_ready() {
+                return;
+            }
+        }
+        self.rt.spawn(task);
     }
 
     fn entry(
