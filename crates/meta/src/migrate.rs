@@ -139,8 +139,8 @@ mod tests {
     fn create(s: &Arc<MetaService>, parent: InodeId, name: &str, node: NewNode) -> Attr {
         let req = MetaRequest::Create(Create { parent, name: name.into(), node, mode: 0o640, exclusive: true });
         let ino = match ask(s, req) {
-            MetaReply::Attr(a) => a.ino,
-            other => panic!("expected Attr, got {other:?}"),
+            MetaReply::Made(m) => m.attr.ino,
+            other => panic!("expected Made, got {other:?}"),
         };
         let chown = AttrChanges { uid: Some(7), gid: Some(8), ..Default::default() };
         match ask(s, MetaRequest::SetAttr(SetAttr { ino, set: chown, session: None })) {

@@ -1981,7 +1981,7 @@ mod tests {
     use crate::conformance::test_config;
     use crate::service::{MetaConfig, MetaService};
     use proto::error::ErrorCode;
-    use proto::meta::{Create, MetaReply, MetaRequest, NewNode, ReadDir};
+    use proto::meta::{Create, Made, MetaReply, MetaRequest, NewNode, ReadDir};
     use proto::types::ROOT_INODE;
     use std::sync::Arc;
     use testkit::postgres::PgServer;
@@ -2081,7 +2081,9 @@ mod tests {
         let meta = MetaService::open(&config).unwrap();
         for i in 0..50 {
             let name = format!("f{i}");
-            let MetaReply::Attr(made) = create(&meta, &name).unwrap() else { panic!("expected Attr") };
+            let MetaReply::Made(Made { attr: made, .. }) = create(&meta, &name).unwrap() else {
+                panic!("expected Made")
+            };
             let req = MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: name.into_bytes() });
             assert_eq!(meta.handle_blocking(req).unwrap(), MetaReply::Attr(made), "read-your-writes");
         }

@@ -800,6 +800,10 @@ fn localize(mut reply: MetaReply, acting: &Acting) -> MetaReply {
             o.parent.iter_mut().for_each(|p| acting.localize(p));
         }
         MetaReply::Unlinked(u) => acting.localize(&mut u.parent),
+        MetaReply::Made(m) => {
+            acting.localize(&mut m.attr);
+            acting.localize(&mut m.parent);
+        }
         MetaReply::Entries(entries) => entries.iter_mut().for_each(|e| acting.localize(&mut e.attr)),
         _ => {}
     }
@@ -1042,7 +1046,8 @@ mod tests {
         assert_eq!(cluster_id, cluster);
 
         let made: MetaResult = client.call(&MetaCall::from(create(ROOT_INODE, "one".into()))).await.unwrap();
-        let Ok(MetaReply::Attr(one)) = made else { panic!("create failed: {made:?}") };
+        let Ok(MetaReply::Made(Made { attr: one, parent })) = made else { panic!("create failed: {made:?}") };
+        assert_eq!((parent.ino, parent.mtime), (ROOT_INODE, one.mtime), "the parent as the create left it");
         let found: MetaResult = client
             .call(&MetaCall::from(MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"one".to_vec() })))
             .await
@@ -1064,7 +1069,7 @@ mod tests {
                         let r: MetaResult =
                             client.call(&MetaCall::from(create(ROOT_INODE, format!("t{t}-{i}")))).await.unwrap();
                         match r {
-                            Ok(MetaReply::Attr(a)) => inos.push(a.ino),
+                            Ok(MetaReply::Made(m)) => inos.push(m.attr.ino),
                             other => panic!("create failed: {other:?}"),
                         }
                     }

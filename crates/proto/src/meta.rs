@@ -380,7 +380,7 @@ meta_requests! {
         node: NewNode,
         mode: u32,
         exclusive: bool,
-    } => Attr;
+    } => Made;
     /// `Create` of a regular file that also records it as open by `session` (create and
     /// open in one request).
     CreateOpen {
@@ -401,11 +401,12 @@ meta_requests! {
         parent: InodeId,
         name: Vec<u8>,
     } => Unlinked;
-    /// Removes an empty directory.
+    /// Removes an empty directory; answers the parent directory's attributes as the
+    /// removal left them (see `Unlinked::parent`).
     Rmdir {
         parent: InodeId,
         name: Vec<u8>,
-    } => ();
+    } => Attr;
     /// `rename(2)` in any of its modes.
     Rename {
         parent: InodeId,
@@ -714,6 +715,14 @@ pub struct Garbage {
     pub epoch: u64,
 }
 
+/// `Create`'s answer: the node made (or the existing file found) and its parent
+/// directory's attributes after the create (see `Unlinked::parent`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Made {
+    pub attr: Attr,
+    pub parent: Attr,
+}
+
 /// `Unlink`'s answer: the inode and whether it lives on as an orphan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unlinked {
@@ -786,6 +795,7 @@ meta_replies! {
     Registered(Registered),
     Attr(Attr),
     Unlinked(Unlinked),
+    Made(Made),
     Bytes(Vec<u8>),
     Names(Vec<Vec<u8>>),
     Entries(Vec<DirEntry>),

@@ -227,7 +227,7 @@ async fn extent_count(meta: &net::RpcClient, ino: u64) -> usize {
     meta.ask(proto::meta::Extents { ino }).await.unwrap().unwrap().extents.len()
 }
 
-/// The attributes of a directory this client's create or unlink just changed are known
+/// The attributes of a directory this client's create, mkdir, unlink or rmdir just changed are known
 /// without asking meta (for the kernel's GETATTR of the parent that follows), equal to
 /// meta's, once; a close in between leaves them fresh, another change makes them stale.
 #[test]
@@ -257,5 +257,12 @@ fn a_directory_just_changed_is_answered_from_the_change() {
         let fresh = vfs.fresh_dir_attr(dir.ino, ttl).expect("the unlink's answer");
         assert_eq!(fresh, vfs.getattr(dir.ino).await.unwrap());
         assert_eq!(fresh.mode & 0o7777, 0o700);
+
+        vfs.create(dir.ino, b"sub", NewNode::Dir, 0o755, true).await.unwrap();
+        let fresh = vfs.fresh_dir_attr(dir.ino, ttl).expect("the mkdir's answer");
+        assert_eq!((fresh.nlink, &fresh), (3, &vfs.getattr(dir.ino).await.unwrap()));
+        vfs.rmdir(dir.ino, b"sub").await.unwrap();
+        let fresh = vfs.fresh_dir_attr(dir.ino, ttl).expect("the rmdir's answer");
+        assert_eq!((fresh.nlink, &fresh), (2, &vfs.getattr(dir.ino).await.unwrap()));
     });
 }

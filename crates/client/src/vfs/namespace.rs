@@ -96,7 +96,10 @@ impl Vfs {
         mode: u32,
         exclusive: bool,
     ) -> Result<Attr> {
-        self.meta.call(Create { parent, name: name.to_vec(), node, mode, exclusive }).await
+        let sent = Instant::now();
+        let (made, mark) = self.meta.call_alone(Create { parent, name: name.to_vec(), node, mode, exclusive }).await?;
+        self.remember_parent(made.parent, mark, sent);
+        Ok(made.attr)
     }
 
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
@@ -112,7 +115,10 @@ impl Vfs {
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
-        self.meta.call(Rmdir { parent, name: name.to_vec() }).await
+        let sent = Instant::now();
+        let (parent, mark) = self.meta.call_alone(Rmdir { parent, name: name.to_vec() }).await?;
+        self.remember_parent(parent, mark, sent);
+        Ok(())
     }
 
     pub async fn rename(

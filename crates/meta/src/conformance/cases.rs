@@ -52,10 +52,11 @@ fn err(s: &Arc<MetaService>, req: MetaRequest) -> ErrorCode {
 }
 
 #[track_caller]
+/// The attributes an answer carries: `Attr`'s, or the node `Made` names.
 fn attr(r: MetaReply) -> Attr {
     match r {
-        MetaReply::Attr(a) => a,
-        other => panic!("expected Attr, got {other:?}"),
+        MetaReply::Attr(a) | MetaReply::Made(Made { attr: a, .. }) => a,
+        other => panic!("expected Attr or Made, got {other:?}"),
     }
 }
 

@@ -23,7 +23,7 @@ use crate::error::MetaError;
 use crate::store::{Counter, Inode, Prefetch, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
-    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, Garbage, MetaMessage, MetaReply, MetaRequest,
+    AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, Garbage, Made, MetaMessage, MetaReply, MetaRequest,
     NewNode, OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
 };
 use proto::types::{
@@ -273,9 +273,10 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         }),
         R::Goodbye(m) => serve(m, |m| end_session(t, m.session)),
         R::SetAttr(m) => serve(m, |m| set_attr(t, ctx, m.ino, &m.set, m.session)),
-        R::Create(m) => {
-            serve(m, |m| create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive).map(|c| c.attr))
-        }
+        R::Create(m) => serve(m, |m| {
+            let c = create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive)?;
+            Ok(Made { attr: c.attr, parent: c.parent })
+        }),
         R::CreateOpen(m) => serve(m, |m| {
             let c = m.create;
             t.prefetch(Prefetch { session: Some(m.session), ..Prefetch::entry(c.parent, &c.name) })?;

@@ -212,7 +212,7 @@ pub(super) fn rmdir(
     now: Timestamp,
     parent: InodeId,
     name: &[u8],
-) -> Result<(), MetaError> {
+) -> Result<Attr, MetaError> {
     check_name(name)?;
     t.prefetch(Prefetch::entry(parent, name))?;
     let p = dir(t, parent)?;
@@ -228,8 +228,7 @@ pub(super) fn rmdir(
     }
     t.delete_dentry(parent, name)?;
     destroy(t, ino)?;
-    touch_dir(t, parent, now, -1)?;
-    Ok(())
+    touch_dir(t, parent, now, -1)
 }
 
 /// Refuses to move directory `moving` under `dest` if `dest` lies inside it.
