@@ -181,13 +181,16 @@ fn up_reads_its_store_in_process_and_never_serves_a_corrupt_chunk() {
 #[test]
 fn a_taken_port_names_its_flag() {
     let env = UpEnv::new();
-    let _taken = std::net::TcpListener::bind(&env.node).unwrap();
+    // Held from the start (a port found free and released could be taken by any process
+    // before the test binds it again); meta's port is the OS's pick, so it cannot clash.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let node = taken.local_addr().unwrap().to_string();
     let mut cmd = env.command();
     cmd.arg("up").arg(env.mnt()).arg("--data-dir").arg(env.dir.path().join("data"));
-    let out = cmd.args(["--meta-listen", &env.meta, "--node-listen", &env.node]).output().unwrap();
+    let out = cmd.args(["--meta-listen", "127.0.0.1:0", "--node-listen", &node]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains(&env.node) && stderr.contains("--node-listen"), "{stderr}");
+    assert!(stderr.contains(&node) && stderr.contains("--node-listen"), "{stderr}");
     assert_eq!(stderr.matches("cannot listen").count(), 1, "error printed more than once:\n{stderr}");
 }
 
