@@ -258,11 +258,15 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
     Ok(NewNode::Special { kind, rdev })
 }
 
-/// Requests that go to the runtime at once (`LocusFs::run`): those that move file data,
-/// whose first poll may read, cut or hash megabytes (a flush or release of a file with
-/// buffered writes), and `create`, measured slower when polled first (creates 0.92x:
-/// bench/results/metadata-ab-create-polled-first.md).
-const ON_THE_RUNTIME: [&str; 7] = ["read", "write", "flush", "release", "fsync", "fallocate", "create"];
+/// Requests that go to the runtime at once (`LocusFs::run`): those whose first poll may
+/// read, cut or hash megabytes (a flush or release of a file with buffered writes), and
+/// two measured slower when polled first: `read` (0.69x cold at bs=1M: its answer waits
+/// for chunk reads anyway, and fuser's thread is better left reading requests;
+/// bench/results/read-ab-polled-first.md) and `create` (0.92x:
+/// bench/results/metadata-ab-create-polled-first.md). A `write` is polled first: it
+/// buffers, and hashes a chunk once the write fills one (measured 1.21x at bs=4k, 1.36x
+/// at 64k, 1.16x at 1M: bench/results/write-ab-polled-first.md).
+const ON_THE_RUNTIME: [&str; 6] = ["read", "flush", "release", "fsync", "fallocate", "create"];
 
 impl LocusFs {
     /// Runs `work` and replies with `finish` (or the errno); `op` names the operation

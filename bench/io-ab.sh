@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Side-by-side cold sequential read of two locus binaries (e.g. O_DIRECT chunk reads against
-# buffered ones): each binary gets its own `locus up` and data directory holding the same 1 GiB
-# of random data; every round restarts each in turn, drops the page cache and reads the file
-# with dd (bs=1M and bs=64k), the binaries interleaved. Prints a Markdown table of every round,
-# the medians and the load average. Only 127.0.0.1 is used (locus up's own ports).
+# Side-by-side sequential I/O of two locus binaries (e.g. O_DIRECT chunk reads against
+# buffered ones): each binary gets its own `locus up` and data directory, the binaries
+# interleaved, every round on a freshly restarted `locus up`. Prints a Markdown table of every
+# round, the medians and the load average. Only 127.0.0.1 is used (locus up's own ports).
+#   MODE=read (default): both hold the same 1 GiB of random data; each round drops the page
+#     cache and reads the file cold with dd (bs=1M and bs=64k).
+#   MODE=write: each round writes that much random data (from the page cache) into a new file
+#     with dd conv=fsync (bs=4k, 64k and 1M).
 #
-# Usage (as root):  bench/read-ab.sh A_BINARY B_BINARY [ROUNDS] [SIZE_MB]
+# Usage (as root):  [MODE=write] bench/io-ab.sh A_BINARY B_BINARY [ROUNDS] [SIZE_MB]
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,9 +16,14 @@ T_START=$(date +%s)
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 ((EUID == 0)) || die "run as root (mounts, drop_caches)"
-(($# >= 2)) || die "usage: bench/read-ab.sh A_BINARY B_BINARY [ROUNDS] [SIZE_MB]"
-ROUNDS=${3:-3} SIZE_MB=${4:-1024}
-W=/tmp/bench-read-ab
+(($# >= 2)) || die "usage: [MODE=write] bench/io-ab.sh A_BINARY B_BINARY [ROUNDS] [SIZE_MB]"
+ROUNDS=${3:-3} SIZE_MB=${4:-1024} MODE=${MODE:-read}
+case $MODE in
+read) SIZES=(1M 64k) TITLE="Cold sequential read" ;;
+write) SIZES=(4k 64k 1M) TITLE="Sequential write (dd conv=fsync)" ;;
+*) die "MODE is read or write, not $MODE" ;;
+esac
+W=/tmp/bench-io-ab
 declare -A BIN=([a]=$1 [b]=$2) PORT=([a]=17270 [b]=17272) PID=() RES=()
 
 stop() { # a|b
@@ -48,22 +56,31 @@ for t in a b; do
     cp "${BIN[$t]}" "$W/$t/locus"
 done
 head -c $((SIZE_MB << 20)) /dev/urandom >"$W/src"
-for t in a b; do
-    start "$t"
-    dd if="$W/src" of="$W/$t/mnt/f" bs=1M conv=fsync status=none
-done
-rm -f "$W/src"
+if [[ $MODE == read ]]; then
+    for t in a b; do
+        start "$t"
+        dd if="$W/src" of="$W/$t/mnt/f" bs=1M conv=fsync status=none
+    done
+    rm -f "$W/src"
+fi
 
 mbps() { awk -v b=$((SIZE_MB << 20)) -v ns="$1" 'BEGIN { printf "%.0f", b * 1000 / ns }'; }
 for r in $(seq "$ROUNDS"); do
-    for bs in 1M 64k; do
+    for bs in "${SIZES[@]}"; do
         for t in a b; do
             stop "$t"
             start "$t"
-            sync
-            echo 3 >/proc/sys/vm/drop_caches
-            t0=$(date +%s%N)
-            dd if="$W/$t/mnt/f" of=/dev/null bs="$bs" status=none
+            if [[ $MODE == read ]]; then
+                sync
+                echo 3 >/proc/sys/vm/drop_caches
+                t0=$(date +%s%N)
+                dd if="$W/$t/mnt/f" of=/dev/null bs="$bs" status=none
+            else
+                rm -f "$W/$t/mnt/f"
+                cat "$W/src" >/dev/null
+                t0=$(date +%s%N)
+                dd if="$W/src" of="$W/$t/mnt/f" bs="$bs" conv=fsync status=none
+            fi
             t1=$(date +%s%N)
             RES["$t|$bs"]+="$(mbps $((t1 - t0))) "
             say "round $r bs=$bs $t: $(mbps $((t1 - t0))) MB/s"
@@ -72,14 +89,14 @@ for r in $(seq "$ROUNDS"); do
 done
 
 median() { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "# Cold sequential read, A/B: $(date -u '+%Y-%m-%d %H:%M UTC'), $ROUNDS rounds, ${SIZE_MB} MiB"
+echo "# $TITLE, A/B: $(date -u '+%Y-%m-%d %H:%M UTC'), $ROUNDS rounds, ${SIZE_MB} MiB"
 echo
 echo "- A: ${BIN[a]}; B: ${BIN[b]}"
 echo "- Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores, shared host)"
 echo
 echo "| dd bs | A rounds (MB/s) | B rounds (MB/s) | A median | B median | B / A |"
 echo "|---|---|---|---:|---:|---:|"
-for bs in 1M 64k; do
+for bs in "${SIZES[@]}"; do
     a=$(median "${RES[a|$bs]}") b=$(median "${RES[b|$bs]}")
     echo "| $bs | ${RES[a|$bs]% } | ${RES[b|$bs]% } | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') |"
 done
