@@ -258,14 +258,14 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
     Ok(NewNode::Special { kind, rdev })
 }
 
-/// Requests that go to the runtime at once (`LocusFs::run`): those whose first poll may
-/// read, cut or hash megabytes (a flush or release of a file with buffered writes), and
-/// two measured slower when polled first: `read` (0.69x cold at bs=1M: its answer waits
-/// for chunk reads anyway, and fuser's thread is better left reading requests;
-/// bench/results/read-ab-polled-first.md) and `create` (0.92x:
-/// bench/results/metadata-ab-create-polled-first.md). A `write` is polled first: it
-/// buffers, and hashes a chunk once the write fills one (measured 1.21x at bs=4k, 1.36x
-/// at 64k, 1.16x at 1M: bench/results/write-ab-polled-first.md).
+/// Requests that go to the runtime at once (`LocusFs::run`). A flush, fsync or
+/// fallocate may cut, hash and upload buffered writes in its first poll; the others
+/// were measured slower when polled first on fuser's thread: `read` 0.69x cold at bs=1M
+/// (its answer waits for chunk reads anyway; bench/results/read-ab-polled-first.md),
+/// `create` 0.92x and `release` 0.87x of the create rate (the commit then holds fuser's
+/// thread; metadata-ab-create-polled-first.md, metadata-ab-release-polled-first.md).
+/// A `write` is polled first: it buffers, and hashes a chunk only when the write fills
+/// one (1.21x at bs=4k, 1.36x at 64k, 1.16x at 1M: write-ab-polled-first.md).
 const ON_THE_RUNTIME: [&str; 6] = ["read", "flush", "release", "fsync", "fallocate", "create"];
 
 impl LocusFs {
