@@ -111,6 +111,20 @@ sleep 0.5
 
 # MB/s (10^6 bytes/s, one decimal) of $1 bytes in $2 seconds.
 mbs() { python3 -c "print(f'{$1 / max($2, 1e-9) / 1e6:.1f}')"; }
+# MB/s of plain TCP moving the file's bytes A->B on 8 fresh BBR connections, from the first
+# connect to the last byte received (bench/tcp_copy.py): the like-for-like yardstick of a
+# cold read, start and ramp included ("0" if it failed).
+tcp_copy_run() {
+    local out=$WORK/tcp-copy.out t0 t1
+    : >"$out"
+    ip netns exec "$NSB" python3 "$ROOT/bench/tcp_copy.py" recv --listen "$IPB:5202" --bytes "$BYTES" --streams 8 >"$out" 2>>"$LOG/tcp-copy.err" &
+    local rpid=$!
+    wait_line "$out" "^listening" 10 "tcp_copy receiver" "$rpid"
+    t0=$(timeout 120 ip netns exec "$NSA" python3 "$ROOT/bench/tcp_copy.py" send --to "$IPB:5202" --bytes "$BYTES" --streams 8 --cc bbr 2>>"$LOG/tcp-copy.err") || t0=""
+    wait "$rpid" || true
+    t1=$(tail -1 "$out")
+    if [[ -z $t0 || $t1 == listening ]]; then echo 0; else mbs "$BYTES" "$(python3 -c "print($t1 - $t0)")"; fi
+}
 # "<A->B packets received> <A->B tail drops>" at the bottleneck so far.
 counters() { echo "$(wan_counter received | cut -d' ' -f1) $(wan_counter queue_drops | cut -d' ' -f1)"; }
 pct() { python3 -c "print(f'{100 * $2 / max($1, 1):.2f}')"; }
@@ -136,8 +150,8 @@ snap_profile() { # file
 }
 
 {
-    echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | Locus MB/s | Locus / iperf3 | Locus tail drops % | WAN bytes / bytes read | read |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | TCP copy, 8 fresh flows MB/s | Locus MB/s | Locus / iperf3 | Locus / TCP copy | Locus tail drops % | WAN bytes / bytes read | read |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 } >"$ROWS"
 
 point() { # rtt queue_factor
@@ -151,6 +165,8 @@ point() { # rtt queue_factor
     local ip_mbs ip_drop
     ip_drop=$(pct $((r1 - r0)) $((d1 - d0)))
     if [[ $bps == fail ]]; then ip_mbs=0; else ip_mbs=$(python3 -c "print(f'{$bps / 1e6:.1f}')"); fi
+    local copy_mbs
+    copy_mbs=$(tcp_copy_run)
     cold_b
     read -r r0 d0 < <(counters)
     read -r w0 _ < <(wan_bytes)
@@ -164,9 +180,10 @@ point() { # rtt queue_factor
     ld=$(pct $((r1 - r0)) $((d1 - d0)))
     note="complete"
     ((c == 1)) || note="capped at ${READ_TIMEOUT} s: $((b >> 20)) MiB"
-    say "  iperf3 $ip_mbs MB/s (drops $ip_drop %), Locus $lr MB/s (drops $ld %), $note"
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$lr" \
-        "$(python3 -c "print(f'{$lr / max($ip_mbs, 1e-9):.2f}')")" "$ld" \
+    say "  iperf3 $ip_mbs MB/s (drops $ip_drop %), TCP copy $copy_mbs MB/s, Locus $lr MB/s (drops $ld %), $note"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$copy_mbs" "$lr" \
+        "$(python3 -c "print(f'{$lr / max($ip_mbs, 1e-9):.2f}')")" \
+        "$(python3 -c "print(f'{$lr / max($copy_mbs, 1e-9):.2f}')")" "$ld" \
         "$(python3 -c "print(f'{($w1 - $w0) / max($b, 1):.3f}')")" "$note" >>"$ROWS"
 }
 
@@ -238,7 +255,9 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
     echo "$(date -u '+%Y-%m-%d %H:%M UTC'), tree $REV$([[ $DIRTY != 0 ]] && echo " + $DIRTY changed files in crates/") at the end, locus binary built $BUILT, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores."
     echo "Link $RATE Mbit/s per direction, random loss $LOSS %, drop-tail bottleneck queue in BDPs of the point's RTT;"
     echo "file $SIZE_MB MiB, one \`dd bs=64k\` at B (new mount, B's node restarted with an empty site cache, page cache dropped),"
-    echo "capped at $READ_TIMEOUT s (a capped read reports its rate so far); iperf3 -P 8 -C bbr -t $IPERF_SECS -O $IPERF_OMIT A->B."
+    echo "capped at $READ_TIMEOUT s (a capped read reports its rate so far); iperf3 -P 8 -C bbr -t $IPERF_SECS -O $IPERF_OMIT A->B"
+    echo "(its first $IPERF_OMIT s left out: the path's steady rate); TCP copy: bench/tcp_copy.py moving the file's bytes A->B"
+    echo "on 8 fresh BBR connections, from the first connect to the last byte received (start and ramp included, as in a cold read)."
     echo "Tail drops: packets the bottleneck queue dropped A->B / packets it received A->B during the run."
     echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`."
     echo

@@ -139,6 +139,27 @@ impl RpcClient {
         self.active.store(n.clamp(1, self.slots.len()), Ordering::Relaxed);
     }
 
+    /// Opens every connection in use that is not open yet, all at once, so that the
+    /// first transfers over a long path do not each wait for TCP and TLS handshakes
+    /// (three round trips: 0.6 s at 200 ms).
+    pub async fn warm(self: &Arc<Self>) -> Result<(), NetError> {
+        let opening: Vec<_> = (0..self.connections())
+            .map(|slot| {
+                let me = self.clone();
+                tokio::spawn(async move { me.conn(slot).await.map(drop) })
+            })
+            .collect();
+        let mut first_error = Ok(());
+        for opened in opening {
+            if let Ok(Err(e)) = opened.await
+                && first_error.is_ok()
+            {
+                first_error = Err(e);
+            }
+        }
+        first_error
+    }
+
     async fn conn(&self, slot: usize) -> Result<Arc<Conn>, NetError> {
         let mut guard = self.slots[slot].lock().await;
         if let Some(c) = guard.as_ref()

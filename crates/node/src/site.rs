@@ -13,6 +13,7 @@ use net::{NodeDirectory, RpcClient};
 use proto::error::{ErrorCode, WireError};
 use proto::meta::{ChunkLocations, ListNodes, StoredChunk, UpdateLocations};
 use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::placement::rendezvous;
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -329,63 +330,106 @@ impl SiteLink {
 
     /// A verified copy of a chunk from the nearest other node that holds one (each
     /// copy tried twice: a corrupt transfer is fetched again, never returned).
+    ///
+    /// The catalogue is asked at once, but the nodes placement names are asked first,
+    /// without waiting for it: a chunk is where its writer's site placed it
+    /// (`likely_holders`), so a miss costs one round trip to the holder rather than one
+    /// to meta and then one to the holder. Such a guess fetches the chunk whole (its
+    /// size is the catalogue's to tell).
     pub(crate) async fn fetch_copy(&self, id: ChunkId) -> Result<Bytes, WireError> {
-        let mut records = crate::ask_meta(&self.meta, ChunkLocations { ids: vec![id] }).await?;
+        let meta = self.meta.clone();
+        let catalogue = tokio::spawn(async move { crate::ask_meta(&meta, ChunkLocations { ids: vec![id] }).await });
+        let mut last = WireError::new(ErrorCode::Io, format!("chunk {id}: no copy could be fetched"));
+        let mut lacking = Vec::new();
+        for (node, client) in self.likely_holders(&id).await {
+            match self.fetch_verified(&node, &client, id, None).await {
+                Ok(data) => {
+                    catalogue.abort();
+                    return Ok(data);
+                }
+                Err(e) if e.code == ErrorCode::NotFound => lacking.push(node),
+                Err(e) => last = e,
+            }
+        }
+        let mut records = catalogue
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("catalogue task failed: {e}")))??;
         let Some(record) = records.pop() else {
             return Err(WireError::new(ErrorCode::NotFound, format!("chunk {id} is in no catalogue")));
         };
-        let mut candidates = self.nearest(&record.nodes).await;
+        let holders: Vec<String> = record.nodes.into_iter().filter(|n| !lacking.contains(n)).collect();
+        let candidates = self.nearest(&holders).await;
         if candidates.is_empty() {
             return Err(WireError::new(ErrorCode::NotFound, format!("no other node holds chunk {id}")));
         }
-        let mut last = WireError::new(ErrorCode::Io, format!("chunk {id}: no copy could be fetched"));
         // Each copy gets two tries: one corrupt transfer is refetched, never served.
-        candidates = candidates.into_iter().flat_map(|c| [c.clone(), c]).collect();
-        for (node, client) in candidates {
-            // The hash runs off the runtime's threads: the connections' reading tasks
-            // keep draining their sockets meanwhile (a 2-core node is otherwise late to
-            // read and the sender becomes receive-window limited).
-            let fetched = match self.fetch_striped(&client, id, record.size).await {
-                Ok(data) => tokio::task::spawn_blocking(move || (ChunkId::of(&data) == id, data))
-                    .await
-                    .map_err(|e| WireError::new(ErrorCode::Internal, format!("hash task failed: {e}"))),
-                Err(e) => Err(e),
-            };
-            match fetched {
-                Ok((true, data)) => {
-                    self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    return Ok(data);
-                }
-                Ok((false, _)) => {
-                    self.stats.corrupt_in_transit.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::error!(chunk = %id, %node, "chunk arrived corrupted; fetching it again");
-                    last = WireError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} arrived corrupted"));
-                }
-                Err(e) => {
-                    tracing::warn!(chunk = %id, %node, "fetch failed, trying another copy: {e}");
-                    last = e;
-                }
+        for (node, client) in candidates.into_iter().flat_map(|c| [c.clone(), c]) {
+            match self.fetch_verified(&node, &client, id, Some(record.size)).await {
+                Ok(data) => return Ok(data),
+                Err(e) => last = e,
             }
         }
         Err(last)
     }
 
-    /// Fetches a chunk on the peer's connections: whole when the other fetches in
-    /// flight already give every connection a chunk (a sequential reader's read-ahead:
-    /// each connection stays backlogged with whole chunks, one request each), else cut
-    /// into as many stripes as there are connections per fetch in flight.
-    async fn fetch_striped(&self, client: &Arc<RpcClient>, id: ChunkId, size: u64) -> Result<Bytes, WireError> {
+    /// One fetch of `id` from `node`, hashed: `size` known stripes a lone fetch.
+    async fn fetch_verified(
+        &self,
+        node: &str,
+        client: &Arc<RpcClient>,
+        id: ChunkId,
+        size: Option<u64>,
+    ) -> Result<Bytes, WireError> {
+        // The hash runs off the runtime's threads: the connections' reading tasks keep
+        // draining their sockets meanwhile (a 2-core node is otherwise late to read and
+        // the sender becomes receive-window limited).
+        let fetched = match self.fetch_striped(client, id, size).await {
+            Ok(data) => tokio::task::spawn_blocking(move || (ChunkId::of(&data) == id, data))
+                .await
+                .map_err(|e| WireError::new(ErrorCode::Internal, format!("hash task failed: {e}"))),
+            Err(e) => Err(e),
+        };
+        match fetched {
+            Ok((true, data)) => {
+                self.stats.fetched_chunks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.stats.fetched_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Ok(data)
+            }
+            Ok((false, _)) => {
+                self.stats.corrupt_in_transit.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!(chunk = %id, %node, "chunk arrived corrupted; fetching it again");
+                Err(WireError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} arrived corrupted")))
+            }
+            Err(e) => {
+                if e.code != ErrorCode::NotFound {
+                    tracing::warn!(chunk = %id, %node, "fetch failed, trying another copy: {e}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Fetches a chunk on the peer's connections: whole when its size is unknown or
+    /// the other fetches in flight already give every connection a chunk (a sequential
+    /// reader's read-ahead: each connection stays backlogged with whole chunks, one
+    /// request each), else cut into as many stripes as there are connections per
+    /// fetch in flight.
+    async fn fetch_striped(&self, client: &Arc<RpcClient>, id: ChunkId, size: Option<u64>) -> Result<Bytes, WireError> {
         let fetching = self.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let _counted = InFlight(&self.in_flight);
-        let stripes = (client.connections() / fetching).max(1) as u64;
-        let stripe = size.div_ceil(stripes).max(self.config.min_stripe).max(1);
-        let offsets: Vec<u64> = if size == 0 { vec![0] } else { (0..size).step_by(stripe as usize).collect() };
+        let offsets: Vec<(u64, u64)> = match size {
+            Some(size) if size > 0 => {
+                let stripes = (client.connections() / fetching).max(1) as u64;
+                let stripe = size.div_ceil(stripes).max(self.config.min_stripe).max(1);
+                (0..size).step_by(stripe as usize).map(|offset| (offset, stripe)).collect()
+            }
+            _ => vec![(0, u64::MAX)],
+        };
         let parts: Vec<_> = offsets
             .into_iter()
-            .map(|offset| {
+            .map(|(offset, len)| {
                 let client = client.clone();
-                let req = NodeRequest::Get { id, offset, len: stripe, local_only: true, cap: None };
+                let req = NodeRequest::Get { id, offset, len, local_only: true, cap: None };
                 tokio::spawn(async move { client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await })
             })
             .collect();
@@ -405,6 +449,18 @@ impl SiteLink {
             return Ok(whole.clone());
         }
         Ok(Bytes::from(received.concat()))
+    }
+
+    /// The nodes `placement_guesses` names for `id`, each with a client.
+    async fn likely_holders(&self, id: &ChunkId) -> Vec<(String, Arc<RpcClient>)> {
+        let guesses = placement_guesses(id, &self.me, &self.site, &self.peers.all(), &read(&self.rtts));
+        let mut out = Vec::new();
+        for node in guesses {
+            if let Ok(client) = self.peers.client(&node).await {
+                out.push((node, client));
+            }
+        }
+        out
     }
 
     /// Stores a fetched chunk in the site cache, evicting the least recently used
@@ -523,6 +579,13 @@ impl SiteLink {
                 client.use_connections(n);
             }
             lock(&self.pools).insert(node.id.clone(), client.connections());
+            // Opened now, not by the first read that needs them.
+            let (pool, id) = (client.clone(), node.id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = pool.warm().await {
+                    tracing::debug!(node = %id, "cannot open every connection to the node: {e}");
+                }
+            });
             let micros = rtt.as_micros() as u64;
             best.entry(node.site).and_modify(|b| *b = (*b).min(micros)).or_insert(micros);
         }
@@ -590,6 +653,37 @@ impl Worker for SiteLinkWorker {
     }
 }
 
+/// Where writers would have put chunk `id`, for a node `me` at `site` that lacks it:
+/// at its own site the node after it in placement order (which takes a chunk `me`
+/// refused), then at the nearest other site (by the round trips in `rtts`) the
+/// first-ranked node, as a writer there places chunks (rendezvous over the site's
+/// undrained live nodes).
+fn placement_guesses(
+    id: &ChunkId,
+    me: &str,
+    site: &str,
+    peers: &[NodeInfo],
+    rtts: &HashMap<String, Duration>,
+) -> Vec<String> {
+    let mut sites: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    sites.entry(site).or_default().push(me.to_string());
+    for n in peers.iter().filter(|n| !n.drained && n.last_seen_secs <= proto::policy::NODE_GONE_SECS) {
+        sites.entry(&n.site).or_default().push(n.id.clone());
+    }
+    let here = sites.remove(site).unwrap_or_default();
+    let mut guesses: Vec<String> =
+        rendezvous(id, &here, 2).into_iter().filter(|n| *n != me).map(String::from).take(1).collect();
+    let nearest = sites
+        .values()
+        .filter_map(|nodes| {
+            let first = rendezvous(id, nodes, 1).first()?.to_string();
+            Some((nodes.iter().filter_map(|n| rtts.get(n)).min().copied().unwrap_or(Duration::MAX), first))
+        })
+        .min();
+    guesses.extend(nearest.map(|(_, first)| first));
+    guesses
+}
+
 /// Bytes `[offset, offset + len)` of a whole chunk, clipped to its end.
 fn slice(id: ChunkId, data: Bytes, offset: u64, len: u64) -> Result<Bytes, WireError> {
     let size = data.len() as u64;
@@ -635,6 +729,65 @@ mod tests {
         let got = tokio::time::timeout(Duration::from_secs(5), link.fetch_unless_recent(id)).await;
         assert_eq!(got.expect("the miss fetched the chunk again").unwrap(), data);
         assert_eq!(link.stats.fetched_chunks.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    fn node(id: &str, site: &str, addr: &str) -> NodeInfo {
+        NodeInfo {
+            id: id.into(),
+            store_id: String::new(),
+            site: site.into(),
+            addr: addr.into(),
+            capacity_bytes: 0,
+            used_bytes: 0,
+            chunk_count: 0,
+            last_seen_secs: 0,
+            site_rtts: Vec::new(),
+            cache_bytes: 0,
+            drained: false,
+        }
+    }
+
+    /// A chunk that misses here is fetched from where placement puts it at the other
+    /// site, without waiting for the catalogue: meta here never answers.
+    #[tokio::test]
+    async fn a_miss_is_fetched_from_where_placement_puts_it_without_asking_meta() {
+        let dir = tempfile::tempdir().unwrap();
+        let (link, _) = link(dir.path(), 1 << 20).await;
+        let holder = Arc::new(ChunkStore::open(&dir.path().join("a0"), 1 << 30).unwrap());
+        let (id, data) = chunk(9, 300_000);
+        holder.put(&id, &data).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(net::serve(listener, Arc::new(crate::NodeService::new(holder))));
+        link.peers.update([node("a0", "a", &addr)]);
+        let got = tokio::time::timeout(Duration::from_secs(3), link.fetch_copy(id)).await;
+        assert_eq!(got.expect("the fetch waited for meta").unwrap(), data);
+        assert_eq!(link.stats.fetched_chunks.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn placement_guesses_the_next_node_here_and_the_first_at_the_nearest_site() {
+        let id = ChunkId([3; 32]);
+        let ms = Duration::from_millis;
+        let mut peers = vec![node("a0", "a", ""), node("a1", "a", ""), node("c0", "c", ""), node("b1", "b", "")];
+        let rtts: HashMap<String, Duration> =
+            [("a0".into(), ms(100)), ("a1".into(), ms(90)), ("c0".into(), ms(20))].into();
+        let here: Vec<String> = vec!["b0".into(), "b1".into()];
+        let next_here = rendezvous(&id, &here, 2).into_iter().find(|n| *n != "b0").unwrap().to_string();
+        let guesses = placement_guesses(&id, "b0", "b", &peers, &rtts);
+        assert_eq!(guesses, vec![next_here, "c0".to_string()], "site c is nearer than a");
+        // Without c, site a's first-ranked node (over its live, undrained nodes).
+        peers.retain(|n| n.id != "c0");
+        let a: Vec<String> = vec!["a0".into(), "a1".into()];
+        let first_a = rendezvous(&id, &a, 1)[0].to_string();
+        assert_eq!(placement_guesses(&id, "b0", "b", &peers, &rtts)[1], first_a);
+        for n in peers.iter_mut().filter(|n| n.id == first_a) {
+            n.drained = true;
+        }
+        let other_a = if first_a == "a0" { "a1" } else { "a0" };
+        assert_eq!(placement_guesses(&id, "b0", "b", &peers, &rtts)[1], other_a, "a drained node takes no chunks");
+        // Alone at its site, with no other site: nothing to guess.
+        assert!(placement_guesses(&id, "b0", "b", &[], &rtts).is_empty());
     }
 
     #[test]
