@@ -37,6 +37,20 @@ impl ChunkCache {
         Some(data)
     }
 
+    /// Bytes of the chunks held.
+    pub fn bytes(&self) -> usize {
+        lock(&self.inner).bytes
+    }
+
+    /// Drops `id` (a chunk its reader is done with), freeing its bytes at once.
+    pub fn remove(&self, id: &ChunkId) {
+        let mut lru = lock(&self.inner);
+        if let Some((data, tick)) = lru.by_id.remove(id) {
+            lru.bytes -= data.len();
+            lru.by_tick.remove(&tick);
+        }
+    }
+
     pub fn insert(&self, id: ChunkId, data: Bytes) {
         if data.len() > self.capacity {
             return;
@@ -63,6 +77,19 @@ impl ChunkCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_chunk_frees_its_bytes() {
+        let c = ChunkCache::new(10);
+        let (a, b) = (ChunkId([1; 32]), ChunkId([2; 32]));
+        c.insert(a, Bytes::from_static(b"123456"));
+        c.remove(&a);
+        c.remove(&a);
+        assert!(c.get(&a).is_none());
+        assert_eq!(c.bytes(), 0);
+        c.insert(b, Bytes::from_static(b"1234567890"));
+        assert!(c.get(&b).is_some(), "the removed chunk's bytes no longer count");
+    }
 
     #[test]
     fn evicts_least_recently_used_beyond_capacity() {

@@ -229,6 +229,19 @@ impl DataPath {
 
     /// A whole chunk: from the upload set, the cache, or a node (one fetch per chunk
     /// however many readers want it), verified against its id.
+    /// Bytes of whole chunks held in memory (the chunk cache).
+    pub fn cached_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Drops a chunk a sequential reader has gone past from the chunk cache: the kernel's
+    /// page cache holds what was read, and the chunk's buffer (a pooled one, read from
+    /// a store in this process) goes back to be reused instead of new memory being
+    /// faulted in and zeroed for every chunk of a long read.
+    pub fn forget(&self, id: &ChunkId) {
+        self.cache.remove(id);
+    }
+
     pub async fn chunk(&self, id: ChunkId) -> Result<ChunkData> {
         if let Some((data, _)) = lock(&self.uploading).get(&id) {
             return Ok(data.clone());

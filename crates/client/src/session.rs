@@ -26,7 +26,12 @@ impl Worker for SessionKeeper {
     }
 
     fn progress(&self) -> String {
-        format!("session {}, reopened {} times", self.meta.session(), self.reopened)
+        format!(
+            "session {}, reopened {} times, {} bytes of chunks in memory",
+            self.meta.session(),
+            self.reopened,
+            self.data.cached_bytes()
+        )
     }
 
     async fn work(&mut self) -> Result<Step, VfsError> {

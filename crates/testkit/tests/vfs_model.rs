@@ -223,6 +223,50 @@ fn fragmented_files_are_compacted_in_the_background() {
     });
 }
 
+/// A sequential reader lets go of the chunks it has gone past (the kernel's page cache
+/// holds what it read): a long read keeps a few chunks in memory, not the whole file,
+/// and a chunk the file holds again further on stays for then.
+#[test]
+fn a_sequential_reader_lets_go_of_the_chunks_behind_it() {
+    let env = env();
+    env.rt.block_on(async {
+        let writer = connect(&env.meta_addr).await;
+        let attr = writer.create(ROOT_INODE, b"streamed", NewNode::File, 0o644, true).await.unwrap();
+        let (fh, _) = writer.open(attr.ino, OpenOptions::default()).await.unwrap();
+        let chunk = 64 << 10;
+        // 64 chunks, each of its own bytes but the 40th, a copy of the 1st.
+        let mut model = Vec::with_capacity(64 * chunk);
+        for i in 0..64u8 {
+            model.extend(std::iter::repeat_n(if i == 39 { 0 } else { i }, chunk));
+        }
+        writer.write(fh, 0, &model).await.unwrap();
+        writer.release(fh).await.unwrap();
+
+        let reader = connect(&env.meta_addr).await;
+        let (fh, _) = reader.open(attr.ino, OpenOptions::default()).await.unwrap();
+        for at in (0..model.len()).step_by(chunk / 2) {
+            let got = reader.read(fh, at as u64, (chunk / 2) as u32).await.unwrap();
+            assert!(got == model[at..at + chunk / 2], "bytes at {at}");
+        }
+        reader.release(fh).await.unwrap();
+        // The session worker reports the chunk cache at its next heartbeat (every 2 s here).
+        let session = || reader.workers().into_iter().find(|w| w.name == "session").unwrap();
+        let read_at = session().steps;
+        let mut status = session();
+        for _ in 0..100 {
+            if status.steps > read_at {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            status = session();
+        }
+        assert!(status.steps > read_at, "no heartbeat in 10 s");
+        let held = status.progress.split(", ").find_map(|p| p.strip_suffix(" bytes of chunks in memory"));
+        let held: usize = held.expect("the session's progress shows the chunk cache").parse().unwrap();
+        assert!(held <= 3 * chunk, "{held} bytes of a {} byte file held after reading it through", model.len());
+    });
+}
+
 async fn extent_count(meta: &net::RpcClient, ino: u64) -> usize {
     meta.ask(proto::meta::Extents { ino }).await.unwrap().unwrap().extents.len()
 }

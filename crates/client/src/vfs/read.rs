@@ -33,12 +33,27 @@ impl Vfs {
             }
             let ahead = if sequential {
                 let max = self.config.readahead_chunks.min((self.config.cache_bytes as u64 / 2 / cs).max(1));
+                let target = |window: u64| (end + window * cs).min(f.attr.size);
                 if offset / cs != end.saturating_sub(1) / cs || offset.is_multiple_of(cs) {
                     // Crossing into a new chunk: the reader keeps going, widen the window.
-                    let w = handle.window.load(Ordering::Relaxed);
-                    handle.window.store((w * 2).min(max).max(1), Ordering::Relaxed);
+                    let w = (handle.window.load(Ordering::Relaxed) * 2).min(max).max(1);
+                    handle.window.store(w, Ordering::Relaxed);
+                    // Drop behind: the chunk two before this one is done with (the kernel's
+                    // reads of it ended long ago), unless the window needs it again.
+                    if let Some(done) = (offset / cs).checked_sub(2) {
+                        let chunks = |from: u64, to: u64| {
+                            f.extents.segments(from, to).into_iter().filter_map(|s| match s {
+                                Segment::Data(e) => Some(e.chunk),
+                                Segment::Hole { .. } => None,
+                            })
+                        };
+                        let wanted: Vec<_> = chunks(done * cs + cs, target(w)).collect();
+                        for id in chunks(done * cs, done * cs + cs).filter(|id| !wanted.contains(id)) {
+                            self.data.forget(&id);
+                        }
+                    }
                 }
-                let target = (end + handle.window.load(Ordering::Relaxed) * cs).min(f.attr.size);
+                let target = target(handle.window.load(Ordering::Relaxed));
                 let from = handle.prefetched_to.fetch_max(target, Ordering::Relaxed).max(end);
                 f.extents.segments(from, target.max(from))
             } else {
