@@ -192,8 +192,7 @@ fn fragmented_files_are_compacted_in_the_background() {
     let env = env();
     env.rt.block_on(async {
         let vfs = connect(&env.meta_addr).await;
-        let attr = vfs.create(ROOT_INODE, b"fragmented", NewNode::File, 0o644, true).await.unwrap();
-        let (fh, _) = vfs.open(attr.ino, OpenOptions::default()).await.unwrap();
+        let (attr, fh) = new_file(&vfs, b"fragmented").await;
         let mut model = vec![1u8; 256 << 10];
         vfs.write(fh, 0, &model).await.unwrap();
         vfs.fsync(fh).await.unwrap();
@@ -231,8 +230,7 @@ fn a_sequential_reader_lets_go_of_the_chunks_behind_it() {
     let env = env();
     env.rt.block_on(async {
         let writer = connect(&env.meta_addr).await;
-        let attr = writer.create(ROOT_INODE, b"streamed", NewNode::File, 0o644, true).await.unwrap();
-        let (fh, _) = writer.open(attr.ino, OpenOptions::default()).await.unwrap();
+        let (attr, fh) = new_file(&writer, b"streamed").await;
         let chunk = 64 << 10;
         // 64 chunks, each of its own bytes but the 40th, a copy of the 1st.
         let mut model = Vec::with_capacity(64 * chunk);
@@ -265,6 +263,13 @@ fn a_sequential_reader_lets_go_of_the_chunks_behind_it() {
         let held: usize = held.expect("the session's progress shows the chunk cache").parse().unwrap();
         assert!(held <= 3 * chunk, "{held} bytes of a {} byte file held after reading it through", model.len());
     });
+}
+
+/// A new file in the root directory, open.
+async fn new_file(vfs: &Arc<Vfs>, name: &[u8]) -> (proto::types::Attr, u64) {
+    let attr = vfs.create(ROOT_INODE, name, NewNode::File, 0o644, true).await.unwrap();
+    let (fh, _) = vfs.open(attr.ino, OpenOptions::default()).await.unwrap();
+    (attr, fh)
 }
 
 async fn extent_count(meta: &net::RpcClient, ino: u64) -> usize {

@@ -113,7 +113,8 @@ pub type DirHandle = u64;
 /// One open of a file, with the read pattern seen through it.
 struct Handle {
     file: Arc<FileState>,
-    /// End of the previous read: a read starting here is sequential.
+    /// End of the furthest read of the stream so far (0 before the first): a read
+    /// within a chunk of it continues the stream.
     last_read_end: AtomicU64,
     /// Current read-ahead window in chunks (adaptive).
     window: AtomicU64,

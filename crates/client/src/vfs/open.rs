@@ -142,7 +142,7 @@ impl Vfs {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         let handle = Arc::new(Handle {
             file,
-            last_read_end: AtomicU64::new(u64::MAX),
+            last_read_end: AtomicU64::new(0),
             window: AtomicU64::new(2),
             prefetched_to: AtomicU64::new(0),
         });

@@ -65,9 +65,14 @@ impl Vfs {
         };
         for seg in ahead {
             if let Segment::Data(e) = seg {
-                let vfs = self.clone();
+                let (vfs, handle) = (self.clone(), handle.clone());
                 tokio::spawn(async move {
-                    let _ = vfs.data.chunk(e.chunk).await;
+                    // A fetch that starts late (a busy runtime) after the reader went past
+                    // its chunk would only bring back what drop-behind let go.
+                    let passed = e.file_offset + e.len + vfs.config.chunk_size;
+                    if handle.last_read_end.load(Ordering::Relaxed) <= passed {
+                        let _ = vfs.data.chunk(e.chunk).await;
+                    }
                 });
             }
         }
