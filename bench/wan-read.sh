@@ -6,7 +6,10 @@
 #
 # Per point (RTT, queue): iperf3 MB/s, Locus MB/s and its ratio to iperf3, the packets the
 # bottleneck tail-dropped (A->B) for each as a share of the packets it received, and the bytes
-# that crossed A->B per byte read. Also a per-thread CPU table of the processes on the read
+# that crossed A->B per byte read. Then a second file, as cold at B, read through the same B
+# node right after: its connections to A carried the first read seconds before, as a site
+# node's pool does in steady use (BBR keeps its window and bandwidth model across idle time;
+# the node's server closes a connection only after 10 minutes without a request). Also a per-thread CPU table of the processes on the read
 # path during the read at PROFILE_RTT ms with a 1 x BDP queue. Then (part 4) READERS clients
 # at B (a mount process each) read the file at once, cold, at QUEUE_RTT ms with a 1 x BDP
 # queue: their aggregate rate against the link, the bytes that crossed A->B per file, and a
@@ -17,6 +20,7 @@
 #   LOSS=0.5  RATE=1000 (Mbit/s)  READ_TIMEOUT=30 (s; a capped read reports its rate so far)
 #   IPERF_SECS=8 IPERF_OMIT=2  PROFILE_RTT=100  READERS=8 (0: no many-readers point)  SKIP_BUILD=0
 #   LOCUS_NODE_ARGS= LOCUS_MOUNT_ARGS=  OUT=bench/results/wan-read.md  WORK=/tmp/wan-read
+#   LOCUS_BIN=target/release/locus (another build to compare, with SKIP_BUILD=1)
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,6 +41,7 @@ READERS=${READERS:-8}
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
 LOCUS_MOUNT_ARGS=${LOCUS_MOUNT_ARGS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
+LOCUS_BIN=${LOCUS_BIN:-$ROOT/target/release/locus}
 WORK=${WORK:-/tmp/wan-read}
 PREFIX=${PREFIX:-lwr-}
 OUT=${OUT:-$ROOT/bench/results/wan-read.md}
@@ -85,8 +90,9 @@ trap 'exit 130' INT TERM
 for m in "$MNTB" "$MNTA"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true; done
 rm -rf "$WORK"
 mkdir -p "$BIN" "$LOG" "$NODEA_DIR" "$NODEB_DIR" "$MNTA" "$MNTB"
-cp "$ROOT/target/release/locus" "$ROOT/target/release/locus-wan" "$BIN/"
-BUILT=$(date -u -r "$ROOT/target/release/locus" '+%H:%M UTC')
+cp "$LOCUS_BIN" "$BIN/locus"
+cp "$ROOT/target/release/locus-wan" "$BIN/"
+BUILT=$(date -u -r "$LOCUS_BIN" '+%H:%M UTC')
 LOCUS=$BIN/locus WAN=$BIN/locus-wan
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
 bench_pki "meta meta a" "node node-a a" "node node-b b" "client client-a a" "client client-b b" "admin admin a"
@@ -104,6 +110,7 @@ start_node b
 start_mount a
 say "writing $SIZE_MB MiB of random data at A"
 head -c "$BYTES" /dev/urandom | dd of="$MNTA/big" bs=1M conv=fsync status=none
+head -c "$BYTES" /dev/urandom | dd of="$MNTA/big2" bs=1M conv=fsync status=none
 stop_mount_site a
 ip netns exec "$NSB" iperf3 -s -p 5201 >"$LOG/iperf3.log" 2>&1 &
 IPERF_PID=$!
@@ -150,12 +157,12 @@ snap_profile() { # file
 }
 
 {
-    echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | TCP copy, 8 fresh flows MB/s | Locus MB/s | Locus / iperf3 | Locus / TCP copy | Locus tail drops % | WAN bytes / bytes read | read |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | TCP copy, 8 fresh flows MB/s | Locus MB/s | Locus / iperf3 | Locus / TCP copy | Locus tail drops % | WAN bytes / bytes read | read | Locus, warm node MB/s | warm / iperf3 | warm tail drops % | warm read |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
 } >"$ROWS"
 
 point() { # rtt queue_factor
-    local rtt=$1 qf=$2 q r0 d0 r1 d1 bps b s c w w0 w1 lr ld note ticks
+    local rtt=$1 qf=$2 q r0 d0 r1 d1 bps b s c w w0 w1 lr ld note ticks wr wd wnote
     q=$(python3 -c "print(max(int($RATE * 1e6 / 8 * $rtt / 1000 * $qf), 65536))")
     set_path "$rtt" "$LOSS" "$q"
     say "RTT $rtt ms, loss $LOSS %, queue $qf x BDP = $q B"
@@ -175,16 +182,26 @@ point() { # rtt queue_factor
     [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && { snap_profile "$WORK/prof-after"; PROF_SECS=$s; }
     read -r w1 _ < <(wan_bytes)
     read -r r1 d1 < <(counters)
-    stop_mount_site b
     lr=$(mbs "$b" "$s")
     ld=$(pct $((r1 - r0)) $((d1 - d0)))
     note="complete"
     ((c == 1)) || note="capped at ${READ_TIMEOUT} s: $((b >> 20)) MiB"
-    say "  iperf3 $ip_mbs MB/s (drops $ip_drop %), TCP copy $copy_mbs MB/s, Locus $lr MB/s (drops $ld %), $note"
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$copy_mbs" "$lr" \
+    local wan_per_byte
+    wan_per_byte=$(python3 -c "print(f'{($w1 - $w0) / max($b, 1):.3f}')")
+    second_b
+    read -r r0 d0 < <(counters)
+    read -r b s c < <(timed_dd "$MNTB/big2" "$READ_TIMEOUT")
+    read -r r1 d1 < <(counters)
+    stop_mount_site b
+    wr=$(mbs "$b" "$s")
+    wd=$(pct $((r1 - r0)) $((d1 - d0)))
+    wnote="complete"
+    ((c == 1)) || wnote="capped at ${READ_TIMEOUT} s: $((b >> 20)) MiB"
+    say "  iperf3 $ip_mbs MB/s (drops $ip_drop %), TCP copy $copy_mbs MB/s, Locus $lr MB/s (drops $ld %), $note; warm node $wr MB/s (drops $wd %), $wnote"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$copy_mbs" "$lr" \
         "$(python3 -c "print(f'{$lr / max($ip_mbs, 1e-9):.2f}')")" \
-        "$(python3 -c "print(f'{$lr / max($copy_mbs, 1e-9):.2f}')")" "$ld" \
-        "$(python3 -c "print(f'{($w1 - $w0) / max($b, 1):.3f}')")" "$note" >>"$ROWS"
+        "$(python3 -c "print(f'{$lr / max($copy_mbs, 1e-9):.2f}')")" "$ld" "$wan_per_byte" "$note" "$wr" \
+        "$(python3 -c "print(f'{$wr / max($ip_mbs, 1e-9):.2f}')")" "$wd" "$wnote" >>"$ROWS"
 }
 
 # READERS clients at B read the file at once, cold (B's node restarted with an empty site
@@ -252,13 +269,15 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
 {
     echo "# WAN read: one cold reader at B of a file at A, beside iperf3 (bench/wan-read.sh)"
     echo
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), tree $REV$([[ $DIRTY != 0 ]] && echo " + $DIRTY changed files in crates/") at the end, locus binary built $BUILT, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores."
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), tree $REV$([[ $DIRTY != 0 ]] && echo " + $DIRTY changed files in crates/") at the end, locus binary $LOCUS_BIN built $BUILT, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores."
     echo "Link $RATE Mbit/s per direction, random loss $LOSS %, drop-tail bottleneck queue in BDPs of the point's RTT;"
     echo "file $SIZE_MB MiB, one \`dd bs=64k\` at B (new mount, B's node restarted with an empty site cache, page cache dropped),"
     echo "capped at $READ_TIMEOUT s (a capped read reports its rate so far); iperf3 -P 8 -C bbr -t $IPERF_SECS -O $IPERF_OMIT A->B"
     echo "(its first $IPERF_OMIT s left out: the path's steady rate); TCP copy: bench/tcp_copy.py moving the file's bytes A->B"
     echo "on 8 fresh BBR connections, from the first connect to the last byte received (start and ramp included, as in a cold read)."
     echo "Tail drops: packets the bottleneck queue dropped A->B / packets it received A->B during the run."
+    echo "Warm node: a second $SIZE_MB MiB file, never read at B, read right after by a new mount at B (page cache dropped)"
+    echo "through the same B node, whose connections to A carried the first read seconds before (a site node in steady use)."
     echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`."
     echo
     cat "$ROWS"

@@ -50,13 +50,14 @@ static BUFFERS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 /// partial block, or a small file) through the page cache. Writing into the page
 /// cache touches a freshly allocated page per 4 KiB, which costs far more CPU than the
 /// copy itself (measured: 1.6 s of system time per GiB buffered, 0.06 s direct; see
-/// bench/results/replication-profile.txt); the data is never read back right away, and
-/// the caller's sync still makes it durable. A file system that refuses `O_DIRECT`
-/// gets a buffered write, and so does every write with `direct` false (a cache whose
-/// copies may be read again soon and are never synced).
-pub(crate) fn write_new_file(path: &Path, data: &[u8], direct: bool) -> io::Result<()> {
+/// bench/results/replication-profile.txt). That holds for a site cache's copies too,
+/// although they may be read again soon: a read-through of another site's file
+/// halved its site node's CPU with them written direct (bench/results/cache-direct-ab.md),
+/// and a later read finds them on the disk at the disk's speed. The caller's sync, if
+/// any, makes the file durable. A file system that refuses `O_DIRECT` gets a buffered write.
+pub(crate) fn write_new_file(path: &Path, data: &[u8]) -> io::Result<()> {
     let aligned = data.len() / DIRECT_ALIGN * DIRECT_ALIGN;
-    if !direct || data.len() < DIRECT_MIN {
+    if data.len() < DIRECT_MIN {
         return OpenOptions::new().write(true).create_new(true).open(path)?.write_all(data);
     }
     let file = match OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_DIRECT).open(path) {
@@ -317,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn files_hold_exactly_their_bytes_written_direct_or_buffered_and_read_back() {
+    fn files_hold_exactly_their_bytes_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         // Around every boundary: small, one block short of and past the direct minimum,
         // aligned, a partial last block, and several pieces with a tail.
@@ -326,18 +327,16 @@ mod tests {
             let padded: Vec<u8> = (0..=len).map(|j| (j * 7 + j / 4096 + i) as u8).collect();
             // An unaligned start, as bytes received from the network have.
             let data = &padded[1..];
-            for direct in [true, false] {
-                let path = dir.path().join(format!("f{i}-{direct}"));
-                write_new_file(&path, data, direct).unwrap();
-                assert_eq!(std::fs::read(&path).unwrap(), data, "{len} bytes, direct {direct}");
-                // Read back both ways, twice: the second read reuses the first's buffer.
-                for _ in 0..2 {
-                    let got = read_file(&path).unwrap().unwrap();
-                    assert_eq!(got, data, "{len} bytes, written direct {direct}");
-                }
-                // The name must be new.
-                assert!(write_new_file(&path, data, direct).is_err());
+            let path = dir.path().join(format!("f{i}"));
+            write_new_file(&path, data).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), data, "{len} bytes");
+            // Read back twice: the second read reuses the first's buffer.
+            for _ in 0..2 {
+                let got = read_file(&path).unwrap().unwrap();
+                assert_eq!(got, data, "{len} bytes");
             }
+            // The name must be new.
+            assert!(write_new_file(&path, data).is_err());
         }
         assert!(lock(&BUFFERS).len() <= DIRECT_POOL);
         assert!(read_file(&dir.path().join("absent")).unwrap().is_none());

@@ -434,8 +434,8 @@ impl ChunkStore {
             detail: format!("the disk holding {} is full: {e}", self.dir.display()),
         };
         let written = (|| {
-            // A durable store's bulk skips the page cache (see `disk::write_new_file`).
-            disk::write_new_file(&tmp, data, self.durable.is_some())?;
+            // The bulk skips the page cache (see `disk::write_new_file`).
+            disk::write_new_file(&tmp, data)?;
             util::crash_point!("chunk-before-sync");
             // The temp file is durable before it gets its name (shared with other puts).
             self.sync()
