@@ -150,10 +150,11 @@ fn read_buffer(need: usize) -> Vec<u8> {
 }
 
 /// The whole file at `path`, or `None` if there is none. A file of `DIRECT_MIN` bytes
-/// or more is read into a reused buffer on huge pages and shared as `Bytes` without a
-/// copy. Through the page cache, not with `O_DIRECT`: measured side by side
-/// (bench/results/read-path-direct-ab.md), direct reads of whole chunks lost the
-/// kernel's read-ahead and read 0.60x as fast at bs=1M, for less CPU.
+/// or more is read with `O_DIRECT` (whole blocks; through the page cache where the file
+/// system refuses it) into a reused buffer on huge pages and shared as `Bytes` without a
+/// copy. Filling fresh page-cache pages cost more than the device's read: cold reads
+/// 1.06-1.34x at bs=1M, 0.90-1.19x at 64k (bench/results/read-direct-ab.md). The
+/// kernel flushes the file's dirty pages (a buffered tail) before a direct read.
 pub(crate) fn read_file(path: &Path) -> io::Result<Option<Bytes>> {
     let mut file = match File::open(path) {
         Ok(f) => f,
@@ -166,30 +167,54 @@ pub(crate) fn read_file(path: &Path) -> io::Result<Option<Bytes>> {
         file.read_to_end(&mut data)?;
         return Ok(Some(Bytes::from(data)));
     }
-    let mut buf = read_buffer(len);
+    // Direct reads ask for whole blocks: the last one reads short at the end of the file.
+    let whole = len.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let mut buf = read_buffer(whole);
     let start = buf.as_ptr().align_offset(HUGE_PAGE);
+    let mut direct = start_direct(&file).is_ok();
     let mut done = 0;
     while done < len {
-        match file.read_at(&mut buf[start + done..start + len], done as u64) {
+        let end = if direct { whole } else { len };
+        match file.read_at(&mut buf[start + done..start + end], done as u64) {
             // Shorter than its length said: the hash check will refuse it.
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // Alignment stricter than ours: the rest goes through the page cache.
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                stop_direct(&file)?;
+                direct = false;
+            }
             Err(e) => return Err(e),
         }
+        if direct && done % DIRECT_ALIGN != 0 && done < len {
+            stop_direct(&file)?;
+            direct = false;
+        }
     }
+    let done = done.min(len);
     Ok(Some(Bytes::from_owner(ReadBuffer { buf, start, len: done })))
 }
 
 /// Turns `O_DIRECT` off for an open file: later writes go through the page cache.
 fn stop_direct(file: &File) -> io::Result<()> {
+    set_direct(file, false)
+}
+
+/// Turns `O_DIRECT` on for an open file (refused by a file system without it).
+fn start_direct(file: &File) -> io::Result<()> {
+    set_direct(file, true)
+}
+
+fn set_direct(file: &File, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL only reads the descriptor's flags; `file` keeps it open.
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
     if flags < 0 {
         return Err(io::Error::last_os_error());
     }
+    let flags = if on { flags | libc::O_DIRECT } else { flags & !libc::O_DIRECT };
     // SAFETY: F_SETFL only changes the descriptor's status flags; `file` keeps it open.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
