@@ -196,7 +196,7 @@ pub(crate) fn read_file(path: &Path) -> io::Result<Option<Bytes>> {
     Ok(Some(Bytes::from_owner(ReadBuffer { buf, start, len: done })))
 }
 
-/// Turns `O_DIRECT` off for an open file: later writes go through the page cache.
+/// Turns `O_DIRECT` off for an open file: later reads and writes go through the page cache.
 fn stop_direct(file: &File) -> io::Result<()> {
     set_direct(file, false)
 }
@@ -206,6 +206,7 @@ fn start_direct(file: &File) -> io::Result<()> {
     set_direct(file, true)
 }
 
+/// Sets or clears an open file's `O_DIRECT` status flag.
 fn set_direct(file: &File, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL only reads the descriptor's flags; `file` keeps it open.
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
