@@ -9,8 +9,9 @@
 # that crossed A->B per byte read. Then a second file, as cold at B, read through the same B
 # node right after: its connections to A carried the first read seconds before, as a site
 # node's pool does in steady use (BBR keeps its window and bandwidth model across idle time;
-# the node's server closes a connection only after 10 minutes without a request). Also a per-thread CPU table of the processes on the read
-# path during the read at PROFILE_RTT ms with a 1 x BDP queue. Then (part 4) READERS clients
+# the node's server closes a connection only after 10 minutes without a request). Also a
+# per-thread CPU table of the processes on the read path during the read at PROFILE_RTT ms
+# with a 1 x BDP queue. Then (part 4) READERS clients
 # at B (a mount process each) read the file at once, cold, at QUEUE_RTT ms with a 1 x BDP
 # queue: their aggregate rate against the link, the bytes that crossed A->B per file, and a
 # later reader at B (new mount, B's node keeps its site cache) against a cold reader at A.
