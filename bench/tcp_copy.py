@@ -3,7 +3,7 @@
 
 Usage:
   tcp_copy.py recv --listen ADDR:PORT --bytes N --streams P     (prints "<t_last_byte>")
-  tcp_copy.py send --to ADDR:PORT --bytes N --streams P [--cc bbr]  (prints "<t_start>")
+  tcp_copy.py send --to ADDR:PORT --bytes N --streams P [--cc bbr] [--max-pacing-rate B]  (prints "<t_start>")
 
 The sender opens P fresh connections (congestion control --cc) and sends N bytes from
 memory, 1 MiB at a time on whichever connection has room (as a parallel copy tool hands
@@ -22,6 +22,8 @@ import threading
 import time
 
 BUF = 1 << 20
+# Linux's SO_MAX_PACING_RATE (bytes per second; not in Python's socket module).
+SO_MAX_PACING_RATE = 47
 
 
 def recv(args: argparse.Namespace) -> None:
@@ -73,6 +75,8 @@ def send(args: argparse.Namespace) -> None:
     def push() -> None:
         s = socket.socket()
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, args.cc.encode())
+        if args.max_pacing_rate:
+            s.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, args.max_pacing_rate)
         s.connect((host, int(port)))
         while k := take():
             s.sendall(data[:k])
@@ -96,6 +100,7 @@ def main() -> None:
     s = sub.add_parser("send")
     s.add_argument("--to", required=True)
     s.add_argument("--cc", default="bbr")
+    s.add_argument("--max-pacing-rate", type=int, default=0, help="bytes/s per connection (0: no cap)")
     for p in (r, s):
         p.add_argument("--bytes", type=int, required=True)
         p.add_argument("--streams", type=int, default=8)

@@ -22,6 +22,8 @@
 #   IPERF_SECS=8 IPERF_OMIT=2  PROFILE_RTT=100  READERS=8 (0: no many-readers point)  SKIP_BUILD=0
 #   LOCUS_NODE_ARGS= LOCUS_MOUNT_ARGS=  OUT=bench/results/wan-read.md  WORK=/tmp/wan-read
 #   LOCUS_BIN=target/release/locus (another build to compare, with SKIP_BUILD=1)
+#   PERF=0 (1: also `perf record -a -g` the whole machine during the profiled cold read, and write
+#          the hottest symbols per process to PROFILE_OUT's .perf.txt sibling)
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,6 +39,7 @@ READ_TIMEOUT=${READ_TIMEOUT:-30}
 IPERF_SECS=${IPERF_SECS:-8}
 IPERF_OMIT=${IPERF_OMIT:-2}
 PROFILE_RTT=${PROFILE_RTT:-100}
+PERF=${PERF:-0}
 RA_KB=${RA_KB:-1024}
 READERS=${READERS:-8}
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
@@ -178,8 +181,17 @@ point() { # rtt queue_factor
     cold_b
     read -r r0 d0 < <(counters)
     read -r w0 _ < <(wan_bytes)
-    [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && snap_profile "$PROF_BEFORE"
+    local perf_pid=""
+    if [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]]; then
+        snap_profile "$PROF_BEFORE"
+        if [[ $PERF == 1 ]]; then
+            echo "node-a:$NODEA_PID node-b:$NODEB_PID mount-b:$MOUNTB_PID" >"$WORK/perf.pids"
+            perf record -a -g -F 999 -o "$WORK/perf.data" 2>"$LOG/perf.err" &
+            perf_pid=$!
+        fi
+    fi
     read -r b s c < <(timed_dd "$MNTB/big" "$READ_TIMEOUT")
+    if [[ -n $perf_pid ]]; then kill -INT "$perf_pid" && wait "$perf_pid" || true; fi
     [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && { snap_profile "$WORK/prof-after"; PROF_SECS=$s; }
     read -r w1 _ < <(wan_bytes)
     read -r r1 d1 < <(counters)
@@ -314,5 +326,37 @@ for t, w, (proc, name) in rows:
         print(f"{proc:<8} {name:<20} {t:>8} {100 * t / hz / secs:>6.1f} {100 * w / 1e9 / secs:>19.1f}")
 EOF
 } >"$PROFILE_OUT" 2>/dev/null || say "no profile (the profiled point did not run)"
+if [[ $PERF == 1 && -s $WORK/perf.data ]]; then
+    {
+        echo "perf record -a -g -F 999 of the whole machine during the cold read at $PROFILE_RTT ms, 1 x BDP queue:"
+        echo "share of all samples per process, then each Locus process's hottest functions (self time, % of its samples)."
+        echo
+        perf script -i "$WORK/perf.data" -F comm,pid,tid,ip,sym 2>/dev/null |
+            python3 -c '
+import collections, re, sys
+names = {int(w.split(":")[1]): w.split(":")[0] for w in sys.argv[1].split()}
+total, comm, top = collections.Counter(), {}, collections.defaultdict(collections.Counter)
+pid, first = None, False
+for line in sys.stdin:
+    if line.strip() and not line.startswith("\t"):
+        m = re.match(r"\s*(.*?)\s+(\d+)/(\d+)", line)
+        pid, first = int(m.group(2)), True
+        total[pid] += 1
+        comm.setdefault(pid, m.group(1))
+    elif line.startswith("\t") and first:
+        parts = line.split(None, 1)
+        top[pid][parts[1].strip() if len(parts) > 1 else parts[0]] += 1
+        first = False
+n = max(sum(total.values()), 1)
+for p, c in total.most_common(8):
+    who = names.get(p, comm[p] if p else "idle (swapper)")
+    print(f"{100 * c / n:6.1f} %  {who} (pid {p})")
+for p, who in names.items():
+    print(f"\n## {who}: {100 * total[p] / n:.1f} % of all samples")
+    for sym, c in top[p].most_common(20):
+        print(f"{100 * c / max(total[p], 1):6.1f} %  {sym[:100]}")
+' "$(cat "$WORK/perf.pids")"
+    } >"${PROFILE_OUT%.txt}.perf.txt"
+fi
 cat "$OUT"
 say "done in $(($(date +%s) - T_START)) s"
