@@ -37,7 +37,7 @@ const DIRECT_ALIGN: usize = 4096;
 const DIRECT_PIECE: usize = 2 << 20;
 /// Files shorter than this are written through the page cache: a direct write's wait
 /// for the device is not worth saving a copy of a few pages.
-const DIRECT_MIN: usize = 64 << 10;
+pub(crate) const DIRECT_MIN: usize = 64 << 10;
 /// Aligned buffers kept for reuse: a fresh buffer costs page faults on first touch,
 /// which is what writing past the page cache is there to avoid.
 const DIRECT_POOL: usize = 8;
@@ -207,7 +207,7 @@ fn start_direct(file: &File) -> io::Result<()> {
 }
 
 /// Sets or clears an open file's `O_DIRECT` status flag.
-fn set_direct(file: &File, on: bool) -> io::Result<()> {
+pub(crate) fn set_direct(file: &File, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL only reads the descriptor's flags; `file` keeps it open.
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
     if flags < 0 {

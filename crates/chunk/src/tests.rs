@@ -339,3 +339,32 @@ fn key_files_are_64_hex_digits() {
     let e = seal::AtRest::from_key_file(&dir.path().join("missing")).unwrap_err().to_string();
     assert!(e.contains("cannot read it"), "{e}");
 }
+
+#[test]
+fn a_file_system_without_direct_io_stores_and_serves_through_the_page_cache() {
+    // A ramfs refuses O_DIRECT, both at open and through F_SETFL.
+    let ramfs = tempfile::tempdir().unwrap();
+    let Some(_mounted) = util::scratch::Mount::new(ramfs.path(), "ramfs", None) else {
+        eprintln!("SKIPPED: needs root to mount a ramfs");
+        return;
+    };
+    // The premise: both ways of asking for O_DIRECT are refused.
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = ramfs.path().join("probe");
+    let refused = fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&probe);
+    assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EINVAL), "ramfs took O_DIRECT at open");
+    let plain = fs::File::create(&probe).unwrap();
+    assert!(disk::set_direct(&plain, true).is_err(), "ramfs took O_DIRECT through F_SETFL");
+    fs::remove_file(&probe).unwrap();
+
+    let s = ChunkStore::open(ramfs.path(), 64 << 20).unwrap();
+    // Small files never ask for O_DIRECT; the others are written and read by the
+    // fallbacks, across the direct minimum and a partial last block.
+    for len in [100, disk::DIRECT_MIN, disk::DIRECT_MIN + 1, (4 << 20) + 123] {
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096 + len) as u8).collect();
+        let id = put_new(&s, &data);
+        assert_eq!(s.get(&id, 0, u64::MAX).unwrap(), data, "{len} bytes");
+        assert_eq!(s.get(&id, 5, 10).unwrap(), &data[5..15], "{len} bytes, a range");
+    }
+    assert_eq!(s.stats().corrupt_reads, 0);
+}

@@ -870,38 +870,15 @@ mod tests {
         assert!(!lock(&link.pending).1.contains(&id), "the replica was never evicted");
     }
 
-    /// A tmpfs of `mib` MiB mounted for a test, unmounted when dropped.
-    struct SmallDisk(tempfile::TempDir);
-
-    impl SmallDisk {
-        /// `None` where this process may not mount (not root).
-        fn mount(mib: u32) -> Option<SmallDisk> {
-            let dir = tempfile::tempdir().unwrap();
-            let size = format!("size={mib}m");
-            let mounted = std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
-                .arg(dir.path())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            mounted.then_some(SmallDisk(dir))
-        }
-    }
-
-    impl Drop for SmallDisk {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
-        }
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_disk_evicts_cached_copies_for_a_replica_and_never_replicas() {
-        let Some(disk) = SmallDisk::mount(8) else {
+        let disk = tempfile::tempdir().unwrap();
+        let Some(_mounted) = util::scratch::Mount::new(disk.path(), "tmpfs", Some("size=8m")) else {
             eprintln!("SKIPPED: needs root to mount a small tmpfs");
             return;
         };
         // The cache's cap and the store's capacity both exceed the disk.
-        let (link, store) = link(disk.0.path(), 64 << 20).await;
+        let (link, store) = link(disk.path(), 64 << 20).await;
         let cached: Vec<ChunkId> = (0..5)
             .map(|i| chunk(i, 1 << 20))
             .map(|(id, data)| {
