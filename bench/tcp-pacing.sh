@@ -4,8 +4,8 @@
 # connection's pacing rate capped (SO_MAX_PACING_RATE) at its share of a multiple of the link
 # rate, against no cap. Per point: the copy's rate (first connect to last byte) and the
 # packets the drop-tail bottleneck queue (1 x BDP) dropped A->B as a share of those it
-# received. This is the experiment behind `net::WanPacing`. Sites are network namespaces
-# joined by `locus-wan`; nothing talks to an address outside them.
+# received. Paced starts inside Locus were tried after it (bench/results/wan-pacing-ab.md).
+# Sites are network namespaces joined by `locus-wan`; nothing talks to an address outside them.
 #
 # Usage (as root):  bench/tcp-pacing.sh
 #   RTTS="100 200"  SHARES="0 1.0 1.1 1.3" (multiples of the link rate the 8 flows share; 0: no cap)
