@@ -24,6 +24,11 @@
 #   LOCUS_BIN=target/release/locus (another build to compare, with SKIP_BUILD=1)
 #   PERF=0 (1: also `perf record -a -g` the whole machine during the profiled cold read, and write
 #          the hottest symbols per process to PROFILE_OUT's .perf.txt sibling)
+#   SLOW_START_AFTER_IDLE= (0 or 1: net.ipv4.tcp_slow_start_after_idle in both sites' namespaces;
+#          empty: the system's own, 1 on Linux; with 0 a connection that idled keeps its window)
+#   TIMELINE=0 (1: bench/wan_timeline.py samples the bottleneck, A's connections to B and the CPU
+#          of the processes on the path during every iperf3 run, TCP copy, cold and warm read,
+#          into TIMELINE_OUT, one table per transfer)
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,6 +45,8 @@ IPERF_SECS=${IPERF_SECS:-8}
 IPERF_OMIT=${IPERF_OMIT:-2}
 PROFILE_RTT=${PROFILE_RTT:-100}
 PERF=${PERF:-0}
+TIMELINE=${TIMELINE:-0}
+SLOW_START_AFTER_IDLE=${SLOW_START_AFTER_IDLE:-}
 RA_KB=${RA_KB:-1024}
 READERS=${READERS:-8}
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
@@ -50,6 +57,7 @@ WORK=${WORK:-/tmp/wan-read}
 PREFIX=${PREFIX:-lwr-}
 OUT=${OUT:-$ROOT/bench/results/wan-read.md}
 PROFILE_OUT=${PROFILE_OUT:-${OUT%.md}-profile.txt}
+TIMELINE_OUT=${TIMELINE_OUT:-${OUT%.md}-timeline.md}
 
 NSA=${PREFIX}s0 NSB=${PREFIX}s1 IPA=10.99.0.1 IPB=10.99.0.2
 META=$IPA:7070
@@ -107,6 +115,10 @@ UP_PID=$!
 wait_line "$LOG/wan-up.out" "^ready" 30 "locus-wan up" "$UP_PID"
 CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
 set_path 0 0
+if [[ -n $SLOW_START_AFTER_IDLE ]]; then
+    for ns in "$NSA" "$NSB"; do ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_slow_start_after_idle="$SLOW_START_AFTER_IDLE"; done
+fi
+SSAI_SHOWN=$(ip netns exec "$NSA" sysctl -n net.ipv4.tcp_slow_start_after_idle)
 
 start_meta
 start_node a
@@ -139,6 +151,24 @@ tcp_copy_run() {
 # "<A->B packets received> <A->B tail drops>" at the bottleneck so far.
 counters() { echo "$(wan_counter received | cut -d' ' -f1) $(wan_counter queue_drops | cut -d' ' -f1)"; }
 pct() { python3 -c "print(f'{100 * $2 / max($1, 1):.2f}')"; }
+# With TIMELINE=1, what the transfer between timeline_start and timeline_stop did over time
+# (bench/wan_timeline.py), appended to TIMELINE_OUT.
+TIMELINE_PID=""
+timeline_start() { # label
+    [[ $TIMELINE == 1 ]] || return 0
+    local wan_pid
+    wan_pid=$(pgrep -P "$UP_PID" -f "locus-wan run" | head -1)
+    python3 "$ROOT/bench/wan_timeline.py" --control "$CTL" --sender-ns "$NSA" --dst "$IPB" --label "$1" \
+        --pids "node-a:$NODEA_PID,node-b:$NODEB_PID,mount-b:$MOUNTB_PID,emulator:${wan_pid:-0}" \
+        >>"$TIMELINE_OUT" 2>>"$LOG/timeline.err" &
+    TIMELINE_PID=$!
+}
+timeline_stop() {
+    [[ -n $TIMELINE_PID ]] || return 0
+    kill -TERM "$TIMELINE_PID" 2>/dev/null || true
+    wait "$TIMELINE_PID" || true
+    TIMELINE_PID=""
+}
 
 # Per-thread CPU of a process: "name ticks runqueue_wait_ns" per thread name (the wait, from
 # schedstat, is time a thread was runnable while other processes held the cores).
@@ -164,6 +194,10 @@ snap_profile() { # file
     echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | TCP copy, 8 fresh flows MB/s | Locus MB/s | Locus / iperf3 | Locus / TCP copy | Locus tail drops % | WAN bytes / bytes read | read | Locus, warm node MB/s | warm / iperf3 | warm tail drops % | warm read |"
     echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
 } >"$ROWS"
+if [[ $TIMELINE == 1 ]]; then
+    printf '# WAN transfers over time (bench/wan-read.sh TIMELINE=1, bench/wan_timeline.py)\n\n%s, tree %s, link %s Mbit/s, loss %s %%, file %s MiB.\n\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(git -C "$ROOT" rev-parse --short HEAD)" "$RATE" "$LOSS" "$SIZE_MB" >"$TIMELINE_OUT"
+fi
 
 point() { # rtt queue_factor
     local rtt=$1 qf=$2 q r0 d0 r1 d1 bps b s c w w0 w1 lr ld note ticks wr wd wnote
@@ -171,13 +205,17 @@ point() { # rtt queue_factor
     set_path "$rtt" "$LOSS" "$q"
     say "RTT $rtt ms, loss $LOSS %, queue $qf x BDP = $q B"
     read -r r0 d0 < <(counters)
+    timeline_start "RTT $rtt ms, queue $qf x BDP: iperf3 -P 8 -C bbr"
     bps=$(iperf_run 8 bbr)
+    timeline_stop
     read -r r1 d1 < <(counters)
     local ip_mbs ip_drop
     ip_drop=$(pct $((r1 - r0)) $((d1 - d0)))
     if [[ $bps == fail ]]; then ip_mbs=0; else ip_mbs=$(python3 -c "print(f'{$bps / 1e6:.1f}')"); fi
     local copy_mbs
+    timeline_start "RTT $rtt ms, queue $qf x BDP: TCP copy, 8 fresh flows"
     copy_mbs=$(tcp_copy_run)
+    timeline_stop
     cold_b
     read -r r0 d0 < <(counters)
     read -r w0 _ < <(wan_bytes)
@@ -190,7 +228,9 @@ point() { # rtt queue_factor
             perf_pid=$!
         fi
     fi
+    timeline_start "RTT $rtt ms, queue $qf x BDP: Locus, cold read at B"
     read -r b s c < <(timed_dd "$MNTB/big" "$READ_TIMEOUT")
+    timeline_stop
     if [[ -n $perf_pid ]]; then kill -INT "$perf_pid" && wait "$perf_pid" || true; fi
     [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && { snap_profile "$WORK/prof-after"; PROF_SECS=$s; }
     read -r w1 _ < <(wan_bytes)
@@ -203,7 +243,9 @@ point() { # rtt queue_factor
     wan_per_byte=$(python3 -c "print(f'{($w1 - $w0) / max($b, 1):.3f}')")
     second_b
     read -r r0 d0 < <(counters)
+    timeline_start "RTT $rtt ms, queue $qf x BDP: Locus, warm node at B"
     read -r b s c < <(timed_dd "$MNTB/big2" "$READ_TIMEOUT")
+    timeline_stop
     read -r r1 d1 < <(counters)
     stop_mount_site b
     wr=$(mbs "$b" "$s")
@@ -291,7 +333,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
     echo "Tail drops: packets the bottleneck queue dropped A->B / packets it received A->B during the run."
     echo "Warm node: a second $SIZE_MB MiB file, never read at B, read right after by a new mount at B (page cache dropped)"
     echo "through the same B node, whose connections to A carried the first read seconds before (a site node in steady use)."
-    echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`."
+    echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`, net.ipv4.tcp_slow_start_after_idle = $SSAI_SHOWN at both sites."
     echo
     cat "$ROWS"
     if [[ -s $READER_ROWS ]]; then
