@@ -23,7 +23,9 @@
 #   LOCUS_NODE_ARGS= LOCUS_MOUNT_ARGS=  OUT=bench/results/wan-read.md  WORK=/tmp/wan-read
 #   LOCUS_BIN=target/release/locus (another build to compare, with SKIP_BUILD=1)
 #   PERF=0 (1: also `perf record -a -g` the whole machine during the profiled cold read, and write
-#          the hottest symbols per process to PROFILE_OUT's .perf.txt sibling)
+#          the hottest symbols per process to PROFILE_OUT's .perf.txt sibling; dwarf: record B's node
+#          with DWARF call graphs instead, and write whose copies its memcpy samples are
+#          (bench/perf_callers.py) to PROFILE_OUT's .node-b-copies.txt sibling)
 #   SLOW_START_AFTER_IDLE= (0 or 1: net.ipv4.tcp_slow_start_after_idle in both sites' namespaces;
 #          empty: the system's own, 1 on Linux; with 0 a connection that idled keeps its window)
 #   TIMELINE=0 (1: bench/wan_timeline.py samples the bottleneck, A's connections to B and the CPU
@@ -226,6 +228,9 @@ point() { # rtt queue_factor
             echo "node-a:$NODEA_PID node-b:$NODEB_PID mount-b:$MOUNTB_PID" >"$WORK/perf.pids"
             perf record -a -g -F 999 -o "$WORK/perf.data" 2>"$LOG/perf.err" &
             perf_pid=$!
+        elif [[ $PERF == dwarf ]]; then
+            perf record -p "$NODEB_PID" --call-graph dwarf,32768 -F 300 -o "$WORK/perf-dwarf.data" 2>"$LOG/perf.err" &
+            perf_pid=$!
         fi
     fi
     timeline_start "RTT $rtt ms, queue $qf x BDP: Locus, cold read at B"
@@ -368,6 +373,15 @@ for t, w, (proc, name) in rows:
         print(f"{proc:<8} {name:<20} {t:>8} {100 * t / hz / secs:>6.1f} {100 * w / 1e9 / secs:>19.1f}")
 EOF
 } >"$PROFILE_OUT" 2>/dev/null || say "no profile (the profiled point did not run)"
+if [[ $PERF == dwarf && -s $WORK/perf-dwarf.data ]]; then
+    {
+        echo "$(date -u '+%Y-%m-%d %H:%M UTC'), tree $(git -C "$ROOT" rev-parse --short HEAD), locus binary $LOCUS_BIN built $BUILT."
+        echo "perf record -p <B's node> --call-graph dwarf -F 300 during the cold read at $PROFILE_RTT ms, 1 x BDP queue"
+        echo "(bench/perf_callers.py: where its samples landed, and whose copies its memcpy/memmove samples are)."
+        echo
+        perf script -i "$WORK/perf-dwarf.data" -F ip,sym 2>/dev/null | python3 "$ROOT/bench/perf_callers.py"
+    } >"${PROFILE_OUT%.txt}.node-b-copies.txt"
+fi
 if [[ $PERF == 1 && -s $WORK/perf.data ]]; then
     {
         echo "perf record -a -g -F 999 of the whole machine during the cold read at $PROFILE_RTT ms, 1 x BDP queue:"
