@@ -76,13 +76,14 @@ if [[ $SKIP_BUILD != 1 ]]; then
     (cd "$ROOT" && cargo build --release -p locus -p testkit --bin locus --bin locus-wan) || die "build failed"
 fi
 
-UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNTA_PID="" MOUNTB_PID="" IPERF_PID="" CTL=""
+UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNTA_PID="" MOUNTB_PID="" IPERF_PID="" CTL="" TIMELINE_PID=""
 EXTRA_PIDS=() EXTRA_MNTS=()
 ALLOWED_CC=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     say "cleanup"
+    [[ -n $TIMELINE_PID ]] && kill -TERM "$TIMELINE_PID" 2>/dev/null || true
     stop_extra_mounts
     stop_mount "$MOUNTB_PID" "$MNTB"
     stop_mount "$MOUNTA_PID" "$MNTA"
@@ -155,7 +156,6 @@ counters() { echo "$(wan_counter received | cut -d' ' -f1) $(wan_counter queue_d
 pct() { python3 -c "print(f'{100 * $2 / max($1, 1):.2f}')"; }
 # With TIMELINE=1, what the transfer between timeline_start and timeline_stop did over time
 # (bench/wan_timeline.py), appended to TIMELINE_OUT.
-TIMELINE_PID=""
 timeline_start() { # label
     [[ $TIMELINE == 1 ]] || return 0
     local wan_pid
