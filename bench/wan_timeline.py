@@ -3,12 +3,12 @@
 bottleneck dropped, and what each TCP connection of the sender was doing.
 
 Usage (as root, while the transfer runs; stops at SIGTERM/SIGINT or after --max-secs):
-  wan_timeline.py --control PATH --sender-ns NS --dst IP [--interval 0.1] [--every 1.0]
+  wan_timeline.py --control PATH --sender-ns NS --dst IP [--every 1.0]
                   [--pids NAME:PID,...] [--label TEXT] [--max-secs 120] >> timeline.txt
 
-Every --interval s it asks the forwarder (`locus-wan`'s control socket) for its counters of
-the first direction (s0->s1, A->B), and every --every s it reads `ss -tin` in the sender's
-namespace for its connections to --dst. When stopped it prints one table: per window, the
+Every --every s it asks the forwarder (`locus-wan`'s control socket) for its counters of
+the first direction (s0->s1, A->B) and reads `ss -tin` in the sender's namespace for its
+connections to --dst. When stopped it prints one table: per window, the
 MB/s the bottleneck released A->B, its tail drops and random losses, and how many of the
 sender's connections to --dst moved data in that window, with their min/median/max MB/s
 (from `bytes_acked`), congestion windows (packets), smoothed RTTs and BBR's bandwidth
@@ -122,7 +122,6 @@ def main() -> None:
     p.add_argument("--control", required=True)
     p.add_argument("--sender-ns", required=True)
     p.add_argument("--dst", required=True)
-    p.add_argument("--interval", type=float, default=0.1)
     p.add_argument("--every", type=float, default=1.0)
     p.add_argument("--pids", default="", help="NAME:PID,... processes whose CPU to show")
     p.add_argument("--label", default="")
@@ -135,37 +134,30 @@ def main() -> None:
     me.bind(os.path.join(tmp, "c"))
     me.settimeout(2)
     t0 = time.monotonic()
-    samples = []  # (t, counters)
-    snaps = []  # (t, connections, {name: process ticks}, machine ticks)
+    snaps = []  # (t, forwarder counters, connections, {name: process ticks}, machine ticks)
     # A process not running now (an empty or 0 pid) shows as using nothing.
     pids = [(name, int(pid or 0)) for name, pid in (w.split(":", 1) for w in args.pids.split(",") if ":" in w)]
-    next_snap = 0.0
     try:
         while not STOP and time.monotonic() - t0 < args.max_secs:
             t = time.monotonic() - t0
-            samples.append((t, counters(args.control, me)))
-            if t >= next_snap:
-                cpu = {name: cpu_ticks(pid) if pid else (0, {}) for name, pid in pids}
-                snaps.append((t, connections(args.sender_ns, args.dst), cpu, machine_ticks()))
-                next_snap += args.every
-            time.sleep(max(0.0, args.interval - (time.monotonic() - t0 - t)))
+            cpu = {name: cpu_ticks(pid) if pid else (0, {}) for name, pid in pids}
+            snaps.append((t, counters(args.control, me), connections(args.sender_ns, args.dst), cpu, machine_ticks()))
+            time.sleep(max(0.0, args.every * len(snaps) - (time.monotonic() - t0)))
     finally:
         me.close()
         os.unlink(os.path.join(tmp, "c"))
         os.rmdir(tmp)
-    report(args, samples, snaps, [name for name, _ in pids])
+    report(args, snaps, [name for name, _ in pids])
 
 
-def report(args: argparse.Namespace, samples: list, snaps: list, names: list) -> None:
+def report(args: argparse.Namespace, snaps: list, names: list) -> None:
     print(f"## {args.label} (A->B at the bottleneck; sender's connections to {args.dst} from `ss -tin`)\n")
     cpu_heads = "".join(f" {n} CPU % (busiest thread) |" for n in names)
     print("| from s | to s | MB/s | tail drops | random losses | conns moving | per conn MB/s min / median / max "
           f"| cwnd pkts min / median / max | srtt ms median | BBR bw sum MB/s | retransmits | idle / rwnd / sndbuf-limited % |{cpu_heads} idle % | steal % |")
     print("|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|" + "---:|" * (len(names) + 2))
     # Windows of --every seconds, each from one connection snapshot to the next.
-    for (ta, ca, pa, ma), (tb, cb, pb, mb) in zip(snaps, snaps[1:]):
-        sa = min(samples, key=lambda s: abs(s[0] - ta))[1]
-        sb = min(samples, key=lambda s: abs(s[0] - tb))[1]
+    for (ta, sa, ca, pa, ma), (tb, sb, cb, pb, mb) in zip(snaps, snaps[1:]):
         dt = max(tb - ta, 1e-9)
         mbs = (sb.get("released_bytes", 0) - sa.get("released_bytes", 0)) / dt / 1e6
         drops = sb.get("queue_drops", 0) - sa.get("queue_drops", 0)
@@ -186,11 +178,8 @@ def report(args: argparse.Namespace, samples: list, snaps: list, names: list) ->
                 for why in ("rwnd_limited", "sndbuf_limited"):
                     held[why] += (c.get(why, 0) - before.get(why, 0)) / ms
 
-        def three(v: list) -> str:
-            return f"{min(v):.1f} / {statistics.median(v):.1f} / {max(v):.1f}" if v else "-"
-
-        def three_int(v: list) -> str:
-            return f"{min(v):.0f} / {statistics.median(v):.0f} / {max(v):.0f}" if v else "-"
+        def three(v: list, digits: int) -> str:
+            return " / ".join(f"{x:.{digits}f}" for x in (min(v), statistics.median(v), max(v))) if v else "-"
 
         cpus = ""
         for n in names:
@@ -198,7 +187,7 @@ def report(args: argparse.Namespace, samples: list, snaps: list, names: list) ->
             busiest = max((v - threads_a.get(k, 0) for k, v in threads_b.items()), default=0)
             cpus += f" {100 * (total_b - total_a) / TICK / dt:.0f} ({100 * busiest / TICK / dt:.0f}) |"
         all_ticks = max(mb[0] - ma[0], 1)
-        print(f"| {ta:.1f} | {tb:.1f} | {mbs:.1f} | {drops} | {lost} | {len(rates)} | {three(rates)} | {three_int(cwnds)} "
+        print(f"| {ta:.1f} | {tb:.1f} | {mbs:.1f} | {drops} | {lost} | {len(rates)} | {three(rates, 1)} | {three(cwnds, 0)} "
               f"| {statistics.median(rtts) if rtts else 0:.0f} | {bws / 1e6:.1f} | {retrans} "
               f"| {' / '.join(f'{100 * v / max(len(rates), 1):.0f}' for v in held.values())} |{cpus}"
               f" {100 * (mb[1] - ma[1]) / all_ticks:.0f} | {100 * (mb[2] - ma[2]) / all_ticks:.0f} |")
