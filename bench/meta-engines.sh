@@ -22,6 +22,7 @@
 # Usage (as root):  bench/meta-engines.sh
 # Environment: BIN=target/release/locus  ROUNDS=3  FILES=5000  PM_FILES=1000  PM_TX=10000
 #              OUT=bench/results/meta-engines.md  JUICEFS=1 (0: Locus only)
+#              ENGINES="sqlite postgres" (Locus's engines to run; the ratio rows need both)
 set -Eeuo pipefail
 export LOCUS_INSECURE_NO_TLS=true
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,7 +40,7 @@ command -v postmark >/dev/null || { echo "postmark not found: apt-get install po
 source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || { echo "PostgreSQL not found: apt-get install postgresql" >&2; exit 1; }
-ENGINES=(sqlite postgres)
+read -r -a ENGINES <<<"${ENGINES:-sqlite postgres}"
 if [[ $JUICEFS == 1 ]]; then
     juicefs_bin
     ENGINES+=(juicefs-sqlite juicefs-postgres)
@@ -136,7 +137,7 @@ ratios() { # label a-engine b-engine format scale: a row of scale * a / b per co
     for k in 2 3 4 5; do row+=" $(awk -v a="${med[$2$k]}" -v b="${med[$3$k]}" -v f="$4" -v s="$5" 'BEGIN {printf f, s * a / b}') |"; done
     say "$row"
 }
-ratios "postgres / sqlite" postgres sqlite "%.0f %%" 100
+[[ " ${ENGINES[*]} " != *" sqlite "*" postgres "* ]] || ratios "postgres / sqlite" postgres sqlite "%.0f %%" 100
 if [[ $JUICEFS == 1 ]]; then
     ratios "juicefs: postgres / sqlite" juicefs-postgres juicefs-sqlite "%.0f %%" 100
     ratios "sqlite: Locus / JuiceFS" sqlite juicefs-sqlite "%.2fx" 1

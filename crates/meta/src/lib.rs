@@ -13,6 +13,7 @@ mod ops;
 mod pgwire;
 mod postgres;
 mod service;
+mod shared_rows;
 mod sqlite;
 mod store;
 

@@ -22,6 +22,7 @@
 use crate::error::MetaError;
 use crate::locks::Held;
 use crate::pgwire::Wire;
+use crate::shared_rows::{SharedRows, Written};
 use crate::sqlite::{
     SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
 };
@@ -62,6 +63,41 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 macro_rules! writers_lock {
     () => {
         "7483620001"
+    };
+}
+
+/// The advisory lock held shared by the writer session of every meta that keeps rows in
+/// memory, and tried exclusively by every commit that changed inodes or entries: the
+/// try fails exactly when another meta keeps rows, and then the commit notifies
+/// `kept_rows_channel` of what it changed (`shared_rows`).
+macro_rules! kept_rows_lock {
+    () => {
+        7483620002
+    };
+}
+pub(crate) const KEPT_ROWS_LOCK: i64 = kept_rows_lock!();
+
+/// The channel of those notifications.
+macro_rules! kept_rows_channel {
+    () => {
+        "locus_rows"
+    };
+}
+pub(crate) const KEPT_ROWS_CHANNEL: &str = kept_rows_channel!();
+
+/// Notifies the payloads in parameter `$n` (a text array) if another meta keeps rows;
+/// a column of the statement sent ahead of a COMMIT.
+macro_rules! notify_keepers {
+    ($n:literal) => {
+        concat!(
+            "(SELECT count(pg_notify('",
+            kept_rows_channel!(),
+            "', p)) FROM unnest($",
+            $n,
+            "::text[]) p WHERE NOT pg_try_advisory_xact_lock(",
+            kept_rows_lock!(),
+            "))"
+        )
     };
 }
 
@@ -169,6 +205,16 @@ pub(crate) struct PgConn {
     deferred: Vec<(Statement, Vec<Owned>)>,
     /// Rows the open transaction has read or written (see `Seen`).
     seen: Seen,
+    /// A read connection's view of the rows its meta keeps in memory: reads are
+    /// answered from them and what a read finds is kept there (`shared_rows`).
+    cache: Option<Arc<SharedRows>>,
+    /// The writer's: what it commits replaces the rows kept there, and is notified
+    /// to other metas.
+    publish: Option<Arc<SharedRows>>,
+    /// What the open write transaction changed (with `publish`).
+    written: Written,
+    /// When the writer last tried to take the kept-rows lock (`take_kept_rows_lock`).
+    lock_tried: Option<Instant>,
     /// Ids taken from a sequence ahead of need, per counter (see `next_id`).
     ids: HashMap<&'static str, Vec<i64>>,
     /// A read's first try, outside any transaction (see `ReadConn::snapshot`).
@@ -488,6 +534,7 @@ impl PgConn {
     fn reconnect_if_closed(&mut self) -> Result<(), MetaError> {
         if self.wire.as_ref().is_none_or(Wire::is_closed) {
             tracing::warn!(db = %self.shown, "the PostgreSQL connection was closed; connecting again");
+            self.session_lost();
             self.wire = Some(Wire::connect(&self.config, &self.shown)?);
             self.statements.clear();
             self.deferred.clear();
@@ -512,7 +559,7 @@ impl PgConn {
             // Released after the end, in the same round trip; the next BEGIN cannot
             // ride along after a query, so it goes with the next transaction's start.
             let end = end.strip_suffix(begin_write!()).unwrap_or(end);
-            self.batch(&format!("{end}SELECT pg_advisory_unlock_all()"))?;
+            self.batch(&format!("{end}SELECT pg_advisory_unlock({})", writers_lock!()))?;
             self.alone = false;
             return Ok(());
         }
@@ -533,12 +580,16 @@ impl PgConn {
         {
             tracing::warn!(db = %self.shown, error = %e, "could not cancel the abandoned request; dropping its connection");
         }
+        self.session_lost();
         self.statements.clear();
         self.deferred.clear();
         self.begun = false;
         self.release_pending = false;
         self.alone = false;
         self.seen = Seen::default();
+        if let Some(publish) = &self.publish {
+            publish.forget(&std::mem::take(&mut self.written));
+        }
         let epoch = self.fence.as_ref().map_or(0, |l| l.epoch);
         tracing::error!(db = %self.shown, epoch, "lease on the primary role ran out while waiting for the server: request abandoned, not acknowledged");
         MetaError::Fenced(format!(
@@ -551,8 +602,9 @@ impl PgConn {
 
     /// Queues what runs before this writer's COMMIT, in its round trip, as one prepared
     /// statement: the writers' lock in shared mode unless this one runs alone
-    /// (`writers_lock`), then the epoch check (none without a lease); refuses at once if
-    /// the lease has run out.
+    /// (`writers_lock`), the epoch check (none without a lease), and the notification of
+    /// what the transaction changed to the metas that keep rows (`notify_keepers`; none
+    /// if it changed no inode or entry); refuses at once if the lease has run out.
     fn commit_gate(&mut self) -> Result<(), MetaError> {
         let epoch = match &self.fence {
             Some(lease) => {
@@ -561,15 +613,58 @@ impl PgConn {
             }
             None => None,
         };
-        // Prepared (parsed and planned once per connection), sent ahead of the COMMIT.
-        let shared = concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), ")");
-        let both = concat!("SELECT pg_advisory_xact_lock_shared(", writers_lock!(), "), locus_fence($1)");
-        match (self.alone, epoch) {
-            (true, None) => Ok(()),
-            (true, Some(e)) => self.defer("SELECT locus_fence($1)", vec![Box::new(e)]),
-            (false, None) => self.defer(shared, Vec::new()),
-            (false, Some(e)) => self.defer(both, vec![Box::new(e)]),
+        let payloads = match &self.publish {
+            Some(publish) if !self.written.is_empty() => Some(self.written.payloads(publish.me())),
+            _ => None,
+        };
+        macro_rules! shared {
+            () => {
+                concat!("pg_advisory_xact_lock_shared(", writers_lock!(), ")")
+            };
         }
+        // Prepared (parsed and planned once per connection), sent ahead of the COMMIT.
+        let (sql, params): (&'static str, Vec<Owned>) = match (self.alone, epoch, payloads) {
+            (true, None, None) => return Ok(()),
+            (true, Some(e), None) => ("SELECT locus_fence($1)", vec![Box::new(e)]),
+            (false, None, None) => (concat!("SELECT ", shared!()), Vec::new()),
+            (false, Some(e), None) => (concat!("SELECT ", shared!(), ", locus_fence($1)"), vec![Box::new(e)]),
+            (true, None, Some(p)) => (concat!("SELECT ", notify_keepers!(1)), vec![Box::new(p)]),
+            (true, Some(e), Some(p)) => {
+                (concat!("SELECT locus_fence($1), ", notify_keepers!(2)), vec![Box::new(e), Box::new(p)])
+            }
+            (false, None, Some(p)) => (concat!("SELECT ", shared!(), ", ", notify_keepers!(1)), vec![Box::new(p)]),
+            (false, Some(e), Some(p)) => (
+                concat!("SELECT ", shared!(), ", locus_fence($1), ", notify_keepers!(2)),
+                vec![Box::new(e), Box::new(p)],
+            ),
+        };
+        self.defer(sql, params)
+    }
+
+    /// Takes the kept-rows lock for this writer's session if its meta keeps rows and
+    /// does not hold it yet (at most once a second: the try fails while another meta's
+    /// commit holds its exclusive try). Runs as the open transaction's first statement.
+    fn take_kept_rows_lock(&mut self) -> Result<(), MetaError> {
+        let Some(publish) = self.publish.clone() else { return Ok(()) };
+        if !publish.wants_lock() || self.lock_tried.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return Ok(());
+        }
+        self.lock_tried = Some(Instant::now());
+        let row =
+            self.one(concat!("SELECT pg_try_advisory_lock_shared(", kept_rows_lock!(), "), pg_backend_pid()"), &[])?;
+        if row.try_get(0)? {
+            publish.set_holder(row.try_get(1)?);
+        }
+        Ok(())
+    }
+
+    /// This connection's session ended (or is about to): a writer's kept-rows lock
+    /// went with it.
+    fn session_lost(&mut self) {
+        if let Some(publish) = &self.publish {
+            publish.set_holder(0);
+        }
+        self.lock_tried = None;
     }
 }
 
@@ -655,6 +750,9 @@ impl PrimaryLease {
 impl WriteConn for PgConn {
     /// A meta whose lease ran out refuses at once, before trying an unreachable server.
     fn begin(&mut self, durable: bool) -> Result<(), MetaError> {
+        // Whatever an earlier transaction that never reached its commit wrote is not
+        // this one's to publish.
+        self.written = Written::default();
         if let Some(lease) = &self.fence {
             lease.check()?;
         }
@@ -666,9 +764,11 @@ impl WriteConn for PgConn {
             let end = if std::mem::take(&mut self.begun) { "ROLLBACK; " } else { "" };
             self.alone = true;
             self.batch(&format!("{end}SELECT pg_advisory_lock({})", writers_lock!()))?;
-            return self.ensure_begun(begin_write!());
+            self.ensure_begun(begin_write!())?;
+        } else {
+            self.ensure_begun(begin_write!())?;
         }
-        self.ensure_begun(begin_write!())
+        self.take_kept_rows_lock()
     }
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
@@ -680,6 +780,7 @@ impl WriteConn for PgConn {
     }
 
     fn rollback_to_savepoint(&mut self) -> Result<(), MetaError> {
+        self.written.distrust();
         self.batch("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
     }
 
@@ -692,22 +793,38 @@ impl WriteConn for PgConn {
     /// plain write is acknowledged before its WAL record is flushed (as SQLite's
     /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
     /// durable one turns it on for its own commit, which also flushes every earlier one.
+    /// What the transaction changed is notified to other metas in the commit's round
+    /// trip, and replaces the rows this meta keeps once the commit is answered (or is
+    /// dropped from them if the commit's outcome is unknown).
     fn commit(&mut self) -> Result<(), MetaError> {
-        self.commit_gate()?;
-        if let Some(committed) = self.committed.clone() {
-            self.durable = false;
-            return self.commit_reporting_lsn(&committed);
+        if let Err(refused) = self.commit_gate() {
+            self.written = Written::default();
+            return Err(refused);
         }
-        let end = if std::mem::take(&mut self.durable) {
-            concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
+        let committed = if let Some(committed) = self.committed.clone() {
+            self.durable = false;
+            self.commit_reporting_lsn(&committed)
         } else {
-            concat!("COMMIT; ", begin_write!())
+            let end = if std::mem::take(&mut self.durable) {
+                concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
+            } else {
+                concat!("COMMIT; ", begin_write!())
+            };
+            self.end(end)
         };
-        self.end(end)
+        if let Some(publish) = &self.publish {
+            let written = std::mem::take(&mut self.written);
+            match &committed {
+                Ok(()) => publish.committed(&written),
+                Err(_) => publish.forget(&written),
+            }
+        }
+        committed
     }
 
     fn rollback(&mut self) -> Result<(), MetaError> {
         self.durable = false;
+        self.written = Written::default();
         self.end(concat!("ROLLBACK; ", begin_write!()))
     }
 
@@ -730,7 +847,7 @@ impl PgConn {
         self.begun = false;
         self.release_pending = false;
         self.seen = Seen::default();
-        let unlock = if self.alone { "; SELECT pg_advisory_unlock_all()" } else { "" };
+        let unlock = if self.alone { concat!("; SELECT pg_advisory_unlock(", writers_lock!(), ")") } else { "" };
         let Answer::Simple(answers) =
             self.pipeline(Last::Simple(&format!("COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
         else {
@@ -749,6 +866,20 @@ impl PgConn {
     }
 }
 
+impl PgConn {
+    /// Keeps the inodes and entries a read found in its meta's memory (read
+    /// connections only; see `SharedRows::keep` for `began`).
+    fn keep_seen(&self, began: Option<u64>) {
+        if let (Some(cache), Some(began)) = (&self.cache, began) {
+            cache.keep(
+                began,
+                self.seen.inodes.iter().filter_map(|(ino, row)| Some((ino, row.as_ref()?))),
+                self.seen.dentries.iter().filter_map(|(key, ino)| Some((key, (*ino)?))),
+            );
+        }
+    }
+}
+
 /// A WAL position as PostgreSQL prints it (`16/B374D848`).
 fn parse_lsn(text: &str) -> Option<u64> {
     let (hi, lo) = text.split_once('/')?;
@@ -763,17 +894,24 @@ impl ReadConn for PgConn {
     /// snapshot, its BEGIN sent with its first statement.
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
         self.reconnect_if_closed()?;
+        let began = self.cache.as_ref().map(|c| c.generation());
         self.seen = Seen::default();
         self.probe = Probe::Ready;
         let tried = op(self);
         let overflowed = self.probe == Probe::Overflowed;
         self.probe = Probe::Off;
+        if !overflowed && tried.is_ok() {
+            self.keep_seen(began);
+        }
         self.seen = Seen::default();
         if !overflowed {
             return tried;
         }
         self.begin_pending = Some(begin_read!());
         let r = op(self);
+        if r.is_ok() {
+            self.keep_seen(began);
+        }
         // Nothing sent yet (the op failed before its first statement): nothing to end.
         if self.begin_pending.take().is_some() {
             return r;
@@ -851,6 +989,10 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
         fence: None,
         deferred: Vec::new(),
         seen: Seen::default(),
+        cache: None,
+        publish: None,
+        written: Written::default(),
+        lock_tried: None,
         ids: HashMap::new(),
         probe: Probe::Off,
         begin_pending: None,
@@ -919,13 +1061,23 @@ pub fn open(
         }
     };
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
+    // Every writer notifies the metas that keep rows of what it commits; only a meta
+    // reading from the primary keeps rows (a standby's replay may lag the
+    // notifications). Its writer tries the lock now and, while another meta's commit
+    // holds it, again with a later write transaction.
+    let shared = SharedRows::new(standby.is_none());
+    writer.publish = Some(shared.clone());
     match standby {
         None => {
             writer.setup = "SET synchronous_commit TO off";
             writer.batch(writer.setup)?;
             for _ in 0..READERS {
-                readers.push(Box::new(connect(&config, &shown)?));
+                let mut reader = connect(&config, &shown)?;
+                reader.cache = Some(shared.clone());
+                readers.push(Box::new(reader));
             }
+            crate::shared_rows::listen(config.clone(), shown.clone(), &shared);
+            writer.take_kept_rows_lock()?;
         }
         // Commits are flushed before they are answered: WAL reaches the standby only
         // once flushed, and an unflushed commit would keep its writer's reads waiting.
@@ -1286,6 +1438,10 @@ impl Txn for PgConn {
         if let Some(seen) = self.seen.inodes.get(&ino) {
             return Ok(seen.clone());
         }
+        if let Some(kept) = self.cache.as_ref().and_then(|c| c.inode(ino)) {
+            self.seen.inodes.insert(ino, Some(kept.clone()));
+            return Ok(Some(kept));
+        }
         let found = self
             .opt(concat!("SELECT ", inode_cols!(), " FROM inodes WHERE ino = $1"), &[&(ino as i64)])?
             .map(|r| inode_of(&r, 0))
@@ -1329,12 +1485,18 @@ impl Txn for PgConn {
             params,
         )?;
         self.seen.inodes.insert(a.ino, Some(inode.clone()));
+        if self.publish.is_some() {
+            self.written.inodes.insert(a.ino, Some(inode.clone()));
+        }
         Ok(())
     }
 
     fn delete_inode(&mut self, ino: InodeId) -> Result<(), MetaError> {
         self.defer("DELETE FROM inodes WHERE ino = $1", vec![Box::new(ino as i64)])?;
         self.seen.inodes.insert(ino, None);
+        if self.publish.is_some() {
+            self.written.inodes.insert(ino, None);
+        }
         Ok(())
     }
 
@@ -1348,6 +1510,10 @@ impl Txn for PgConn {
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
         if let Some(&seen) = self.seen.dentries.get(&(parent, name.to_vec())) {
             return Ok(seen);
+        }
+        if let Some(ino) = self.cache.as_ref().and_then(|c| c.entry(parent, name)) {
+            self.seen.dentries.insert((parent, name.to_vec()), Some(ino));
+            return Ok(Some(ino));
         }
         let row = self.opt(
             "SELECT d.ino, i.ino, i.kind, i.mode, i.uid, i.gid, i.size, i.nlink, i.rdev, i.atime_s, \
@@ -1364,6 +1530,17 @@ impl Txn for PgConn {
     /// Asks for everything `want` names that this transaction has not seen yet, in
     /// one round trip.
     fn prefetch(&mut self, want: Prefetch<'_>) -> Result<(), MetaError> {
+        // A read finds the directory and its entry in memory if its meta keeps them:
+        // nothing to ask for then (the rest comes from the kept rows or the server).
+        if let (Some(cache), Some((parent, name))) = (&self.cache, want.entry)
+            && !self.seen.inodes.contains_key(&parent)
+            && let Some(dir) = cache.inode(parent)
+        {
+            self.seen.inodes.insert(parent, Some(dir));
+            if let Some(ino) = cache.entry(parent, name) {
+                self.seen.dentries.insert((parent, name.to_vec()), Some(ino));
+            }
+        }
         let seen = &self.seen;
         let entry = want.entry.filter(|&(parent, name)| {
             !seen.inodes.contains_key(&parent) && !seen.dentries.contains_key(&(parent, name.to_vec()))
@@ -1478,6 +1655,9 @@ impl Txn for PgConn {
 
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
         self.seen.dentries.insert((parent, name.to_vec()), Some(ino));
+        if self.publish.is_some() {
+            self.written.entries.insert((parent, name.to_vec()), Some(ino));
+        }
         self.defer(
             "INSERT INTO dentries (parent, name, ino, cookie) VALUES ($1, $2, $3, $4)",
             vec![Box::new(parent as i64), Box::new(name.to_vec()), Box::new(ino as i64), Box::new(cookie as i64)],
@@ -1486,6 +1666,9 @@ impl Txn for PgConn {
 
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
         self.seen.dentries.insert((parent, name.to_vec()), None);
+        if self.publish.is_some() {
+            self.written.entries.insert((parent, name.to_vec()), None);
+        }
         self.defer(
             "DELETE FROM dentries WHERE parent = $1 AND name = $2",
             vec![Box::new(parent as i64), Box::new(name.to_vec())],
@@ -2043,7 +2226,8 @@ mod tests {
         let killed: i64 = raw(&url)
             .query_one(
                 "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()
+                 AND application_name <> 'locus-meta-listener'",
                 &[],
             )
             .unwrap()
@@ -2142,6 +2326,172 @@ mod tests {
             panic!("expected entries")
         };
         assert_eq!(entries.len(), NAMES, "no entry lost or duplicated");
+    }
+
+    /// Waits until every meta over `url` listens for the others' changes (each keeps
+    /// rows only from then on).
+    fn listening(url: &str, metas: i64) {
+        for _ in 0..500 {
+            let n: i64 = raw(url)
+                .query_one(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
+                     AND application_name = 'locus-meta-listener' AND (query LIKE 'LISTEN%' OR query LIKE '%pg_locks%')",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if n == metas {
+                // The listener marks itself listening right after its LISTEN returns.
+                std::thread::sleep(Duration::from_millis(50));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the metas never listened for each other's changes");
+    }
+
+    fn getattr(s: &Arc<MetaService>, ino: InodeId) -> Result<Attr, ErrorCode> {
+        let reply = s.handle_blocking(MetaRequest::GetAttr(proto::meta::GetAttr { ino })).map_err(|e| e.code)?;
+        Ok(Attr::try_from(reply).expect("an Attr"))
+    }
+
+    fn lookup(s: &Arc<MetaService>, name: &str) -> Result<Attr, ErrorCode> {
+        let req = MetaRequest::Lookup(proto::meta::Lookup { parent: ROOT_INODE, name: name.into() });
+        Ok(Attr::try_from(s.handle_blocking(req).map_err(|e| e.code)?).expect("an Attr"))
+    }
+
+    /// Polls `f` until it holds, for at most 5 s.
+    fn soon(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(Instant::now() < deadline, "{what} did not happen within 5 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A meta answers reads of rows it read or wrote from memory (a change made behind
+    /// every meta's back, in SQL, stays unseen), reads its own writes at once, and drops
+    /// what another meta changes as soon as that meta's notification arrives; when its
+    /// listener's connection is cut it drops everything it kept.
+    #[test]
+    fn kept_rows_follow_every_metas_writes() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let config = MetaConfig { db_url: url.clone(), ..test_config(Default::default()) };
+        let (one, two) = (MetaService::open(&config).unwrap(), MetaService::open(&config).unwrap());
+        listening(&url, 2);
+        let Ok(MetaReply::Made(Made { attr: f, .. })) = create(&one, "f") else { panic!("create f") };
+        raw(&url).execute("UPDATE inodes SET mode = 384 WHERE ino = $1", &[&(f.ino as i64)]).unwrap();
+        assert_eq!(getattr(&one, f.ino).unwrap().mode & 0o777, 0o644, "the creating meta kept f's row");
+        assert_eq!(getattr(&two, f.ino).unwrap().mode & 0o777, 0o600, "the other read it from the server");
+        assert_eq!(lookup(&two, "f").unwrap().mode & 0o777, 0o600);
+
+        // A chmod through the first: it reads it at once, the second once notified.
+        let set = proto::meta::AttrChanges { mode: Some(0o640), ..Default::default() };
+        one.handle_blocking(MetaRequest::SetAttr(proto::meta::SetAttr { ino: f.ino, set, session: None })).unwrap();
+        assert_eq!(getattr(&one, f.ino).unwrap().mode & 0o777, 0o640);
+        soon("the chmod reaching the other meta", || getattr(&two, f.ino).unwrap().mode & 0o777 == 0o640);
+        assert_eq!(lookup(&two, "f").unwrap().mode & 0o777, 0o640);
+
+        // An unlink through the second: the first stops finding the name.
+        assert_eq!(lookup(&one, "f").unwrap().ino, f.ino);
+        two.handle_blocking(MetaRequest::Unlink(proto::meta::Unlink { parent: ROOT_INODE, name: b"f".to_vec() }))
+            .unwrap();
+        assert_eq!(lookup(&two, "f"), Err(ErrorCode::NotFound), "the unlinking meta at once");
+        soon("the unlink reaching the other meta", || lookup(&one, "f") == Err(ErrorCode::NotFound));
+
+        // Cut the listeners: every kept row goes, so a change behind their backs shows.
+        let Ok(MetaReply::Made(Made { attr: g, .. })) = create(&one, "g") else { panic!("create g") };
+        assert_eq!(getattr(&one, g.ino).unwrap().mode & 0o777, 0o644);
+        raw(&url)
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'locus-meta-listener'",
+                &[],
+            )
+            .unwrap();
+        raw(&url).execute("UPDATE inodes SET mode = 384 WHERE ino = $1", &[&(g.ino as i64)]).unwrap();
+        soon("the first meta dropping its rows", || getattr(&one, g.ino).unwrap().mode & 0o777 == 0o600);
+        listening(&url, 2);
+        assert_eq!(getattr(&one, g.ino).unwrap().mode & 0o777, 0o600);
+    }
+
+    /// Sessions holding the kept-rows lock (one per meta that keeps rows).
+    fn keepers(url: &str) -> i64 {
+        raw(url)
+            .query_one(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ShareLock' \
+                 AND (classid::bigint << 32) + objid::bigint = $1 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[&KEPT_ROWS_LOCK],
+            )
+            .unwrap()
+            .get(0)
+    }
+
+    /// Notifications `client` (listening) received within `within`.
+    fn heard(client: &mut postgres::Client, within: Duration) -> Vec<String> {
+        let mut notifications = client.notifications();
+        let mut it = notifications.timeout_iter(within);
+        let mut out = Vec::new();
+        while let Some(n) = postgres::fallible_iterator::FallibleIterator::next(&mut it).unwrap() {
+            out.push(n.payload().to_string());
+        }
+        out
+    }
+
+    /// A meta alone on its database notifies nobody; it starts to once another meta
+    /// keeps rows, and stops when that one is gone. A meta whose writer cannot take the
+    /// lock (a commit of another holds its exclusive try) keeps nothing until it can.
+    #[test]
+    fn only_metas_that_keep_rows_are_notified() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        drop(open(&url, None, true, None).unwrap());
+        let mut eavesdropper = raw(&url);
+        eavesdropper.batch_execute(&format!("LISTEN {KEPT_ROWS_CHANNEL}")).unwrap();
+
+        // A commit under way holds the exclusive try: the meta opening now keeps nothing.
+        let mut committing = raw(&url);
+        committing.batch_execute("BEGIN").unwrap();
+        let tried: bool =
+            committing.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&KEPT_ROWS_LOCK]).unwrap().get(0);
+        assert!(tried);
+        let config = MetaConfig { db_url: url.clone(), ..test_config(Default::default()) };
+        let one = MetaService::open(&config).unwrap();
+        listening(&url, 1);
+        assert_eq!(keepers(&url), 0, "taken while a commit held the try");
+        let Ok(MetaReply::Made(Made { attr: f, .. })) = create(&one, "f") else { panic!("create f") };
+        raw(&url).execute("UPDATE inodes SET mode = 384 WHERE ino = $1", &[&(f.ino as i64)]).unwrap();
+        assert_eq!(getattr(&one, f.ino).unwrap().mode & 0o777, 0o600, "kept a row without the lock");
+
+        // Once that commit ends, a write a second later takes the lock; rows are kept.
+        committing.batch_execute("COMMIT").unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        create(&one, "g").unwrap();
+        assert_eq!(keepers(&url), 1);
+        assert_eq!(getattr(&one, f.ino).unwrap().mode & 0o777, 0o600);
+        raw(&url).execute("UPDATE inodes SET mode = 420 WHERE ino = $1", &[&(f.ino as i64)]).unwrap();
+        assert_eq!(getattr(&one, f.ino).unwrap().mode & 0o777, 0o600, "the kept row answers");
+        // (Creating f notified: the commit under way held the lock, as another meta's would.)
+        heard(&mut eavesdropper, Duration::from_millis(100));
+        create(&one, "g2").unwrap();
+        assert_eq!(heard(&mut eavesdropper, Duration::from_millis(300)), Vec::<String>::new(), "alone, yet notified");
+
+        // A second meta keeps rows: the first's commits now name what they changed.
+        let two = MetaService::open(&config).unwrap();
+        listening(&url, 2);
+        assert_eq!(keepers(&url), 2);
+        create(&one, "h").unwrap();
+        let payloads = heard(&mut eavesdropper, Duration::from_millis(500));
+        let h = format!("e{ROOT_INODE}:{}", b"h".iter().map(|b| format!("{b:02x}")).collect::<String>());
+        assert!(payloads.iter().any(|p| p.split(' ').any(|w| w == h)), "{payloads:?} names no {h}");
+
+        // Gone again: nobody is notified.
+        drop(two);
+        soon("the second meta's lock going with it", || keepers(&url) == 1);
+        create(&one, "i").unwrap();
+        assert_eq!(heard(&mut eavesdropper, Duration::from_millis(300)), Vec::<String>::new());
     }
 
     /// A meta over `url` holding a lease of `duration` (not renewed: no workers run).

@@ -1,0 +1,448 @@
+//! Rows of the namespace that a meta over PostgreSQL keeps in memory between
+//! transactions, so that a lookup or a getattr of something recently read or written
+//! costs no round trip to the server (on SQLite such a read is already in-process).
+//!
+//! Only inodes and entries are kept, only read connections answer from them, and a
+//! write transaction never does: its reads must reach the server for SERIALIZABLE to
+//! see its conflicts. What this meta commits replaces the rows it wrote before the
+//! write is answered, so its clients read their own writes. What other metas commit
+//! reaches this one through PostgreSQL's LISTEN/NOTIFY, but only while some meta keeps
+//! rows: a meta alone on its database notifies nobody and wakes nobody.
+//!
+//! Who keeps rows is told by an advisory lock (`KEPT_ROWS_LOCK`), not a table, because
+//! a table is read in a transaction's snapshot, which may be older than a meta that
+//! registered since. The writer's session of every meta that keeps rows holds the lock
+//! shared; every writer that changed inodes or entries tries it exclusively in its
+//! commit's round trip (`PgConn::commit_gate`). Its own meta's hold never conflicts with
+//! it (PostgreSQL never makes a session wait for itself), so the try fails exactly when
+//! another meta keeps rows, and only then does the commit notify. A meta that takes the
+//! lock cannot get it while a writer holds its exclusive try, so every commit that did
+//! not notify it has ended before it keeps anything. Rows are kept and answered only
+//! while both the lock is held and the listener is connected; between the writer's
+//! session ending on the server and this meta noticing (its next transaction, or the
+//! listener's check every second) reads may still answer rows others changed, as the
+//! kernel's own attribute cache does for a second.
+//!
+//! A read stores what it read only if no change was applied since it began (the
+//! `generation`), so a read that raced a commit never puts back what the commit
+//! replaced.
+
+use crate::postgres::{KEPT_ROWS_CHANNEL, KEPT_ROWS_LOCK};
+use crate::store::Inode;
+use proto::types::InodeId;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use util::sync::lock;
+
+/// Rows kept before everything is dropped and kept afresh (about 100 MB of inodes).
+const MAX_ROWS: usize = 1 << 18;
+
+/// `KEPT_ROWS_LOCK` as PostgreSQL's `pg_locks` shows a bigint key: its high and low halves.
+const LOCK_HALVES: (i64, i64) = (KEPT_ROWS_LOCK >> 32, KEPT_ROWS_LOCK & 0xffff_ffff);
+
+/// How often the listener checks that its meta's writer still holds the lock.
+const HOLDER_CHECK: Duration = Duration::from_secs(1);
+
+/// Longest payload sent in one notification (PostgreSQL refuses 8000 bytes and more).
+const MAX_PAYLOAD: usize = 7000;
+
+/// An entry's key: its directory and its name.
+pub(crate) type EntryKey = (InodeId, Vec<u8>);
+
+/// What one write transaction changed: each key with its committed row (`None`:
+/// deleted, or not known well enough to keep).
+#[derive(Default)]
+pub(crate) struct Written {
+    pub(crate) inodes: HashMap<InodeId, Option<Inode>>,
+    pub(crate) entries: HashMap<EntryKey, Option<InodeId>>,
+}
+
+impl Written {
+    /// No inode or entry was changed: nothing to notify.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inodes.is_empty() && self.entries.is_empty()
+    }
+
+    /// Keeps the keys but forgets the rows (an op rolled back to its savepoint: what
+    /// it wrote is not what commits, so those keys are only dropped from the cache).
+    pub(crate) fn distrust(&mut self) {
+        self.inodes.values_mut().for_each(|v| *v = None);
+        self.entries.values_mut().for_each(|v| *v = None);
+    }
+
+    /// The notifications that name every key: `<sender> i<ino> e<parent>:<hex name> ...`,
+    /// split to fit PostgreSQL's payload limit.
+    pub(crate) fn payloads(&self, sender: &str) -> Vec<String> {
+        let keys = self.inodes.keys().map(|ino| format!("i{ino}")).chain(self.entries.keys().map(|(parent, name)| {
+            format!("e{parent}:{}", name.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        }));
+        let mut out: Vec<String> = Vec::new();
+        for key in keys {
+            match out.last_mut() {
+                Some(last) if last.len() + 1 + key.len() <= MAX_PAYLOAD => {
+                    last.push(' ');
+                    last.push_str(&key);
+                }
+                _ => out.push(format!("{sender} {key}")),
+            }
+        }
+        out
+    }
+}
+
+#[derive(Default)]
+struct Rows {
+    inodes: HashMap<InodeId, Inode>,
+    entries: HashMap<EntryKey, InodeId>,
+}
+
+/// The rows every connection of one meta shares (see the module's comment).
+pub(crate) struct SharedRows {
+    rows: Mutex<Rows>,
+    /// Bumped by every change applied.
+    generation: AtomicU64,
+    /// This meta keeps rows (it reads from the primary): its writer takes the lock.
+    keeping: bool,
+    /// The listener is connected.
+    listening: AtomicBool,
+    /// The backend pid of this meta's writer session while it holds `KEPT_ROWS_LOCK`
+    /// (0: not held). Rows are kept and answered only while it is held and the
+    /// listener is connected.
+    holder: AtomicI32,
+    /// This meta's name in notifications (its own are not applied twice).
+    me: String,
+}
+
+impl SharedRows {
+    /// Shared rows for a meta; `keeping` if it keeps rows, which it does only once its
+    /// writer holds the lock and `listen` has connected.
+    pub(crate) fn new(keeping: bool) -> Arc<SharedRows> {
+        // Only told apart from other metas' names: a clock-derived name will do if
+        // /dev/urandom cannot be read.
+        let me = crate::sqlite::random_bytes::<8>()
+            .unwrap_or_else(|_| {
+                let nanos =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+                (nanos as u64 ^ u64::from(std::process::id())).to_le_bytes()
+            })
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Arc::new(SharedRows {
+            rows: Mutex::default(),
+            generation: AtomicU64::new(0),
+            keeping,
+            listening: AtomicBool::new(false),
+            holder: AtomicI32::new(0),
+            me,
+        })
+    }
+
+    fn live(&self) -> bool {
+        self.listening.load(Ordering::Acquire) && self.holder.load(Ordering::Acquire) != 0
+    }
+
+    /// The writer should take the lock (this meta keeps rows and does not hold it).
+    pub(crate) fn wants_lock(&self) -> bool {
+        self.keeping && self.holder.load(Ordering::Acquire) == 0
+    }
+
+    /// The writer's session `pid` now holds the lock (0: its session ended, or it never
+    /// got it). Everything kept is dropped either way.
+    pub(crate) fn set_holder(&self, pid: i32) {
+        self.reset(|| self.holder.store(pid, Ordering::Release));
+    }
+
+    /// This meta's sender name in notifications.
+    pub(crate) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// Where a read begins: pass it to `keep`.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn inode(&self, ino: InodeId) -> Option<Inode> {
+        if !self.live() {
+            return None;
+        }
+        lock(&self.rows).inodes.get(&ino).cloned()
+    }
+
+    pub(crate) fn entry(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
+        if !self.live() {
+            return None;
+        }
+        lock(&self.rows).entries.get(&(parent, name.to_vec())).copied()
+    }
+
+    /// Keeps rows a read found, unless a change was applied since it began at
+    /// `generation` (the read may then hold rows the change replaced).
+    pub(crate) fn keep<'a>(
+        &self,
+        generation: u64,
+        inodes: impl Iterator<Item = (&'a InodeId, &'a Inode)>,
+        entries: impl Iterator<Item = (&'a EntryKey, InodeId)>,
+    ) {
+        if !self.live() {
+            return;
+        }
+        let mut rows = lock(&self.rows);
+        if self.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if rows.inodes.len() >= MAX_ROWS || rows.entries.len() >= MAX_ROWS {
+            *rows = Rows::default();
+        }
+        for (ino, inode) in inodes {
+            rows.inodes.insert(*ino, inode.clone());
+        }
+        for (key, ino) in entries {
+            rows.entries.insert(key.clone(), ino);
+        }
+    }
+
+    /// Applies a committed write: its rows replace what was kept, deleted or
+    /// distrusted ones are dropped.
+    pub(crate) fn committed(&self, written: &Written) {
+        let mut rows = lock(&self.rows);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let keep = self.live();
+        for (ino, inode) in &written.inodes {
+            match inode {
+                Some(inode) if keep => rows.inodes.insert(*ino, inode.clone()),
+                _ => rows.inodes.remove(ino),
+            };
+        }
+        for (key, ino) in &written.entries {
+            match ino {
+                Some(ino) if keep => rows.entries.insert(key.clone(), *ino),
+                _ => rows.entries.remove(key),
+            };
+        }
+    }
+
+    /// Drops the keys a write whose outcome is unknown touched.
+    pub(crate) fn forget(&self, written: &Written) {
+        let mut rows = lock(&self.rows);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for ino in written.inodes.keys() {
+            rows.inodes.remove(ino);
+        }
+        for key in written.entries.keys() {
+            rows.entries.remove(key);
+        }
+    }
+
+    /// Drops everything, changing whether rows are kept with `change` under the rows'
+    /// lock (a read that began before keeps nothing: the generation moved).
+    fn reset(&self, change: impl FnOnce()) {
+        let mut rows = lock(&self.rows);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        *rows = Rows::default();
+        change();
+    }
+
+    /// The writer session `pid` was found without the lock (it ended on the server):
+    /// nothing is kept until the writer takes it again.
+    fn holder_gone(&self, pid: i32) {
+        self.reset(|| {
+            let _ = self.holder.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire);
+        });
+    }
+
+    fn set_listening(&self, listening: bool) {
+        self.reset(|| self.listening.store(listening, Ordering::Release));
+    }
+
+    /// Applies another meta's notification (see `Written::payloads`); a payload it
+    /// cannot read drops everything.
+    fn notified(&self, payload: &str) {
+        let mut words = payload.split(' ');
+        if words.next() == Some(self.me.as_str()) {
+            return;
+        }
+        let mut rows = lock(&self.rows);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for word in words {
+            let parsed = match word.split_at_checked(1) {
+                Some(("i", ino)) => ino.parse().ok().map(|ino: InodeId| {
+                    rows.inodes.remove(&ino);
+                }),
+                Some(("e", key)) => key.split_once(':').and_then(|(parent, hex)| {
+                    let parent: InodeId = parent.parse().ok()?;
+                    let name = (0..hex.len())
+                        .step_by(2)
+                        .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+                        .collect::<Option<Vec<u8>>>()?;
+                    rows.entries.remove(&(parent, name));
+                    Some(())
+                }),
+                _ => None,
+            };
+            if parsed.is_none() {
+                tracing::warn!(payload, "unreadable row notification; dropping every kept row");
+                *rows = Rows::default();
+                return;
+            }
+        }
+    }
+}
+
+/// Listens for other metas' changes on `config`'s database for as long as `shared`
+/// lives (a thread of its own), and checks every second that its meta's writer session
+/// still holds the lock. Rows are kept only while it is connected; when the connection
+/// fails it drops every row and connects again a second later.
+pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc<SharedRows>) {
+    let weak: Weak<SharedRows> = Arc::downgrade(shared);
+    let spawned = std::thread::Builder::new().name("meta-row-listener".into()).spawn(move || {
+        let mut config = postgres::Config::from(config);
+        config.application_name("locus-meta-listener");
+        let mut failing = false;
+        while weak.strong_count() > 0 {
+            let listened = (|| -> Result<(), postgres::Error> {
+                let mut client = config.connect(postgres::NoTls)?;
+                client.batch_execute(&format!("LISTEN {KEPT_ROWS_CHANNEL}"))?;
+                // Anything committed before the LISTEN took effect was never heard of.
+                match weak.upgrade() {
+                    Some(shared) => shared.set_listening(true),
+                    None => return Ok(()),
+                }
+                if std::mem::take(&mut failing) {
+                    tracing::info!(db = %shown, "listening for other metas' changes again; rows are kept again");
+                }
+                loop {
+                    let until = Instant::now() + HOLDER_CHECK;
+                    {
+                        let mut notifications = client.notifications();
+                        let mut heard = notifications.timeout_iter(HOLDER_CHECK);
+                        while let Some(n) = postgres::fallible_iterator::FallibleIterator::next(&mut heard)? {
+                            let Some(shared) = weak.upgrade() else { return Ok(()) };
+                            shared.notified(n.payload());
+                            if Instant::now() >= until {
+                                break;
+                            }
+                        }
+                    }
+                    let Some(shared) = weak.upgrade() else { return Ok(()) };
+                    // Also how a closed connection shows, with its reason.
+                    let pid = shared.holder.load(Ordering::Acquire);
+                    let held: bool = client
+                        .query_one(
+                            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 \
+                             AND classid::bigint = $2 AND objid::bigint = $3 AND objsubid = 1 AND granted)",
+                            &[&pid, &LOCK_HALVES.0, &LOCK_HALVES.1],
+                        )?
+                        .get(0);
+                    if pid != 0 && !held {
+                        tracing::warn!(db = %shown, pid, "this meta's writer session no longer holds the kept-rows lock; dropping every kept row until it takes it again");
+                        shared.holder_gone(pid);
+                    }
+                }
+            })();
+            let Some(shared) = weak.upgrade() else { return };
+            shared.set_listening(false);
+            if let Err(e) = listened {
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(db = %shown, error = %e, "cannot listen for other metas' changes; keeping no rows in memory until it can");
+                }
+                drop(shared);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the row listener ({e}); keeping no rows in memory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shared rows as a meta that holds the lock and listens has them.
+    fn live() -> Arc<SharedRows> {
+        let shared = SharedRows::new(true);
+        shared.set_listening(true);
+        shared.set_holder(1);
+        shared
+    }
+
+    fn inode(ino: InodeId) -> Inode {
+        let mut row = crate::sqlite::root_inode();
+        row.attr.ino = ino;
+        row
+    }
+
+    #[test]
+    fn a_read_that_raced_a_change_keeps_nothing() {
+        let shared = live();
+        let began = shared.generation();
+        let mut w = Written::default();
+        w.inodes.insert(5, Some(inode(5)));
+        shared.committed(&w);
+        let stale = inode(6);
+        shared.keep(began, [(&6, &stale)].into_iter(), std::iter::empty());
+        assert!(shared.inode(6).is_none(), "kept a row read before a change");
+        assert_eq!(shared.inode(5).map(|i| i.attr.ino), Some(5), "the committed row is kept");
+        shared.keep(shared.generation(), [(&6, &stale)].into_iter(), std::iter::empty());
+        assert!(shared.inode(6).is_some());
+    }
+
+    #[test]
+    fn notifications_name_every_key_and_drop_them_elsewhere() {
+        let (here, there) = (live(), live());
+        let name = vec![0u8, b' ', 0xff, b':'];
+        let mut w = Written::default();
+        for ino in 0..2000 {
+            w.inodes.insert(ino, None);
+        }
+        w.entries.insert((7, name.clone()), None);
+        let payloads = w.payloads(here.me());
+        assert!(payloads.len() > 1 && payloads.iter().all(|p| p.len() < 8000), "split to fit");
+        let kept = inode(3);
+        let key = (7, name);
+        there.keep(there.generation(), [(&3, &kept)].into_iter(), [(&key, 3)].into_iter());
+        there.keep(there.generation(), [(&4000, &kept)].into_iter(), std::iter::empty());
+        payloads.iter().for_each(|p| there.notified(p));
+        assert!(there.inode(3).is_none() && there.entry(7, &key.1).is_none(), "dropped");
+        assert!(there.inode(4000).is_some(), "untouched rows stay");
+        // Its own notifications change nothing; an unreadable one drops everything.
+        payloads.iter().for_each(|p| here.notified(p));
+        there.notified("someone i12x");
+        assert!(there.inode(4000).is_none());
+    }
+
+    #[test]
+    fn nothing_is_kept_or_answered_without_both_the_lock_and_the_listener() {
+        let shared = SharedRows::new(true);
+        let row = inode(9);
+        let keep = || shared.keep(shared.generation(), [(&9, &row)].into_iter(), std::iter::empty());
+        keep();
+        shared.set_listening(true);
+        keep();
+        assert!(shared.inode(9).is_none(), "kept without the lock");
+        assert!(shared.wants_lock());
+        shared.set_holder(42);
+        assert!(!shared.wants_lock());
+        assert!(shared.inode(9).is_none(), "taking the lock drops what was kept before");
+        keep();
+        assert!(shared.inode(9).is_some());
+        shared.holder_gone(41);
+        assert!(shared.inode(9).is_none() && !shared.wants_lock(), "another session's loss drops rows, not the hold");
+        keep();
+        shared.holder_gone(42);
+        assert!(shared.wants_lock());
+        keep();
+        assert!(shared.inode(9).is_none());
+        shared.set_holder(43);
+        keep();
+        shared.set_listening(false);
+        assert!(shared.inode(9).is_none());
+        keep();
+        assert!(shared.inode(9).is_none());
+    }
+}
