@@ -137,7 +137,8 @@ ratios() { # label a-engine b-engine format scale: a row of scale * a / b per co
     for k in 2 3 4 5; do row+=" $(awk -v a="${med[$2$k]}" -v b="${med[$3$k]}" -v f="$4" -v s="$5" 'BEGIN {printf f, s * a / b}') |"; done
     say "$row"
 }
-[[ " ${ENGINES[*]} " != *" sqlite "*" postgres "* ]] || ratios "postgres / sqlite" postgres sqlite "%.0f %%" 100
+runs() { [[ " ${ENGINES[*]} " == *" $1 "* ]]; }
+if runs sqlite && runs postgres; then ratios "postgres / sqlite" postgres sqlite "%.0f %%" 100; fi
 if [[ $JUICEFS == 1 ]]; then
     ratios "juicefs: postgres / sqlite" juicefs-postgres juicefs-sqlite "%.0f %%" 100
     ratios "sqlite: Locus / JuiceFS" sqlite juicefs-sqlite "%.2fx" 1

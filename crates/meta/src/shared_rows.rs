@@ -243,7 +243,17 @@ impl SharedRows {
         let mut rows = lock(&self.rows);
         self.generation.fetch_add(1, Ordering::AcqRel);
         *rows = Rows::default();
+        let was = self.live();
         change();
+        match (was, self.live()) {
+            (false, true) => tracing::info!("keeping inodes and entries in memory between transactions"),
+            (true, false) => tracing::info!(
+                listening = self.listening.load(Ordering::Acquire),
+                lock_held = self.holder.load(Ordering::Acquire) != 0,
+                "no longer keeping inodes and entries in memory"
+            ),
+            _ => {}
+        }
     }
 
     /// The writer session `pid` was found without the lock (it ended on the server):
