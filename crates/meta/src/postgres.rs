@@ -2484,7 +2484,7 @@ mod tests {
         assert_eq!(keepers(&url), 2);
         create(&one, "h").unwrap();
         let payloads = heard(&mut eavesdropper, Duration::from_millis(500));
-        let h = format!("e{ROOT_INODE}:{}", b"h".iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let h = format!("e{ROOT_INODE}:{}", hex::encode(b"h"));
         assert!(payloads.iter().any(|p| p.split(' ').any(|w| w == h)), "{payloads:?} names no {h}");
 
         // Gone again: nobody is notified.

@@ -75,9 +75,11 @@ impl Written {
     /// The notifications that name every key: `<sender> i<ino> e<parent>:<hex name> ...`,
     /// split to fit PostgreSQL's payload limit.
     pub(crate) fn payloads(&self, sender: &str) -> Vec<String> {
-        let keys = self.inodes.keys().map(|ino| format!("i{ino}")).chain(self.entries.keys().map(|(parent, name)| {
-            format!("e{parent}:{}", name.iter().map(|b| format!("{b:02x}")).collect::<String>())
-        }));
+        let keys = self
+            .inodes
+            .keys()
+            .map(|ino| format!("i{ino}"))
+            .chain(self.entries.keys().map(|(parent, name)| format!("e{parent}:{}", hex::encode(name))));
         let mut out: Vec<String> = Vec::new();
         for key in keys {
             match out.last_mut() {
@@ -121,15 +123,10 @@ impl SharedRows {
     pub(crate) fn new(keeping: bool) -> Arc<SharedRows> {
         // Only told apart from other metas' names: a clock-derived name will do if
         // /dev/urandom cannot be read.
-        let me = crate::sqlite::random_bytes::<8>()
-            .unwrap_or_else(|_| {
-                let nanos =
-                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-                (nanos as u64 ^ u64::from(std::process::id())).to_le_bytes()
-            })
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let me = crate::sqlite::random_hex().unwrap_or_else(|_| {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            format!("{:x}", nanos as u64 ^ u64::from(std::process::id()))
+        });
         Arc::new(SharedRows {
             rows: Mutex::default(),
             generation: AtomicU64::new(0),
@@ -282,13 +279,9 @@ impl SharedRows {
                 Some(("i", ino)) => ino.parse().ok().map(|ino: InodeId| {
                     rows.inodes.remove(&ino);
                 }),
-                Some(("e", key)) => key.split_once(':').and_then(|(parent, hex)| {
+                Some(("e", key)) => key.split_once(':').and_then(|(parent, name)| {
                     let parent: InodeId = parent.parse().ok()?;
-                    let name = (0..hex.len())
-                        .step_by(2)
-                        .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-                        .collect::<Option<Vec<u8>>>()?;
-                    rows.entries.remove(&(parent, name));
+                    rows.entries.remove(&(parent, hex::decode(name).ok()?));
                     Some(())
                 }),
                 _ => None,

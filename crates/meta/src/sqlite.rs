@@ -175,7 +175,7 @@ pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
 
 /// 128 random bits from the kernel, in hex (cluster ids, join tokens).
 pub(crate) fn random_hex() -> Result<String, MetaError> {
-    Ok(random_bytes::<16>()?.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(random_bytes::<16>()?))
 }
 
 /// `N` random bytes from the kernel (ids, tokens, the cluster secret).
