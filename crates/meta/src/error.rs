@@ -36,6 +36,10 @@ pub enum MetaError {
     Db(#[from] rusqlite::Error),
     #[error("PostgreSQL metadata database error: {}", pg_detail(.0))]
     Postgres(postgres::Error),
+    /// A failure the server reported for a statement of a pipeline meta sent itself
+    /// (`pgwire::Driver::send_prepared`).
+    #[error("PostgreSQL metadata database error: {0}")]
+    PostgresServer(String),
     /// Another transaction (e.g. another meta's) touched the same rows; the engine
     /// runs the whole transaction again.
     #[error("serialization conflict: {0}")]
@@ -125,6 +129,7 @@ impl MetaError {
             MetaError::Stale(_) => ErrorCode::Stale,
             MetaError::Db(_)
             | MetaError::Postgres(_)
+            | MetaError::PostgresServer(_)
             | MetaError::Conflict(_)
             | MetaError::Connect { .. }
             | MetaError::Io { .. } => ErrorCode::Io,
@@ -161,21 +166,30 @@ impl MetaError {
     }
 }
 
-impl From<postgres::Error> for MetaError {
-    /// PostgreSQL's serialization failure and deadlock (SQLSTATE 40001, 40P01), and a
-    /// unique violation (23505, which a concurrent insert of the same key raises
-    /// instead of 40001 when the transaction had not read the key), are conflicts
-    /// to retry; a commit's epoch check (LF001) is fencing; everything else is an error.
-    fn from(e: postgres::Error) -> Self {
-        use postgres::error::SqlState;
-        match e.code() {
-            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
-                MetaError::Conflict(pg_detail(&e))
-            }
-            Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict(pg_detail(&e)),
-            Some(c) if c.code() == crate::postgres::FENCED_SQLSTATE => MetaError::Fenced(pg_detail(&e)),
-            _ => MetaError::Postgres(e),
+impl MetaError {
+    /// What a PostgreSQL error with SQLSTATE `code` means beyond a failure: its
+    /// serialization failure and deadlock (40001, 40P01), and a unique violation
+    /// (23505, which a concurrent insert of the same key raises instead of 40001 when
+    /// the transaction had not read the key), are conflicts to retry; a commit's epoch
+    /// check (LF001) is fencing.
+    fn from_sqlstate(code: &str, detail: impl FnOnce() -> String) -> Option<MetaError> {
+        match code {
+            "40001" | "40P01" | "23505" => Some(MetaError::Conflict(detail())),
+            c if c == crate::postgres::FENCED_SQLSTATE => Some(MetaError::Fenced(detail())),
+            _ => None,
         }
+    }
+}
+
+impl From<postgres::Error> for MetaError {
+    fn from(e: postgres::Error) -> Self {
+        e.code().and_then(|c| MetaError::from_sqlstate(c.code(), || pg_detail(&e))).unwrap_or(MetaError::Postgres(e))
+    }
+}
+
+impl From<crate::pgwire::ServerError> for MetaError {
+    fn from(e: crate::pgwire::ServerError) -> Self {
+        MetaError::from_sqlstate(&e.code, || e.to_string()).unwrap_or_else(|| MetaError::PostgresServer(e.to_string()))
     }
 }
 

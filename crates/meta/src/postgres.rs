@@ -21,7 +21,7 @@
 
 use crate::error::MetaError;
 use crate::locks::Held;
-use crate::pgwire::Wire;
+use crate::pgwire::{Step, Wire, waiting};
 use crate::shared_rows::{SharedRows, Written};
 use crate::sqlite::{
     SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
@@ -202,7 +202,7 @@ pub(crate) struct PgConn {
     /// Writes whose answer no op waits for, sent ahead of the next statement that
     /// has one (or the commit) in the same round trip. A failure among them fails
     /// that statement, inside the same op or commit, so errors keep their meaning.
-    deferred: Vec<(Statement, Vec<Owned>)>,
+    deferred: Vec<Deferred>,
     /// Rows the open transaction has read or written (see `Seen`).
     seen: Seen,
     /// A read connection's view of the rows its meta keeps in memory: reads are
@@ -244,6 +244,10 @@ enum Probe {
 /// A parameter of a deferred write, owned until the write is sent.
 type Owned = Box<dyn ToSql + Sync + Send>;
 
+/// A deferred write: its SQL, as prepared by tokio-postgres (for its parameters'
+/// types), and its parameters.
+type Deferred = (&'static str, Statement, Vec<Owned>);
+
 /// Rows as the open transaction sees them, so that an op reading a row twice (a
 /// directory checked, then stamped; a new inode read back) asks the server once. A
 /// snapshot (REPEATABLE READ or SERIALIZABLE) shows a transaction the same rows until
@@ -279,6 +283,9 @@ enum Last<'a> {
     Count(&'a Statement, Params<'a>),
     Batch(&'a str),
     Simple(&'a str),
+    /// One statement without parameters that answers no rows wanted: a transaction
+    /// or savepoint boundary.
+    Boundary(&'static str),
 }
 
 /// Its answer.
@@ -366,9 +373,12 @@ impl PgConn {
             }
         }
         let deferred = std::mem::take(&mut self.deferred);
-        let begin = self.begin_pending.take();
         tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
         let lease = self.fence.clone();
+        if self.begin_pending.is_none() && lasts.iter().all(|l| matches!(l, Last::Boundary(_))) {
+            return self.pipeline_by_hand(&deferred, lasts, lease);
+        }
+        let begin = self.begin_pending.take();
         let Wire { client, driver } = self.wire()?;
         let client = &*client;
         let begin = begin.map(|sql| -> Pending<'_> {
@@ -376,7 +386,7 @@ impl PgConn {
         });
         let mut requests: Vec<Pending<'_>> = begin
             .into_iter()
-            .chain(deferred.iter().map(|(st, params)| -> Pending<'_> {
+            .chain(deferred.iter().map(|(_, st, params)| -> Pending<'_> {
                 let params = params.iter().map(|p| &**p as &(dyn ToSql + Sync));
                 Box::pin(async move { client.execute_raw(st, params).await.map(Answer::Count) })
             }))
@@ -386,7 +396,9 @@ impl PgConn {
             match last {
                 Last::Rows(st, params) => Box::pin(async move { client.query(st, params).await.map(Answer::Rows) }),
                 Last::Count(st, params) => Box::pin(async move { client.execute(st, params).await.map(Answer::Count) }),
-                Last::Batch(sql) => Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) }),
+                Last::Batch(sql) | Last::Boundary(sql) => {
+                    Box::pin(async move { client.batch_execute(sql).await.map(|()| Answer::Count(0)) })
+                }
                 Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
             }
         }));
@@ -402,10 +414,41 @@ impl PgConn {
         Ok(lasts.into_iter().collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// As `pipeline_all` for writes that answer counts only (a commit: the deferred
+    /// writes, the commit gate, COMMIT and the next BEGIN), all answered in one flush
+    /// (`Driver::send_prepared`).
+    fn pipeline_by_hand(
+        &mut self,
+        deferred: &[Deferred],
+        lasts: Vec<Last<'_>>,
+        lease: Option<Arc<PrimaryLease>>,
+    ) -> Result<Vec<Answer>, MetaError> {
+        let written = deferred.iter().map(|(sql, st, params)| Step {
+            sql,
+            types: st.params(),
+            params: params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect(),
+        });
+        let boundaries = lasts.iter().map(|last| match last {
+            Last::Boundary(sql) => Step { sql, types: &[], params: Vec::new() },
+            _ => unreachable!("only boundaries go by hand"),
+        });
+        let steps: Vec<Step<'_>> = written.chain(boundaries).collect();
+        let Wire { driver, .. } = self.wire()?;
+        let sent = match &lease {
+            None => driver.send_prepared(&steps, None),
+            Some(lease) => driver.send_prepared(&steps, Some(&|| lease.valid_until())),
+        };
+        let Some(answered) = sent.map_err(waiting)? else {
+            return Err(self.abandon());
+        };
+        let mut counts = answered?;
+        Ok(counts.split_off(counts.len() - lasts.len()).into_iter().map(Answer::Count).collect())
+    }
+
     /// Queues a write whose answer nothing waits for (see `deferred`).
     fn defer(&mut self, sql: &'static str, params: Vec<Owned>) -> Result<(), MetaError> {
         let st = self.statement(sql)?;
-        self.deferred.push((st, params));
+        self.deferred.push((sql, st, params));
         Ok(())
     }
 
@@ -452,6 +495,13 @@ impl PgConn {
     pub(crate) fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
         self.seen = Seen::default();
         self.pipeline(Last::Batch(sql)).map(drop)
+    }
+
+    /// As `batch` for a write transaction's boundaries, one statement each, answered
+    /// with the deferred writes in one flush (`pipeline_by_hand`).
+    fn boundary(&mut self, statements: &[&'static str]) -> Result<(), MetaError> {
+        self.seen = Seen::default();
+        self.pipeline_all(statements.iter().map(|sql| Last::Boundary(sql)).collect()).map(drop)
     }
 
     /// Records what a row read for entry (`parent`, `name`) holds from column `at`
@@ -522,10 +572,10 @@ impl PgConn {
     /// Opens a transaction unless the last one's end already did.
     /// A transaction starting on a connection the server has closed connects again
     /// first: the request that found it broken failed, the next ones work.
-    fn ensure_begun(&mut self, begin: &str) -> Result<(), MetaError> {
+    fn ensure_begun(&mut self, begin: &'static str) -> Result<(), MetaError> {
         self.reconnect_if_closed()?;
         if !self.begun {
-            self.batch(begin)?;
+            self.boundary(&[begin])?;
             self.begun = true;
         }
         Ok(())
@@ -548,7 +598,7 @@ impl PgConn {
 
     /// Ends the open transaction with `end` (COMMIT or ROLLBACK, with the next BEGIN
     /// in the same round trip). A failed end leaves no transaction open.
-    fn end(&mut self, end: &str) -> Result<(), MetaError> {
+    fn end(&mut self, end: &[&'static str]) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
         if self.wire.is_none() {
@@ -558,12 +608,12 @@ impl PgConn {
         if self.alone {
             // Released after the end, in the same round trip; the next BEGIN cannot
             // ride along after a query, so it goes with the next transaction's start.
-            let end = end.strip_suffix(begin_write!()).unwrap_or(end);
-            self.batch(&format!("{end}SELECT pg_advisory_unlock({})", writers_lock!()))?;
+            let end = end.strip_suffix(&[begin_write!()]).unwrap_or(end);
+            self.boundary(&[end, &[concat!("SELECT pg_advisory_unlock(", writers_lock!(), ")")]].concat())?;
             self.alone = false;
             return Ok(());
         }
-        self.batch(end)?;
+        self.boundary(end)?;
         self.begun = true;
         Ok(())
     }
@@ -761,9 +811,10 @@ impl WriteConn for PgConn {
             self.reconnect_if_closed()?;
             // The begun but unused transaction ends first: its snapshot must be
             // taken only once this session holds the lock.
-            let end = if std::mem::take(&mut self.begun) { "ROLLBACK; " } else { "" };
+            let lock = concat!("SELECT pg_advisory_lock(", writers_lock!(), ")");
+            let end: &[&'static str] = if std::mem::take(&mut self.begun) { &["ROLLBACK", lock] } else { &[lock] };
             self.alone = true;
-            self.batch(&format!("{end}SELECT pg_advisory_lock({})", writers_lock!()))?;
+            self.boundary(end)?;
             self.ensure_begun(begin_write!())?;
         } else {
             self.ensure_begun(begin_write!())?;
@@ -773,15 +824,15 @@ impl WriteConn for PgConn {
 
     fn savepoint(&mut self) -> Result<(), MetaError> {
         if std::mem::take(&mut self.release_pending) {
-            self.batch("RELEASE SAVEPOINT op; SAVEPOINT op")
+            self.boundary(&["RELEASE SAVEPOINT op", "SAVEPOINT op"])
         } else {
-            self.batch("SAVEPOINT op")
+            self.boundary(&["SAVEPOINT op"])
         }
     }
 
     fn rollback_to_savepoint(&mut self) -> Result<(), MetaError> {
         self.written.distrust();
-        self.batch("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
+        self.boundary(&["ROLLBACK TO SAVEPOINT op", "RELEASE SAVEPOINT op"])
     }
 
     fn release_savepoint(&mut self) -> Result<(), MetaError> {
@@ -805,10 +856,10 @@ impl WriteConn for PgConn {
             self.durable = false;
             self.commit_reporting_lsn(&committed)
         } else {
-            let end = if std::mem::take(&mut self.durable) {
-                concat!("SET LOCAL synchronous_commit TO on; COMMIT; ", begin_write!())
+            let end: &[&'static str] = if std::mem::take(&mut self.durable) {
+                &["SET LOCAL synchronous_commit TO on", "COMMIT", begin_write!()]
             } else {
-                concat!("COMMIT; ", begin_write!())
+                &["COMMIT", begin_write!()]
             };
             self.end(end)
         };
@@ -825,7 +876,7 @@ impl WriteConn for PgConn {
     fn rollback(&mut self) -> Result<(), MetaError> {
         self.durable = false;
         self.written = Written::default();
-        self.end(concat!("ROLLBACK; ", begin_write!()))
+        self.end(&["ROLLBACK", begin_write!()])
     }
 
     fn txn(&mut self) -> &mut dyn Txn {
