@@ -215,6 +215,8 @@ pub(crate) struct PgConn {
     written: Written,
     /// When the writer last tried to take the kept-rows lock (`take_kept_rows_lock`).
     lock_tried: Option<Instant>,
+    /// Since when every try of the kept-rows lock failed, and whether that was logged.
+    lock_missed: Option<(Instant, bool)>,
     /// Ids taken from a sequence ahead of need, per counter (see `next_id`).
     ids: HashMap<&'static str, Vec<i64>>,
     /// A read's first try, outside any transaction (see `ReadConn::snapshot`).
@@ -703,7 +705,21 @@ impl PgConn {
         let row =
             self.one(concat!("SELECT pg_try_advisory_lock_shared(", kept_rows_lock!(), "), pg_backend_pid()"), &[])?;
         if row.try_get(0)? {
+            if self.lock_missed.take().is_some_and(|(_, logged)| logged) {
+                tracing::info!("took the kept-rows lock at last");
+            }
             publish.set_holder(row.try_get(1)?);
+        } else {
+            let (since, logged) = self.lock_missed.get_or_insert((Instant::now(), false));
+            if !*logged && since.elapsed() >= LOCK_MISSED_WARNING {
+                *logged = true;
+                tracing::warn!(
+                    "the kept-rows lock has been out of reach for {:?}, so lookups and getattrs all go to the \
+                     server: another meta's commit holds it only for an instant; a session outside Locus \
+                     holding advisory lock {KEPT_ROWS_LOCK} (see pg_locks) would explain it",
+                    since.elapsed()
+                );
+            }
         }
         Ok(())
     }
@@ -715,8 +731,13 @@ impl PgConn {
             publish.set_holder(0);
         }
         self.lock_tried = None;
+        self.lock_missed = None;
     }
 }
+
+/// How long every try of the kept-rows lock may fail before it is logged (another
+/// meta's commit holds it for an instant; anything longer is someone else).
+const LOCK_MISSED_WARNING: Duration = Duration::from_secs(10);
 
 /// The SQLSTATE of a commit refused because the epoch changed (class LF: Locus fencing;
 /// raised by the schema's `locus_fence`).
@@ -1044,6 +1065,7 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
         publish: None,
         written: Written::default(),
         lock_tried: None,
+        lock_missed: None,
         ids: HashMap::new(),
         probe: Probe::Off,
         begin_pending: None,
