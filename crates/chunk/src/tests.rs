@@ -344,7 +344,7 @@ fn key_files_are_64_hex_digits() {
 fn a_file_system_without_direct_io_stores_and_serves_through_the_page_cache() {
     // A ramfs refuses O_DIRECT, both at open and through F_SETFL.
     let ramfs = tempfile::tempdir().unwrap();
-    let Some(_mounted) = util::scratch::Mount::new(ramfs.path(), "ramfs", None) else {
+    let Some(_mounted) = testkit::scratch::Mount::new(ramfs.path(), "ramfs", None) else {
         eprintln!("SKIPPED: needs root to mount a ramfs");
         return;
     };

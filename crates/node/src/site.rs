@@ -873,7 +873,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_disk_evicts_cached_copies_for_a_replica_and_never_replicas() {
         let disk = tempfile::tempdir().unwrap();
-        let Some(_mounted) = util::scratch::Mount::new(disk.path(), "tmpfs", Some("size=8m")) else {
+        let Some(_mounted) = testkit::scratch::Mount::new(disk.path(), "tmpfs", Some("size=8m")) else {
             eprintln!("SKIPPED: needs root to mount a small tmpfs");
             return;
         };
