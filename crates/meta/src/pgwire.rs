@@ -406,7 +406,8 @@ impl Driver {
                     backend::Message::EmptyQueryResponse => counts.push(0),
                     backend::Message::ErrorResponse(body) => failed = Some(ServerError::parse(body.fields())?),
                     backend::Message::NoticeResponse(body) => {
-                        tracing::info!(notice = %ServerError::parse(body.fields())?, "PostgreSQL notice");
+                        // E.g. a ROLLBACK after a COMMIT that failed: "no transaction in progress".
+                        tracing::debug!(notice = %ServerError::parse(body.fields())?, "PostgreSQL notice");
                     }
                     backend::Message::ParameterStatus(_) | backend::Message::NotificationResponse(_) => {}
                     backend::Message::ReadyForQuery(_) if !out.is_empty() || !inbox.is_empty() => {
@@ -630,6 +631,8 @@ mod tests {
                 reply.extend(message(b'2', b""));
                 reply.extend(message(b'C', n));
             }
+            // A notice (as a ROLLBACK outside a transaction gets) is no answer.
+            reply.extend(message(b'N', b"SWARNING\0C25P01\0Mthere is no transaction in progress\0\0"));
             reply.extend(message(b'Z', b"T"));
             server.write_all(&reply).unwrap();
             tags(&request)
