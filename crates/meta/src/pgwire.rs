@@ -48,6 +48,13 @@ impl Stream {
         }
     }
 
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
@@ -62,22 +69,17 @@ impl<T: Read + Write> ReadWrite for T {}
 impl Socket {
     /// Makes `stream` non-blocking and pairs it with the driver that waits for it.
     fn new(stream: Stream) -> io::Result<(Socket, Driver)> {
-        let fd = match &stream {
+        match &stream {
             Stream::Tcp(s) => {
                 s.set_nodelay(true)?;
                 s.set_nonblocking(true)?;
-                s.as_raw_fd()
             }
-            Stream::Unix(s) => {
-                s.set_nonblocking(true)?;
-                s.as_raw_fd()
-            }
-        };
+            Stream::Unix(s) => s.set_nonblocking(true)?,
+        }
         let write_blocked = Arc::new(AtomicBool::new(false));
         let driver = Driver {
             connection: None,
             started: false,
-            fd,
             raw: stream.try_clone()?,
             prepared: HashMap::new(),
             names: 0,
@@ -152,9 +154,8 @@ pub(crate) struct Driver {
     connection: Option<Connection<Socket, NoTlsStream>>,
     /// Logged in: from then on no connection means it ended.
     started: bool,
-    fd: RawFd,
-    /// The same socket, for pipelines sent by hand (`send_prepared`) while the
-    /// connection's future is idle.
+    /// The same socket (a second descriptor of it): waited for with poll(2), and used
+    /// for pipelines sent by hand (`send_prepared`) while the connection's future is idle.
     raw: Stream,
     /// The names of the statements prepared for `send_prepared`, by their SQL text
     /// (apart from tokio-postgres's own, whose names it keeps to itself). A statement
@@ -257,14 +258,8 @@ impl Driver {
             if self.woken.0.load(Ordering::Acquire) {
                 continue;
             }
-            let timeout = match until {
-                None => None,
-                Some(until) => match until().checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => Some(left),
-                    _ => return Ok(None),
-                },
-            };
-            wait(self.fd, self.write_blocked.swap(false, Ordering::Relaxed), timeout)?;
+            let Some(timeout) = time_left(until) else { return Ok(None) };
+            wait(self.raw.fd(), self.write_blocked.swap(false, Ordering::Relaxed), timeout)?;
         }
     }
 }
@@ -426,15 +421,21 @@ impl Driver {
                     return Err(unexpected("more answers than statements"));
                 }
             }
-            let timeout = match until {
-                None => None,
-                Some(until) => match until().checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => Some(left),
-                    _ => return Ok(None),
-                },
-            };
-            wait(self.fd, !out.is_empty(), timeout)?;
+            let Some(timeout) = time_left(until) else { return Ok(None) };
+            wait(self.raw.fd(), !out.is_empty(), timeout)?;
         }
+    }
+}
+
+/// How long a wait may last: `Some(None)` without a deadline, `None` once `until`
+/// has passed.
+fn time_left(until: Option<&dyn Fn() -> Instant>) -> Option<Option<Duration>> {
+    match until {
+        None => Some(None),
+        Some(until) => match until().checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Some(Some(left)),
+            _ => None,
+        },
     }
 }
 
