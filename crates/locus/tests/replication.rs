@@ -564,14 +564,24 @@ fn a_cached_copy_is_no_replica_until_repair_pins_it_and_a_replica_outlives_the_c
     // replace them) without the bytes crossing again.
     let set = policy(&c, &["set", "/d", "--sites", "a,b", "--copies", "1", "--mode", "sync"]);
     assert!(set.status.success(), "{}", text(&set));
+    // b0 stores the replica, then drops the cached copy, then answers a0, which counts
+    // it: three steps, so the test waits for the last of them before it checks.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !ids(chunk_files(&c, "b0")).is_superset(&f_chunks) {
-        assert!(Instant::now() < deadline, "repair made no replica at b0: a cached copy was counted as one");
+    loop {
+        let replicas = ids(chunk_files(&c, "b0")).is_superset(&f_chunks);
+        let uncached = ids(cached_files(&c, "b0")).is_disjoint(&f_chunks);
+        let counted = metric(&metrics, "locus_replication_already_there_total") >= f_chunks.len() as u64;
+        if replicas && uncached && counted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "repair made no replica at b0 from its cached copies (replicas there: {replicas}, \
+             cached copies gone: {uncached}, counted by a0: {counted})"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(ids(cached_files(&c, "b0")).is_disjoint(&f_chunks), "a replica replaces the cached copy");
     assert_eq!(metric(&metrics, "locus_replication_shipped_bytes_total"), 0, "no chunk was sent again");
-    assert!(metric(&metrics, "locus_replication_already_there_total") >= f_chunks.len() as u64);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
