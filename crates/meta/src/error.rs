@@ -176,6 +176,7 @@ impl MetaError {
         match code {
             "40001" | "40P01" | "23505" => Some(MetaError::Conflict(detail())),
             c if c == crate::postgres::FENCED_SQLSTATE => Some(MetaError::Fenced(detail())),
+            c if c == crate::postgres::KEPT_ROW_STALE_SQLSTATE => Some(MetaError::Conflict(detail())),
             _ => None,
         }
     }

@@ -213,6 +213,13 @@ pub(crate) struct PgConn {
     publish: Option<Arc<SharedRows>>,
     /// What the open write transaction changed (with `publish`).
     written: Written,
+    /// The keys the open write transaction took from the kept rows (`assume_entry`).
+    assumed: Written,
+    /// The open write transaction may take rows from the kept ones (`distrust`).
+    trust_kept: bool,
+    /// A guard failed: write transactions read everything from the server until one
+    /// commits, so that the tries of a batch whose file is open, say, stop guessing.
+    distrust: bool,
     /// When the writer last tried to take the kept-rows lock (`take_kept_rows_lock`).
     lock_tried: Option<Instant>,
     /// Since when every try of the kept-rows lock failed, and whether that was logged.
@@ -365,6 +372,25 @@ impl PgConn {
     /// and waits for all their answers (those of `lasts`, in order); the first failure
     /// in order is the result.
     fn pipeline_all(&mut self, lasts: Vec<Last<'_>>) -> Result<Vec<Answer>, MetaError> {
+        let answered = self.send_all(lasts);
+        if let Err(e) = &answered
+            && e.is_conflict()
+            && !self.assumed.is_empty()
+        {
+            // Perhaps a guard failed: the rows assumed are dropped, and the next tries
+            // read everything from the server until one commits (a guard may also fail
+            // on a fact the kept rows do not hold, such as an open, as a next one would).
+            tracing::debug!(error = %e, "a transaction that took rows from memory failed: the next tries read them");
+            self.distrust = true;
+            if let Some(publish) = &self.publish {
+                publish.forget(&std::mem::take(&mut self.assumed));
+            }
+        }
+        answered
+    }
+
+    /// `pipeline_all`'s work.
+    fn send_all(&mut self, lasts: Vec<Last<'_>>) -> Result<Vec<Answer>, MetaError> {
         match self.probe {
             Probe::Off => {}
             // Several statements are several snapshots: a read needing them runs in one.
@@ -546,6 +572,43 @@ impl PgConn {
             }
         }
         Ok(ino)
+    }
+
+    /// A write transaction's look-up of entry (`parent`, `name`), taken from the rows
+    /// its meta keeps instead of the server when they hold the directory, the entry
+    /// and its inode, an empty non-directory that this transaction has not written:
+    /// what an unlink of a file just created, listed or looked up needs. It is assumed
+    /// not open and without extents, xattrs or policy, and `ENTRY_GUARD_SQL`, queued
+    /// ahead of the transaction's writes, checks all of it at the server. So the write
+    /// needs no round trip before its commit; if the guard fails, the transaction runs
+    /// again reading from the server (`pipeline_all`).
+    fn assume_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        let Some(kept) = self.publish.clone().filter(|_| self.trust_kept) else { return Ok(()) };
+        let key = (parent, name.to_vec());
+        let untouched = |ino| !self.seen.inodes.contains_key(&ino) && !self.written.inodes.contains_key(&ino);
+        if !untouched(parent) || self.seen.dentries.contains_key(&key) || self.written.entries.contains_key(&key) {
+            return Ok(());
+        }
+        let Some((dir, file)) = kept.inode(parent).zip(kept.entry(parent, name).and_then(|ino| kept.inode(ino))) else {
+            return Ok(());
+        };
+        let ino = file.attr.ino;
+        if dir.attr.kind != FileKind::Dir || file.attr.kind == FileKind::Dir || file.attr.size != 0 || !untouched(ino) {
+            return Ok(());
+        }
+        let mut params = inode_params(&dir);
+        params.extend(inode_params(&file));
+        params.push(Box::new(name.to_vec()));
+        self.defer(ENTRY_GUARD_SQL, params)?;
+        self.assumed.inodes.extend([(parent, None), (ino, None)]);
+        self.assumed.entries.insert(key.clone(), None);
+        self.seen.inodes.extend([(parent, Some(dir)), (ino, Some(file))]);
+        self.seen.dentries.insert(key, Some(ino));
+        self.seen.open_counts.insert(ino, 0);
+        self.seen.no_extents.insert(ino);
+        self.seen.no_xattrs.insert(ino);
+        self.seen.policies.insert(ino, None);
+        Ok(())
     }
 
     /// Records whether any policy exists, as column `at` of `row` says (NULL: not asked).
@@ -743,6 +806,23 @@ const LOCK_MISSED_WARNING: Duration = Duration::from_secs(10);
 /// raised by the schema's `locus_fence`).
 pub(crate) const FENCED_SQLSTATE: &str = "LF001";
 
+/// The SQLSTATE of a commit refused because a row its transaction took from the rows
+/// its meta keeps had changed (raised by `locus_expect`; see `PgConn::assume_entry`).
+/// It is a conflict: the transaction runs again, reading from the server.
+pub(crate) const KEPT_ROW_STALE_SQLSTATE: &str = "LK001";
+
+/// The writer's session settings: commits acknowledged before their WAL is flushed
+/// (see `WriteConn::commit`), and `locus_expect`, which fails the transaction with
+/// `KEPT_ROW_STALE_SQLSTATE` unless its argument is true. The function lives in the
+/// session's own temporary schema, so it needs no change to the database's schema.
+const WRITER_SETUP: &str = "SET synchronous_commit TO off;
+CREATE FUNCTION pg_temp.locus_expect(ok BOOLEAN) RETURNS VOID LANGUAGE plpgsql AS $$
+BEGIN
+    IF ok IS NOT TRUE THEN
+        RAISE EXCEPTION 'locus: a row this meta kept in memory was out of date' USING ERRCODE = 'LK001';
+    END IF;
+END $$";
+
 /// This meta's lease on the primary role: while it holds one, its writes are accepted;
 /// once it could not renew it for its whole duration (the primary unreachable, or
 /// blocked because its synchronous standby at the other site is cut off), every write
@@ -824,6 +904,8 @@ impl WriteConn for PgConn {
         // Whatever an earlier transaction that never reached its commit wrote is not
         // this one's to publish.
         self.written = Written::default();
+        self.assumed = Written::default();
+        self.trust_kept = !self.distrust;
         if let Some(lease) = &self.fence {
             lease.check()?;
         }
@@ -887,7 +969,10 @@ impl WriteConn for PgConn {
         if let Some(publish) = &self.publish {
             let written = std::mem::take(&mut self.written);
             match &committed {
-                Ok(()) => publish.committed(&written),
+                Ok(()) => {
+                    self.distrust = false;
+                    publish.committed(&written)
+                }
                 Err(_) => publish.forget(&written),
             }
         }
@@ -1064,6 +1149,9 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
         cache: None,
         publish: None,
         written: Written::default(),
+        assumed: Written::default(),
+        trust_kept: false,
+        distrust: false,
         lock_tried: None,
         lock_missed: None,
         ids: HashMap::new(),
@@ -1142,7 +1230,7 @@ pub fn open(
     writer.publish = Some(shared.clone());
     match standby {
         None => {
-            writer.setup = "SET synchronous_commit TO off";
+            writer.setup = WRITER_SETUP;
             writer.batch(writer.setup)?;
             for _ in 0..READERS {
                 let mut reader = connect(&config, &shown)?;
@@ -1346,6 +1434,30 @@ macro_rules! inode_cols {
     };
 }
 
+/// The parameters that store `inode` in `inode_cols` order (as `inode_of` reads them).
+fn inode_params(inode: &Inode) -> Vec<Owned> {
+    let a = &inode.attr;
+    vec![
+        Box::new(a.ino as i64),
+        Box::new(kind_code(a.kind)),
+        Box::new(a.mode as i64),
+        Box::new(a.uid as i64),
+        Box::new(a.gid as i64),
+        Box::new(a.size as i64),
+        Box::new(a.nlink as i64),
+        Box::new(a.rdev as i64),
+        Box::new(a.atime.secs),
+        Box::new(a.atime.nanos as i64),
+        Box::new(a.mtime.secs),
+        Box::new(a.mtime.nanos as i64),
+        Box::new(a.ctime.secs),
+        Box::new(a.ctime.nanos as i64),
+        Box::new(a.data_version as i64),
+        Box::new(inode.parent as i64),
+        Box::new(inode.target.clone()),
+    ]
+}
+
 /// The inode in `r`'s columns from `at` on (in `inode_cols` order).
 fn inode_of(r: &Row, at: usize) -> Result<Inode, MetaError> {
     let int = |i: usize| r.try_get::<_, i64>(at + i);
@@ -1432,6 +1544,24 @@ const ENTRY_SQL: &str = entry_sql!(
 );
 /// For a point read (a lookup): none of those facts (NULL), so no subquery to start.
 const ENTRY_READ_SQL: &str = entry_sql!("NULL::BIGINT, NULL::BOOLEAN, NULL::BOOLEAN, NULL::BOOLEAN, NULL::BOOLEAN");
+/// The guard of a write that took directory $1 (columns $1-$17), its entry named $35
+/// and that entry's inode ($18-$34) from the kept rows, and assumed what `ENTRY_SQL`
+/// would have told: the inode is not open and has no extents, xattrs or policy. Sent
+/// ahead of the write's own statements, it fails the transaction unless all of it
+/// holds; under SERIALIZABLE what it reads is the transaction's reads, as `ENTRY_SQL`'s
+/// would have been.
+const ENTRY_GUARD_SQL: &str = concat!(
+    "SELECT pg_temp.locus_expect(\
+     EXISTS (SELECT 1 FROM inodes WHERE (",
+    inode_cols!(),
+    ") = ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)) \
+     AND EXISTS (SELECT 1 FROM inodes WHERE (",
+    inode_cols!(),
+    ") = ($18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)) \
+     AND EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $35 AND ino = $18) \
+     AND NOT EXISTS (SELECT 1 FROM opens WHERE ino = $18) AND NOT EXISTS (SELECT 1 FROM extents WHERE ino = $18) \
+     AND NOT EXISTS (SELECT 1 FROM xattrs WHERE ino = $18) AND NOT EXISTS (SELECT 1 FROM policies WHERE ino = $18))"
+);
 const SESSION_SQL: &str = "SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = $1";
 /// Session $1's opens of inode $2 (count, writable; NULL if none), the inode (from
 /// column 2), whether any policy exists (column 19) and the session (from column 20).
@@ -1525,25 +1655,7 @@ impl Txn for PgConn {
 
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
         let a = &inode.attr;
-        let params: Vec<Owned> = vec![
-            Box::new(a.ino as i64),
-            Box::new(kind_code(a.kind)),
-            Box::new(a.mode as i64),
-            Box::new(a.uid as i64),
-            Box::new(a.gid as i64),
-            Box::new(a.size as i64),
-            Box::new(a.nlink as i64),
-            Box::new(a.rdev as i64),
-            Box::new(a.atime.secs),
-            Box::new(a.atime.nanos as i64),
-            Box::new(a.mtime.secs),
-            Box::new(a.mtime.nanos as i64),
-            Box::new(a.ctime.secs),
-            Box::new(a.ctime.nanos as i64),
-            Box::new(a.data_version as i64),
-            Box::new(inode.parent as i64),
-            Box::new(inode.target.clone()),
-        ];
+        let params = inode_params(inode);
         self.defer(
             concat!(
                 "INSERT INTO inodes (",
@@ -1603,6 +1715,9 @@ impl Txn for PgConn {
     /// Asks for everything `want` names that this transaction has not seen yet, in
     /// one round trip.
     fn prefetch(&mut self, want: Prefetch<'_>) -> Result<(), MetaError> {
+        if let Some((parent, name)) = want.entry {
+            self.assume_entry(parent, name)?;
+        }
         // A read finds the directory and its entry in memory if its meta keeps them:
         // nothing to ask for then (the rest comes from the kept rows or the server).
         if let (Some(cache), Some((parent, name))) = (&self.cache, want.entry)
@@ -2487,6 +2602,66 @@ mod tests {
         soon("the first meta dropping its rows", || getattr(&one, g.ino).unwrap().mode & 0o777 == 0o600);
         listening(&url, 2);
         assert_eq!(getattr(&one, g.ino).unwrap().mode & 0o777, 0o600);
+    }
+
+    /// An unlink takes the directory, the entry and the file from the rows its meta
+    /// keeps, and its guard catches every way the server's rows may differ (each
+    /// changed here in SQL behind the meta's back): the unlink then runs again reading
+    /// from the server, and does what those rows ask for.
+    #[test]
+    fn a_write_from_kept_rows_is_checked_at_the_server() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let config = MetaConfig { db_url: url.clone(), ..test_config(Default::default()) };
+        let one = MetaService::open(&config).unwrap();
+        listening(&url, 1);
+        let mut sql = raw(&url);
+        let made = |name: &str| {
+            let Ok(MetaReply::Made(Made { attr, .. })) = create(&one, name) else { panic!("create {name}") };
+            attr.ino as i64
+        };
+        let unlink = |name: &str| {
+            let req = proto::meta::Unlink { parent: ROOT_INODE, name: name.as_bytes().to_vec() };
+            one.handle_blocking(MetaRequest::Unlink(req)).map(drop).map_err(|e| e.code)
+        };
+        let count = |sql: &mut postgres::Client, query: &str, ino: i64| -> i64 {
+            sql.query_one(query, &[&ino]).unwrap().get(0)
+        };
+        let (plain, open, xattr, policy, linked, became_dir) =
+            (made("plain"), made("open"), made("xattr"), made("policy"), made("linked"), made("became-dir"));
+        sql.execute("INSERT INTO opens (session, ino, count, writable) VALUES (7, $1, 1, 0)", &[&open]).unwrap();
+        sql.execute("INSERT INTO xattrs (ino, name, value) VALUES ($1, 'user.a', 'v')", &[&xattr]).unwrap();
+        sql.execute(
+            "INSERT INTO policies (ino, sites, copies, mode, rpo_secs) VALUES ($1, 'a', 1, 'sync', 0)",
+            &[&policy],
+        )
+        .unwrap();
+        sql.execute("UPDATE inodes SET nlink = 2 WHERE ino = $1", &[&linked]).unwrap();
+        sql.execute(
+            "UPDATE inodes SET kind = $2, mode = 16877 WHERE ino = $1",
+            &[&became_dir, &kind_code(FileKind::Dir)],
+        )
+        .unwrap();
+        assert_eq!(getattr(&one, became_dir as u64).unwrap().kind, FileKind::File, "the kept row answers");
+
+        for name in ["plain", "open", "xattr", "policy", "linked"] {
+            unlink(name).unwrap_or_else(|e| panic!("unlink {name}: {e:?}"));
+            assert_eq!(lookup(&one, name), Err(ErrorCode::NotFound));
+        }
+        let entries = sql.query_one("SELECT COUNT(*) FROM dentries WHERE parent = $1", &[&(ROOT_INODE as i64)]);
+        assert_eq!(entries.unwrap().get::<_, i64>(0), 1, "only became-dir is left");
+        let inode = "SELECT COUNT(*) FROM inodes WHERE ino = $1";
+        assert_eq!(count(&mut sql, inode, plain), 0, "an unlinked file with no other link is gone");
+        assert_eq!(count(&mut sql, "SELECT COUNT(*) FROM inodes WHERE ino = $1 AND nlink = 0", open), 1, "kept open");
+        assert_eq!(count(&mut sql, "SELECT COUNT(*) FROM xattrs WHERE ino = $1", xattr), 0, "its xattrs went too");
+        assert_eq!(count(&mut sql, inode, xattr), 0);
+        assert_eq!(count(&mut sql, "SELECT COUNT(*) FROM policies WHERE ino = $1", policy), 0, "its policy went too");
+        assert_eq!(count(&mut sql, "SELECT COUNT(*) FROM inodes WHERE ino = $1 AND nlink = 1", linked), 1);
+
+        // The server's row is a directory: the unlink is refused, and the rows its
+        // guard found out of date are no longer kept (a later read asks the server).
+        assert_eq!(unlink("became-dir"), Err(ErrorCode::IsDir));
+        assert_eq!(getattr(&one, became_dir as u64).unwrap().kind, FileKind::Dir, "the stale row was dropped");
     }
 
     /// Sessions holding the kept-rows lock (one per meta that keeps rows).

@@ -2,9 +2,10 @@
 //! transactions, so that a lookup or a getattr of something recently read or written
 //! costs no round trip to the server (on SQLite such a read is already in-process).
 //!
-//! Only inodes and entries are kept, only read connections answer from them, and a
-//! write transaction never does: its reads must reach the server for SERIALIZABLE to
-//! see its conflicts. What this meta commits replaces the rows it wrote before the
+//! Only inodes and entries are kept. Read connections answer from them; a write
+//! transaction takes rows from them only under a guard that re-reads the same rows at
+//! the server ahead of its writes (`PgConn::assume_entry`), so SERIALIZABLE still sees
+//! its conflicts. What this meta commits replaces the rows it wrote before the
 //! write is answered, so its clients read their own writes. What other metas commit
 //! reaches this one through PostgreSQL's LISTEN/NOTIFY, but only while some meta keeps
 //! rows: a meta alone on its database notifies nobody and wakes nobody.
