@@ -217,6 +217,11 @@ pub struct MetaArgs {
     /// 0: no lease (no fencing).
     #[arg(long, default_value_t = 10_000)]
     pub primary_lease_ms: u64,
+    /// PostgreSQL: longest wait for the database's answer to one request; a stopped,
+    /// overloaded or unreachable server then fails the operation (ETIMEDOUT) instead of
+    /// holding it (and every operation queued behind it), e.g. 30s.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub db_timeout: std::time::Duration,
     /// SITE=FILE: the site's identity map (grid-mapfile shape: `"<principal>" name uid`
     /// lines, a `[groups]` section, `nobody UID GID`), reloaded when it changes.
     /// Repeat per site; a site without one numbers owners with its local ids.

@@ -102,6 +102,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(!args.db_timeout.is_zero(), "--db-timeout must be longer than 0, e.g. 30s");
     let listener = bind(&args.listen, "meta").await?;
     let identities = (args.identity_maps.clone(), args.no_root_squash.clone());
     let expiry = Duration::from_secs(args.session_expiry_secs);
@@ -113,6 +114,7 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         heartbeat: HEARTBEAT,
         session_expiry: expiry,
         primary_lease: lease,
+        db_timeout: args.db_timeout,
     };
     let (addr, _) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
@@ -323,6 +325,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         heartbeat: HEARTBEAT,
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
+        db_timeout: meta::DEFAULT_DB_TIMEOUT,
     };
     let (meta_addr, meta_service) =
         start_meta(meta_listener, config, IdentityConfig::default(), revoked, &[LOCAL_NODE.to_string()]).await?;

@@ -199,18 +199,22 @@ impl Store {
 /// `standby` (PostgreSQL only) names a hot standby of `url` to read from.
 /// `lease` (a holder name and duration) makes a PostgreSQL writer hold a lease on the
 /// primary role (SQLite has no failover and ignores it).
+/// `answer_timeout` (PostgreSQL only) bounds every wait for the server's answer.
 pub fn open_store(
     url: &str,
     standby: Option<&str>,
     init: bool,
     lease: Option<(String, Duration)>,
+    answer_timeout: Duration,
 ) -> Result<Store, MetaError> {
     let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };
     let path = match url.split_once("://") {
         None => url,
         Some(("sqlite", path)) if !path.is_empty() => path,
         Some(("sqlite", _)) => return Err(unsupported("the URL names no file".into())),
-        Some(("postgres" | "postgresql", _)) => return Store::new(crate::postgres::open(url, standby, init, lease)?),
+        Some(("postgres" | "postgresql", _)) => {
+            return Store::new(crate::postgres::open(url, standby, init, lease, answer_timeout)?);
+        }
         Some((scheme, _)) => return Err(unsupported(format!("unknown scheme {scheme:?}"))),
     };
     if standby.is_some() {
@@ -254,9 +258,11 @@ fn run_batch(conn: &mut dyn WriteConn, mut batch: Vec<Job>) {
             if let Err(e) = conn.rollback() {
                 tracing::warn!(error = %e, "rollback after a failed commit failed");
             }
-            // Fencing keeps its kind (EROFS at the client); any other failure is internal.
+            // Fencing (EROFS at the client) and a database that did not answer
+            // (ETIMEDOUT) keep their kind; any other failure is internal.
             let answer = || match &e {
                 MetaError::Fenced(why) => MetaError::Fenced(why.clone()),
+                MetaError::TimedOut { db, after } => MetaError::TimedOut { db: db.clone(), after: *after },
                 e => MetaError::Internal(format!("commit failed: {e}")),
             };
             for job in batch {

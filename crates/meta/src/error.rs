@@ -98,6 +98,13 @@ pub enum MetaError {
          one with `locus node token --ttl 1h`, or run `locus node admit {0}` on the cluster"
     )]
     BadJoinToken(String),
+    /// The database did not answer a request in time (a stopped or overloaded server,
+    /// a dead link): the caller gets ETIMEDOUT after a bounded wait, not a hang.
+    #[error(
+        "the PostgreSQL metadata database {db} did not answer within {after:?}: the request was cancelled \
+         (a write's outcome is unknown; see --db-timeout)"
+    )]
+    TimedOut { db: String, after: std::time::Duration },
     /// This meta lost the primary role (its lease ran out, or the epoch moved on):
     /// it refuses writes so that none is accepted the new primary does not have.
     #[error("fenced: {0}")]
@@ -146,6 +153,7 @@ impl MetaError {
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Fenced(_) => ErrorCode::ReadOnly,
+            MetaError::TimedOut { .. } => ErrorCode::TimedOut,
             MetaError::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -26,5 +26,5 @@ pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_ma
 pub use locks::Held;
 pub use migrate::migrate;
 pub use postgres::{PrimaryLease, Promotion, promote};
-pub use service::{InProcessClient, MetaConfig, MetaService};
+pub use service::{DEFAULT_DB_TIMEOUT, InProcessClient, MetaConfig, MetaService};
 pub use store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};

@@ -192,12 +192,22 @@ impl Wire {
         }
     }
 
+    /// Logs in over `stream`, within the config's connect timeout (a server that
+    /// accepts connections but never answers, such as a stopped one, is given up on).
     fn start(config: &Config, stream: Stream, shown: &str) -> Result<Wire, StartError> {
         let (socket, mut driver) = Socket::new(stream)?;
-        let (client, connection) = driver
-            .block_on_io(config.connect_raw(socket, NoTls))
-            .map_err(StartError::Io)?
-            .map_err(|source| StartError::Pg(MetaError::Connect { url: shown.into(), source }))?;
+        let timeout = config.get_connect_timeout().copied();
+        let until = timeout.map(|t| Instant::now() + t);
+        let until = until.as_ref().map(|at| move || *at);
+        let logged_in = driver
+            .drive(config.connect_raw(socket, NoTls), until.as_ref().map(|f| f as &dyn Fn() -> Instant))
+            .map_err(StartError::Io)?;
+        let Some(logged_in) = logged_in else {
+            let why = format!("the server took the connection but did not complete the login within {timeout:?}");
+            return Err(StartError::Io(io::Error::new(io::ErrorKind::TimedOut, why)));
+        };
+        let (client, connection) =
+            logged_in.map_err(|source| StartError::Pg(MetaError::Connect { url: shown.into(), source }))?;
         driver.connection = Some(connection);
         driver.started = true;
         Ok(Wire { client, driver })
@@ -213,7 +223,7 @@ impl Driver {
     /// Runs `fut` (requests made with the wire's client) to completion, driving the
     /// connection and waiting for the socket in between.
     pub(crate) fn block_on<T>(&mut self, fut: impl Future<Output = T>) -> Result<T, MetaError> {
-        self.block_on_io(fut).map_err(waiting)
+        Ok(self.drive(fut, None).map_err(waiting)?.expect("a wait without a deadline ends with an answer"))
     }
 
     /// As `block_on`, but gives up (`None`) once the instant `until` answers has
@@ -224,10 +234,6 @@ impl Driver {
         until: impl Fn() -> Instant,
     ) -> Result<Option<T>, MetaError> {
         self.drive(fut, Some(&until)).map_err(waiting)
-    }
-
-    fn block_on_io<T>(&mut self, fut: impl Future<Output = T>) -> io::Result<T> {
-        Ok(self.drive(fut, None)?.expect("a wait without a deadline ends with an answer"))
     }
 
     /// Polls `fut` and the connection in turn until `fut` is done (or `until` has

@@ -230,6 +230,9 @@ pub(crate) struct PgConn {
     probe: Probe,
     /// A BEGIN to send ahead of the next statement, in the same round trip.
     begin_pending: Option<&'static str>,
+    /// How long a request may wait for its answer before it is cancelled and fails
+    /// (`--db-timeout`); none for an operator's command (`promote`, `migrate`).
+    answer_timeout: Option<Duration>,
     /// The next write transaction runs alone among the writers (`run_alone_next`).
     alone_next: bool,
     /// This session holds the writers' lock exclusively (see `writers_lock`); the
@@ -342,6 +345,10 @@ macro_rules! begin_read {
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
+/// The instant a wait for the server gives up at, asked again after every wake-up
+/// (`PgConn::wait_limit`).
+type WaitLimit = Box<dyn Fn() -> Instant>;
+
 impl PgConn {
     /// The connection; none after a wait was abandoned (`abandon`) until the next
     /// transaction connects again.
@@ -356,8 +363,7 @@ impl PgConn {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let Wire { client, driver } = self.wire()?;
-        let st = driver.block_on(client.prepare(sql))??;
+        let st = self.prepare_dynamic(sql)?;
         self.statements.insert(sql, st.clone());
         Ok(st)
     }
@@ -402,9 +408,9 @@ impl PgConn {
         }
         let deferred = std::mem::take(&mut self.deferred);
         tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
-        let lease = self.fence.clone();
+        let until = self.wait_limit();
         if self.begin_pending.is_none() && lasts.iter().all(|l| matches!(l, Last::Boundary(_))) {
-            return self.pipeline_by_hand(&deferred, lasts, lease);
+            return self.pipeline_by_hand(&deferred, lasts, until);
         }
         let begin = self.begin_pending.take();
         let Wire { client, driver } = self.wire()?;
@@ -430,9 +436,9 @@ impl PgConn {
                 Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
             }
         }));
-        let answered = match &lease {
+        let answered = match &until {
             None => Some(driver.block_on(in_order(requests))?),
-            Some(lease) => driver.block_on_until(in_order(requests), || lease.valid_until())?,
+            Some(until) => driver.block_on_until(in_order(requests), until)?,
         };
         let Some(mut answers) = answered else {
             return Err(self.abandon());
@@ -449,7 +455,7 @@ impl PgConn {
         &mut self,
         deferred: &[Deferred],
         lasts: Vec<Last<'_>>,
-        lease: Option<Arc<PrimaryLease>>,
+        until: Option<WaitLimit>,
     ) -> Result<Vec<Answer>, MetaError> {
         let written = deferred.iter().map(|(sql, st, params)| Step {
             sql,
@@ -462,10 +468,7 @@ impl PgConn {
         });
         let steps: Vec<Step<'_>> = written.chain(boundaries).collect();
         let Wire { driver, .. } = self.wire()?;
-        let sent = match &lease {
-            None => driver.send_prepared(&steps, None),
-            Some(lease) => driver.send_prepared(&steps, Some(&|| lease.valid_until())),
-        };
+        let sent = driver.send_prepared(&steps, until.as_deref());
         let Some(answered) = sent.map_err(waiting)? else {
             return Err(self.abandon());
         };
@@ -683,12 +686,28 @@ impl PgConn {
         Ok(())
     }
 
-    /// Gives up a request the lease ran out waiting for (a COMMIT waiting for a cut-off
-    /// synchronous standby's flush, or a statement waiting behind one): asks the server
-    /// to cancel it (a cancelled COMMIT stays committed locally, in a database the
-    /// failover discards: it is never acknowledged), drops the connection, and answers
-    /// the refusal. The next transaction connects again (and is refused while the
-    /// lease stays lapsed).
+    /// When a wait for the server gives up (`abandon`): once the lease runs out (it
+    /// moves later as renewals succeed) or `answer_timeout` from now, whichever is
+    /// first; none without either.
+    fn wait_limit(&self) -> Option<WaitLimit> {
+        let lease = self.fence.clone();
+        let limit = self.answer_timeout.map(|t| Instant::now() + t);
+        match (lease, limit) {
+            (None, None) => None,
+            (None, Some(limit)) => Some(Box::new(move || limit)),
+            (Some(lease), None) => Some(Box::new(move || lease.valid_until())),
+            (Some(lease), Some(limit)) => Some(Box::new(move || lease.valid_until().min(limit))),
+        }
+    }
+
+    /// Gives up a request that waited past `wait_limit`: asks the server to cancel it,
+    /// drops the connection, and answers why. The next transaction connects again.
+    /// If the lease ran out (a COMMIT waiting for a cut-off synchronous standby's
+    /// flush, or a statement waiting behind one), that is a refusal: a cancelled COMMIT
+    /// stays committed locally, in a database the failover discards, and is never
+    /// acknowledged; writes are refused while the lease stays lapsed. Otherwise the
+    /// server did not answer in `answer_timeout` (stopped, overloaded, or behind a dead
+    /// link): the request fails, and a write's outcome is unknown, as after any timeout.
     fn abandon(&mut self) -> MetaError {
         if let Some(wire) = self.wire.take()
             && let Err(e) = wire.cancel(&self.config, CANCEL_TIMEOUT)
@@ -704,6 +723,11 @@ impl PgConn {
         self.seen = Seen::default();
         if let Some(publish) = &self.publish {
             publish.forget(&std::mem::take(&mut self.written));
+        }
+        let lapsed = self.fence.as_ref().is_some_and(|l| Instant::now() >= l.valid_until());
+        if let (false, Some(after)) = (lapsed, self.answer_timeout) {
+            tracing::error!(db = %self.shown, ?after, "the database did not answer in time: request cancelled");
+            return MetaError::TimedOut { db: self.shown.clone(), after };
         }
         let epoch = self.fence.as_ref().map_or(0, |l| l.epoch);
         tracing::error!(db = %self.shown, epoch, "lease on the primary role ran out while waiting for the server: request abandoned, not acknowledged");
@@ -1132,7 +1156,8 @@ fn shown(config: &Config) -> String {
     format!("postgres://{user}{host}:{port}/{}", config.get_dbname().or(config.get_user()).unwrap_or(""))
 }
 
-fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
+/// Connects one client; its requests wait at most `answer_timeout` for their answer.
+fn connect(config: &Config, shown: &str, answer_timeout: Option<Duration>) -> Result<PgConn, MetaError> {
     Ok(PgConn {
         wire: Some(Wire::connect(config, shown)?),
         config: config.clone(),
@@ -1157,6 +1182,7 @@ fn connect(config: &Config, shown: &str) -> Result<PgConn, MetaError> {
         ids: HashMap::new(),
         probe: Probe::Off,
         begin_pending: None,
+        answer_timeout,
         alone_next: false,
         alone: false,
     })
@@ -1192,15 +1218,17 @@ fn parse(url: &str) -> Result<(Config, String), MetaError> {
 /// site), reads go there once it has replayed this meta's latest commit.
 /// With `lease` (a holder name and duration), the writer holds a lease on the
 /// primary role (`PrimaryLease`), taken here and renewed by the meta's `primary-lease`
-/// worker.
+/// worker. Every request waits at most `answer_timeout` for the server's answer.
 pub fn open(
     url: &str,
     standby: Option<&str>,
     init: bool,
     lease: Option<(String, Duration)>,
+    answer_timeout: Duration,
 ) -> Result<Backend, MetaError> {
     let (config, shown) = parse(url)?;
-    let mut writer = connect(&config, &shown)?;
+    let timeout = Some(answer_timeout);
+    let mut writer = connect(&config, &shown, timeout)?;
     init_schema(&mut writer, &shown, init)?;
     let row = writer.one("SELECT id, secret FROM cluster", &[])?;
     let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
@@ -1213,7 +1241,7 @@ pub fn open(
                 epoch,
                 duration,
                 valid_until: Mutex::new(Instant::now()),
-                conn: Mutex::new(connect(&config, &shown)?),
+                conn: Mutex::new(connect(&config, &shown, timeout)?),
             });
             lease.renew()?;
             tracing::info!(epoch, ?duration, "holding a lease on the primary role");
@@ -1233,7 +1261,7 @@ pub fn open(
             writer.setup = WRITER_SETUP;
             writer.batch(writer.setup)?;
             for _ in 0..READERS {
-                let mut reader = connect(&config, &shown)?;
+                let mut reader = connect(&config, &shown, timeout)?;
                 reader.cache = Some(shared.clone());
                 readers.push(Box::new(reader));
             }
@@ -1248,8 +1276,8 @@ pub fn open(
             let (standby_config, standby_shown) = parse(standby_url)?;
             for _ in 0..READERS {
                 readers.push(Box::new(StandbyReader {
-                    standby: connect(&standby_config, &standby_shown)?,
-                    primary: connect(&config, &shown)?,
+                    standby: connect(&standby_config, &standby_shown, timeout)?,
+                    primary: connect(&config, &shown, timeout)?,
                     committed: committed.clone(),
                 }));
             }
@@ -1286,7 +1314,7 @@ pub struct Promotion {
 /// primary's site is lost or fenced; metas then restart with `--db` at this server.
 pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     let (config, shown) = parse(url)?;
-    let mut c = connect(&config, &shown)?;
+    let mut c = connect(&config, &shown, None)?;
     let was_standby: bool = c.one("SELECT pg_is_in_recovery()", &[])?.try_get(0)?;
     if was_standby {
         let done: bool = c.one("SELECT pg_promote(true, 60)", &[])?.try_get(0)?;
@@ -1365,7 +1393,7 @@ fn format(w: &mut PgConn) -> Result<(), MetaError> {
 /// Connects to the database at `url` for `migrate`, which copies only into an empty one.
 pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
     let (config, shown) = parse(url)?;
-    let mut conn = connect(&config, &shown)?;
+    let mut conn = connect(&config, &shown, None)?;
     let tables: i64 = conn
         .one("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])?
         .try_get(0)?;
@@ -1379,8 +1407,16 @@ pub(crate) fn connect_empty(url: &str) -> Result<PgConn, MetaError> {
 /// (one per copied table) and the counters, which are sequences here.
 impl PgConn {
     pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
+        let until = self.wait_limit();
         let Wire { client, driver } = self.wire()?;
-        Ok(driver.block_on(client.prepare(sql))??)
+        let prepared = match &until {
+            None => Some(driver.block_on(client.prepare(sql))?),
+            Some(until) => driver.block_on_until(client.prepare(sql), until)?,
+        };
+        match prepared {
+            Some(prepared) => Ok(prepared?),
+            None => Err(self.abandon()),
+        }
     }
 
     pub(crate) fn execute_prepared(&mut self, st: &Statement, params: Params<'_>) -> Result<u64, MetaError> {
@@ -2350,7 +2386,7 @@ impl Txn for PgConn {
 mod tests {
     use super::*;
     use crate::conformance::test_config;
-    use crate::service::{MetaConfig, MetaService};
+    use crate::service::{DEFAULT_DB_TIMEOUT, MetaConfig, MetaService};
     use proto::error::ErrorCode;
     use proto::meta::{Create, Made, MetaReply, MetaRequest, NewNode, ReadDir};
     use proto::types::ROOT_INODE;
@@ -2365,18 +2401,21 @@ mod tests {
     fn an_empty_or_foreign_database_is_refused_with_a_reason() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let err = open(&url, None, false, None).err().expect("an empty database must be refused");
+        let err = open(&url, None, false, None, DEFAULT_DB_TIMEOUT).err().expect("an empty database must be refused");
         assert!(matches!(err, MetaError::NotFormatted { .. }), "{err}");
         assert!(err.to_string().contains("is empty") && err.to_string().contains("--init"), "{err}");
         let foreign = server.create_database();
         raw(&foreign).batch_execute("CREATE TABLE t (x INTEGER)").unwrap();
-        let err = open(&foreign, None, true, None).err().expect("a foreign database must be refused");
+        let err =
+            open(&foreign, None, true, None, DEFAULT_DB_TIMEOUT).err().expect("a foreign database must be refused");
         assert!(err.to_string().contains("not a Locus metadata database"), "{err}");
         let missing = server.url("no_such_database");
-        let err = open(&missing, None, true, None).err().expect("a missing database must be refused");
-        assert!(matches!(err, MetaError::Connect { .. }) && err.to_string().contains("no_such_database"), "{err}");
         let err =
-            open("postgres://locus:secret@127.0.0.1:1/x", None, true, None).err().expect("nothing listens on port 1");
+            open(&missing, None, true, None, DEFAULT_DB_TIMEOUT).err().expect("a missing database must be refused");
+        assert!(matches!(err, MetaError::Connect { .. }) && err.to_string().contains("no_such_database"), "{err}");
+        let err = open("postgres://locus:secret@127.0.0.1:1/x", None, true, None, DEFAULT_DB_TIMEOUT)
+            .err()
+            .expect("nothing listens on port 1");
         assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
     }
 
@@ -2384,11 +2423,11 @@ mod tests {
     fn reopen_keeps_the_cluster_id_and_a_newer_schema_is_refused() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        let first = open(&url, None, true, None).unwrap().cluster_id;
+        let first = open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap().cluster_id;
         assert_eq!(first.len(), 32);
-        assert_eq!(open(&url, None, false, None).unwrap().cluster_id, first);
+        assert_eq!(open(&url, None, false, None, DEFAULT_DB_TIMEOUT).unwrap().cluster_id, first);
         raw(&url).execute("UPDATE meta_version SET version = $1", &[&(SCHEMA_VERSION + 1)]).unwrap();
-        let err = open(&url, None, false, None).err().expect("a newer schema must be refused");
+        let err = open(&url, None, false, None, DEFAULT_DB_TIMEOUT).err().expect("a newer schema must be refused");
         assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
     }
 
@@ -2436,7 +2475,7 @@ mod tests {
     fn formatted_with_standby() -> (PgServer, String, PgServer, String) {
         let primary = PgServer::start();
         let url = primary.create_database();
-        drop(open(&url, None, true, None).unwrap());
+        drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
         let standby = primary.start_standby();
         let standby_url = standby.url(url.rsplit('/').next().unwrap());
         (primary, url, standby, standby_url)
@@ -2664,6 +2703,38 @@ mod tests {
         assert_eq!(getattr(&one, became_dir as u64).unwrap().kind, FileKind::Dir, "the stale row was dropped");
     }
 
+    /// A stopped server (SIGSTOP, as a hung machine would be) costs each request a
+    /// bounded wait and a clear error (ETIMEDOUT), a write and a read alike, and meta
+    /// carries on once the server does.
+    #[test]
+    fn a_stopped_server_fails_each_request_in_bounded_time() {
+        let server = PgServer::start();
+        let url = server.create_database();
+        let db_timeout = Duration::from_secs(1);
+        let config = MetaConfig { db_url: url, db_timeout, ..test_config(Default::default()) };
+        let one = MetaService::open(&config).unwrap();
+        create(&one, "before").unwrap();
+
+        server.pause();
+        let timed = |what: &str, f: &dyn Fn() -> Result<(), ErrorCode>| {
+            let started = Instant::now();
+            let outcome = f();
+            let took = started.elapsed();
+            // The timeout, then at most CANCEL_TIMEOUT asking the server to cancel.
+            assert!(took < db_timeout + CANCEL_TIMEOUT + Duration::from_secs(2), "{what} took {took:?}");
+            outcome
+        };
+        let write = timed("a create", &|| create(&one, "during").map(drop));
+        let read = timed("a lookup", &|| lookup(&one, "absent").map(drop));
+        server.resume();
+        assert_eq!(write, Err(ErrorCode::TimedOut));
+        assert_eq!(read, Err(ErrorCode::TimedOut));
+
+        create(&one, "after").unwrap();
+        assert_eq!(lookup(&one, "absent"), Err(ErrorCode::NotFound));
+        assert!(lookup(&one, "before").is_ok());
+    }
+
     /// Sessions holding the kept-rows lock (one per meta that keeps rows).
     fn keepers(url: &str) -> i64 {
         raw(url)
@@ -2695,7 +2766,7 @@ mod tests {
     fn only_metas_that_keep_rows_are_notified() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        drop(open(&url, None, true, None).unwrap());
+        drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
         let mut eavesdropper = raw(&url);
         eavesdropper.batch_execute(&format!("LISTEN {KEPT_ROWS_CHANNEL}")).unwrap();
 
@@ -2744,7 +2815,7 @@ mod tests {
 
     /// A meta over `url` holding a lease of `duration` (not renewed: no workers run).
     fn with_lease(url: &str, duration: Duration) -> (Arc<MetaService>, Arc<PrimaryLease>) {
-        let backend = open(url, None, false, Some(("test".into(), duration))).unwrap();
+        let backend = open(url, None, false, Some(("test".into(), duration)), DEFAULT_DB_TIMEOUT).unwrap();
         let lease = backend.lease.clone().unwrap();
         let store = Arc::new(crate::engine::Store::new(backend).unwrap());
         (MetaService::with_store(store, &test_config(Default::default())), lease)
@@ -2757,7 +2828,7 @@ mod tests {
     fn a_write_under_an_old_epoch_is_refused() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        drop(open(&url, None, true, None).unwrap());
+        drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
         let (meta, lease) = with_lease(&url, Duration::from_secs(60));
         create(&meta, "before").unwrap();
         raw(&url).batch_execute("UPDATE primary_epoch SET epoch = epoch + 1").unwrap();
@@ -2775,7 +2846,7 @@ mod tests {
     fn writes_are_refused_once_the_lease_runs_out() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        drop(open(&url, None, true, None).unwrap());
+        drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
         let (meta, lease) = with_lease(&url, Duration::from_millis(400));
         create(&meta, "held").unwrap();
         std::thread::sleep(Duration::from_millis(500));
@@ -2793,8 +2864,8 @@ mod tests {
     fn a_slow_writer_beside_a_busy_one_commits_every_write() {
         let server = testkit::postgres::shared();
         let url = server.create_database();
-        drop(open(&url, None, true, None).unwrap());
-        let store = || crate::engine::Store::new(open(&url, None, false, None).unwrap()).unwrap();
+        drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
+        let store = || crate::engine::Store::new(open(&url, None, false, None, DEFAULT_DB_TIMEOUT).unwrap()).unwrap();
         let (busy, slow) = (store(), store());
         let stop = std::sync::atomic::AtomicBool::new(false);
         let touch_root = |t: &mut dyn Txn| -> Result<(), MetaError> {
@@ -2846,9 +2917,9 @@ mod tests {
     fn a_commit_stuck_on_a_lost_standby_is_answered_erofs_when_the_lease_ends() {
         let server = PgServer::start();
         let url = server.create_database();
-        drop(open(&url, None, true, None).unwrap());
+        drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
         let lease_for = Duration::from_millis(1500);
-        let backend = open(&url, None, false, Some(("test".into(), lease_for))).unwrap();
+        let backend = open(&url, None, false, Some(("test".into(), lease_for)), DEFAULT_DB_TIMEOUT).unwrap();
         let lease = backend.lease.clone().unwrap();
         let store = crate::engine::Store::new(backend).unwrap();
         put_entry(&store, false, "before").unwrap();

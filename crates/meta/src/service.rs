@@ -38,7 +38,15 @@ pub struct MetaConfig {
     /// PostgreSQL: hold a lease on the primary role of this duration; writes are
     /// refused once it could not be renewed for that long (failover fencing).
     pub primary_lease: Option<Duration>,
+    /// PostgreSQL: how long a request may wait for the server's answer before it is
+    /// cancelled and fails with ETIMEDOUT, so that a stopped or unreachable server
+    /// costs each caller a bounded wait.
+    pub db_timeout: Duration,
 }
+
+/// `MetaConfig::db_timeout` unless told otherwise: far above any one request's work
+/// (point reads, a commit of one batch), below a client's patience.
+pub const DEFAULT_DB_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The metadata service: one per cluster, shared by every connection.
 pub struct MetaService {
@@ -68,7 +76,8 @@ impl MetaService {
     /// Opens the database named by `config.db_url` (see `open_store`).
     pub fn open(config: &MetaConfig) -> Result<Arc<MetaService>, MetaError> {
         let lease = config.primary_lease.map(|d| (format!("meta-pid{}", std::process::id()), d));
-        let store = engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init, lease)?;
+        let store =
+            engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init, lease, config.db_timeout)?;
         Ok(Self::with_store(Arc::new(store), config))
     }
 

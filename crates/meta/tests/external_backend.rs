@@ -17,7 +17,7 @@ impl Factory for External {
     fn open(&self) -> Arc<MetaService> {
         let config = test_config(self.dir.path().join("meta.db"));
         let url = format!("sqlite://{}", config.db_url);
-        let store = meta::open_store(&url, None, true, None).expect("open store");
+        let store = meta::open_store(&url, None, true, None, meta::DEFAULT_DB_TIMEOUT).expect("open store");
         MetaService::with_store(Arc::new(store), &config)
     }
 }

@@ -251,10 +251,47 @@ impl PgServer {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Stops every process of the server (SIGSTOP), as a hung machine would: the
+    /// kernel still takes connections and data, nothing answers. `resume` undoes it.
+    pub fn pause(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal_all(libc::SIGCONT);
+    }
+
+    /// Sends `signal` to the postmaster (its pid is the first line of postmaster.pid)
+    /// and to each of its children.
+    fn signal_all(&self, signal: libc::c_int) {
+        let pid_file = Path::new(&self.data_dir()).join("postmaster.pid");
+        let Some(postmaster) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+        else {
+            return;
+        };
+        let children = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // The fields after the command's closing parenthesis: state, then ppid.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<i32>().ok()?;
+            (ppid == postmaster).then_some(pid)
+        });
+        for pid in std::iter::once(postmaster).chain(children.collect::<Vec<_>>()) {
+            // SAFETY: kill has no memory preconditions; a pid that has gone meanwhile
+            // only makes it fail, which is ignored.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
 }
 
 impl Drop for PgServer {
     fn drop(&mut self) {
+        // A test that failed while the server was paused must not leave it so.
+        self.resume();
         let data = self.data_dir();
         let stop = |mode: &str| {
             self.tool("pg_ctl")

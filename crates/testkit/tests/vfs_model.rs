@@ -58,6 +58,7 @@ fn env() -> &'static Env {
                 heartbeat: Duration::from_secs(2),
                 session_expiry: Duration::from_secs(30),
                 primary_lease: None,
+                db_timeout: meta::DEFAULT_DB_TIMEOUT,
             };
             let service = meta::MetaService::open(&config).unwrap();
             service.admit_nodes(&["n0".to_string()]).await.unwrap();

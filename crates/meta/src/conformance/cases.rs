@@ -18,6 +18,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         heartbeat: Duration::from_secs(5),
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
+        db_timeout: crate::service::DEFAULT_DB_TIMEOUT,
     }
 }
 
