@@ -9,13 +9,16 @@
 # Context switches per file of PostgreSQL's processes and of meta's threads beside them.
 # TRACE=0 leaves meta's trace logging off (its writes to the log change how answers
 # arrive and cost CPU of their own): round trips are then not counted ("-").
-# Environment: BIN=target/release/locus  FILES=300  TRACE=1
+# BYTES=N writes N bytes into each file as it is created (a file with data: its
+# unlink also removes its extents).
+# Environment: BIN=target/release/locus  FILES=300  TRACE=1  BYTES=0
 set -euo pipefail
 export LOCUS_INSECURE_NO_TLS=true # counts round trips only: no TLS on 127.0.0.1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/locus}
 FILES=${FILES:-300}
 TRACE=${TRACE:-1}
+BYTES=${BYTES:-0}
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
@@ -66,8 +69,10 @@ trips = '%.2f' % (($after - $before) / $FILES) if $TRACE else '-'
 print('%-8s %11s %10.0f %10.0f %8.1f %8.1f %10.0f' % ('$1', trips, per($pg0, $pg1), per($m0, $m1),
       ($ps1 - $ps0) / $FILES, ($ms1 - $ms0) / $FILES, ($t1 - $t0) * 1e6 / $FILES))"
 }
-echo "per file ($FILES files, $(git -C "$ROOT" rev-parse --short HEAD)), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "per file ($FILES files of $BYTES bytes, $(git -C "$ROOT" rev-parse --short HEAD)), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "phase    round trips  pg cpu us  meta cpu us  pg cs  meta cs  wall us"
-phase create "os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))"
+write=""
+[[ $BYTES == 0 ]] || write="os.write(fd, b'x' * $BYTES); "
+phase create "fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644); ${write}os.close(fd)"
 phase stat "os.stat(p)"
 phase unlink "os.unlink(p)"

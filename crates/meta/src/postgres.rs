@@ -1609,6 +1609,11 @@ const OPEN_SQL: &str = "SELECT o.count, o.writable, i.ino, i.kind, i.mode, i.uid
      LEFT JOIN sessions s ON s.id = k.session";
 const EXTENTS_SQL: &str =
     "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents WHERE ino = $1 ORDER BY file_offset";
+/// Every extent of the inode that entry $2 of directory $1 names, sent with the entry's
+/// statement (`Prefetch::entry_extents`): an unlink of a file with data then needs no
+/// round trip of its own for them.
+const ENTRY_EXTENTS_SQL: &str = "SELECT e.ino, e.file_offset, e.len, e.chunk, e.chunk_offset FROM dentries d \
+     JOIN extents e ON e.ino = d.ino WHERE d.parent = $1 AND d.name = $2 ORDER BY e.file_offset";
 /// Inode $1 and each of its ancestors up to the root ($2): its number, its policy
 /// (NULL if none) and, from column 5, its inode.
 const POLICIES_SQL: &str = "WITH RECURSIVE up (ino, depth) AS (
@@ -1791,8 +1796,10 @@ impl Txn for PgConn {
         let open_params: [&(dyn ToSql + Sync); 2] = [&open_session, &open_ino];
         let extents_params: [&(dyn ToSql + Sync); 1] = [&extents_ino];
         let policies_params: [&(dyn ToSql + Sync); 2] = [&policies_ino, &root];
+        let entry_extents = entry.filter(|_| want.entry_extents && self.probe == Probe::Off);
         let queries: Vec<(&'static str, Params<'_>)> = [
             entry.map(|_| (entry_sql, &entry_params[..])),
+            entry_extents.map(|_| (ENTRY_EXTENTS_SQL, &entry_params[..2])),
             session.map(|_| (SESSION_SQL, &session_params[..])),
             open.map(|_| (OPEN_SQL, &open_params[..])),
             extents.map(|_| (EXTENTS_SQL, &extents_params[..])),
@@ -1820,6 +1827,15 @@ impl Txn for PgConn {
                         self.seen.sessions.insert(id, session_of(&row, 40)?);
                     }
                 }
+            }
+        }
+        if let Some((parent, name)) = entry_extents {
+            let rows = next();
+            if let Some(Some(ino)) = self.seen.dentries.get(&(parent, name.to_vec())).copied()
+                && !rows.is_empty()
+            {
+                let all = rows.iter().map(|r| extent_of(r).map(|(_, e)| e)).collect::<Result<Vec<_>, _>>()?;
+                self.seen.extents.insert(ino, all);
             }
         }
         if let Some(id) = session {

@@ -75,6 +75,8 @@ impl Counter {
 pub struct Prefetch<'a> {
     /// Directory `.0`, its entry named `.1`, that entry's inode and its open count.
     pub entry: Option<(InodeId, &'a [u8])>,
+    /// Every extent of the inode `entry` names (an unlink, which may destroy it).
+    pub entry_extents: bool,
     /// A session's row (`get_session`).
     pub session: Option<SessionId>,
     /// A session's opens of an inode, and the inode (`get_open`).

@@ -337,7 +337,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
 
     // Not open: gone at once, with its xattrs and chunk references.
     let h = mk(&s, ROOT_INODE, "h", NewNode::File);
-    commit(&s, h.ino, vec![ext(0, 10, 3, 0)], 10);
+    commit(&s, h.ino, vec![ext(0, 10, 3, 0), ext(10, 10, 8, 0)], 20);
     ok(
         &s,
         MetaRequest::SetXattr(SetXattr {
@@ -349,7 +349,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
     );
     assert_eq!(unlinked(&s, ROOT_INODE, "h"), (h.ino, false));
     assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: h.ino })), ErrorCode::NotFound);
-    assert_eq!(refcount(&s, 3), Some(0));
+    assert_eq!((refcount(&s, 3), refcount(&s, 8)), (Some(0), Some(0)));
 
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     assert_eq!(err(&s, MetaRequest::Unlink(Unlink { parent: ROOT_INODE, name: b"d".to_vec() })), ErrorCode::IsDir);

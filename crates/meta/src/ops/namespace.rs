@@ -187,7 +187,7 @@ pub(super) fn unlink(
     name: &[u8],
 ) -> Result<Unlinked, MetaError> {
     check_name(name)?;
-    t.prefetch(Prefetch::entry(parent, name))?;
+    t.prefetch(Prefetch { entry_extents: true, ..Prefetch::entry(parent, name) })?;
     let p = dir(t, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
