@@ -28,7 +28,7 @@ use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Client, Config, Connection, NoTls};
 
 /// The server's socket, non-blocking: a read or write that would block answers
-/// `Pending` and `Wire::block_on` waits for the socket with poll(2).
+/// `Pending` and `Driver::block_on_until` waits for the socket with poll(2).
 struct Socket {
     stream: Stream,
     /// A write found the send buffer full: the next wait is for writability too.
@@ -221,19 +221,15 @@ impl Wire {
 
 impl Driver {
     /// Runs `fut` (requests made with the wire's client) to completion, driving the
-    /// connection and waiting for the socket in between.
-    pub(crate) fn block_on<T>(&mut self, fut: impl Future<Output = T>) -> Result<T, MetaError> {
-        Ok(self.drive(fut, None).map_err(waiting)?.expect("a wait without a deadline ends with an answer"))
-    }
-
-    /// As `block_on`, but gives up (`None`) once the instant `until` answers has
-    /// passed; it is asked again after every wake-up, so it may move later meanwhile.
+    /// connection and waiting for the socket in between; gives up (`None`) once the
+    /// instant `until` answers has passed (never without one). `until` is asked again
+    /// after every wake-up, so it may move later meanwhile.
     pub(crate) fn block_on_until<T>(
         &mut self,
         fut: impl Future<Output = T>,
-        until: impl Fn() -> Instant,
+        until: Option<&dyn Fn() -> Instant>,
     ) -> Result<Option<T>, MetaError> {
-        self.drive(fut, Some(&until)).map_err(waiting)
+        self.drive(fut, until).map_err(waiting)
     }
 
     /// Polls `fut` and the connection in turn until `fut` is done (or `until` has
@@ -318,7 +314,7 @@ impl Driver {
     /// contending for the socket with the next (measured: 6 sends by the server per
     /// unlink). Here they come back in one.
     ///
-    /// Only between `block_on`s, when the connection's future is idle: it has read
+    /// Only between `block_on_until`s, when the connection's future is idle: it has read
     /// everything up to its last ReadyForQuery, and the server sends nothing unasked to
     /// a session that does not LISTEN (parameter changes are reported just before a
     /// ReadyForQuery), so what arrives here is the answer to these steps alone. A

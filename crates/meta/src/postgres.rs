@@ -436,11 +436,7 @@ impl PgConn {
                 Last::Simple(sql) => Box::pin(async move { client.simple_query(sql).await.map(Answer::Simple) }),
             }
         }));
-        let answered = match &until {
-            None => Some(driver.block_on(in_order(requests))?),
-            Some(until) => driver.block_on_until(in_order(requests), until)?,
-        };
-        let Some(mut answers) = answered else {
+        let Some(mut answers) = driver.block_on_until(in_order(requests), until.as_deref())? else {
             return Err(self.abandon());
         };
         let lasts = answers.split_off(answers.len() - asked);
@@ -1409,11 +1405,7 @@ impl PgConn {
     pub(crate) fn prepare_dynamic(&mut self, sql: &str) -> Result<Statement, MetaError> {
         let until = self.wait_limit();
         let Wire { client, driver } = self.wire()?;
-        let prepared = match &until {
-            None => Some(driver.block_on(client.prepare(sql))?),
-            Some(until) => driver.block_on_until(client.prepare(sql), until)?,
-        };
-        match prepared {
+        match driver.block_on_until(client.prepare(sql), until.as_deref())? {
             Some(prepared) => Ok(prepared?),
             None => Err(self.abandon()),
         }
