@@ -27,7 +27,7 @@ use crate::sqlite::{
     SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
 };
 use crate::store::{
-    Backend, Counter, DentryRow, Inode, OpenRow, Prefetch, ReadConn, ReadOp, SessionRow, Txn, WriteConn,
+    Backend, Counter, DentryRow, Inode, OpenRow, Prefetch, ReadConn, ReadOp, SessionRow, Txn, WriteConn, drop_open_read,
 };
 use postgres::types::ToSql;
 use postgres::{Row, SimpleQueryMessage, Statement};
@@ -275,8 +275,8 @@ struct Seen {
     /// One session's opens of an inode.
     opens: HashMap<(SessionId, InodeId), OpenRow>,
     sessions: HashMap<SessionId, Option<SessionRow>>,
-    /// Every extent of an inode, in offset order (never empty: see `no_extents`).
-    extents: HashMap<InodeId, Vec<Extent>>,
+    /// Extents of an inode, known for a span of it (see `KnownExtents`).
+    extents: HashMap<InodeId, KnownExtents>,
     /// No directory has a policy (read so along with an entry or an open): every
     /// policy lookup answers none without asking.
     no_policies: bool,
@@ -287,6 +287,26 @@ struct Seen {
     /// transaction from this meta's own block of ids, so no other row can name them
     /// yet (such an inode also starts with no opens and no policy in the maps above).
     no_extents: HashSet<InodeId>,
+}
+
+/// Every extent of an inode that intersects `[start, end)`, as the open transaction
+/// sees them: kept so as the transaction inserts and deletes extents, so that a write
+/// of several extents over one span reads them once.
+struct KnownExtents {
+    start: u64,
+    end: u64,
+    /// In offset order.
+    extents: Vec<Extent>,
+}
+
+impl KnownExtents {
+    /// The known extents that intersect `[start, end)`, if the span is known.
+    fn within(&self, start: u64, end: u64) -> Option<Vec<Extent>> {
+        (self.start <= start && end <= self.end).then(|| {
+            let intersects = |e: &&Extent| e.file_offset < end && e.end() > start;
+            self.extents.iter().filter(intersects).cloned().collect()
+        })
+    }
 }
 
 /// What the statement at the end of a pipeline asks for.
@@ -584,15 +604,16 @@ impl PgConn {
     fn assume_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
         let Some(kept) = self.publish.clone().filter(|_| self.trust_kept) else { return Ok(()) };
         let key = (parent, name.to_vec());
-        let untouched = |ino| !self.seen.inodes.contains_key(&ino) && !self.written.inodes.contains_key(&ino);
-        if !untouched(parent) || self.seen.dentries.contains_key(&key) || self.written.entries.contains_key(&key) {
+        if self.seen.dentries.contains_key(&key) || self.written.entries.contains_key(&key) {
             return Ok(());
         }
-        let Some((dir, file)) = kept.inode(parent).zip(kept.entry(parent, name).and_then(|ino| kept.inode(ino))) else {
+        let Some((dir, file)) =
+            self.kept_untouched(parent).zip(kept.entry(parent, name).and_then(|ino| self.kept_untouched(ino)))
+        else {
             return Ok(());
         };
         let ino = file.attr.ino;
-        if dir.attr.kind != FileKind::Dir || file.attr.kind == FileKind::Dir || file.attr.size != 0 || !untouched(ino) {
+        if dir.attr.kind != FileKind::Dir || file.attr.kind == FileKind::Dir || file.attr.size != 0 {
             return Ok(());
         }
         let mut params = inode_params(&dir);
@@ -607,6 +628,40 @@ impl PgConn {
         self.seen.no_extents.insert(ino);
         self.seen.no_xattrs.insert(ino);
         self.seen.policies.insert(ino, None);
+        Ok(())
+    }
+
+    /// Inode `ino` as the writer's meta keeps it, if write transactions may take rows
+    /// from there (`trust_kept`) and this one has neither read nor written it.
+    fn kept_untouched(&self, ino: InodeId) -> Option<Inode> {
+        let kept = self.publish.as_ref().filter(|_| self.trust_kept)?;
+        if self.seen.inodes.contains_key(&ino) || self.written.inodes.contains_key(&ino) {
+            return None;
+        }
+        kept.inode(ino)
+    }
+
+    /// A write of data (`Prefetch::writing`) over `[start, end)` of inode `ino` through
+    /// `session`'s open, taken from the kept rows instead of the server when they hold
+    /// the inode, a file no longer than `start` (an append, or the first write of a new
+    /// file): the session is assumed to have it open once, for writing, and no extent to
+    /// intersect the span, and `DATA_WRITE_GUARD_SQL` checks that and the inode at the
+    /// server, as `assume_entry`'s guard does.
+    fn assume_data_write(&mut self, session: SessionId, ino: InodeId, start: u64, end: u64) -> Result<(), MetaError> {
+        if self.seen.opens.contains_key(&(session, ino)) || self.seen.extents.contains_key(&ino) {
+            return Ok(());
+        }
+        let Some(file) = self.kept_untouched(ino) else { return Ok(()) };
+        if file.attr.kind != FileKind::File || file.attr.size > start {
+            return Ok(());
+        }
+        let mut params = inode_params(&file);
+        params.extend::<[Owned; 3]>([Box::new(session as i64), Box::new(off(start)), Box::new(off(end))]);
+        self.defer(DATA_WRITE_GUARD_SQL, params)?;
+        self.assumed.inodes.insert(ino, None);
+        self.seen.inodes.insert(ino, Some(file));
+        self.seen.opens.insert((session, ino), OpenRow { count: 1, writable: true });
+        self.seen.extents.insert(ino, KnownExtents { start, end, extents: Vec::new() });
         Ok(())
     }
 
@@ -1044,6 +1099,12 @@ impl PgConn {
 }
 
 impl PgConn {
+    /// The inode is known to have no extended attributes, in this transaction or in
+    /// the rows its meta keeps.
+    fn bare(&self, ino: InodeId) -> bool {
+        self.seen.no_xattrs.contains(&ino) || self.cache.as_ref().is_some_and(|c| c.bare(ino))
+    }
+
     /// Keeps the inodes and entries a read found in its meta's memory (read
     /// connections only; see `SharedRows::keep` for `began`).
     fn keep_seen(&self, began: Option<u64>) {
@@ -1052,6 +1113,7 @@ impl PgConn {
                 began,
                 self.seen.inodes.iter().filter_map(|(ino, row)| Some((ino, row.as_ref()?))),
                 self.seen.dentries.iter().filter_map(|(key, ino)| Some((key, (*ino)?))),
+                self.seen.no_xattrs.iter().copied(),
             );
         }
     }
@@ -1462,6 +1524,13 @@ macro_rules! inode_cols {
     };
 }
 
+/// SQL that is true when the inode row equals the parameters listed (`inode_params`).
+macro_rules! inode_is {
+    ($params:literal) => {
+        concat!("EXISTS (SELECT 1 FROM inodes WHERE (", inode_cols!(), ") = (", $params, "))")
+    };
+}
+
 /// The parameters that store `inode` in `inode_cols` order (as `inode_of` reads them).
 fn inode_params(inode: &Inode) -> Vec<Owned> {
     let a = &inode.attr;
@@ -1579,16 +1648,31 @@ const ENTRY_READ_SQL: &str = entry_sql!("NULL::BIGINT, NULL::BOOLEAN, NULL::BOOL
 /// holds; under SERIALIZABLE what it reads is the transaction's reads, as `ENTRY_SQL`'s
 /// would have been.
 const ENTRY_GUARD_SQL: &str = concat!(
-    "SELECT pg_temp.locus_expect(\
-     EXISTS (SELECT 1 FROM inodes WHERE (",
-    inode_cols!(),
-    ") = ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)) \
-     AND EXISTS (SELECT 1 FROM inodes WHERE (",
-    inode_cols!(),
-    ") = ($18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)) \
-     AND EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $35 AND ino = $18) \
+    "SELECT pg_temp.locus_expect(",
+    inode_is!("$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"),
+    " AND ",
+    inode_is!("$18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34"),
+    " AND EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $35 AND ino = $18) \
      AND NOT EXISTS (SELECT 1 FROM opens WHERE ino = $18) AND NOT EXISTS (SELECT 1 FROM extents WHERE ino = $18) \
      AND NOT EXISTS (SELECT 1 FROM xattrs WHERE ino = $18) AND NOT EXISTS (SELECT 1 FROM policies WHERE ino = $18))"
+);
+/// The guard of a write of data taken from the kept rows (`PgConn::assume_data_write`):
+/// inode $1 is the kept row ($1 to $17), session $18 has it open once, for writing, and
+/// no extent intersects `[$19, $20)`.
+const DATA_WRITE_GUARD_SQL: &str = concat!(
+    "SELECT pg_temp.locus_expect(",
+    inode_is!("$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"),
+    " AND EXISTS (SELECT 1 FROM opens WHERE session = $18 AND ino = $1 AND count = 1 AND writable = 1) \
+     AND NOT EXISTS (SELECT 1 FROM (SELECT file_offset, len FROM extents WHERE ino = $1 AND file_offset < $19 \
+     ORDER BY file_offset DESC LIMIT 1) e WHERE e.file_offset + e.len > $19) \
+     AND NOT EXISTS (SELECT 1 FROM extents WHERE ino = $1 AND file_offset >= $19 AND file_offset < $20))"
+);
+/// The guard of a release that took the inode from the kept rows (`PgConn::drop_open`):
+/// inode $1 is the kept row, with links, so the release reclaims nothing.
+const LINKED_GUARD_SQL: &str = concat!(
+    "SELECT pg_temp.locus_expect(",
+    inode_is!("$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"),
+    ")"
 );
 const SESSION_SQL: &str = "SELECT id, site, host, pid, purpose, last_seen, owner FROM sessions WHERE id = $1";
 /// Session $1's opens of inode $2 (count, writable; NULL if none), the inode (from
@@ -1599,8 +1683,12 @@ const OPEN_SQL: &str = "SELECT o.count, o.writable, i.ino, i.kind, i.mode, i.uid
      FROM (SELECT $1::BIGINT AS session, $2::BIGINT AS ino) k \
      LEFT JOIN opens o ON o.session = k.session AND o.ino = k.ino LEFT JOIN inodes i ON i.ino = k.ino \
      LEFT JOIN sessions s ON s.id = k.session";
-const EXTENTS_SQL: &str =
-    "SELECT ino, file_offset, len, chunk, chunk_offset FROM extents WHERE ino = $1 ORDER BY file_offset";
+/// The extents of inode $1 that intersect `[$2, $3)`: extents never overlap, so only
+/// the last one starting before $2 can reach into the span, and the ones starting in it.
+const EXTENTS_SQL: &str = "(SELECT ino, file_offset, len, chunk, chunk_offset FROM extents \
+     WHERE ino = $1 AND file_offset < $2 ORDER BY file_offset DESC LIMIT 1) \
+     UNION ALL (SELECT ino, file_offset, len, chunk, chunk_offset FROM extents \
+     WHERE ino = $1 AND file_offset >= $2 AND file_offset < $3)";
 /// Every extent of the inode that entry $2 of directory $1 names, sent with the entry's
 /// statement (`Prefetch::entry_extents`): an unlink of a file with data then needs no
 /// round trip of its own for them.
@@ -1705,6 +1793,10 @@ impl Txn for PgConn {
         self.seen.inodes.insert(a.ino, Some(inode.clone()));
         if self.publish.is_some() {
             self.written.inodes.insert(a.ino, Some(inode.clone()));
+            match self.seen.no_xattrs.contains(&a.ino) {
+                true => self.written.bare.insert(a.ino),
+                false => self.written.bare.remove(&a.ino),
+            };
         }
         Ok(())
     }
@@ -1751,6 +1843,9 @@ impl Txn for PgConn {
         if let Some((parent, name)) = want.entry {
             self.assume_entry(parent, name)?;
         }
+        if let (true, Some((session, ino)), Some((_, start, end))) = (want.writing, want.open, want.extents) {
+            self.assume_data_write(session, ino, start, end)?;
+        }
         // A read finds the directory and its entry in memory if its meta keeps them:
         // nothing to ask for then (the rest comes from the kept rows or the server).
         if let (Some(cache), Some((parent, name))) = (&self.cache, want.entry)
@@ -1768,7 +1863,9 @@ impl Txn for PgConn {
         });
         let session = want.session.filter(|id| !seen.sessions.contains_key(id));
         let open = want.open.filter(|key| !seen.opens.contains_key(key) && seen.open_counts.get(&key.1) != Some(&0));
-        let extents = want.extents.filter(|ino| !seen.no_extents.contains(ino) && !seen.extents.contains_key(ino));
+        let extents = want.extents.filter(|(ino, start, end)| {
+            !seen.no_extents.contains(ino) && seen.extents.get(ino).is_none_or(|k| k.within(*start, *end).is_none())
+        });
         let policies = want.policies.filter(|ino| !seen.no_policies && !seen.policies.contains_key(ino));
 
         // The entry's or the open's statement brings the session along.
@@ -1778,7 +1875,8 @@ impl Txn for PgConn {
         let entry_session = session_along.map_or(0, |s| s as i64);
         let session_id = session.map_or(0, |s| s as i64);
         let (open_session, open_ino) = open.map_or((0, 0), |(s, i)| (s as i64, i as i64));
-        let extents_ino = extents.map_or(0, |i| i as i64);
+        let (extents_ino, extents_start, extents_end) =
+            extents.map_or((0, 0, 0), |(ino, start, end)| (ino as i64, off(start), off(end)));
         let policies_ino = policies.map_or(0, |i| i as i64);
         let root = ROOT_INODE as i64;
         let entry_params: [&(dyn ToSql + Sync); 3] = [&parent, &name, &entry_session];
@@ -1786,7 +1884,7 @@ impl Txn for PgConn {
         let entry_sql = if self.probe == Probe::Ready { ENTRY_READ_SQL } else { ENTRY_SQL };
         let session_params: [&(dyn ToSql + Sync); 1] = [&session_id];
         let open_params: [&(dyn ToSql + Sync); 2] = [&open_session, &open_ino];
-        let extents_params: [&(dyn ToSql + Sync); 1] = [&extents_ino];
+        let extents_params: [&(dyn ToSql + Sync); 3] = [&extents_ino, &extents_start, &extents_end];
         let policies_params: [&(dyn ToSql + Sync); 2] = [&policies_ino, &root];
         let entry_extents = entry.filter(|_| want.entry_extents && self.probe == Probe::Off);
         let queries: Vec<(&'static str, Params<'_>)> = [
@@ -1826,8 +1924,8 @@ impl Txn for PgConn {
             if let Some(Some(ino)) = self.seen.dentries.get(&(parent, name.to_vec())).copied()
                 && !rows.is_empty()
             {
-                let all = rows.iter().map(|r| extent_of(r).map(|(_, e)| e)).collect::<Result<Vec<_>, _>>()?;
-                self.seen.extents.insert(ino, all);
+                let extents = rows.iter().map(|r| extent_of(r).map(|(_, e)| e)).collect::<Result<Vec<_>, _>>()?;
+                self.seen.extents.insert(ino, KnownExtents { start: 0, end: u64::MAX, extents });
             }
         }
         if let Some(id) = session {
@@ -1856,13 +1954,14 @@ impl Txn for PgConn {
             self.policies_exist_seen(&row, 19)?;
             self.seen.sessions.insert(session, session_of(&row, 20)?);
         }
-        if let Some(ino) = extents {
-            let all = next().iter().map(|r| extent_of(r).map(|(_, e)| e)).collect::<Result<Vec<_>, _>>()?;
-            if all.is_empty() {
+        if let Some((ino, start, end)) = extents {
+            let mut found = next().iter().map(|r| extent_of(r).map(|(_, e)| e)).collect::<Result<Vec<_>, _>>()?;
+            if found.is_empty() && start == 0 && off(end) == i64::MAX {
                 self.seen.no_extents.insert(ino);
-            } else {
-                self.seen.extents.insert(ino, all);
             }
+            found.retain(|e| e.end() > start);
+            found.sort_by_key(|e| e.file_offset);
+            self.seen.extents.insert(ino, KnownExtents { start, end, extents: found });
         }
         if let Some(ino) = policies {
             for r in &next() {
@@ -1927,34 +2026,17 @@ impl Txn for PgConn {
         if start >= end || self.seen.no_extents.contains(&ino) {
             return Ok(Vec::new());
         }
-        if let Some(all) = self.seen.extents.get(&ino) {
-            let overlapping = |e: &&Extent| e.file_offset < end && (e.file_offset >= start || e.end() > start);
-            return Ok(all.iter().filter(overlapping).cloned().collect());
-        }
-        // Extents never overlap, so only the last one starting before `start` can
-        // reach into the range: it and the ones starting inside, in one statement.
-        let rows = self.query(
-            "(SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
-              WHERE ino = $1 AND file_offset < $2 ORDER BY file_offset DESC LIMIT 1)
-             UNION ALL
-             (SELECT ino, file_offset, len, chunk, chunk_offset FROM extents
-              WHERE ino = $1 AND file_offset >= $2 AND file_offset < $3)",
-            &[&(ino as i64), &off(start), &off(end)],
-        )?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (_, e) = extent_of(row)?;
-            if e.file_offset >= start || e.end() > start {
-                out.push(e);
-            }
-        }
-        out.sort_by_key(|e| e.file_offset);
-        Ok(out)
+        self.prefetch(Prefetch { extents: Some((ino, start, end)), ..Prefetch::default() })?;
+        let known = self.seen.extents.get(&ino).and_then(|k| k.within(start, end));
+        known.ok_or_else(|| MetaError::Internal(format!("the extents of inode {ino} were read but not kept")))
     }
 
     fn insert_extent(&mut self, ino: InodeId, e: &Extent) -> Result<(), MetaError> {
         self.seen.no_extents.remove(&ino);
-        self.seen.extents.remove(&ino);
+        if let Some(known) = self.seen.extents.get_mut(&ino) {
+            let at = known.extents.partition_point(|k| k.file_offset < e.file_offset);
+            known.extents.insert(at, *e);
+        }
         self.defer(
             "INSERT INTO extents (ino, file_offset, len, chunk, chunk_offset) VALUES ($1, $2, $3, $4, $5)",
             vec![
@@ -1968,7 +2050,9 @@ impl Txn for PgConn {
     }
 
     fn delete_extent(&mut self, ino: InodeId, file_offset: u64) -> Result<(), MetaError> {
-        self.seen.extents.remove(&ino);
+        if let Some(known) = self.seen.extents.get_mut(&ino) {
+            known.extents.retain(|k| k.file_offset != file_offset);
+        }
         self.defer(
             "DELETE FROM extents WHERE ino = $1 AND file_offset = $2",
             vec![Box::new(ino as i64), Box::new(off(file_offset))],
@@ -2067,13 +2151,25 @@ impl Txn for PgConn {
         Ok((row.try_get::<_, i64>(0)? as u64, row.try_get::<_, i64>(1)? as u64))
     }
 
+    /// A read answers from what its meta keeps when that says the inode has none, and
+    /// learns whether it has any at all when it asks (`SharedRows::bare`).
     fn get_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-        let row = self.opt("SELECT value FROM xattrs WHERE ino = $1 AND name = $2", &[&(ino as i64), &name])?;
-        Ok(row.map(|r| r.try_get(0)).transpose()?)
+        if self.bare(ino) {
+            return Ok(None);
+        }
+        let row = self.one(
+            "SELECT (SELECT value FROM xattrs WHERE ino = $1 AND name = $2), EXISTS (SELECT 1 FROM xattrs WHERE ino = $1)",
+            &[&(ino as i64), &name],
+        )?;
+        if !row.try_get::<_, bool>(1)? {
+            self.seen.no_xattrs.insert(ino);
+        }
+        Ok(row.try_get(0)?)
     }
 
     fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
         self.seen.no_xattrs.remove(&ino);
+        self.written.bare.remove(&ino);
         self.defer(
             "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3)
              ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
@@ -2082,7 +2178,13 @@ impl Txn for PgConn {
     }
 
     fn list_xattrs(&mut self, ino: InodeId) -> Result<Vec<Vec<u8>>, MetaError> {
+        if self.bare(ino) {
+            return Ok(Vec::new());
+        }
         let rows = self.query("SELECT name FROM xattrs WHERE ino = $1 ORDER BY name", &[&(ino as i64)])?;
+        if rows.is_empty() {
+            self.seen.no_xattrs.insert(ino);
+        }
         Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<_>, _>>()?)
     }
 
@@ -2193,6 +2295,24 @@ impl Txn for PgConn {
         }
         self.prefetch(Prefetch { open: Some((session, ino)), ..Prefetch::default() })?;
         Ok(self.seen.opens.get(&(session, ino)).copied().unwrap_or_default())
+    }
+
+    /// Without reading the record when the kept rows hold the inode with links (the
+    /// release then reclaims nothing; `LINKED_GUARD_SQL` checks it at the server): the
+    /// record is counted down at the server.
+    fn drop_open(&mut self, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
+        let linked = self.kept_untouched(ino).filter(|i| i.attr.nlink > 0 || i.attr.kind == FileKind::Dir);
+        let (Some(inode), false) = (linked, self.seen.opens.contains_key(&(session, ino))) else {
+            return drop_open_read(self, session, ino);
+        };
+        self.defer(LINKED_GUARD_SQL, inode_params(&inode))?;
+        self.assumed.inodes.insert(ino, None);
+        self.seen.inodes.insert(ino, Some(inode));
+        self.seen.open_counts.remove(&ino);
+        let key: [Owned; 2] = [Box::new(session as i64), Box::new(ino as i64)];
+        self.defer("DELETE FROM opens WHERE session = $1 AND ino = $2 AND count <= 1", key.into())?;
+        let key: [Owned; 2] = [Box::new(session as i64), Box::new(ino as i64)];
+        self.defer("UPDATE opens SET count = count - 1 WHERE session = $1 AND ino = $2", key.into())
     }
 
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
@@ -2585,6 +2705,17 @@ mod tests {
         panic!("the metas never listened for each other's changes");
     }
 
+    /// `N` metas over a new database of the shared server, each keeping rows, and the
+    /// database's URL (the server lives as long as the first).
+    fn keeping_metas<const N: usize>() -> (Arc<PgServer>, [Arc<MetaService>; N], String) {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let config = MetaConfig { db_url: url.clone(), ..test_config(Default::default()) };
+        let metas = std::array::from_fn(|_| MetaService::open(&config).unwrap());
+        listening(&url, N as i64);
+        (server, metas, url)
+    }
+
     fn getattr(s: &Arc<MetaService>, ino: InodeId) -> Result<Attr, ErrorCode> {
         let reply = s.handle_blocking(MetaRequest::GetAttr(proto::meta::GetAttr { ino })).map_err(|e| e.code)?;
         Ok(Attr::try_from(reply).expect("an Attr"))
@@ -2610,11 +2741,7 @@ mod tests {
     /// listener's connection is cut it drops everything it kept.
     #[test]
     fn kept_rows_follow_every_metas_writes() {
-        let server = testkit::postgres::shared();
-        let url = server.create_database();
-        let config = MetaConfig { db_url: url.clone(), ..test_config(Default::default()) };
-        let (one, two) = (MetaService::open(&config).unwrap(), MetaService::open(&config).unwrap());
-        listening(&url, 2);
+        let (_server, [one, two], url) = keeping_metas();
         let Ok(MetaReply::Made(Made { attr: f, .. })) = create(&one, "f") else { panic!("create f") };
         raw(&url).execute("UPDATE inodes SET mode = 384 WHERE ino = $1", &[&(f.ino as i64)]).unwrap();
         assert_eq!(getattr(&one, f.ino).unwrap().mode & 0o777, 0o644, "the creating meta kept f's row");
@@ -2651,17 +2778,54 @@ mod tests {
         assert_eq!(getattr(&one, g.ino).unwrap().mode & 0o777, 0o600);
     }
 
+    /// Which inodes have no extended attributes is kept with their rows (the kernel asks
+    /// for `security.capability` before each write): a meta that created a file, or
+    /// found it bare, answers from memory (an xattr added in SQL behind its back stays
+    /// unseen), sees its own setxattr at once and another meta's once notified.
+    #[test]
+    fn knowledge_of_no_xattrs_follows_every_metas_writes() {
+        let (_server, [one, two], url) = keeping_metas();
+        let get = |s: &Arc<MetaService>, ino: InodeId| {
+            let req = MetaRequest::GetXattr(proto::meta::GetXattr { ino, name: b"user.a".to_vec() });
+            s.handle_blocking(req).map(|r| Vec::<u8>::try_from(r).expect("bytes")).map_err(|e| e.code)
+        };
+        let list = |s: &Arc<MetaService>, ino: InodeId| {
+            let req = MetaRequest::ListXattr(proto::meta::ListXattr { ino });
+            Vec::<Vec<u8>>::try_from(s.handle_blocking(req).unwrap()).expect("names")
+        };
+        let set = |s: &Arc<MetaService>, ino: InodeId, value: &[u8]| {
+            let (name, value, mode) = (b"user.a".to_vec(), value.to_vec(), proto::meta::XattrMode::Any);
+            s.handle_blocking(MetaRequest::SetXattr(proto::meta::SetXattr { ino, name, value, mode })).unwrap();
+        };
+        let Ok(MetaReply::Made(Made { attr: f, .. })) = create(&one, "f") else { panic!("create f") };
+        let Ok(MetaReply::Made(Made { attr: g, .. })) = create(&one, "g") else { panic!("create g") };
+        raw(&url)
+            .execute("INSERT INTO xattrs (ino, name, value) VALUES ($1, 'user.a', 'sql')", &[&(f.ino as i64)])
+            .unwrap();
+        assert_eq!(get(&one, f.ino), Err(ErrorCode::NoAttribute), "the creating meta knows f has none");
+        assert!(list(&one, f.ino).is_empty());
+        assert_eq!(get(&two, f.ino).unwrap(), b"sql", "the other asks the server");
+
+        // A setxattr through the first: it reads it at once, the second once notified.
+        assert_eq!(get(&two, g.ino), Err(ErrorCode::NoAttribute));
+        assert!(list(&two, g.ino).is_empty(), "the second found g bare");
+        set(&one, g.ino, b"one");
+        assert_eq!(get(&one, g.ino).unwrap(), b"one");
+        soon("the setxattr reaching the other meta", || get(&two, g.ino) == Ok(b"one".to_vec()));
+        assert_eq!(list(&two, g.ino), vec![b"user.a".to_vec()]);
+
+        // And through the second, on the file the first believes bare.
+        set(&two, f.ino, b"two");
+        soon("the setxattr reaching the first meta", || get(&one, f.ino) == Ok(b"two".to_vec()));
+    }
+
     /// An unlink takes the directory, the entry and the file from the rows its meta
     /// keeps, and its guard catches every way the server's rows may differ (each
     /// changed here in SQL behind the meta's back): the unlink then runs again reading
     /// from the server, and does what those rows ask for.
     #[test]
     fn a_write_from_kept_rows_is_checked_at_the_server() {
-        let server = testkit::postgres::shared();
-        let url = server.create_database();
-        let config = MetaConfig { db_url: url.clone(), ..test_config(Default::default()) };
-        let one = MetaService::open(&config).unwrap();
-        listening(&url, 1);
+        let (_server, [one], url) = keeping_metas();
         let mut sql = raw(&url);
         let made = |name: &str| {
             let Ok(MetaReply::Made(Made { attr, .. })) = create(&one, name) else { panic!("create {name}") };
@@ -2709,6 +2873,100 @@ mod tests {
         // guard found out of date are no longer kept (a later read asks the server).
         assert_eq!(unlink("became-dir"), Err(ErrorCode::IsDir));
         assert_eq!(getattr(&one, became_dir as u64).unwrap().kind, FileKind::Dir, "the stale row was dropped");
+    }
+
+    /// A write of data at a file's end and a release take the inode from the rows
+    /// their meta keeps and assume the session's one open for writing and no extent
+    /// in the span; their guards catch every way the server's rows may differ (each
+    /// changed here in SQL behind the meta's back), and the op then does what those
+    /// rows ask for.
+    #[test]
+    fn data_writes_and_releases_from_kept_rows_are_checked_at_the_server() {
+        use proto::meta::{CommitWrite, CreateOpen, Hello, OpenAccess, Release, SessionInfo, StoredChunk, Welcome};
+        let (_server, [one], url) = keeping_metas();
+        let mut sql = raw(&url);
+        let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
+        let hello = MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info });
+        let Ok(MetaReply::Welcome(Welcome { session, .. })) = one.handle_blocking(hello) else { panic!("hello") };
+        let open_new = |name: &str| {
+            let create =
+                Create { parent: ROOT_INODE, name: name.into(), node: NewNode::File, mode: 0o644, exclusive: true };
+            let access = OpenAccess { read: true, write: true };
+            let Ok(MetaReply::Opened(o)) =
+                one.handle_blocking(MetaRequest::CreateOpen(CreateOpen { create, session, access }))
+            else {
+                panic!("create {name}")
+            };
+            o.attr.ino
+        };
+        let chunk = |tag: u8| ChunkId([tag; 32]);
+        let write = |ino: InodeId, file_offset: u64, len: u64, tag: u8| {
+            let extents = vec![Extent { file_offset, len, chunk: chunk(tag), chunk_offset: 0 }];
+            let chunks = vec![StoredChunk { id: chunk(tag), size: 1 << 20, nodes: vec!["n0".into()] }];
+            let req =
+                CommitWrite { session, ino, extents, chunks, min_size: file_offset + len, mtime: Timestamp::now() };
+            Attr::try_from(one.handle_blocking(MetaRequest::CommitWrite(req)).unwrap()).unwrap()
+        };
+        let release = |ino: InodeId| one.handle_blocking(MetaRequest::Release(Release { ino, session })).unwrap();
+        let extents = |sql: &mut postgres::Client, ino: InodeId| -> Vec<(i64, i64, Vec<u8>)> {
+            let rows = sql.query(
+                "SELECT file_offset, len, chunk FROM extents WHERE ino = $1 ORDER BY file_offset",
+                &[&(ino as i64)],
+            );
+            rows.unwrap().iter().map(|r| (r.get(0), r.get(1), r.get::<_, Vec<u8>>(2)[..1].to_vec())).collect()
+        };
+        let opens = |sql: &mut postgres::Client, ino: InodeId| -> Option<i64> {
+            let row = sql.query_opt(
+                "SELECT count FROM opens WHERE session = $1 AND ino = $2",
+                &[&(session as i64), &(ino as i64)],
+            );
+            row.unwrap().map(|r| r.get(0))
+        };
+
+        // As the server's rows say: a first write and an append, then the release.
+        let plain = open_new("plain");
+        write(plain, 0, 10, 1);
+        assert_eq!(write(plain, 10, 5, 2).size, 15);
+        assert_eq!(extents(&mut sql, plain), vec![(0, 10, vec![1]), (10, 5, vec![2])]);
+        release(plain);
+        assert_eq!(opens(&mut sql, plain), None, "released");
+
+        // The session has it open twice: the write goes on, and a release counts one down.
+        let twice = open_new("twice");
+        sql.execute("UPDATE opens SET count = 2 WHERE ino = $1", &[&(twice as i64)]).unwrap();
+        write(twice, 0, 10, 3);
+        release(twice);
+        assert_eq!(opens(&mut sql, twice), Some(1), "one open left");
+
+        // An extent the kept rows know nothing of lies in the span: the write replaces it.
+        let hidden = open_new("hidden");
+        sql.execute(
+            "INSERT INTO extents (ino, file_offset, len, chunk, chunk_offset) VALUES ($1, 5, 10, $2, 0)",
+            &[&(hidden as i64), &chunk(9).0.to_vec()],
+        )
+        .unwrap();
+        sql.execute("INSERT INTO chunks (id, size, refcount) VALUES ($1, 1048576, 1)", &[&chunk(9).0.to_vec()])
+            .unwrap();
+        write(hidden, 0, 10, 4);
+        assert_eq!(
+            extents(&mut sql, hidden),
+            vec![(0, 10, vec![4]), (10, 5, vec![9])],
+            "the hidden extent was clipped"
+        );
+
+        // The file grew behind the meta's back: the write keeps the server's size.
+        let grown = open_new("grown");
+        sql.execute("UPDATE inodes SET size = 100 WHERE ino = $1", &[&(grown as i64)]).unwrap();
+        assert_eq!(write(grown, 0, 10, 5).size, 100);
+
+        // Unlinked behind the meta's back and open only here: the release reclaims it.
+        let orphan = open_new("orphan");
+        sql.execute("UPDATE inodes SET nlink = 0 WHERE ino = $1", &[&(orphan as i64)]).unwrap();
+        sql.execute("DELETE FROM dentries WHERE ino = $1", &[&(orphan as i64)]).unwrap();
+        release(orphan);
+        let left: i64 =
+            sql.query_one("SELECT COUNT(*) FROM inodes WHERE ino = $1", &[&(orphan as i64)]).unwrap().get(0);
+        assert_eq!(left, 0, "the orphan was reclaimed");
     }
 
     /// A stopped server (SIGSTOP, as a hung machine would be) costs each request a

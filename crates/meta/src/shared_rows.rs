@@ -2,7 +2,10 @@
 //! transactions, so that a lookup or a getattr of something recently read or written
 //! costs no round trip to the server (on SQLite such a read is already in-process).
 //!
-//! Only inodes and entries are kept. Read connections answer from them; a write
+//! Only inodes and entries are kept, and which inodes have no extended attributes
+//! (every change of an inode's attributes also changes the inode, its ctime, so that
+//! knowledge goes wherever the inode's row goes): the kernel asks for
+//! `security.capability` before every write. Read connections answer from them; a write
 //! transaction takes rows from them only under a guard that re-reads the same rows at
 //! the server ahead of its writes (`PgConn::assume_entry`), so SERIALIZABLE still sees
 //! its conflicts. What this meta commits replaces the rows it wrote before the
@@ -31,7 +34,7 @@
 use crate::postgres::{KEPT_ROWS_CHANNEL, KEPT_ROWS_LOCK};
 use crate::store::Inode;
 use proto::types::InodeId;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -58,6 +61,8 @@ pub(crate) type EntryKey = (InodeId, Vec<u8>);
 pub(crate) struct Written {
     pub(crate) inodes: HashMap<InodeId, Option<Inode>>,
     pub(crate) entries: HashMap<EntryKey, Option<InodeId>>,
+    /// Inodes of `inodes` known to have no extended attributes when committed.
+    pub(crate) bare: HashSet<InodeId>,
 }
 
 impl Written {
@@ -71,6 +76,7 @@ impl Written {
     pub(crate) fn distrust(&mut self) {
         self.inodes.values_mut().for_each(|v| *v = None);
         self.entries.values_mut().for_each(|v| *v = None);
+        self.bare.clear();
     }
 
     /// The notifications that name every key: `<sender> i<ino> e<parent>:<hex name> ...`,
@@ -99,6 +105,8 @@ impl Written {
 struct Rows {
     inodes: HashMap<InodeId, Inode>,
     entries: HashMap<EntryKey, InodeId>,
+    /// Inodes without extended attributes; dropped with any change of the inode.
+    bare: HashSet<InodeId>,
 }
 
 /// The rows every connection of one meta shares (see the module's comment).
@@ -177,13 +185,20 @@ impl SharedRows {
         lock(&self.rows).entries.get(&(parent, name.to_vec())).copied()
     }
 
-    /// Keeps rows a read found, unless a change was applied since it began at
-    /// `generation` (the read may then hold rows the change replaced).
+    /// The inode is known to have no extended attributes.
+    pub(crate) fn bare(&self, ino: InodeId) -> bool {
+        self.live() && lock(&self.rows).bare.contains(&ino)
+    }
+
+    /// Keeps rows a read found, and the inodes it found `bare` of extended attributes,
+    /// unless a change was applied since it began at `generation` (the read may then
+    /// hold rows the change replaced).
     pub(crate) fn keep<'a>(
         &self,
         generation: u64,
         inodes: impl Iterator<Item = (&'a InodeId, &'a Inode)>,
         entries: impl Iterator<Item = (&'a EntryKey, InodeId)>,
+        bare: impl Iterator<Item = InodeId>,
     ) {
         if !self.live() {
             return;
@@ -192,9 +207,10 @@ impl SharedRows {
         if self.generation.load(Ordering::Acquire) != generation {
             return;
         }
-        if rows.inodes.len() >= MAX_ROWS || rows.entries.len() >= MAX_ROWS {
+        if rows.inodes.len() >= MAX_ROWS || rows.entries.len() >= MAX_ROWS || rows.bare.len() >= MAX_ROWS {
             *rows = Rows::default();
         }
+        rows.bare.extend(bare);
         for (ino, inode) in inodes {
             rows.inodes.insert(*ino, inode.clone());
         }
@@ -214,6 +230,10 @@ impl SharedRows {
                 Some(inode) if keep => rows.inodes.insert(*ino, inode.clone()),
                 _ => rows.inodes.remove(ino),
             };
+            match inode.is_some() && keep && written.bare.contains(ino) {
+                true => rows.bare.insert(*ino),
+                false => rows.bare.remove(ino),
+            };
         }
         for (key, ino) in &written.entries {
             match ino {
@@ -229,6 +249,7 @@ impl SharedRows {
         self.generation.fetch_add(1, Ordering::AcqRel);
         for ino in written.inodes.keys() {
             rows.inodes.remove(ino);
+            rows.bare.remove(ino);
         }
         for key in written.entries.keys() {
             rows.entries.remove(key);
@@ -279,6 +300,7 @@ impl SharedRows {
             let parsed = match word.split_at_checked(1) {
                 Some(("i", ino)) => ino.parse().ok().map(|ino: InodeId| {
                     rows.inodes.remove(&ino);
+                    rows.bare.remove(&ino);
                 }),
                 Some(("e", key)) => key.split_once(':').and_then(|(parent, name)| {
                     let parent: InodeId = parent.parse().ok()?;
@@ -389,10 +411,10 @@ mod tests {
         w.inodes.insert(5, Some(inode(5)));
         shared.committed(&w);
         let stale = inode(6);
-        shared.keep(began, [(&6, &stale)].into_iter(), std::iter::empty());
+        shared.keep(began, [(&6, &stale)].into_iter(), std::iter::empty(), std::iter::empty());
         assert!(shared.inode(6).is_none(), "kept a row read before a change");
         assert_eq!(shared.inode(5).map(|i| i.attr.ino), Some(5), "the committed row is kept");
-        shared.keep(shared.generation(), [(&6, &stale)].into_iter(), std::iter::empty());
+        shared.keep(shared.generation(), [(&6, &stale)].into_iter(), std::iter::empty(), std::iter::empty());
         assert!(shared.inode(6).is_some());
     }
 
@@ -409,8 +431,8 @@ mod tests {
         assert!(payloads.len() > 1 && payloads.iter().all(|p| p.len() < 8000), "split to fit");
         let kept = inode(3);
         let key = (7, name);
-        there.keep(there.generation(), [(&3, &kept)].into_iter(), [(&key, 3)].into_iter());
-        there.keep(there.generation(), [(&4000, &kept)].into_iter(), std::iter::empty());
+        there.keep(there.generation(), [(&3, &kept)].into_iter(), [(&key, 3)].into_iter(), std::iter::empty());
+        there.keep(there.generation(), [(&4000, &kept)].into_iter(), std::iter::empty(), std::iter::empty());
         payloads.iter().for_each(|p| there.notified(p));
         assert!(there.inode(3).is_none() && there.entry(7, &key.1).is_none(), "dropped");
         assert!(there.inode(4000).is_some(), "untouched rows stay");
@@ -424,7 +446,8 @@ mod tests {
     fn nothing_is_kept_or_answered_without_both_the_lock_and_the_listener() {
         let shared = SharedRows::new(true);
         let row = inode(9);
-        let keep = || shared.keep(shared.generation(), [(&9, &row)].into_iter(), std::iter::empty());
+        let keep =
+            || shared.keep(shared.generation(), [(&9, &row)].into_iter(), std::iter::empty(), std::iter::empty());
         keep();
         shared.set_listening(true);
         keep();

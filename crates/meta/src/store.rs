@@ -81,11 +81,16 @@ pub struct Prefetch<'a> {
     pub session: Option<SessionId>,
     /// A session's opens of an inode, and the inode (`get_open`).
     pub open: Option<(SessionId, InodeId)>,
-    /// Every extent of an inode (`extents_overlapping`).
-    pub extents: Option<InodeId>,
+    /// The extents of an inode that intersect `[.1, .2)` (`extents_overlapping`):
+    /// `(ino, 0, u64::MAX)` for every one, a write's span for those it replaces.
+    pub extents: Option<(InodeId, u64, u64)>,
     /// The policies of an inode and all its ancestors, and the ancestors' inodes
     /// (`get_policy` up the chain of parents, as `effective_policy` walks it).
     pub policies: Option<InodeId>,
+    /// The op writes data through `open` over the span of `extents`: most likely the
+    /// session has the file open once, for writing, and writes at or past its end, so
+    /// a backend may take that for granted under a check at the server.
+    pub writing: bool,
 }
 
 impl<'a> Prefetch<'a> {
@@ -170,6 +175,11 @@ pub trait Txn {
     fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError>;
     /// Records `session`'s opens of `ino` (a count of 0 removes the record).
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError>;
+    /// Drops one open of `ino` by `session`, if it has one; a backend across a
+    /// network may do it without reading the record first.
+    fn drop_open(&mut self, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
+        drop_open_read(self, session, ino)
+    }
     /// Opens of `ino` across all sessions.
     fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError>;
     /// Drops every open record of a session, returning the inodes it had open.
@@ -280,3 +290,12 @@ pub struct Backend {
 /// changes (and equals a new PostgreSQL database's first, so a migrated namespace's
 /// nodes keep theirs).
 pub const SQLITE_EPOCH: u64 = 1;
+
+/// `Txn::drop_open` by reading the record and writing it back.
+pub fn drop_open_read<T: Txn + ?Sized>(t: &mut T, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
+    let o = t.get_open(session, ino)?;
+    if o.count > 0 {
+        t.put_open(session, ino, OpenRow { count: o.count - 1, ..o })?;
+    }
+    Ok(())
+}

@@ -545,6 +545,17 @@ pub fn commit_write_splits(b: &dyn Factory) {
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
     commit(&s, g.ino, vec![ext(0, 10, 4, 0)], 10);
     assert_eq!(refcount(&s, 4), Some(2));
+    // Within one commit a later extent splits an earlier one of the same commit.
+    let h = mk(&s, ROOT_INODE, "h", NewNode::File);
+    commit(&s, h.ino, vec![ext(0, 100, 5, 0), ext(20, 10, 6, 0), ext(90, 20, 7, 0), ext(95, 5, 8, 0)], 110);
+    assert_eq!(
+        extents(&s, h.ino),
+        vec![(0, 20, 5, 0), (20, 10, 6, 0), (30, 60, 5, 30), (90, 5, 7, 0), (95, 5, 8, 0), (100, 10, 7, 10)]
+    );
+    assert_eq!(
+        (refcount(&s, 5), refcount(&s, 6), refcount(&s, 7), refcount(&s, 8)),
+        (Some(2), Some(1), Some(2), Some(1))
+    );
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     assert_eq!(
         err(

@@ -36,6 +36,26 @@ pub(super) fn end_of(offset: u64, len: u64) -> Result<u64, MetaError> {
         .ok_or_else(|| MetaError::InvalidArgument(format!("range {offset}+{len} exceeds the largest file size")))
 }
 
+/// Asks at once for what a write of `ino`'s data over `span` reads: the inode, the
+/// session's open of it (`check_data_write`) and the extents it replaces (`punch`).
+pub(super) fn prefetch_data_write(
+    t: &mut dyn Txn,
+    session: SessionId,
+    ino: InodeId,
+    span: Option<(u64, u64)>,
+) -> Result<(), MetaError> {
+    let extents = span.map(|(start, end)| (ino, start, end));
+    t.prefetch(Prefetch { open: Some((session, ino)), extents, writing: true, ..Prefetch::default() })
+}
+
+/// From the first byte to the end of `extents` (none if they hold no byte).
+pub(super) fn span(extents: &[Extent]) -> Option<(u64, u64)> {
+    let written = extents.iter().filter(|e| e.len > 0);
+    let start = written.clone().map(|e| e.file_offset).min()?;
+    let end = written.map(|e| e.file_offset.saturating_add(e.len)).max()?;
+    Some((start, end))
+}
+
 pub(super) fn commit_write(
     t: &mut dyn Txn,
     now: Timestamp,

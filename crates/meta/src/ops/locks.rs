@@ -64,10 +64,7 @@ pub(crate) fn open_for_writing(t: &mut dyn Txn, session: SessionId, ino: InodeId
 /// Drops one open of `ino` by `session` (if it had one) and reclaims the inode if it
 /// was an orphan nobody has open any more.
 pub(super) fn release(t: &mut dyn Txn, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
-    let o = t.get_open(session, ino)?;
-    if o.count > 0 {
-        t.put_open(session, ino, OpenRow { count: o.count - 1, ..o })?;
-    }
+    t.drop_open(session, ino)?;
     reclaim_if_unused(t, ino)?;
     Ok(())
 }

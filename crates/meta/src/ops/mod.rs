@@ -11,7 +11,7 @@ mod policy;
 mod sessions;
 
 use catalogue::{admit, drain, forget_chunk, join, make_join_token, nodes, register_node, remove};
-use data::{commit_write, compact, fallocate, punch, truncate};
+use data::{commit_write, compact, fallocate, prefetch_data_write, punch, span, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{Created, create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
 use perm::{MAY_EXEC, MAY_READ, MAY_WRITE, check, check_data_write, check_privileged, check_xattr};
@@ -190,7 +190,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         }),
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
-            t.prefetch(Prefetch { extents: Some(m.ino), policies: Some(m.ino), ..Prefetch::default() })?;
+            t.prefetch(Prefetch { extents: Some((m.ino, 0, u64::MAX)), policies: Some(m.ino), ..Prefetch::default() })?;
             let attr = inode(t, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
             let policy = effective_policy(t, m.ino)?.policy;
@@ -312,7 +312,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             t.prefetch(Prefetch {
                 session: Some(m.session),
                 open: Some((m.session, m.ino)),
-                extents: Some(m.ino),
+                extents: Some((m.ino, 0, u64::MAX)),
                 ..Prefetch::default()
             })?;
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
@@ -334,16 +334,19 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),
         R::ReleaseLocks(m) => serve(m, |m| release_locks(t, m.session, m.ino, m.owner)),
         R::CommitWrite(m) => serve(m, |m| {
+            prefetch_data_write(t, m.session, m.ino, span(&m.extents))?;
             let attr = inode(t, m.ino)?.attr;
             check_data_write(t, &ctx.caller, m.session, &attr)?;
             commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)
         }),
         R::Fallocate(m) => serve(m, |m| {
+            prefetch_data_write(t, m.session, m.ino, Some((m.offset, m.offset.saturating_add(m.len))))?;
             let attr = inode(t, m.ino)?.attr;
             check_data_write(t, &ctx.caller, m.session, &attr)?;
             fallocate(t, now, m.ino, m.offset, m.len, m.mode)
         }),
         R::Compact(m) => serve(m, |m| {
+            prefetch_data_write(t, m.session, m.ino, span(&m.extents))?;
             let attr = inode(t, m.ino)?.attr;
             check_data_write(t, &ctx.caller, m.session, &attr)?;
             compact(t, m.ino, m.data_version, &m.extents, &m.chunks)
