@@ -620,9 +620,9 @@ impl PgConn {
         params.extend(inode_params(&file));
         params.push(Box::new(name.to_vec()));
         self.defer(ENTRY_GUARD_SQL, params)?;
-        self.assumed.inodes.extend([(parent, None), (ino, None)]);
+        self.assume_inode(dir);
+        self.assume_inode(file);
         self.assumed.entries.insert(key.clone(), None);
-        self.seen.inodes.extend([(parent, Some(dir)), (ino, Some(file))]);
         self.seen.dentries.insert(key, Some(ino));
         self.seen.open_counts.insert(ino, 0);
         self.seen.no_extents.insert(ino);
@@ -639,6 +639,13 @@ impl PgConn {
             return None;
         }
         kept.inode(ino)
+    }
+
+    /// Takes `inode` from the kept rows as this transaction's view of it (a guard
+    /// queued ahead checks it at the server); dropped from them if the guard fails.
+    fn assume_inode(&mut self, inode: Inode) {
+        self.assumed.inodes.insert(inode.attr.ino, None);
+        self.seen.inodes.insert(inode.attr.ino, Some(inode));
     }
 
     /// A write of data (`Prefetch::writing`) over `[start, end)` of inode `ino` through
@@ -658,8 +665,7 @@ impl PgConn {
         let mut params = inode_params(&file);
         params.extend::<[Owned; 3]>([Box::new(session as i64), Box::new(off(start)), Box::new(off(end))]);
         self.defer(DATA_WRITE_GUARD_SQL, params)?;
-        self.assumed.inodes.insert(ino, None);
-        self.seen.inodes.insert(ino, Some(file));
+        self.assume_inode(file);
         self.seen.opens.insert((session, ino), OpenRow { count: 1, writable: true });
         self.seen.extents.insert(ino, KnownExtents { start, end, extents: Vec::new() });
         Ok(())
@@ -2306,13 +2312,15 @@ impl Txn for PgConn {
             return drop_open_read(self, session, ino);
         };
         self.defer(LINKED_GUARD_SQL, inode_params(&inode))?;
-        self.assumed.inodes.insert(ino, None);
-        self.seen.inodes.insert(ino, Some(inode));
+        self.assume_inode(inode);
         self.seen.open_counts.remove(&ino);
-        let key: [Owned; 2] = [Box::new(session as i64), Box::new(ino as i64)];
-        self.defer("DELETE FROM opens WHERE session = $1 AND ino = $2 AND count <= 1", key.into())?;
-        let key: [Owned; 2] = [Box::new(session as i64), Box::new(ino as i64)];
-        self.defer("UPDATE opens SET count = count - 1 WHERE session = $1 AND ino = $2", key.into())
+        // One statement: its two parts see the same snapshot, so a record is either
+        // deleted (its last open) or counted down, never both.
+        self.defer(
+            "WITH last AS (DELETE FROM opens WHERE session = $1 AND ino = $2 AND count <= 1)
+             UPDATE opens SET count = count - 1 WHERE session = $1 AND ino = $2 AND count > 1",
+            vec![Box::new(session as i64), Box::new(ino as i64)],
+        )
     }
 
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
