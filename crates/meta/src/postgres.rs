@@ -230,6 +230,10 @@ pub(crate) struct PgConn {
     probe: Probe,
     /// A BEGIN to send ahead of the next statement, in the same round trip.
     begin_pending: Option<&'static str>,
+    /// A request sent through tokio-postgres failed: the server flushes an error at
+    /// once and the ReadyForQuery after it may still be on its way, so the next
+    /// pipeline also goes through tokio-postgres (which knows to skip it), not by hand.
+    failed_unread: bool,
     /// How long a request may wait for its answer before it is cancelled and fails
     /// (`--db-timeout`); none for an operator's command (`promote`, `migrate`).
     answer_timeout: Option<Duration>,
@@ -429,7 +433,7 @@ impl PgConn {
         let deferred = std::mem::take(&mut self.deferred);
         tracing::trace!(target: "meta::postgres::wire", deferred = deferred.len(), "round trip");
         let until = self.wait_limit();
-        if self.begin_pending.is_none() && lasts.iter().all(|l| matches!(l, Last::Boundary(_))) {
+        if self.begin_pending.is_none() && !self.failed_unread && lasts.iter().all(|l| matches!(l, Last::Boundary(_))) {
             return self.pipeline_by_hand(&deferred, lasts, until);
         }
         let begin = self.begin_pending.take();
@@ -459,6 +463,7 @@ impl PgConn {
         let Some(mut answers) = driver.block_on_until(in_order(requests), until.as_deref())? else {
             return Err(self.abandon());
         };
+        self.failed_unread = answers.iter().any(Result::is_err);
         let lasts = answers.split_off(answers.len() - asked);
         answers.into_iter().try_for_each(|a| a.map(drop))?;
         Ok(lasts.into_iter().collect::<Result<Vec<_>, _>>()?)
@@ -714,6 +719,8 @@ impl PgConn {
             self.statements.clear();
             self.deferred.clear();
             self.begun = false;
+            self.begin_pending = None;
+            self.failed_unread = false;
             self.release_pending = false;
             self.alone = false;
             self.batch(self.setup)?;
@@ -775,6 +782,7 @@ impl PgConn {
         self.statements.clear();
         self.deferred.clear();
         self.begun = false;
+        self.failed_unread = false;
         self.release_pending = false;
         self.alone = false;
         self.seen = Seen::default();
@@ -846,13 +854,22 @@ impl PgConn {
             return Ok(());
         }
         self.lock_tried = Some(Instant::now());
-        let row =
-            self.one(concat!("SELECT pg_try_advisory_lock_shared(", kept_rows_lock!(), "), pg_backend_pid()"), &[])?;
+        // The WAL position is asked after the lock is taken: every commit that did not
+        // notify this meta (it ended before the lock was granted) is behind it.
+        let row = self.one(
+            concat!(
+                "SELECT pg_try_advisory_lock_shared(",
+                kept_rows_lock!(),
+                "), pg_backend_pid(), pg_current_wal_insert_lsn()::text"
+            ),
+            &[],
+        )?;
         if row.try_get(0)? {
             if self.lock_missed.take().is_some_and(|(_, logged)| logged) {
                 tracing::info!("took the kept-rows lock at last");
             }
-            publish.set_holder(row.try_get(1)?);
+            let at: String = row.try_get(2)?;
+            publish.set_holder(row.try_get(1)?, parse_lsn(&at).unwrap_or(u64::MAX));
         } else {
             let (since, logged) = self.lock_missed.get_or_insert((Instant::now(), false));
             if !*logged && since.elapsed() >= LOCK_MISSED_WARNING {
@@ -872,7 +889,7 @@ impl PgConn {
     /// went with it.
     fn session_lost(&mut self) {
         if let Some(publish) = &self.publish {
-            publish.set_holder(0);
+            publish.set_holder(0, 0);
         }
         self.lock_tried = None;
         self.lock_missed = None;
@@ -892,17 +909,23 @@ pub(crate) const FENCED_SQLSTATE: &str = "LF001";
 /// It is a conflict: the transaction runs again, reading from the server.
 pub(crate) const KEPT_ROW_STALE_SQLSTATE: &str = "LK001";
 
-/// The writer's session settings: commits acknowledged before their WAL is flushed
-/// (see `WriteConn::commit`), and `locus_expect`, which fails the transaction with
+/// The writer's session setup: `locus_expect`, which fails the transaction with
 /// `KEPT_ROW_STALE_SQLSTATE` unless its argument is true. The function lives in the
 /// session's own temporary schema, so it needs no change to the database's schema.
-const WRITER_SETUP: &str = "SET synchronous_commit TO off;
-CREATE FUNCTION pg_temp.locus_expect(ok BOOLEAN) RETURNS VOID LANGUAGE plpgsql AS $$
+macro_rules! writer_setup {
+    () => {
+        "CREATE FUNCTION pg_temp.locus_expect(ok BOOLEAN) RETURNS VOID LANGUAGE plpgsql AS $$
 BEGIN
     IF ok IS NOT TRUE THEN
         RAISE EXCEPTION 'locus: a row this meta kept in memory was out of date' USING ERRCODE = 'LK001';
     END IF;
-END $$";
+END $$"
+    };
+}
+
+/// The writer's setup when its meta reads from the primary: commits are also
+/// acknowledged before their WAL is flushed (see `WriteConn::commit`).
+const WRITER_SETUP_ASYNC: &str = concat!("SET synchronous_commit TO off;\n", writer_setup!());
 
 /// This meta's lease on the primary role: while it holds one, its writes are accepted;
 /// once it could not renew it for its whole duration (the primary unreachable, or
@@ -1000,6 +1023,13 @@ impl WriteConn for PgConn {
             self.alone = true;
             self.boundary(end)?;
             self.ensure_begun(begin_write!())?;
+        } else if self.committed.is_some() && !self.begun {
+            // The commit before could not carry this BEGIN (`commit_reporting_lsn`): it
+            // rides with the transaction's first statements instead of costing a round
+            // trip of its own, across the WAN from a standby's site.
+            self.reconnect_if_closed()?;
+            self.begin_pending = Some(begin_write!());
+            self.begun = true;
         } else {
             self.ensure_begun(begin_write!())?;
         }
@@ -1126,7 +1156,7 @@ impl PgConn {
 }
 
 /// A WAL position as PostgreSQL prints it (`16/B374D848`).
-fn parse_lsn(text: &str) -> Option<u64> {
+pub(crate) fn parse_lsn(text: &str) -> Option<u64> {
     let (hi, lo) = text.split_once('/')?;
     Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
 }
@@ -1140,6 +1170,14 @@ impl ReadConn for PgConn {
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
         self.reconnect_if_closed()?;
         let began = self.cache.as_ref().map(|c| c.generation());
+        self.snapshot_since(began, op)
+    }
+}
+
+impl PgConn {
+    /// `ReadConn::snapshot`, keeping what it read only if no change was applied to the
+    /// kept rows since `began` (`None`: keeping nothing).
+    fn snapshot_since(&mut self, began: Option<u64>, op: ReadOp<'_>) -> Result<(), MetaError> {
         self.seen = Seen::default();
         self.probe = Probe::Ready;
         let tried = op(self);
@@ -1172,29 +1210,47 @@ const STANDBY_WAIT: Duration = Duration::from_millis(50);
 
 /// A read connection at a site with a hot standby: reads there once the standby has
 /// replayed this meta's latest commit (read-your-writes for every client of this
-/// meta), else, after `STANDBY_WAIT`, from the primary.
+/// meta), else, after `STANDBY_WAIT`, from the primary. What it reads at the standby
+/// is kept only if the standby had replayed the kept rows' floor (`shared_rows`).
 struct StandbyReader {
     standby: PgConn,
     primary: PgConn,
     /// The WAL position of this meta's latest commit, published by its writer.
     committed: Arc<AtomicU64>,
+    /// How far the standby had replayed when last asked over this connection: a read
+    /// needing no more than that asks nothing first (replay only moves forward while
+    /// the connection lives; a restarted standby may start behind, so a new connection
+    /// starts from 0).
+    replayed: u64,
 }
 
 impl ReadConn for StandbyReader {
     fn snapshot(&mut self, op: ReadOp<'_>) -> Result<(), MetaError> {
+        // In this order: a commit publishes its position before it changes the kept
+        // rows, and a notification makes the floor unknown before it does.
+        let began = self.standby.cache.as_ref().map(|c| c.generation());
         let needed = self.committed.load(Ordering::Acquire);
+        let floor = self.standby.cache.as_ref().and_then(|c| c.floor());
         let deadline = std::time::Instant::now() + STANDBY_WAIT;
-        let standby = &mut self.standby;
+        let mut asked = false;
         loop {
-            standby.reconnect_if_closed()?;
-            // Asked outside any transaction: the snapshot the read then takes holds
-            // at least everything replayed up to here. NULL: not a standby at all.
-            let replayed: Option<String> = standby.one("SELECT pg_last_wal_replay_lsn()::text", &[])?.try_get(0)?;
-            if replayed.as_deref().map_or(Some(u64::MAX), parse_lsn).is_some_and(|at| at >= needed) {
-                standby.batch(begin_read!())?;
-                let r = op(standby);
-                let end = standby.batch(if r.is_ok() { "COMMIT" } else { "ROLLBACK" });
-                return r.and(end);
+            if self.standby.wire.as_ref().is_none_or(Wire::is_closed) {
+                self.replayed = 0;
+                self.standby.reconnect_if_closed()?;
+            }
+            let kept = floor.is_some_and(|floor| self.replayed >= floor);
+            // Asked once more for the floor alone, never waited for.
+            if self.replayed >= needed && (kept || asked || floor.is_none()) {
+                // The snapshot the read takes holds at least everything replayed by then.
+                return self.standby.snapshot_since(began.filter(|_| kept), op);
+            }
+            // Asked outside any transaction. NULL: not a standby at all.
+            let replayed: Option<String> =
+                self.standby.one("SELECT pg_last_wal_replay_lsn()::text", &[])?.try_get(0)?;
+            self.replayed = replayed.as_deref().map_or(Some(u64::MAX), parse_lsn).unwrap_or(0).max(self.replayed);
+            asked = true;
+            if self.replayed >= needed {
+                continue;
             }
             if std::time::Instant::now() >= deadline {
                 return self.primary.snapshot(op);
@@ -1246,6 +1302,7 @@ fn connect(config: &Config, shown: &str, answer_timeout: Option<Duration>) -> Re
         ids: HashMap::new(),
         probe: Probe::Off,
         begin_pending: None,
+        failed_unread: false,
         answer_timeout,
         alone_next: false,
         alone: false,
@@ -1314,39 +1371,44 @@ pub fn open(
         }
     };
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
-    // Every writer notifies the metas that keep rows of what it commits; only a meta
-    // reading from the primary keeps rows (a standby's replay may lag the
-    // notifications). Its writer tries the lock now and, while another meta's commit
-    // holds it, again with a later write transaction.
-    let shared = SharedRows::new(standby.is_none());
+    // Every writer notifies the metas that keep rows of what it commits. The writer
+    // takes the lock (at the primary) below and, while another meta's commit holds
+    // it, again with a later write transaction; the listener listens at the primary.
+    let shared = SharedRows::new(standby.is_some());
     writer.publish = Some(shared.clone());
+    let kept = |mut conn: PgConn| {
+        conn.cache = Some(shared.clone());
+        conn
+    };
     match standby {
         None => {
-            writer.setup = WRITER_SETUP;
-            writer.batch(writer.setup)?;
+            writer.setup = WRITER_SETUP_ASYNC;
             for _ in 0..READERS {
-                let mut reader = connect(&config, &shown, timeout)?;
-                reader.cache = Some(shared.clone());
-                readers.push(Box::new(reader));
+                readers.push(Box::new(kept(connect(&config, &shown, timeout)?)));
             }
-            crate::shared_rows::listen(config.clone(), shown.clone(), &shared);
-            writer.take_kept_rows_lock()?;
         }
         // Commits are flushed before they are answered: WAL reaches the standby only
         // once flushed, and an unflushed commit would keep its writer's reads waiting.
         Some(standby_url) => {
+            writer.setup = writer_setup!();
             let committed = Arc::new(AtomicU64::new(0));
             writer.committed = Some(committed.clone());
             let (standby_config, standby_shown) = parse(standby_url)?;
             for _ in 0..READERS {
                 readers.push(Box::new(StandbyReader {
-                    standby: connect(&standby_config, &standby_shown, timeout)?,
+                    standby: kept(connect(&standby_config, &standby_shown, timeout)?),
+                    // Keeps nothing: rows newer than the standby's would mix with its
+                    // older ones in later reads there.
                     primary: connect(&config, &shown, timeout)?,
                     committed: committed.clone(),
+                    replayed: 0,
                 }));
             }
         }
     }
+    writer.batch(writer.setup)?;
+    crate::shared_rows::listen(config.clone(), shown.clone(), &shared);
+    writer.take_kept_rows_lock()?;
     Ok(Backend {
         cluster_id,
         cluster_secret,
@@ -2012,20 +2074,38 @@ impl Txn for PgConn {
         )
     }
 
+    /// Reads each entry's inode, and whether it has extended attributes, in the same
+    /// statement: a listing's `get_inode`s, and the kernel's lookups and
+    /// `security.capability` asks after it, then cost no round trip of their own.
     fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
         let rows = self.query(
-            "SELECT name, ino, cookie FROM dentries WHERE parent = $1 AND cookie > $2 ORDER BY cookie LIMIT $3",
+            concat!(
+                "SELECT d.name, d.ino, d.cookie, NOT EXISTS (SELECT 1 FROM xattrs x WHERE x.ino = d.ino), i.* \
+                 FROM dentries d LEFT JOIN LATERAL (SELECT ",
+                inode_cols!(),
+                " FROM inodes WHERE inodes.ino = d.ino) i ON true \
+                 WHERE d.parent = $1 AND d.cookie > $2 ORDER BY d.cookie LIMIT $3"
+            ),
             &[&(parent as i64), &off(after), &i64::from(limit)],
         )?;
-        rows.iter()
-            .map(|r| {
-                Ok(DentryRow {
-                    name: r.try_get(0)?,
-                    ino: r.try_get::<_, i64>(1)? as u64,
-                    cookie: r.try_get::<_, i64>(2)? as u64,
-                })
-            })
-            .collect()
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let row = DentryRow {
+                name: r.try_get(0)?,
+                ino: r.try_get::<_, i64>(1)? as u64,
+                cookie: r.try_get::<_, i64>(2)? as u64,
+            };
+            // What this transaction wrote itself is known already.
+            if r.try_get::<_, Option<i64>>(4)?.is_some() && !self.seen.inodes.contains_key(&row.ino) {
+                self.seen.inodes.insert(row.ino, Some(inode_of(r, 4)?));
+                if r.try_get(3)? {
+                    self.seen.no_xattrs.insert(row.ino);
+                }
+            }
+            self.seen.dentries.entry((parent, row.name.clone())).or_insert(Some(row.ino));
+            out.push(row);
+        }
+        Ok(out)
     }
 
     fn extents_overlapping(&mut self, ino: InodeId, start: u64, end: u64) -> Result<Vec<Extent>, MetaError> {
@@ -2654,6 +2734,103 @@ mod tests {
         at_standby.batch_execute("SELECT pg_wal_replay_resume()").unwrap();
     }
 
+    /// Waits until the standby at `standby_url` has replayed everything committed at
+    /// the primary at `url` so far.
+    fn replayed(url: &str, standby_url: &str) {
+        let lsn: String = raw(url).query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0);
+        let mut standby = raw(standby_url);
+        soon("the standby's replay", || {
+            standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn]).unwrap().get(0)
+        });
+    }
+
+    /// A meta at a standby keeps what it reads there (a change made in SQL behind every
+    /// meta's back stays unseen), but never puts back what another meta's notification
+    /// dropped while the standby had not yet replayed that meta's commit.
+    #[test]
+    fn a_meta_at_a_standby_keeps_rows_but_not_what_a_notification_dropped() {
+        let (_primary, url, standby, standby_url) = formatted_with_standby();
+        let at_a = MetaService::open(&MetaConfig { db_url: url.clone(), ..test_config(Default::default()) }).unwrap();
+        let config = MetaConfig {
+            db_url: url.clone(),
+            read_db_url: Some(standby_url.clone()),
+            ..test_config(Default::default())
+        };
+        let at_b = MetaService::open(&config).unwrap();
+        listening(&url, 2);
+        create(&at_a, "kept").unwrap();
+        create(&at_a, "gone").unwrap();
+        replayed(&url, &standby_url);
+        lookup(&at_b, "kept").unwrap();
+        lookup(&at_b, "gone").unwrap();
+        raw(&url).execute("DELETE FROM dentries WHERE name = 'kept'::bytea", &[]).unwrap();
+        replayed(&url, &standby_url);
+        assert!(lookup(&at_b, "kept").is_ok(), "B answers the row it read at the standby from memory");
+
+        let mut at_standby = raw(&standby_url);
+        at_standby.batch_execute("SELECT pg_wal_replay_pause()").unwrap();
+        let unlink = MetaRequest::Unlink(proto::meta::Unlink { parent: ROOT_INODE, name: b"gone".to_vec() });
+        at_a.handle_blocking(unlink).unwrap();
+        // The notification reaches B at once; the paused standby still has the entry,
+        // which B may answer (replication lag) but must not keep.
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..3 {
+            assert!(lookup(&at_b, "gone").is_ok(), "the paused standby still has it");
+        }
+        at_standby.batch_execute("SELECT pg_wal_replay_resume()").unwrap();
+        replayed(&url, &standby_url);
+        assert_eq!(lookup(&at_b, "gone"), Err(ErrorCode::NotFound), "B kept a row the notification had dropped");
+        drop(standby);
+    }
+
+    /// A meta at a standby's site racing a meta at the primary to create the same names:
+    /// exactly one create of each wins, and B's conflicts (which fail its COMMIT, sent
+    /// through tokio-postgres to learn its WAL position) never break a connection.
+    #[test]
+    fn a_meta_at_a_standby_loses_races_without_losing_its_connections() {
+        let (_primary, url, _standby, standby_url) = formatted_with_standby();
+        let at_a = MetaService::open(&MetaConfig { db_url: url.clone(), ..test_config(Default::default()) }).unwrap();
+        let config =
+            MetaConfig { db_url: url.clone(), read_db_url: Some(standby_url), ..test_config(Default::default()) };
+        let at_b = MetaService::open(&config).unwrap();
+        let started: String = raw(&url).query_one("SELECT now()::text", &[]).unwrap().get(0);
+        race_to_create(&[&at_a, &at_b], 40);
+        let reconnected: i64 = raw(&url)
+            .query_one(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'locus-meta' \
+                 AND backend_start > $1::text::timestamptz",
+                &[&started],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(reconnected, 0, "a meta connected again during the race");
+    }
+
+    /// One thread per meta of `metas` creates `f0`..`f{names}` in the root, all at
+    /// once: each name is created exactly once, every other try answers EEXIST.
+    fn race_to_create(metas: &[&Arc<MetaService>], names: usize) {
+        let barrier = std::sync::Barrier::new(metas.len());
+        let outcomes: Vec<Vec<Result<MetaReply, ErrorCode>>> = std::thread::scope(|scope| {
+            let runs: Vec<_> = metas
+                .iter()
+                .map(|meta| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        (0..names).map(|n| create(meta, &format!("f{n}"))).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for n in 0..names {
+            let won = outcomes.iter().filter(|o| o[n].is_ok()).count();
+            let exists = outcomes.iter().filter(|o| o[n] == Err(ErrorCode::Exists)).count();
+            let all = outcomes.iter().map(|o| &o[n]).collect::<Vec<_>>();
+            assert_eq!((won, exists), (1, metas.len() - 1), "name f{n}: {all:?}");
+        }
+    }
+
     /// Two metas over one database, each creating the same names at the same time:
     /// SERIALIZABLE plus whole-transaction retry lets exactly one create of each name
     /// win; the other sees the winner's entry and answers EEXIST.
@@ -2664,25 +2841,7 @@ mod tests {
         let config = MetaConfig { db_url: url, ..test_config(Default::default()) };
         let metas = [MetaService::open(&config).unwrap(), MetaService::open(&config).unwrap()];
         const NAMES: usize = 60;
-        let barrier = Arc::new(std::sync::Barrier::new(4));
-        let outcomes: Vec<Vec<Result<MetaReply, ErrorCode>>> = std::thread::scope(|scope| {
-            let runs: Vec<_> = (0..4)
-                .map(|i| {
-                    let meta = metas[i % 2].clone();
-                    let barrier = barrier.clone();
-                    scope.spawn(move || {
-                        barrier.wait();
-                        (0..NAMES).map(|n| create(&meta, &format!("f{n}"))).collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            runs.into_iter().map(|r| r.join().unwrap()).collect()
-        });
-        for n in 0..NAMES {
-            let won = outcomes.iter().filter(|o| o[n].is_ok()).count();
-            let exists = outcomes.iter().filter(|o| o[n] == Err(ErrorCode::Exists)).count();
-            assert_eq!((won, exists), (1, 3), "name f{n}: {:?}", outcomes.iter().map(|o| &o[n]).collect::<Vec<_>>());
-        }
+        race_to_create(&[&metas[0], &metas[1], &metas[0], &metas[1]], NAMES);
         let MetaReply::Entries(entries) =
             metas[1].handle_blocking(MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 1000 })).unwrap()
         else {
@@ -2698,7 +2857,8 @@ mod tests {
             let n: i64 = raw(url)
                 .query_one(
                     "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
-                     AND application_name = 'locus-meta-listener' AND (query LIKE 'LISTEN%' OR query LIKE '%pg_locks%')",
+                     AND application_name = 'locus-meta-listener'
+                     AND (query LIKE 'LISTEN%' OR query LIKE '%pg_locks%' OR query LIKE '%wal_insert_lsn%')",
                     &[],
                 )
                 .unwrap()

@@ -30,6 +30,15 @@
 //! A read stores what it read only if no change was applied since it began (the
 //! `generation`), so a read that raced a commit never puts back what the commit
 //! replaced.
+//!
+//! A meta at a site with a hot standby keeps rows too: it reads them at the standby,
+//! takes the lock and listens at the primary. A notification (or a commit that never
+//! notified, before the lock was taken) may reach it before the standby replays the
+//! commit, so a read there could put back what the notification dropped. Each such
+//! event therefore raises a `floor`, a WAL position at or past the commit, asked of
+//! the primary after the event; rows read at the standby are kept only if it had
+//! replayed the floor before the read began (`StandbyReader`), and none while a
+//! notification's floor is still being asked (`unsettled`).
 
 use crate::postgres::{KEPT_ROWS_CHANNEL, KEPT_ROWS_LOCK};
 use crate::store::Inode;
@@ -114,8 +123,13 @@ pub(crate) struct SharedRows {
     rows: Mutex<Rows>,
     /// Bumped by every change applied.
     generation: AtomicU64,
-    /// This meta keeps rows (it reads from the primary): its writer takes the lock.
-    keeping: bool,
+    /// This meta reads at a hot standby: its listener asks the primary for a floor
+    /// after each notification.
+    standby: bool,
+    /// The WAL position a standby must have replayed for rows read there to be kept.
+    floor: AtomicU64,
+    /// A notification was applied whose floor is not yet known.
+    unsettled: AtomicBool,
     /// The listener is connected.
     listening: AtomicBool,
     /// The backend pid of this meta's writer session while it holds `KEPT_ROWS_LOCK`
@@ -127,9 +141,9 @@ pub(crate) struct SharedRows {
 }
 
 impl SharedRows {
-    /// Shared rows for a meta; `keeping` if it keeps rows, which it does only once its
-    /// writer holds the lock and `listen` has connected.
-    pub(crate) fn new(keeping: bool) -> Arc<SharedRows> {
+    /// Shared rows for a meta (`standby`: one that reads at a hot standby); it keeps
+    /// rows only once its writer holds the lock and `listen` has connected.
+    pub(crate) fn new(standby: bool) -> Arc<SharedRows> {
         // Only told apart from other metas' names: a clock-derived name will do if
         // /dev/urandom cannot be read.
         let me = crate::sqlite::random_hex().unwrap_or_else(|_| {
@@ -139,7 +153,9 @@ impl SharedRows {
         Arc::new(SharedRows {
             rows: Mutex::default(),
             generation: AtomicU64::new(0),
-            keeping,
+            standby,
+            floor: AtomicU64::new(0),
+            unsettled: AtomicBool::new(standby),
             listening: AtomicBool::new(false),
             holder: AtomicI32::new(0),
             me,
@@ -150,15 +166,31 @@ impl SharedRows {
         self.listening.load(Ordering::Acquire) && self.holder.load(Ordering::Acquire) != 0
     }
 
-    /// The writer should take the lock (this meta keeps rows and does not hold it).
+    /// The writer should take the lock (it does not hold it).
     pub(crate) fn wants_lock(&self) -> bool {
-        self.keeping && self.holder.load(Ordering::Acquire) == 0
+        self.holder.load(Ordering::Acquire) == 0
     }
 
     /// The writer's session `pid` now holds the lock (0: its session ended, or it never
-    /// got it). Everything kept is dropped either way.
-    pub(crate) fn set_holder(&self, pid: i32) {
+    /// got it), taken when the primary's WAL was at `at`: commits that did not notify
+    /// this meta are behind it. Everything kept is dropped either way.
+    pub(crate) fn set_holder(&self, pid: i32, at: u64) {
+        self.floor.fetch_max(at, Ordering::SeqCst);
         self.reset(|| self.holder.store(pid, Ordering::Release));
+    }
+
+    /// How far a standby must have replayed for rows read there to be kept (`None`:
+    /// not known yet). Ask it after `generation`: a change applied in between makes
+    /// the read keep nothing anyway.
+    pub(crate) fn floor(&self) -> Option<u64> {
+        (!self.unsettled.load(Ordering::SeqCst)).then(|| self.floor.load(Ordering::SeqCst))
+    }
+
+    /// The floor of every notification applied so far is `at` (asked of the primary
+    /// after them).
+    fn settle(&self, at: u64) {
+        self.floor.fetch_max(at, Ordering::SeqCst);
+        self.unsettled.store(false, Ordering::SeqCst);
     }
 
     /// This meta's sender name in notifications.
@@ -283,7 +315,12 @@ impl SharedRows {
         });
     }
 
+    /// The listener connected (or lost its connection). Commits before its LISTEN were
+    /// never heard of: at a standby, nothing is kept until their floor is settled.
     fn set_listening(&self, listening: bool) {
+        if listening && self.standby {
+            self.unsettled.store(true, Ordering::SeqCst);
+        }
         self.reset(|| self.listening.store(listening, Ordering::Release));
     }
 
@@ -293,6 +330,9 @@ impl SharedRows {
         let mut words = payload.split(' ');
         if words.next() == Some(self.me.as_str()) {
             return;
+        }
+        if self.standby {
+            self.unsettled.store(true, Ordering::SeqCst);
         }
         let mut rows = lock(&self.rows);
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -323,6 +363,16 @@ impl SharedRows {
 /// still holds the lock. Rows are kept only while it is connected; when the connection
 /// fails it drops every row and connects again a second later.
 pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc<SharedRows>) {
+    use postgres::fallible_iterator::FallibleIterator;
+    /// At a standby, asks the primary for the floor of what was heard (its WAL position
+    /// now is at or past every commit notified or committed before the LISTEN).
+    fn settle(client: &mut postgres::Client, shared: &SharedRows) -> Result<(), postgres::Error> {
+        if shared.standby && shared.unsettled.load(Ordering::SeqCst) {
+            let at: String = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?.get(0);
+            shared.settle(crate::postgres::parse_lsn(&at).unwrap_or(u64::MAX));
+        }
+        Ok(())
+    }
     let weak: Weak<SharedRows> = Arc::downgrade(shared);
     let spawned = std::thread::Builder::new().name("meta-row-listener".into()).spawn(move || {
         let mut config = postgres::Config::from(config);
@@ -332,26 +382,35 @@ pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc
             let listened = (|| -> Result<(), postgres::Error> {
                 let mut client = config.connect(postgres::NoTls)?;
                 client.batch_execute(&format!("LISTEN {KEPT_ROWS_CHANNEL}"))?;
-                // Anything committed before the LISTEN took effect was never heard of.
-                match weak.upgrade() {
-                    Some(shared) => shared.set_listening(true),
-                    None => return Ok(()),
+                {
+                    // Anything committed before the LISTEN took effect was never heard of.
+                    let Some(shared) = weak.upgrade() else { return Ok(()) };
+                    shared.set_listening(true);
+                    settle(&mut client, &shared)?;
                 }
                 if std::mem::take(&mut failing) {
                     tracing::info!(db = %shown, "listening for other metas' changes again; rows are kept again");
                 }
                 loop {
                     let until = Instant::now() + HOLDER_CHECK;
-                    {
-                        let mut notifications = client.notifications();
-                        let mut heard = notifications.timeout_iter(HOLDER_CHECK);
-                        while let Some(n) = postgres::fallible_iterator::FallibleIterator::next(&mut heard)? {
-                            let Some(shared) = weak.upgrade() else { return Ok(()) };
-                            shared.notified(n.payload());
-                            if Instant::now() >= until {
-                                break;
-                            }
+                    loop {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
                         }
+                        let heard = {
+                            let mut notifications = client.notifications();
+                            let Some(first) = notifications.timeout_iter(left).next()? else { break };
+                            let Some(shared) = weak.upgrade() else { return Ok(()) };
+                            shared.notified(first.payload());
+                            // Those already here too, so that one floor settles them all.
+                            let mut pending = notifications.iter();
+                            while let Some(n) = pending.next()? {
+                                shared.notified(n.payload());
+                            }
+                            shared
+                        };
+                        settle(&mut client, &heard)?;
                     }
                     let Some(shared) = weak.upgrade() else { return Ok(()) };
                     // Also how a closed connection shows, with its reason.
@@ -391,9 +450,9 @@ mod tests {
 
     /// Shared rows as a meta that holds the lock and listens has them.
     fn live() -> Arc<SharedRows> {
-        let shared = SharedRows::new(true);
+        let shared = SharedRows::new(false);
         shared.set_listening(true);
-        shared.set_holder(1);
+        shared.set_holder(1, 0);
         shared
     }
 
@@ -444,7 +503,7 @@ mod tests {
 
     #[test]
     fn nothing_is_kept_or_answered_without_both_the_lock_and_the_listener() {
-        let shared = SharedRows::new(true);
+        let shared = SharedRows::new(false);
         let row = inode(9);
         let keep =
             || shared.keep(shared.generation(), [(&9, &row)].into_iter(), std::iter::empty(), std::iter::empty());
@@ -453,7 +512,7 @@ mod tests {
         keep();
         assert!(shared.inode(9).is_none(), "kept without the lock");
         assert!(shared.wants_lock());
-        shared.set_holder(42);
+        shared.set_holder(42, 0);
         assert!(!shared.wants_lock());
         assert!(shared.inode(9).is_none(), "taking the lock drops what was kept before");
         keep();
@@ -465,11 +524,31 @@ mod tests {
         assert!(shared.wants_lock());
         keep();
         assert!(shared.inode(9).is_none());
-        shared.set_holder(43);
+        shared.set_holder(43, 0);
         keep();
         shared.set_listening(false);
         assert!(shared.inode(9).is_none());
         keep();
         assert!(shared.inode(9).is_none());
+    }
+
+    #[test]
+    fn at_a_standby_the_floor_is_unknown_from_each_notification_until_settled() {
+        let shared = SharedRows::new(true);
+        assert_eq!(shared.floor(), None, "nothing heard yet");
+        shared.set_listening(true);
+        shared.set_holder(1, 3);
+        assert_eq!(shared.floor(), None, "commits before the LISTEN are not settled");
+        shared.settle(5);
+        assert_eq!(shared.floor(), Some(5));
+        shared.notified(&format!("{} i1", shared.me()));
+        assert_eq!(shared.floor(), Some(5), "its own commits are waited for by position, not floor");
+        shared.notified("other i1");
+        assert_eq!(shared.floor(), None);
+        shared.settle(4);
+        assert_eq!(shared.floor(), Some(5), "the floor never goes back");
+        shared.set_holder(2, 9);
+        assert_eq!(shared.floor(), Some(9), "commits before the lock was taken");
+        assert_eq!(SharedRows::new(false).floor(), Some(0), "a meta at the primary needs none");
     }
 }
