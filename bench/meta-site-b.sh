@@ -10,13 +10,18 @@
 #   single  a mount at A through A's meta (the single-site baseline)
 #   before  a mount at B through A's meta (every metadata operation crosses the WAN)
 #   after   a mount at B through B's meta, which reads from B's standby
+# and, beside them, JuiceFS (bench/juicefs-build.sh) on the same PostgreSQL primary (a
+# database of its own, `juicefs format --storage file`, the same tree created at A):
+#   jfs-single  a JuiceFS mount at A
+#   jfs-b       a JuiceFS mount at B (JuiceFS has no standby reads: its metadata
+#               client talks to A's primary across the WAN, as Locus's `before` does)
 # Workloads on a tree of DIRS directories of PER_DIR empty files, created once at A at
 # 0 ms before the WAN delay is set:
 #   ls -lR  `ls -lR` of the directories (output counted: it must list every file)
 #   stat    os.stat of every file by its path (python3 loop, no directory listing)
 #   postmark  Debian's postmark 1.53 (PM_FILES files of 500..10000 bytes, PM_TX
 #           transactions, seed 42) in a directory of its own per configuration
-# `before` runs ls -lR and stat on the first BEFORE_DIRS directories only (every file
+# `before` and `jfs-b` run ls -lR and stat on the first BEFORE_DIRS directories only (every file
 # costs it the same WAN round trips: the full 10,000 would take most of an hour) and
 # the table also gives its time scaled to all DIRS directories.
 # Kernel caches: every measurement runs on a fresh `locus mount` (mounted just before,
@@ -28,6 +33,7 @@
 #
 # Usage (as root):  bench/meta-site-b.sh
 # Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 ROUNDS=1 SKIP_BUILD=0
+#   JUICEFS=1 (0: Locus only)
 #   WORK=/tmp/locus-msb PREFIX=lmsb- OUT=bench/results/meta-site-b.md
 set -Eeuo pipefail
 
@@ -40,6 +46,7 @@ BEFORE_DIRS=${BEFORE_DIRS:-10}
 PM_FILES=${PM_FILES:-30}
 PM_TX=${PM_TX:-60}
 ROUNDS=${ROUNDS:-1}
+JUICEFS=${JUICEFS:-1}
 SKIP_BUILD=${SKIP_BUILD:-0}
 WORK=${WORK:-/tmp/locus-msb}
 PREFIX=${PREFIX:-lmsb-}
@@ -59,6 +66,12 @@ source "$ROOT/bench/lib.sh"
 command -v postmark >/dev/null || die "postmark not installed (apt-get install postmark)"
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || die "PostgreSQL not found: apt-get install postgresql"
+
+CONFIGS=(single after before)
+if [[ $JUICEFS == 1 ]]; then
+    juicefs_bin
+    CONFIGS+=(jfs-single jfs-b)
+fi
 
 if [[ $SKIP_BUILD != 1 ]]; then
     say "cargo build --release (locus, locus-wan)"
@@ -82,7 +95,7 @@ cleanup() {
     done
     stop_pid "$UP_PID" 50
     [[ -x $WORK/bin/locus-wan ]] && "$WORK/bin/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
-    rm -rf "$WORK"/pg-* "$WORK"/node-* "$WORK"/mnt-* 2>/dev/null || true
+    rm -rf "$WORK"/pg-* "$WORK"/node-* "$WORK"/mnt-* "$WORK"/jfs-* 2>/dev/null || true
     exit $rc
 }
 trap cleanup EXIT
@@ -167,6 +180,18 @@ mount_at() { # site meta: a fresh mount; sets MNT and MOUNT_PID
     MOUNT_PID=$!
     wait_line "$LOG/mount-$NMOUNT.out" mounted 60 "mount $NMOUNT ($site through $meta)"
 }
+JFS_URL="postgres://locus@$IPA:$PGPORT/jfs?sslmode=disable"
+jfs_mount_at() { # site: a fresh JuiceFS mount (and cache directory); sets MNT and MOUNT_PID
+    local ns
+    ns=$([[ $1 == a ]] && echo "$NSA" || echo "$NSB")
+    NMOUNT=$((NMOUNT + 1))
+    MNT=$WORK/mnt-$NMOUNT
+    mkdir -p "$MNT"
+    nsenter --net="/run/netns/$ns" "$JUICEFS_BIN" mount --no-usage-report --cache-dir "$WORK/jfs-cache-$NMOUNT" \
+        "$JFS_URL" "$MNT" >>"$LOG/juicefs.log" 2>&1 9>&- &
+    MOUNT_PID=$!
+    wait_mounted "$MOUNT_PID" "$MNT" "$LOG/juicefs.log"
+}
 unmount() {
     umount "$MNT" 2>/dev/null || umount -l "$MNT"
     stop_pid "$MOUNT_PID" 50
@@ -174,10 +199,10 @@ unmount() {
 }
 now() { date +%s.%N; }
 
-say "creating $FILES files in $DIRS directories at A"
-mount_at a "$META_A"
-t0=$(now)
-python3 - "$MNT/tree" "$DIRS" "$PER_DIR" <<'EOF'
+make_tree() { # the tree and postmark's directories in the mount at $MNT; prints the seconds taken
+    local t0
+    t0=$(now)
+    python3 - "$MNT/tree" "$DIRS" "$PER_DIR" <<'EOF'
 import os, sys
 top, dirs, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 os.mkdir(top)
@@ -186,10 +211,24 @@ for i in range(dirs):
     for j in range(per):
         os.close(os.open(f"{top}/d{i:03d}/f{j:03d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 EOF
-CREATE_S=$(python3 -c "print(f'{$(now) - $t0:.1f}')")
-mkdir "$MNT/pm-single" "$MNT/pm-before" "$MNT/pm-after"
+    python3 -c "print(f'{$(now) - $t0:.1f}')"
+    for config in "${CONFIGS[@]}"; do mkdir "$MNT/pm-$config"; done
+}
+say "creating $FILES files in $DIRS directories at A"
+mount_at a "$META_A"
+CREATE_S=$(make_tree)
 unmount
 say "created in $CREATE_S s"
+if [[ $JUICEFS == 1 ]]; then
+    say "JuiceFS ($JUICEFS_BUILD): a volume on A's primary (database jfs), the same tree created at A"
+    (cd "$WORK/pg-a" && as_pg_in "$NSA" "$PGBIN/createdb" -h "$IPA" -p "$PGPORT" -U locus jfs)
+    ip netns exec "$NSA" "$JUICEFS_BIN" format --storage file --bucket "$WORK/jfs-data/" "$JFS_URL" msb \
+        >>"$LOG/juicefs.log" 2>&1 || die "juicefs format failed (see $LOG/juicefs.log)"
+    jfs_mount_at a
+    JFS_CREATE_S=$(make_tree)
+    unmount
+    say "created in $JFS_CREATE_S s"
+fi
 
 # B's standby must hold the whole tree before anything reads there.
 LSN=$(psql_at "$NSA" "$IPA" "SELECT pg_current_wal_flush_lsn()")
@@ -208,13 +247,16 @@ for _ in range(5):
 print(f"{best * 1000:.1f}")' "$IPA" "$PGPORT")
 say "WAN at $RTT_MS ms (TCP connect B->A: $PING ms)"
 
-site_of() { case $1 in single) echo a ;; *) echo b ;; esac; }
+site_of() { case $1 in single | jfs-single) echo a ;; *) echo b ;; esac; }
 meta_of() { case $1 in after) echo "$META_B" ;; *) echo "$META_A" ;; esac; }
-dirs_of() { case $1 in before) echo "$BEFORE_DIRS" ;; *) echo "$DIRS" ;; esac; }
+dirs_of() { case $1 in before | jfs-b) echo "$BEFORE_DIRS" ;; *) echo "$DIRS" ;; esac; }
 work() { # config workload -> RESULT = seconds (and checks the result)
     local config=$1 workload=$2 t0 t1 n dirs
     dirs=$(dirs_of "$config")
-    mount_at "$(site_of "$config")" "$(meta_of "$config")"
+    case $config in
+    jfs-*) jfs_mount_at "$(site_of "$config")" ;;
+    *) mount_at "$(site_of "$config")" "$(meta_of "$config")" ;;
+    esac
     case $workload in
     ls)
         local list=()
@@ -252,7 +294,7 @@ declare -A SECS
 LOADS=()
 for r in $(seq 1 "$ROUNDS"); do
     for workload in ls stat postmark; do
-        for config in single after before; do
+        for config in "${CONFIGS[@]}"; do
             [[ $workload == postmark && $r -gt 1 ]] && continue # postmark's directories are not reusable
             work "$config" "$workload"
             SECS[$r,$workload,$config]=$RESULT
@@ -293,10 +335,29 @@ scaled() { python3 -c "print(f'{$1 * $DIRS / $BEFORE_DIRS:.1f}')"; } # before's 
             echo "| $r | $(label $workload) | $a | $b | $c | $full | $(ratio "$b" "$a") | $(ratio "$full" "$a") |"
         done
     done
+    if [[ $JUICEFS == 1 ]]; then
+        echo
+        echo "JuiceFS ($JUICEFS_BUILD) on the same primary, its tree created at A in $JFS_CREATE_S s: jfs-single a"
+        echo "mount at A; jfs-b a mount at B (its metadata client talks to A's primary across the WAN; ls -lR and"
+        echo "stat on the first $BEFORE_DIRS directories, also given scaled to $FILES files)."
+        echo
+        echo "| round | workload | jfs-single s | jfs-b s (measured) | jfs-b s (for $FILES files) | jfs-b / jfs-single | Locus after / jfs-b |"
+        echo "|---|---|---:|---:|---:|---:|---:|"
+        for r in $(seq 1 "$ROUNDS"); do
+            for workload in ls stat postmark; do
+                [[ -n ${SECS[$r,$workload,jfs-single]:-} ]] || continue
+                a=${SECS[$r,$workload,jfs-single]} c=${SECS[$r,$workload,jfs-b]}
+                full=$c
+                [[ $workload == postmark ]] || full=$(scaled "$c")
+                echo "| $r | $(label $workload) | $a | $c | $full | $(ratio "$full" "$a") |" \
+                    "$(ratio "${SECS[$r,$workload,after]}" "$full") |"
+            done
+        done
+    fi
     echo
     echo "postmark's own report per configuration (transactions per second):"
     echo
-    for config in single after before; do
+    for config in "${CONFIGS[@]}"; do
         echo "- $config: $(grep -m1 'seconds of transactions' "$LOG/postmark-$config.out" | sed 's/^[[:space:]]*//')"
     done
 } >"$OUT.tmp"
