@@ -306,7 +306,19 @@ done
 
 label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
-scaled() { python3 -c "print(f'{$1 * $DIRS / $BEFORE_DIRS:.1f}')"; } # before's time for all DIRS directories
+for_all_files() { # round workload config: its seconds, scaled to all DIRS directories if it ran on fewer
+    local secs=${SECS[$1,$2,$3]}
+    if [[ $2 == postmark ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.1f}')"; fi
+}
+each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and workload measured
+    local r workload
+    for r in $(seq 1 "$ROUNDS"); do
+        for workload in ls stat postmark; do
+            [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
+            "$1" "$r" "$workload"
+        done
+    done
+}
 {
     echo "# Metadata at site B over a ${RTT_MS} ms WAN (issue 9, part 4)"
     echo
@@ -326,15 +338,12 @@ scaled() { python3 -c "print(f'{$1 * $DIRS / $BEFORE_DIRS:.1f}')"; } # before's 
     echo
     echo "| round | workload | single s | after s | before s (measured) | before s (for $FILES files) | after / single | before / single |"
     echo "|---|---|---:|---:|---:|---:|---:|---:|"
-    for r in $(seq 1 "$ROUNDS"); do
-        for workload in ls stat postmark; do
-            [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
-            a=${SECS[$r,$workload,single]} b=${SECS[$r,$workload,after]} c=${SECS[$r,$workload,before]}
-            full=$c
-            [[ $workload == postmark ]] || full=$(scaled "$c")
-            echo "| $r | $(label $workload) | $a | $b | $c | $full | $(ratio "$b" "$a") | $(ratio "$full" "$a") |"
-        done
-    done
+    locus_row() { # round workload
+        local a=${SECS[$1,$2,single]} b=${SECS[$1,$2,after]} c=${SECS[$1,$2,before]} full
+        full=$(for_all_files "$1" "$2" before)
+        echo "| $1 | $(label "$2") | $a | $b | $c | $full | $(ratio "$b" "$a") | $(ratio "$full" "$a") |"
+    }
+    each_row locus_row
     if [[ $JUICEFS == 1 ]]; then
         echo
         echo "JuiceFS ($JUICEFS_BUILD) on the same primary, its tree created at A in $JFS_CREATE_S s: jfs-single a"
@@ -343,16 +352,12 @@ scaled() { python3 -c "print(f'{$1 * $DIRS / $BEFORE_DIRS:.1f}')"; } # before's 
         echo
         echo "| round | workload | jfs-single s | jfs-b s (measured) | jfs-b s (for $FILES files) | jfs-b / jfs-single | Locus after / jfs-b |"
         echo "|---|---|---:|---:|---:|---:|---:|"
-        for r in $(seq 1 "$ROUNDS"); do
-            for workload in ls stat postmark; do
-                [[ -n ${SECS[$r,$workload,jfs-single]:-} ]] || continue
-                a=${SECS[$r,$workload,jfs-single]} c=${SECS[$r,$workload,jfs-b]}
-                full=$c
-                [[ $workload == postmark ]] || full=$(scaled "$c")
-                echo "| $r | $(label $workload) | $a | $c | $full | $(ratio "$full" "$a") |" \
-                    "$(ratio "${SECS[$r,$workload,after]}" "$full") |"
-            done
-        done
+        jfs_row() { # round workload
+            local a=${SECS[$1,$2,jfs-single]} c=${SECS[$1,$2,jfs-b]} full
+            full=$(for_all_files "$1" "$2" jfs-b)
+            echo "| $1 | $(label "$2") | $a | $c | $full | $(ratio "$full" "$a") | $(ratio "${SECS[$1,$2,after]}" "$full") |"
+        }
+        each_row jfs_row
     fi
     echo
     echo "postmark's own report per configuration (transactions per second):"
