@@ -1023,13 +1023,6 @@ impl WriteConn for PgConn {
             self.alone = true;
             self.boundary(end)?;
             self.ensure_begun(begin_write!())?;
-        } else if self.committed.is_some() && !self.begun {
-            // The commit before could not carry this BEGIN (`commit_reporting_lsn`): it
-            // rides with the transaction's first statements instead of costing a round
-            // trip of its own, across the WAN from a standby's site.
-            self.reconnect_if_closed()?;
-            self.begin_pending = Some(begin_write!());
-            self.begun = true;
         } else {
             self.ensure_begun(begin_write!())?;
         }
@@ -1109,8 +1102,10 @@ impl PgConn {
     /// Commits like `WriteConn::commit` and publishes the commit's WAL position (an
     /// upper bound: the flushed position right after it, as far as a standby can get) to
     /// `committed`.
-    /// (The next BEGIN cannot ride along: after the SELECT, it would find a query
-    /// already run in its implicit transaction.)
+    /// The next BEGIN cannot ride along (after the SELECT, it would find a query already
+    /// run in its implicit transaction), so it goes with the next transaction's first
+    /// statements (`begin_pending`) instead of costing a round trip of its own, across
+    /// the WAN from a standby's site.
     fn commit_reporting_lsn(&mut self, committed: &AtomicU64) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
@@ -1130,6 +1125,8 @@ impl PgConn {
             lsn.ok_or_else(|| MetaError::Internal("no WAL position after a commit".into()))?,
             Ordering::AcqRel,
         );
+        self.begin_pending = Some(begin_write!());
+        self.begun = true;
         Ok(())
     }
 }
