@@ -1533,7 +1533,11 @@ impl PgConn {
         let until = self.wait_limit();
         let Wire { client, driver } = self.wire()?;
         match driver.block_on_until(client.prepare(sql), until.as_deref())? {
-            Some(prepared) => Ok(prepared?),
+            Some(prepared) => {
+                // As after a failed request (`failed_unread`).
+                self.failed_unread |= prepared.is_err();
+                Ok(prepared?)
+            }
             None => Err(self.abandon()),
         }
     }
@@ -2803,6 +2807,78 @@ mod tests {
         assert_eq!(reconnected, 0, "a meta connected again during the race");
     }
 
+    /// A proxy on 127.0.0.1 to `upstream` for one connection, which passes the server's
+    /// messages on whole but holds back what follows an ErrorResponse for `pause`, as a
+    /// WAN may deliver the ReadyForQuery after an error in a later read; its port.
+    fn proxy_pausing_after_errors(upstream: (String, u16), pause: Duration) -> u16 {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (client, _) = listener.accept().unwrap();
+            let server = std::net::TcpStream::connect(upstream).unwrap();
+            let (mut to_server, mut from_client) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from_client, &mut to_server);
+                let _ = to_server.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut from_server, mut to_client) = (server, client);
+            let mut held = Vec::new();
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = from_server.read(&mut buf) {
+                held.extend_from_slice(&buf[..n]);
+                // Every whole message (a type byte, then a length that counts itself).
+                while held.len() >= 5 {
+                    let len = 1 + u32::from_be_bytes(held[1..5].try_into().unwrap()) as usize;
+                    if held.len() < len {
+                        break;
+                    }
+                    let message: Vec<u8> = held.drain(..len).collect();
+                    if to_client.write_all(&message).is_err() {
+                        return;
+                    }
+                    if message[0] == b'E' {
+                        std::thread::sleep(pause);
+                    }
+                }
+            }
+        });
+        port
+    }
+
+    /// After a request (or a prepare) sent through tokio-postgres fails, the server's ReadyForQuery
+    /// may arrive in a later read than its error: the next pipeline must not be sent
+    /// by hand, whose reader would take that ReadyForQuery for its own answer, fail
+    /// ("fewer answers than statements") and drop the connection (and with it a
+    /// meta's kept rows), as a meta at a standby's site did behind a 50 ms WAN.
+    #[test]
+    fn the_pipeline_after_a_failed_request_skips_its_late_ready_for_query() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let (config, _) = parse(&url).unwrap();
+        let upstream = match (&config.get_hosts()[0], config.get_ports()[0]) {
+            (tokio_postgres::config::Host::Tcp(host), port) => (host.clone(), port),
+            other => panic!("the test server listens on TCP: {other:?}"),
+        };
+        let port = proxy_pausing_after_errors(upstream.clone(), Duration::from_millis(300));
+        let proxied = url.replace(&format!(":{}/", upstream.1), &format!(":{port}/"));
+        let (config, shown) = parse(&proxied).unwrap();
+        let mut conn = connect(&config, &shown, Some(Duration::from_secs(10))).unwrap();
+        // BEGIN and COMMIT are boundaries, which go by hand when they can.
+        let begin_and_commit = |conn: &mut PgConn, after: &str| {
+            conn.boundary(&["BEGIN"]).unwrap_or_else(|e| panic!("the first pipeline after {after}: {e:?}"));
+            conn.boundary(&["COMMIT"]).unwrap_or_else(|e| panic!("a pipeline by hand after {after}: {e:?}"));
+        };
+        let err = conn.query("SELECT 1 / $1::INTEGER", &[&0i32]).expect_err("a division by zero");
+        assert!(err.to_string().contains("division by zero"), "{err}");
+        begin_and_commit(&mut conn, "a failed statement");
+        let err = conn.query("SELECT no_such_column", &[]).expect_err("an unknown column");
+        assert!(err.to_string().contains("no_such_column"), "{err}");
+        begin_and_commit(&mut conn, "a failed prepare");
+        let row = conn.one("SELECT 40 + $1::INTEGER", &[&2i32]).expect("a query after them");
+        assert_eq!(row.get::<_, i32>(0), 42);
+    }
+
     /// One thread per meta of `metas` creates `f0`..`f{names}` in the root, all at
     /// once: each name is created exactly once, every other try answers EEXIST.
     fn race_to_create(metas: &[&Arc<MetaService>], names: usize) {
@@ -3397,16 +3473,7 @@ mod tests {
             create(&old, &format!("f{i}")).unwrap();
         }
         // Let the standby catch up (no synchronous standby configured in this test).
-        let lsn: String = raw(&url).query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !raw(&standby_url)
-            .query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn])
-            .unwrap()
-            .get::<_, bool>(0)
-        {
-            assert!(Instant::now() < deadline, "the standby did not replay");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        replayed(&url, &standby_url);
         drop(primary);
         let done = promote(&standby_url).unwrap();
         assert!(done.was_standby);
