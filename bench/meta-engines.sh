@@ -22,7 +22,10 @@
 # Usage (as root):  bench/meta-engines.sh
 # Environment: BIN=target/release/locus  ROUNDS=3  FILES=5000  PM_FILES=1000  PM_TX=10000
 #              OUT=bench/results/meta-engines.md  JUICEFS=1 (0: Locus only)
-#              ENGINES="sqlite postgres" (Locus's engines to run; the ratio rows need both)
+#              ENGINES="sqlite postgres" (Locus's engines to run; the ratio rows need both; add
+#              `passthrough` for bench/passthrough, a FUSE file system that passes every call
+#              to a directory of the same disk: the most any FUSE file system reaches here)
+#              PT_BIN=target/release/passthrough (cargo build --release -p passthrough)
 set -Eeuo pipefail
 export LOCUS_INSECURE_NO_TLS=true
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,6 +36,7 @@ PM_FILES=${PM_FILES:-1000}
 PM_TX=${PM_TX:-10000}
 OUT=${OUT:-$ROOT/bench/results/meta-engines.md}
 JUICEFS=${JUICEFS:-1}
+PT_BIN=${PT_BIN:-$ROOT/target/release/passthrough}
 [[ -x $BIN ]] || { echo "no locus binary at $BIN (cargo build --release -p locus)" >&2; exit 1; }
 command -v postmark >/dev/null || { echo "postmark not found: apt-get install postmark" >&2; exit 1; }
 
@@ -41,6 +45,11 @@ source "$ROOT/bench/lib.sh"
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || { echo "PostgreSQL not found: apt-get install postgresql" >&2; exit 1; }
 read -r -a ENGINES <<<"${ENGINES:-sqlite postgres}"
+runs() { [[ " ${ENGINES[*]} " == *" $1 "* ]]; }
+if runs passthrough && [[ ! -x $PT_BIN ]]; then
+    echo "no passthrough binary at $PT_BIN (cargo build --release -p passthrough)" >&2
+    exit 1
+fi
 if [[ $JUICEFS == 1 ]]; then
     juicefs_bin
     ENGINES+=(juicefs-sqlite juicefs-postgres)
@@ -78,7 +87,11 @@ run() { # engine round; writes "create stat unlink postmark" to $WORK/last
     esac
     local meta mnt=$WORK/mnt-$engine-$r
     mkdir -p "$mnt" "$WORK/node-$engine-$r"
-    if [[ $engine == juicefs-* ]]; then
+    if [[ $engine == passthrough ]]; then
+        "$PT_BIN" "$WORK/node-$engine-$r" "$mnt" >>"$WORK/$engine-$r.log" 2>&1 &
+        PIDS+=("$!")
+        wait_mounted "$!" "$mnt" "$WORK/$engine-$r.log"
+    elif [[ $engine == juicefs-* ]]; then
         juicefs_format "$db" "$WORK/node-$engine-$r" "$WORK/$engine-$r.log"
         juicefs_mount "$db" "$mnt" "$WORK/cache-$engine-$r" "$WORK/$engine-$r.log"
         PIDS+=("$JUICEFS_PID")
@@ -111,6 +124,8 @@ say "$ROUNDS rounds; one meta, one node and one FUSE mount as separate processes
 say "$PGVERSION on the same machine (fsync on). Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
 [[ $JUICEFS != 1 ]] || say "JuiceFS: $JUICEFS_BUILD; engines juicefs-*: \`juicefs format --storage file\`, \`juicefs mount\`" \
     "with default options (--cache-dir in the scratch directory, --no-usage-report)."
+runs passthrough && say "Engine passthrough: bench/passthrough (fuser, 2 threads with clone_fd, entry/attr TTL 1 s) over a directory" \
+    "of the same disk: no Locus, the cost of the FUSE round trips alone."
 say
 say "| round | engine | load avg | creates/s | stats/s | unlinks/s | postmark tx/s |"
 say "|---:|---|---:|---:|---:|---:|---:|"
@@ -137,13 +152,14 @@ ratios() { # label a-engine b-engine format scale: a row of scale * a / b per co
     for k in 2 3 4 5; do row+=" $(awk -v a="${med[$2$k]}" -v b="${med[$3$k]}" -v f="$4" -v s="$5" 'BEGIN {printf f, s * a / b}') |"; done
     say "$row"
 }
-runs() { [[ " ${ENGINES[*]} " == *" $1 "* ]]; }
 if runs sqlite && runs postgres; then ratios "postgres / sqlite" postgres sqlite "%.0f %%" 100; fi
 if [[ $JUICEFS == 1 ]]; then
     ratios "juicefs: postgres / sqlite" juicefs-postgres juicefs-sqlite "%.0f %%" 100
-    ratios "sqlite: Locus / JuiceFS" sqlite juicefs-sqlite "%.2fx" 1
-    ratios "postgres: Locus / JuiceFS" postgres juicefs-postgres "%.2fx" 1
+    if runs sqlite; then ratios "sqlite: Locus / JuiceFS" sqlite juicefs-sqlite "%.2fx" 1; fi
+    if runs postgres; then ratios "postgres: Locus / JuiceFS" postgres juicefs-postgres "%.2fx" 1; fi
+    if runs passthrough; then ratios "passthrough FUSE / JuiceFS on SQLite" passthrough juicefs-sqlite "%.2fx" 1; fi
 fi
+if runs passthrough && runs sqlite; then ratios "sqlite: Locus / passthrough FUSE" sqlite passthrough "%.0f %%" 100; fi
 say
 say "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 exec 3>&-

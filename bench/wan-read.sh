@@ -18,6 +18,9 @@
 #
 # Usage (as root):  bench/wan-read.sh
 #   SIZE_MB=1024  RTTS="10 50 100 200" (queue 1 x BDP)  QUEUE_RTT=100 QUEUES="0.5 2" (extra points)
+#   ROUNDS=1 (more: every point again, round after round, and a table of the medians; a start-up
+#          that costs a few round trips moves a 1 GiB read by a few %, as much as the path's own
+#          run-to-run spread, so one round does not settle a ratio near a goal)
 #   LOSS=0.5  RATE=1000 (Mbit/s)  READ_TIMEOUT=30 (s; a capped read reports its rate so far)
 #   IPERF_SECS=8 IPERF_OMIT=2  PROFILE_RTT=100  READERS=8 (0: no many-readers point)  SKIP_BUILD=0
 #   LOCUS_NODE_ARGS= LOCUS_MOUNT_ARGS=  OUT=bench/results/wan-read.md  WORK=/tmp/wan-read
@@ -30,7 +33,7 @@
 #          empty: the system's own, 1 on Linux; with 0 a connection that idled keeps its window)
 #   TIMELINE=0 (1: bench/wan_timeline.py samples the bottleneck, A's connections to B and the CPU
 #          of the processes on the path during every iperf3 run, TCP copy, cold and warm read,
-#          into TIMELINE_OUT, one table per transfer)
+#          into TIMELINE_OUT, one table per transfer; a row per TIMELINE_EVERY=1 s)
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,6 +41,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/bench/lib.sh"
 SIZE_MB=${SIZE_MB:-1024}
 RTTS=${RTTS:-"10 50 100 200"}
+ROUNDS=${ROUNDS:-1}
 QUEUE_RTT=${QUEUE_RTT:-100}
 QUEUES=${QUEUES:-"0.5 2"}
 LOSS=${LOSS:-0.5}
@@ -48,6 +52,7 @@ IPERF_OMIT=${IPERF_OMIT:-2}
 PROFILE_RTT=${PROFILE_RTT:-100}
 PERF=${PERF:-0}
 TIMELINE=${TIMELINE:-0}
+TIMELINE_EVERY=${TIMELINE_EVERY:-1}
 SLOW_START_AFTER_IDLE=${SLOW_START_AFTER_IDLE:-}
 RA_KB=${RA_KB:-1024}
 READERS=${READERS:-8}
@@ -68,6 +73,7 @@ BIN=$WORK/bin LOG=$WORK/logs
 NODEA_DIR=$WORK/node-a NODEB_DIR=$WORK/node-b MNTA=$WORK/mnt-a MNTB=$WORK/mnt-b
 TLS_DIR=$WORK/tls
 ROWS=$WORK/rows.md
+POINTS=$WORK/points.tsv
 
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE, drop_caches)"
 command -v iperf3 >/dev/null || die "needs iperf3 (apt-get install iperf3)"
@@ -160,7 +166,7 @@ timeline_start() { # label
     [[ $TIMELINE == 1 ]] || return 0
     local wan_pid
     wan_pid=$(pgrep -P "$UP_PID" -f "locus-wan run" | head -1)
-    python3 "$ROOT/bench/wan_timeline.py" --control "$CTL" --sender-ns "$NSA" --dst "$IPB" --label "$1" \
+    python3 "$ROOT/bench/wan_timeline.py" --control "$CTL" --sender-ns "$NSA" --dst "$IPB" --label "$1" --every "$TIMELINE_EVERY" \
         --pids "node-a:$NODEA_PID,node-b:$NODEB_PID,mount-b:$MOUNTB_PID,emulator:${wan_pid:-0}" \
         >>"$TIMELINE_OUT" 2>>"$LOG/timeline.err" &
     TIMELINE_PID=$!
@@ -193,8 +199,8 @@ snap_profile() { # file
 }
 
 {
-    echo "| RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | TCP copy, 8 fresh flows MB/s | Locus MB/s | Locus / iperf3 | Locus / TCP copy | Locus tail drops % | WAN bytes / bytes read | read | Locus, warm node MB/s | warm / iperf3 | warm tail drops % | warm read |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
+    echo "| round | RTT ms | queue (x BDP) | iperf3 -P 8 bbr MB/s | iperf3 tail drops % | TCP copy, 8 fresh flows MB/s | Locus MB/s | Locus / iperf3 | Locus / TCP copy | Locus tail drops % | WAN bytes / bytes read | read | Locus, warm node MB/s | warm / iperf3 | warm tail drops % | warm read |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
 } >"$ROWS"
 if [[ $TIMELINE == 1 ]]; then
     printf '# WAN transfers over time (bench/wan-read.sh TIMELINE=1, bench/wan_timeline.py)\n\n%s, tree %s, link %s Mbit/s, loss %s %%, file %s MiB.\n\n' \
@@ -222,7 +228,9 @@ point() { # rtt queue_factor
     read -r r0 d0 < <(counters)
     read -r w0 _ < <(wan_bytes)
     local perf_pid=""
-    if [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]]; then
+    local profiled=0
+    [[ $rtt == "$PROFILE_RTT" && $qf == 1 && $ROUND == 1 ]] && profiled=1
+    if ((profiled)); then
         snap_profile "$PROF_BEFORE"
         if [[ $PERF == 1 ]]; then
             echo "node-a:$NODEA_PID node-b:$NODEB_PID mount-b:$MOUNTB_PID" >"$WORK/perf.pids"
@@ -237,7 +245,7 @@ point() { # rtt queue_factor
     read -r b s c < <(timed_dd "$MNTB/big" "$READ_TIMEOUT")
     timeline_stop
     if [[ -n $perf_pid ]]; then kill -INT "$perf_pid" && wait "$perf_pid" || true; fi
-    [[ $rtt == "$PROFILE_RTT" && $qf == 1 ]] && { snap_profile "$WORK/prof-after"; PROF_SECS=$s; }
+    ((profiled)) && { snap_profile "$WORK/prof-after"; PROF_SECS=$s; }
     read -r w1 _ < <(wan_bytes)
     read -r r1 d1 < <(counters)
     lr=$(mbs "$b" "$s")
@@ -258,7 +266,8 @@ point() { # rtt queue_factor
     wnote="complete"
     ((c == 1)) || wnote="capped at ${READ_TIMEOUT} s: $((b >> 20)) MiB"
     say "  iperf3 $ip_mbs MB/s (drops $ip_drop %), TCP copy $copy_mbs MB/s, Locus $lr MB/s (drops $ld %), $note; warm node $wr MB/s (drops $wd %), $wnote"
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$copy_mbs" "$lr" \
+    echo "$rtt $qf $ip_mbs $copy_mbs $lr $wr" >>"$POINTS"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$ROUND" "$rtt" "$qf" "$ip_mbs" "$ip_drop" "$copy_mbs" "$lr" \
         "$(python3 -c "print(f'{$lr / max($ip_mbs, 1e-9):.2f}')")" \
         "$(python3 -c "print(f'{$lr / max($copy_mbs, 1e-9):.2f}')")" "$ld" "$wan_per_byte" "$note" "$wr" \
         "$(python3 -c "print(f'{$wr / max($ip_mbs, 1e-9):.2f}')")" "$wd" "$wnote" >>"$ROWS"
@@ -320,8 +329,10 @@ many_readers() {
 }
 
 PROF_SECS=0
-for rtt in $RTTS; do point "$rtt" 1; done
-for qf in $QUEUES; do point "$QUEUE_RTT" "$qf"; done
+for ROUND in $(seq 1 "$ROUNDS"); do
+    for rtt in $RTTS; do point "$rtt" 1; done
+    for qf in $QUEUES; do point "$QUEUE_RTT" "$qf"; done
+done
 ((READERS > 0)) && many_readers
 
 REV=$(cd "$ROOT" && git rev-parse --short HEAD)
@@ -341,6 +352,27 @@ DIRTY=$(cd "$ROOT" && git status --porcelain -- crates | wc -l)
     echo "Node args: \`${LOCUS_NODE_ARGS:-(default)}\`, mount args: \`${LOCUS_MOUNT_ARGS:-(default)}\`, net.ipv4.tcp_slow_start_after_idle = $SSAI_SHOWN at both sites."
     echo
     cat "$ROWS"
+    if ((ROUNDS > 1)); then
+        echo
+        echo "Medians over the $ROUNDS rounds (a ratio's median is of the per-round ratios, each measured side by side):"
+        echo
+        python3 - "$POINTS" <<'EOF'
+import statistics, sys
+points = {}
+for line in open(sys.argv[1]):
+    rtt, qf, ip, copy, cold, warm = line.split()
+    points.setdefault((rtt, qf), []).append([float(v) for v in (ip, copy, cold, warm)])
+print("| RTT ms | queue (x BDP) | rounds | iperf3 MB/s | TCP copy MB/s | Locus cold MB/s | Locus warm MB/s "
+      "| cold / iperf3 | cold / TCP copy | warm / iperf3 | warm / iperf3 min-max |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+for (rtt, qf), rows in points.items():
+    med = lambda f: statistics.median(f(r) for r in rows)
+    warm = sorted(r[3] / max(r[0], 1e-9) for r in rows)
+    print(f"| {rtt} | {qf} | {len(rows)} | {med(lambda r: r[0]):.1f} | {med(lambda r: r[1]):.1f} | {med(lambda r: r[2]):.1f} "
+          f"| {med(lambda r: r[3]):.1f} | {med(lambda r: r[2] / max(r[0], 1e-9)):.2f} | {med(lambda r: r[2] / max(r[1], 1e-9)):.2f} "
+          f"| {statistics.median(warm):.2f} | {warm[0]:.2f}-{warm[-1]:.2f} |")
+EOF
+    fi
     if [[ -s $READER_ROWS ]]; then
         echo
         echo "$READERS clients at B (a mount process each) read the file at once, cold, at $QUEUE_RTT ms, 1 x BDP queue;"

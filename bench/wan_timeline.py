@@ -12,7 +12,9 @@ connections to --dst. When stopped it prints one table: per window, the
 MB/s the bottleneck released A->B, its tail drops and random losses, and how many of the
 sender's connections to --dst moved data in that window, with their min/median/max MB/s
 (from `bytes_acked`), congestion windows (packets), smoothed RTTs and BBR's bandwidth
-estimate summed over the connections, and what held them back, as shares of their time: no
+estimate summed over the connections, how many of the connections that carried bulk data
+(over 1 MB acked so far) sat in BBR's PROBE_RTT (a window of 4 packets for at least 200 ms) at
+the window's end, and what held them back, as shares of their time: no
 data to send (the application; `busy` is the time a connection had data in flight), the
 receiver's window (`rwnd_limited`: the receiving end reads too slowly) or the sender's socket
 buffer (`sndbuf_limited`); with --pids, the CPU each named process used (% of one
@@ -82,6 +84,10 @@ def connections(ns: str, dst: str) -> dict[str, dict[str, float]]:
         m = re.search(r"bbr:\(bw:([0-9.]+)([KMG]?)bps", line)
         if m:
             c["bbr_bw"] = float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)] / 8
+        # BBR's state, told by its gains: both 1 only in PROBE_RTT (cwnd held at 4 packets).
+        m = re.search(r"pacing_gain:([0-9.]+),cwnd_gain:([0-9.]+)", line)
+        if m:
+            c["probe_rtt"] = float(float(m.group(1)) == 1.0 and float(m.group(2)) == 1.0)
         conns[key] = c
     return conns
 
@@ -154,8 +160,9 @@ def report(args: argparse.Namespace, snaps: list, names: list) -> None:
     print(f"## {args.label} (A->B at the bottleneck; sender's connections to {args.dst} from `ss -tin`)\n")
     cpu_heads = "".join(f" {n} CPU % (busiest thread) |" for n in names)
     print("| from s | to s | MB/s | tail drops | random losses | conns moving | per conn MB/s min / median / max "
-          f"| cwnd pkts min / median / max | srtt ms median | BBR bw sum MB/s | retransmits | idle / rwnd / sndbuf-limited % |{cpu_heads} idle % | steal % |")
-    print("|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|" + "---:|" * (len(names) + 2))
+          f"| cwnd pkts min / median / max | srtt ms median | BBR bw sum MB/s | bulk conns in PROBE_RTT | retransmits "
+          f"| idle / rwnd / sndbuf-limited % |{cpu_heads} idle % | steal % |")
+    print("|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|" + "---:|" * (len(names) + 2))
     # Windows of --every seconds, each from one connection snapshot to the next.
     for (ta, sa, ca, pa, ma), (tb, sb, cb, pb, mb) in zip(snaps, snaps[1:]):
         dt = max(tb - ta, 1e-9)
@@ -186,9 +193,10 @@ def report(args: argparse.Namespace, snaps: list, names: list) -> None:
             (total_a, threads_a), (total_b, threads_b) = pa[n], pb[n]
             busiest = max((v - threads_a.get(k, 0) for k, v in threads_b.items()), default=0)
             cpus += f" {100 * (total_b - total_a) / TICK / dt:.0f} ({100 * busiest / TICK / dt:.0f}) |"
+        probing = sum(1 for c in cb.values() if c.get("acked", 0) > 1e6 and c.get("probe_rtt"))
         all_ticks = max(mb[0] - ma[0], 1)
         print(f"| {ta:.1f} | {tb:.1f} | {mbs:.1f} | {drops} | {lost} | {len(rates)} | {three(rates, 1)} | {three(cwnds, 0)} "
-              f"| {statistics.median(rtts) if rtts else 0:.0f} | {bws / 1e6:.1f} | {retrans} "
+              f"| {statistics.median(rtts) if rtts else 0:.0f} | {bws / 1e6:.1f} | {probing} | {retrans} "
               f"| {' / '.join(f'{100 * v / max(len(rates), 1):.0f}' for v in held.values())} |{cpus}"
               f" {100 * (mb[1] - ma[1]) / all_ticks:.0f} | {100 * (mb[2] - ma[2]) / all_ticks:.0f} |")
     print()

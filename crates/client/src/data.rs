@@ -286,6 +286,7 @@ impl DataPath {
             self.cache.insert(id, data.clone());
             return Ok(data);
         }
+        let started = std::time::Instant::now();
         let mut candidates = self.placement(&id);
         let mut last = VfsError::new(ErrorCode::Io, format!("chunk {id} is on no reachable node"));
         let mut asked_meta = false;
@@ -324,6 +325,8 @@ impl DataPath {
                         continue;
                     }
                     self.cache.insert(id, data.clone());
+                    // How a read's start went (`LOCUS_LOG=client::data=trace`).
+                    tracing::trace!(chunk = %id, %node, ms = started.elapsed().as_millis() as u64, "fetched");
                     return Ok(data);
                 }
                 Ok((other, _)) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),

@@ -417,6 +417,7 @@ impl SiteLink {
     async fn fetch_striped(&self, client: &Arc<RpcClient>, id: ChunkId, size: Option<u64>) -> Result<Bytes, WireError> {
         let fetching = self.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let _counted = InFlight(&self.in_flight);
+        let started = Instant::now();
         let offsets: Vec<(u64, u64)> = match size {
             Some(size) if size > 0 => {
                 let stripes = (client.connections() / fetching).max(1) as u64;
@@ -444,6 +445,8 @@ impl SiteLink {
                 other => return Err(WireError::new(ErrorCode::Internal, format!("Get answered {other:?}"))),
             }
         }
+        // When each fetch of a read's start ended (`LOCUS_LOG=node::site=trace`).
+        tracing::trace!(chunk = %id, fetching, stripes = received.len(), ms = started.elapsed().as_millis() as u64, "fetched");
         // A chunk that came whole is handed on as received, without a copy.
         if let [whole] = &received[..] {
             return Ok(whole.clone());
