@@ -4,8 +4,7 @@
 //! one site registering at another, a node certificate claiming another node's id,
 //! and an eavesdropper on the wire (SECURITY.md lists them).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -169,29 +168,15 @@ fn a_revoked_client_is_dropped_by_meta_and_nodes() {
 
 /// Forwards one port to another and keeps every byte that passed either way.
 fn recording_proxy(to: String) -> (String, Arc<Mutex<Vec<u8>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let kept = seen.clone();
-    std::thread::spawn(move || {
-        for inbound in listener.incoming().map_while(Result::ok) {
-            let Ok(outbound) = TcpStream::connect(&to) else { continue };
-            for (mut from, mut into) in
-                [(inbound.try_clone().unwrap(), outbound.try_clone().unwrap()), (outbound, inbound)]
-            {
-                let kept = kept.clone();
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 << 10];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || into.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        kept.lock().unwrap().extend_from_slice(&buf[..n]);
-                    }
-                    let _ = into.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
+    let addr = testkit::relay::relay(to, move |_| {
+        let kept = kept.clone();
+        Box::new(move |bytes, out| {
+            out.write_all(bytes)?;
+            kept.lock().unwrap().extend_from_slice(bytes);
+            Ok(())
+        })
     });
     (addr, seen)
 }

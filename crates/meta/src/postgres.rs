@@ -2807,26 +2807,19 @@ mod tests {
         assert_eq!(reconnected, 0, "a meta connected again during the race");
     }
 
-    /// A proxy on 127.0.0.1 to `upstream` for one connection, which passes the server's
+    /// A proxy on 127.0.0.1 to `upstream` (`testkit::relay`), which passes the server's
     /// messages on whole but holds back what follows an ErrorResponse for `pause`, as a
     /// WAN may deliver the ReadyForQuery after an error in a later read; its port.
     fn proxy_pausing_after_errors(upstream: (String, u16), pause: Duration) -> u16 {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            let (client, _) = listener.accept().unwrap();
-            let server = std::net::TcpStream::connect(upstream).unwrap();
-            let (mut to_server, mut from_client) = (server.try_clone().unwrap(), client.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut from_client, &mut to_server);
-                let _ = to_server.shutdown(std::net::Shutdown::Write);
-            });
-            let (mut from_server, mut to_client) = (server, client);
+        use std::io::Write;
+        use testkit::relay::{Direction, forward, relay};
+        let addr = relay(format!("{}:{}", upstream.0, upstream.1), move |direction| {
+            if direction == Direction::Up {
+                return forward();
+            }
             let mut held = Vec::new();
-            let mut buf = [0u8; 8192];
-            while let Ok(n @ 1..) = from_server.read(&mut buf) {
-                held.extend_from_slice(&buf[..n]);
+            Box::new(move |bytes, out| {
+                held.extend_from_slice(bytes);
                 // Every whole message (a type byte, then a length that counts itself).
                 while held.len() >= 5 {
                     let len = 1 + u32::from_be_bytes(held[1..5].try_into().unwrap()) as usize;
@@ -2834,16 +2827,15 @@ mod tests {
                         break;
                     }
                     let message: Vec<u8> = held.drain(..len).collect();
-                    if to_client.write_all(&message).is_err() {
-                        return;
-                    }
+                    out.write_all(&message)?;
                     if message[0] == b'E' {
                         std::thread::sleep(pause);
                     }
                 }
-            }
+                Ok(())
+            })
         });
-        port
+        addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the relay's port")
     }
 
     /// After a request (or a prepare) sent through tokio-postgres fails, the server's ReadyForQuery

@@ -714,6 +714,7 @@ pub fn can_mount() -> bool {
 
 pub mod netns;
 pub mod postgres;
+pub mod relay;
 pub mod scratch;
 pub mod wan;
 
