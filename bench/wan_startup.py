@@ -9,7 +9,8 @@ exported (every process inherits it; only B's mount and B's node write these lin
 
 It takes the last kernel LOOKUP of NAME in the mount's log (by default the warm read's file) as
 time zero and prints when the read's first steps happened, then per quarter second how many
-bytes of chunks B's node received from the other site and how many fetches it had in flight.
+bytes of chunks B's node received from the other site, the most fetches it had in flight as
+those fetches began, and their median duration.
 """
 
 import argparse
