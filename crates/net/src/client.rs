@@ -274,6 +274,29 @@ mod tests {
         assert_eq!(client.connections(), 1, "never fewer than one");
     }
 
+    /// A send that fails on the peer's reset says why the peer ended the connection,
+    /// even when its last bytes (here a TLS record sent to this plain end) were still
+    /// unread: on this runtime's one thread the reader cannot run before the send.
+    #[tokio::test]
+    async fn a_failed_send_says_why_the_peer_ended_the_connection() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let client = RpcClient::connect_as(&addr, 1, Duration::from_secs(30), None).await.unwrap();
+        let conn = client.conn(0).await.unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        // Bytes the peer never reads make its close a reset.
+        conn.send(b"never read", b"").await.unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut record = [0u8; proto::frame::HEADER_LEN];
+        record[..3].copy_from_slice(&[0x16, 0x03, 0x01]);
+        peer.write_all(&record).unwrap();
+        drop(peer);
+        std::thread::sleep(Duration::from_millis(100));
+        let err = conn.send(b"too late", b"").await.unwrap_err().to_string();
+        assert!(err.contains("cannot send") && err.contains("refusing a TLS client"), "{err}");
+    }
+
     #[tokio::test]
     async fn small_requests_avoid_a_connection_busy_sending_bulk() {
         // A peer that accepts and never reads: a large send stays stuck in its socket.

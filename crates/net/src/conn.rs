@@ -73,6 +73,10 @@ pub(crate) struct Shared {
     pub(crate) peaked: AtomicBool,
 }
 
+/// How long a failed send waits for the reader to learn why the peer ended the
+/// connection (its reset has arrived: the reader's next read answers at once).
+const READER_VERDICT: Duration = Duration::from_millis(500);
+
 /// Buffered bytes above which memory is given back to the system once they drain.
 pub(crate) const PEAK: usize = 128 << 20;
 
@@ -164,6 +168,8 @@ pub(crate) struct Conn {
     reader: OnceLock<tokio::task::AbortHandle>,
     /// Why the reader stopped (a TLS alert names a refused certificate), for errors.
     ended: OnceLock<String>,
+    /// Signalled once `ended` is set: a failed send waits briefly for it (`READER_VERDICT`).
+    reader_ended: tokio::sync::Notify,
 }
 
 impl Conn {
@@ -188,6 +194,7 @@ impl Conn {
             hung: AtomicBool::new(false),
             reader: OnceLock::new(),
             ended: OnceLock::new(),
+            reader_ended: tokio::sync::Notify::new(),
         });
         if let Some(p) = &conn.proven {
             crate::tls::track(&conn, p);
@@ -279,7 +286,17 @@ impl Conn {
                 self.hung.store(true, Ordering::Release);
                 NetError::Timeout { addr: self.addr.clone(), what: "send", after: self.send_timeout }
             }
-            Some(e) => self.lost(&format!("cannot send: {e}")),
+            Some(e) => {
+                // The peer's last words (a TLS alert refusing this end's certificate) may
+                // still sit unread in the socket: let the reader read them before closing,
+                // so the error says why rather than only that the write failed. (A closed
+                // connection's reader was stopped: nothing to wait for.)
+                let verdict = self.reader_ended.notified();
+                if self.ended.get().is_none() && self.is_alive() {
+                    let _ = tokio::time::timeout(READER_VERDICT, verdict).await;
+                }
+                self.lost(&format!("cannot send: {e}"))
+            }
         };
         guard.take();
         drop(guard);
@@ -330,7 +347,8 @@ impl Conn {
             _ if self.proven.is_none() && crate::tls::insecure() => {
                 format!("{reason} (this process runs with --insecure-no-tls: does the peer require TLS?)")
             }
-            _ => reason.to_string(),
+            Some(why) => format!("{reason} ({why})"),
+            None => reason.to_string(),
         };
         NetError::Disconnected { addr: self.addr.clone(), reason }
     }
@@ -348,6 +366,7 @@ impl Conn {
             let reason = read_loop(&conn, reader, rules, handler).await;
             tracing::debug!(addr = %conn.addr, %reason, "connection closed");
             let _ = conn.ended.set(reason);
+            conn.reader_ended.notify_waiters();
             ended();
             crate::tls::untrack(conn.id);
             conn.close();
