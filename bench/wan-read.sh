@@ -18,6 +18,8 @@
 #
 # Usage (as root):  bench/wan-read.sh
 #   SIZE_MB=1024  RTTS="10 50 100 200" (queue 1 x BDP)  QUEUE_RTT=100 QUEUES="0.5 2" (extra points)
+#   RANDOM_READS=0 (N > 0: after each point's warm read, a new mount at B reads N distinct 4 MiB chunks of a third
+#          file, cold at B, at random, one at a time (bench/random_reads.py): the latency of a read that must cross the WAN)
 #   ROUNDS=1 (more: every point again, round after round, and a table of the medians; a start-up
 #          that costs a few round trips moves a 1 GiB read by a few %, as much as the path's own
 #          run-to-run spread, so one round does not settle a ratio near a goal)
@@ -56,6 +58,7 @@ TIMELINE_EVERY=${TIMELINE_EVERY:-1}
 SLOW_START_AFTER_IDLE=${SLOW_START_AFTER_IDLE:-}
 RA_KB=${RA_KB:-1024}
 READERS=${READERS:-8}
+RANDOM_READS=${RANDOM_READS:-0}
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
 LOCUS_MOUNT_ARGS=${LOCUS_MOUNT_ARGS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
@@ -74,6 +77,7 @@ NODEA_DIR=$WORK/node-a NODEB_DIR=$WORK/node-b MNTA=$WORK/mnt-a MNTB=$WORK/mnt-b
 TLS_DIR=$WORK/tls
 ROWS=$WORK/rows.md
 POINTS=$WORK/points.tsv
+RANDOM_ROWS=$WORK/random.md
 
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE, drop_caches)"
 command -v iperf3 >/dev/null || die "needs iperf3 (apt-get install iperf3)"
@@ -136,6 +140,7 @@ start_mount a
 say "writing $SIZE_MB MiB of random data at A"
 head -c "$BYTES" /dev/urandom | dd of="$MNTA/big" bs=1M conv=fsync status=none
 head -c "$BYTES" /dev/urandom | dd of="$MNTA/big2" bs=1M conv=fsync status=none
+((RANDOM_READS > 0)) && head -c "$BYTES" /dev/urandom | dd of="$MNTA/big3" bs=1M conv=fsync status=none
 stop_mount_site a
 ip netns exec "$NSB" iperf3 -s -p 5201 >"$LOG/iperf3.log" 2>&1 &
 IPERF_PID=$!
@@ -260,6 +265,13 @@ point() { # rtt queue_factor
     read -r b s c < <(timed_dd "$MNTB/big2" "$READ_TIMEOUT")
     timeline_stop
     read -r r1 d1 < <(counters)
+    if ((RANDOM_READS > 0)); then
+        second_b
+        local rr
+        rr=$(python3 "$ROOT/bench/random_reads.py" "$MNTB/big3" --count "$RANDOM_READS" --seed "$ROUND")
+        say "  random 4 MiB reads at B (median, min, max ms; reads): $rr"
+        echo "$ROUND $rtt $qf $rr" >>"$RANDOM_ROWS"
+    fi
     stop_mount_site b
     wr=$(mbs "$b" "$s")
     wd=$(pct $((r1 - r0)) $((d1 - d0)))
@@ -372,6 +384,18 @@ for (rtt, qf), rows in points.items():
           f"| {med(lambda r: r[3]):.1f} | {med(lambda r: r[2] / max(r[0], 1e-9)):.2f} | {med(lambda r: r[2] / max(r[1], 1e-9)):.2f} "
           f"| {statistics.median(warm):.2f} | {warm[0]:.2f}-{warm[-1]:.2f} |")
 EOF
+    fi
+    if [[ -s $RANDOM_ROWS ]]; then
+        echo
+        echo "Random reads: after each point's warm read, a new mount at B (page cache dropped) reads $RANDOM_READS distinct 4 MiB"
+        echo "chunks of a third $SIZE_MB MiB file, never read at B, in a random order (seeded by the round), one pread at a time"
+        echo "(bench/random_reads.py): each read waits for its chunk to come from A over the warm connections of B's node."
+        echo
+        echo "| round | RTT ms | queue (x BDP) | reads | median ms | min ms | max ms | median / RTT |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+        while read -r round rtt qf med lo hi n; do
+            echo "| $round | $rtt | $qf | $n | $med | $lo | $hi | $(python3 -c "print(f'{$med / $rtt:.2f}')") |"
+        done <"$RANDOM_ROWS"
     fi
     if [[ -s $READER_ROWS ]]; then
         echo
