@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Random whole-chunk reads of a file: how long one lone read of a chunk takes.
+"""Random reads of a file, one chunk each: how long a read that needs a chunk takes.
 
-Usage: random_reads.py FILE --count N [--chunk BYTES] [--seed S]
+Usage: random_reads.py FILE --count N [--size BYTES] [--chunk BYTES] [--seed S]
 
-Reads N distinct chunk-aligned ranges of --chunk bytes (4 MiB by default, Locus's chunk
-size) in a seeded random order, one at a time, each with one pread(2) of the whole range,
-and times each. Over a WAN each read of a chunk not cached at the reader's site is a lone
-fetch from the other site: its round trip plus its transfer on the site node's connections.
+Reads --size bytes (1 MiB by default: one FUSE request) at the start of N distinct chunks
+of --chunk bytes (4 MiB, Locus's chunk size), in a seeded random order, one pread(2) at a
+time, and times each. Every read jumps, so it starts no read-ahead: over a WAN each read
+of a chunk not cached at the reader's site is one lone fetch from the other site (its round
+trip plus the chunk's transfer on the site node's connections). A read of a whole chunk
+would not be: its later requests look sequential and fetch the next chunks ahead.
 
 Prints one line: "<median ms> <min ms> <max ms> <reads>". Standard library only.
 """
@@ -23,6 +25,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--count", type=int, required=True)
+    ap.add_argument("--size", type=int, default=1 << 20)
     ap.add_argument("--chunk", type=int, default=4 << 20)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -37,9 +40,9 @@ def main() -> int:
         times = []
         for i in picks:
             t0 = time.perf_counter()
-            got = os.pread(fd, args.chunk, i * args.chunk)
+            got = os.pread(fd, args.size, i * args.chunk)
             times.append((time.perf_counter() - t0) * 1000)
-            if len(got) != args.chunk:
+            if len(got) != args.size:
                 print(f"random_reads: short read at chunk {i}: {len(got)} bytes", file=sys.stderr)
                 return 1
     finally:

@@ -18,8 +18,9 @@
 #
 # Usage (as root):  bench/wan-read.sh
 #   SIZE_MB=1024  RTTS="10 50 100 200" (queue 1 x BDP)  QUEUE_RTT=100 QUEUES="0.5 2" (extra points)
-#   RANDOM_READS=0 (N > 0: after each point's warm read, a new mount at B reads N distinct 4 MiB chunks of a third
-#          file, cold at B, at random, one at a time (bench/random_reads.py): the latency of a read that must cross the WAN)
+#   RANDOM_READS=0 (N > 0: after each point's warm read, a new mount at B reads 1 MiB at the start of N distinct 4 MiB
+#          chunks of a third file, cold at B, at random, one at a time (bench/random_reads.py): the latency of a read
+#          that must fetch its chunk across the WAN)
 #   ROUNDS=1 (more: every point again, round after round, and a table of the medians; a start-up
 #          that costs a few round trips moves a 1 GiB read by a few %, as much as the path's own
 #          run-to-run spread, so one round does not settle a ratio near a goal)
@@ -268,8 +269,10 @@ point() { # rtt queue_factor
     if ((RANDOM_READS > 0)); then
         second_b
         local rr
+        timeline_start "RTT $rtt ms, queue $qf x BDP: Locus, random reads at B"
         rr=$(python3 "$ROOT/bench/random_reads.py" "$MNTB/big3" --count "$RANDOM_READS" --seed "$ROUND")
-        say "  random 4 MiB reads at B (median, min, max ms; reads): $rr"
+        timeline_stop
+        say "  random reads at B (median, min, max ms; reads): $rr"
         echo "$ROUND $rtt $qf $rr" >>"$RANDOM_ROWS"
     fi
     stop_mount_site b
@@ -387,9 +390,10 @@ EOF
     fi
     if [[ -s $RANDOM_ROWS ]]; then
         echo
-        echo "Random reads: after each point's warm read, a new mount at B (page cache dropped) reads $RANDOM_READS distinct 4 MiB"
-        echo "chunks of a third $SIZE_MB MiB file, never read at B, in a random order (seeded by the round), one pread at a time"
-        echo "(bench/random_reads.py): each read waits for its chunk to come from A over the warm connections of B's node."
+        echo "Random reads: after each point's warm read, a new mount at B (page cache dropped) reads 1 MiB at the start of"
+        echo "$RANDOM_READS distinct 4 MiB chunks of a third $SIZE_MB MiB file, never read at B, in a random order (seeded by the round),"
+        echo "one pread at a time (bench/random_reads.py): each read waits for its chunk to come from A over the warm"
+        echo "connections of B's node."
         echo
         echo "| round | RTT ms | queue (x BDP) | reads | median ms | min ms | max ms | median / RTT |"
         echo "|---:|---:|---:|---:|---:|---:|---:|---:|"

@@ -184,7 +184,7 @@ impl RpcClient {
             }
         };
         let id = crate::conn::next_conn_id();
-        let conn = Conn::new(id, self.addr.clone(), secured.proven, secured.writer, self.timeout);
+        let conn = Conn::new(id, self.addr.clone(), secured.proven, secured.writer, secured.socket, self.timeout);
         let reader = secured.reader;
         let rules = ReaderRules {
             in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),

@@ -11,7 +11,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -71,6 +71,23 @@ pub(crate) struct Shared {
     /// Set when buffered bytes passed `PEAK`: the allocator then holds that much
     /// freed memory once they drain (see `server::trim_after_peaks`).
     pub(crate) peaked: AtomicBool,
+}
+
+/// Bulk bytes from which a send after `RESTART_IDLE_MS` of silence restarts the
+/// connection's congestion control.
+const RESTART_BULK: usize = 1 << 20;
+const RESTART_IDLE_MS: u64 = 1000;
+
+/// Large sends under way in this process (`Conn::send_queued`).
+static BULK_SENDS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one large send in `BULK_SENDS` until dropped.
+struct BulkSend;
+
+impl Drop for BulkSend {
+    fn drop(&mut self) {
+        BULK_SENDS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// How long a failed send waits for the reader to learn why the peer ended the
@@ -168,6 +185,10 @@ pub(crate) struct Conn {
     reader: OnceLock<tokio::task::AbortHandle>,
     /// Why the reader stopped (a TLS alert names a refused certificate), for errors.
     ended: OnceLock<String>,
+    /// The TCP socket under `writer` (alive while `writer` holds it).
+    socket: std::os::fd::RawFd,
+    /// When this end last finished sending (ms, as `now_ms`).
+    last_sent_ms: AtomicU64,
     /// Signalled once `ended` is set: a failed send waits briefly for it (`READER_VERDICT`).
     reader_ended: tokio::sync::Notify,
 }
@@ -178,6 +199,7 @@ impl Conn {
         addr: String,
         proven: Option<Proven>,
         writer: WriteHalf,
+        socket: std::os::fd::RawFd,
         send_timeout: Duration,
     ) -> Arc<Conn> {
         let conn = Arc::new(Conn {
@@ -195,6 +217,8 @@ impl Conn {
             reader: OnceLock::new(),
             ended: OnceLock::new(),
             reader_ended: tokio::sync::Notify::new(),
+            socket,
+            last_sent_ms: AtomicU64::new(now_ms()),
         });
         if let Some(p) = &conn.proven {
             crate::tls::track(&conn, p);
@@ -258,6 +282,18 @@ impl Conn {
         let Some(half) = guard.as_mut() else {
             return Err(self.lost("connection closed"));
         };
+        // A lone large send after a long silence (no other large send under way in
+        // this process): restart the congestion control, so that BBR probes the path
+        // afresh (startup) instead of pacing at the share of it that it measured while
+        // other connections were busy too. Several at once would overflow the path.
+        let _sending = (bulk.len() >= RESTART_BULK).then(|| {
+            let others = BULK_SENDS.fetch_add(1, Ordering::Relaxed);
+            let silent_ms = now_ms().saturating_sub(self.last_sent_ms.load(Ordering::Relaxed));
+            if others == 0 && silent_ms >= RESTART_IDLE_MS {
+                crate::restart_congestion_control(self.socket);
+            }
+            BulkSend
+        });
         let mut failure = None;
         let (bulk_head, bulk_tail) = bulk.split_at(bulk.len() / 2);
         for (i, part) in [frame, bulk_head, bulk_tail].into_iter().enumerate() {
@@ -279,6 +315,7 @@ impl Conn {
                 guard.take();
             }
             self.touch();
+            self.last_sent_ms.store(now_ms(), Ordering::Relaxed);
             return Ok(());
         };
         let error = match e {

@@ -137,6 +137,33 @@ pub fn configure(transport: Transport) {
     let _ = TRANSPORT.set(transport);
 }
 
+/// Asks for congestion control `cc` on socket `fd` (a live socket); false if refused.
+fn set_congestion(fd: std::os::fd::RawFd, cc: &str) -> bool {
+    // SAFETY: fd is a live socket; the option value is a byte string of the given length.
+    let r = unsafe {
+        libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, cc.as_ptr().cast(), cc.len() as libc::socklen_t)
+    };
+    if r != 0 {
+        tracing::debug!(congestion = %cc, "congestion control unavailable: {}", std::io::Error::last_os_error());
+    }
+    r == 0
+}
+
+/// Starts the congestion control of a live connection's socket over, when the
+/// process asks for one (`restart_congestion`).
+pub(crate) fn restart_congestion_control(fd: std::os::fd::RawFd) {
+    if let Some(cc) = TRANSPORT.get().and_then(|t| t.congestion.as_deref()) {
+        restart_congestion(fd, cc);
+    }
+}
+
+/// Re-initializes congestion control `cc` on socket `fd`: the kernel ignores a request
+/// for the algorithm in use, so the socket passes through `reno` (always built in).
+fn restart_congestion(fd: std::os::fd::RawFd, cc: &str) {
+    set_congestion(fd, "reno");
+    set_congestion(fd, cc);
+}
+
 /// Socket options every Locus connection gets.
 fn tune(stream: &tokio::net::TcpStream) {
     use std::os::fd::AsRawFd;
@@ -144,19 +171,7 @@ fn tune(stream: &tokio::net::TcpStream) {
     let Some(t) = TRANSPORT.get() else { return };
     let fd = stream.as_raw_fd();
     if let Some(cc) = &t.congestion {
-        // SAFETY: fd is a live socket; the option value is a byte string of the given length.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_CONGESTION,
-                cc.as_ptr().cast(),
-                cc.len() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            tracing::debug!(congestion = %cc, "congestion control unavailable: {}", std::io::Error::last_os_error());
-        }
+        set_congestion(fd, cc);
     }
     if let Some(bytes) = t.buffer_bytes {
         let v = bytes.min(i32::MAX as usize) as libc::c_int;
@@ -178,6 +193,45 @@ fn tune(stream: &tokio::net::TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// BBR's bandwidth estimate on socket `fd` (`TCP_CC_INFO`'s `tcp_bbr_info`: bw_lo,
+    /// bw_hi, min_rtt, pacing_gain, cwnd_gain, each a u32).
+    fn bbr_bandwidth(fd: std::os::fd::RawFd) -> u64 {
+        let mut info = [0u32; 5];
+        let mut len = size_of_val(&info) as libc::socklen_t;
+        // SAFETY: a live socket and a buffer of the stated length.
+        let r =
+            unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CC_INFO, info.as_mut_ptr().cast(), &mut len) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        (u64::from(info[1]) << 32) | u64::from(info[0])
+    }
+
+    /// A restart makes BBR forget the bandwidth it measured (it probes afresh).
+    #[tokio::test]
+    async fn a_restart_makes_bbr_forget_the_bandwidth_it_measured() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut receiver = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut sender, _) = listener.accept().await.unwrap();
+        if !set_congestion(sender.as_raw_fd(), "bbr") {
+            eprintln!("SKIPPED: this kernel offers no BBR");
+            return;
+        }
+        let read = tokio::spawn(async move {
+            let mut all = vec![0u8; 16 << 20];
+            receiver.read_exact(&mut all).await.unwrap();
+            receiver
+        });
+        sender.write_all(&vec![7u8; 16 << 20]).await.unwrap();
+        let _receiver = read.await.unwrap();
+        // Everything arrived; its last acknowledgements land within moments on loopback,
+        // and nothing in flight afterwards gives BBR a new sample.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(bbr_bandwidth(sender.as_raw_fd()) > 0, "BBR measured nothing");
+        restart_congestion(sender.as_raw_fd(), "bbr");
+        assert_eq!(bbr_bandwidth(sender.as_raw_fd()), 0, "the estimate survived the restart");
+    }
 
     #[tokio::test]
     async fn congestion_control_and_buffers_are_applied() {
@@ -185,7 +239,6 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         tune(&stream);
-        use std::os::fd::AsRawFd;
         let mut name = [0u8; 16];
         let mut len = name.len() as libc::socklen_t;
         // SAFETY: a live socket and a buffer of the stated length.

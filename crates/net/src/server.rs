@@ -213,9 +213,9 @@ impl Server {
             tracing::debug!(%addr, "refusing a connection: every connection is busy");
             return;
         }
-        let Secured { reader, writer, proven } = secured;
+        let Secured { reader, writer, proven, socket } = secured;
         let id = crate::conn::next_conn_id();
-        let conn = Conn::new(id, addr.to_string(), proven, writer, self.limits.send_timeout);
+        let conn = Conn::new(id, addr.to_string(), proven, writer, socket, self.limits.send_timeout);
         let in_flight = Arc::new(Semaphore::new(self.limits.max_in_flight.max(1)));
         let rules = ReaderRules {
             in_flight: in_flight.clone(),

@@ -493,11 +493,14 @@ pub(crate) struct Secured {
     pub(crate) reader: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
     pub(crate) writer: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
     pub(crate) proven: Option<Proven>,
+    /// The TCP socket under it, for options set while it lives (`Conn::send`).
+    pub(crate) socket: std::os::fd::RawFd,
 }
 
 pub(crate) fn plain(stream: tokio::net::TcpStream) -> Secured {
+    let socket = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let (r, w) = stream.into_split();
-    Secured { reader: Box::new(r), writer: Box::new(w), proven: None }
+    Secured { reader: Box::new(r), writer: Box::new(w), proven: None, socket }
 }
 
 /// Takes what the handshake proved about the peer.
@@ -521,13 +524,14 @@ pub(crate) async fn accept(stream: tokio::net::TcpStream, tls: Arc<Tls>) -> Resu
              or is not a Locus process)"
             .into());
     }
+    let socket = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let stream = tokio_rustls::TlsAcceptor::from(tls.server.clone())
         .accept(transport(stream))
         .await
         .map_err(|e| format!("TLS handshake refused: {e}"))?;
     let proven = proven_peer(stream.get_ref().1.peer_certificates())?;
     let (r, w) = tokio::io::split(stream);
-    Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven) })
+    Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven), socket })
 }
 
 /// Whether a frame header that does not decode starts like a TLS handshake: a TLS
@@ -541,6 +545,7 @@ pub(crate) fn looks_like_tls(head: &[u8]) -> bool {
 pub(crate) async fn connect(stream: tokio::net::TcpStream, tls: Option<Arc<Tls>>) -> Result<Secured, String> {
     let Some(tls) = tls else { return Ok(plain(stream)) };
     let name = ServerName::try_from("locus.invalid").map_err(|e| e.to_string())?;
+    let socket = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
         .connect(name, transport(stream))
         .await
@@ -550,7 +555,7 @@ pub(crate) async fn connect(stream: tokio::net::TcpStream, tls: Option<Arc<Tls>>
         return Err(format!("the server presented a {} certificate ({})", proven.identity.role, proven.identity));
     }
     let (r, w) = tokio::io::split(stream);
-    Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven) })
+    Ok(Secured { reader: Box::new(r), writer: Box::new(w), proven: Some(proven), socket })
 }
 
 #[cfg(test)]
