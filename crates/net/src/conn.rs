@@ -315,7 +315,8 @@ impl Conn {
                 guard.take();
             }
             self.touch();
-            self.last_sent_ms.store(now_ms(), Ordering::Relaxed);
+            // The moment `touch` just took: one clock read per send.
+            self.last_sent_ms.store(self.last_active_ms.load(Ordering::Relaxed), Ordering::Relaxed);
             return Ok(());
         };
         let error = match e {
