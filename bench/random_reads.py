@@ -8,7 +8,7 @@ of --chunk bytes (4 MiB, Locus's chunk size), in a seeded random order, one prea
 time, and times each. Every read jumps, so it starts no read-ahead: over a WAN each read
 of a chunk not cached at the reader's site is one lone fetch from the other site (its round
 trip plus the chunk's transfer on the site node's connections). A read of a whole chunk
-would not be: its later requests look sequential and fetch the next chunks ahead.
+(--size 4194304) is one fetch too, plus the next chunk, into which the kernel reads ahead.
 
 Prints one line: "<median ms> <min ms> <max ms> <reads>". Standard library only.
 """

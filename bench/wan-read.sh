@@ -18,9 +18,10 @@
 #
 # Usage (as root):  bench/wan-read.sh
 #   SIZE_MB=1024  RTTS="10 50 100 200" (queue 1 x BDP)  QUEUE_RTT=100 QUEUES="0.5 2" (extra points)
-#   RANDOM_READS=0 (N > 0: after each point's warm read, a new mount at B reads 1 MiB at the start of N distinct 4 MiB
-#          chunks of a third file, cold at B, at random, one at a time (bench/random_reads.py): the latency of a read
-#          that must fetch its chunk across the WAN)
+#   RANDOM_READS=0 (N > 0: after each point's warm read, a new mount at B reads RANDOM_BYTES at the start of N distinct
+#          4 MiB chunks of a third file, cold at B, at random, one at a time (bench/random_reads.py): the latency of a
+#          read that must fetch its chunk across the WAN, and the bytes that crossed A->B per byte read)
+#   RANDOM_BYTES=1048576 (4194304: whole chunks, which the kernel splits into requests that look sequential)
 #   ROUNDS=1 (more: every point again, round after round, and a table of the medians; a start-up
 #          that costs a few round trips moves a 1 GiB read by a few %, as much as the path's own
 #          run-to-run spread, so one round does not settle a ratio near a goal)
@@ -60,6 +61,7 @@ SLOW_START_AFTER_IDLE=${SLOW_START_AFTER_IDLE:-}
 RA_KB=${RA_KB:-1024}
 READERS=${READERS:-8}
 RANDOM_READS=${RANDOM_READS:-0}
+RANDOM_BYTES=${RANDOM_BYTES:-1048576}
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
 LOCUS_MOUNT_ARGS=${LOCUS_MOUNT_ARGS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
@@ -268,11 +270,16 @@ point() { # rtt queue_factor
     read -r r1 d1 < <(counters)
     if ((RANDOM_READS > 0)); then
         second_b
-        local rr
+        local rr rw0 rw1
+        read -r rw0 _ < <(wan_bytes)
         timeline_start "RTT $rtt ms, queue $qf x BDP: Locus, random reads at B"
-        rr=$(python3 "$ROOT/bench/random_reads.py" "$MNTB/big3" --count "$RANDOM_READS" --seed "$ROUND")
+        rr=$(python3 "$ROOT/bench/random_reads.py" "$MNTB/big3" --count "$RANDOM_READS" --size "$RANDOM_BYTES" --seed "$ROUND")
         timeline_stop
-        say "  random reads at B (median, min, max ms; reads): $rr"
+        # Read-ahead started by the last read may still be crossing: let it land before counting.
+        sleep 2
+        read -r rw1 _ < <(wan_bytes)
+        rr="$rr $(python3 -c "print(f'{($rw1 - $rw0) / ($RANDOM_READS * $RANDOM_BYTES):.2f}')")"
+        say "  random reads at B (median, min, max ms; reads; A->B bytes per byte read): $rr"
         echo "$ROUND $rtt $qf $rr" >>"$RANDOM_ROWS"
     fi
     stop_mount_site b
@@ -390,15 +397,16 @@ EOF
     fi
     if [[ -s $RANDOM_ROWS ]]; then
         echo
-        echo "Random reads: after each point's warm read, a new mount at B (page cache dropped) reads 1 MiB at the start of"
-        echo "$RANDOM_READS distinct 4 MiB chunks of a third $SIZE_MB MiB file, never read at B, in a random order (seeded by the round),"
+        echo "Random reads: after each point's warm read, a new mount at B (page cache dropped) reads $RANDOM_BYTES bytes at the start"
+        echo "of $RANDOM_READS distinct 4 MiB chunks of a third $SIZE_MB MiB file, never read at B, in a random order (seeded by the round),"
         echo "one pread at a time (bench/random_reads.py): each read waits for its chunk to come from A over the warm"
-        echo "connections of B's node."
+        echo "connections of B's node. WAN / read: bytes that crossed A->B during the reads (and 2 s after, for read-ahead"
+        echo "still in flight) per byte read."
         echo
-        echo "| round | RTT ms | queue (x BDP) | reads | median ms | min ms | max ms | median / RTT |"
-        echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
-        while read -r round rtt qf med lo hi n; do
-            echo "| $round | $rtt | $qf | $n | $med | $lo | $hi | $(python3 -c "print(f'{$med / $rtt:.2f}')") |"
+        echo "| round | RTT ms | queue (x BDP) | reads | median ms | min ms | max ms | median / RTT | WAN / read |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        while read -r round rtt qf med lo hi n wan; do
+            echo "| $round | $rtt | $qf | $n | $med | $lo | $hi | $(python3 -c "print(f'{$med / $rtt:.2f}')") | $wan |"
         done <"$RANDOM_ROWS"
     fi
     if [[ -s $READER_ROWS ]]; then

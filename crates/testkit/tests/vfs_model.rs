@@ -230,40 +230,93 @@ fn fragmented_files_are_compacted_in_the_background() {
 fn a_sequential_reader_lets_go_of_the_chunks_behind_it() {
     let env = env();
     env.rt.block_on(async {
-        let writer = connect(&env.meta_addr).await;
-        let (attr, fh) = new_file(&writer, b"streamed").await;
         let chunk = 64 << 10;
         // 64 chunks, each of its own bytes but the 40th, a copy of the 1st.
         let mut model = Vec::with_capacity(64 * chunk);
         for i in 0..64u8 {
             model.extend(std::iter::repeat_n(if i == 39 { 0 } else { i }, chunk));
         }
-        writer.write(fh, 0, &model).await.unwrap();
-        writer.release(fh).await.unwrap();
-
-        let reader = connect(&env.meta_addr).await;
-        let (fh, _) = reader.open(attr.ino, OpenOptions::default()).await.unwrap();
+        let (reader, fh) = written_then_opened(b"streamed", &model).await;
         for at in (0..model.len()).step_by(chunk / 2) {
             let got = reader.read(fh, at as u64, (chunk / 2) as u32).await.unwrap();
             assert!(got == model[at..at + chunk / 2], "bytes at {at}");
         }
         reader.release(fh).await.unwrap();
-        // The session worker reports the chunk cache at its next heartbeat (every 2 s here).
-        let session = || reader.workers().into_iter().find(|w| w.name == "session").unwrap();
-        let read_at = session().steps;
-        let mut status = session();
-        for _ in 0..100 {
-            if status.steps > read_at {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            status = session();
-        }
-        assert!(status.steps > read_at, "no heartbeat in 10 s");
-        let held = status.progress.split(", ").find_map(|p| p.strip_suffix(" bytes of chunks in memory"));
-        let held: usize = held.expect("the session's progress shows the chunk cache").parse().unwrap();
+        let held = chunk_bytes_held(&reader).await;
         assert!(held <= 3 * chunk, "{held} bytes of a {} byte file held after reading it through", model.len());
     });
+}
+
+/// A reader that jumps fetches nothing ahead until it has gone past the chunk after the
+/// one it jumped into: a read of a whole chunk at a random offset arrives as several
+/// requests that look sequential (the kernel splits it) followed by the kernel's own
+/// read-ahead into the next chunk, and must not bring further chunks along. A reader
+/// that goes on streams again.
+#[test]
+fn a_jump_fetches_nothing_ahead_until_the_reader_goes_on() {
+    let env = env();
+    env.rt.block_on(async {
+        let chunk = 64 << 10;
+        let model: Vec<u8> = (0..32 * chunk).map(|i| (i / chunk) as u8 ^ (i % 251) as u8).collect();
+        let (reader, fh) = written_then_opened(b"jumped", &model).await;
+        let model = &model;
+        let read = |at: usize, len: usize| {
+            let reader = reader.clone();
+            async move {
+                let got = reader.read(fh, at as u64, len as u32).await.unwrap();
+                assert!(got == model[at..at + len], "bytes at {at}");
+            }
+        };
+        // Three whole chunks far apart, each as four requests and the kernel's read-ahead
+        // into the next chunk.
+        for first in [5, 17, 11] {
+            for quarter in 0..5 {
+                read(first * chunk + quarter * chunk / 4, chunk / 4).await;
+            }
+        }
+        // Any read-ahead would have been started by now; let it land.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = chunk_bytes_held(&reader).await;
+        assert_eq!(held, 6 * chunk, "bytes of chunks held after reading three and a bit of the next ones");
+
+        // Going on into chunk 13 starts the stream: 14 and 15 come ahead (and 11 goes).
+        read(13 * chunk, chunk).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = chunk_bytes_held(&reader).await;
+        assert!(held >= 8 * chunk, "{held} bytes held: the stream fetched nothing ahead of chunk 13");
+        reader.release(fh).await.unwrap();
+    });
+}
+
+/// A new file `name` holding `model`, written by one client, open in another (whose
+/// chunk cache holds none of it).
+async fn written_then_opened(name: &[u8], model: &[u8]) -> (Arc<Vfs>, u64) {
+    let env = env();
+    let writer = connect(&env.meta_addr).await;
+    let (attr, fh) = new_file(&writer, name).await;
+    writer.write(fh, 0, model).await.unwrap();
+    writer.release(fh).await.unwrap();
+    let reader = connect(&env.meta_addr).await;
+    let (fh, _) = reader.open(attr.ino, OpenOptions::default()).await.unwrap();
+    (reader, fh)
+}
+
+/// Bytes of chunks `vfs` keeps in memory, as its session worker reports them at its next
+/// heartbeat (every 2 s here).
+async fn chunk_bytes_held(vfs: &Arc<Vfs>) -> usize {
+    let session = || vfs.workers().into_iter().find(|w| w.name == "session").unwrap();
+    let read_at = session().steps;
+    let mut status = session();
+    for _ in 0..100 {
+        if status.steps > read_at {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = session();
+    }
+    assert!(status.steps > read_at, "no heartbeat in 10 s");
+    let held = status.progress.split(", ").find_map(|p| p.strip_suffix(" bytes of chunks in memory"));
+    held.expect("the session's progress shows the chunk cache").parse().unwrap()
 }
 
 /// A new file in the root directory, open.

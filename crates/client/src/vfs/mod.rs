@@ -120,6 +120,8 @@ struct Handle {
     window: AtomicU64,
     /// File offset up to which read-ahead was already started.
     prefetched_to: AtomicU64,
+    /// After a jump, the file offset a read must go past before read-ahead starts.
+    quiet_until: AtomicU64,
 }
 
 /// Where an open directory listing stands.

@@ -145,6 +145,7 @@ impl Vfs {
             last_read_end: AtomicU64::new(0),
             window: AtomicU64::new(2),
             prefetched_to: AtomicU64::new(0),
+            quiet_until: AtomicU64::new(0),
         });
         lock(&self.handles).insert(fh, handle);
         fh
