@@ -22,6 +22,7 @@
 #          4 MiB chunks of a third file, cold at B, at random, one at a time (bench/random_reads.py): the latency of a
 #          read that must fetch its chunk across the WAN, and the bytes that crossed A->B per byte read)
 #   RANDOM_BYTES=1048576 (4194304: whole chunks, which the kernel splits into requests that look sequential)
+#   RANDOM_FADVISE=0 (1: the random reader calls posix_fadvise(POSIX_FADV_RANDOM): no kernel read-ahead)
 #   ROUNDS=1 (more: every point again, round after round, and a table of the medians; a start-up
 #          that costs a few round trips moves a 1 GiB read by a few %, as much as the path's own
 #          run-to-run spread, so one round does not settle a ratio near a goal)
@@ -62,6 +63,9 @@ RA_KB=${RA_KB:-1024}
 READERS=${READERS:-8}
 RANDOM_READS=${RANDOM_READS:-0}
 RANDOM_BYTES=${RANDOM_BYTES:-1048576}
+RANDOM_FADVISE=${RANDOM_FADVISE:-0}
+FADVISE_ARG=()
+((RANDOM_FADVISE)) && FADVISE_ARG=(--fadvise-random)
 LOCUS_NODE_ARGS=${LOCUS_NODE_ARGS:-}
 LOCUS_MOUNT_ARGS=${LOCUS_MOUNT_ARGS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
@@ -273,7 +277,7 @@ point() { # rtt queue_factor
         local rr rw0 rw1
         read -r rw0 _ < <(wan_bytes)
         timeline_start "RTT $rtt ms, queue $qf x BDP: Locus, random reads at B"
-        rr=$(python3 "$ROOT/bench/random_reads.py" "$MNTB/big3" --count "$RANDOM_READS" --size "$RANDOM_BYTES" --seed "$ROUND")
+        rr=$(python3 "$ROOT/bench/random_reads.py" "$MNTB/big3" --count "$RANDOM_READS" --size "$RANDOM_BYTES" --seed "$ROUND" "${FADVISE_ARG[@]}")
         timeline_stop
         # Read-ahead started by the last read may still be crossing: let it land before counting.
         sleep 2
@@ -399,6 +403,7 @@ EOF
         echo
         echo "Random reads: after each point's warm read, a new mount at B (page cache dropped) reads $RANDOM_BYTES bytes at the start"
         echo "of $RANDOM_READS distinct 4 MiB chunks of a third $SIZE_MB MiB file, never read at B, in a random order (seeded by the round),"
+        if ((RANDOM_FADVISE)); then echo "after posix_fadvise(POSIX_FADV_RANDOM) on the file (no kernel read-ahead),"; fi
         echo "one pread at a time (bench/random_reads.py): each read waits for its chunk to come from A over the warm"
         echo "connections of B's node. WAN / read: bytes that crossed A->B during the reads (and 2 s after, for read-ahead"
         echo "still in flight) per byte read."
