@@ -29,7 +29,15 @@ impl Vfs {
             if sequential {
                 handle.last_read_end.fetch_max(end, Ordering::Relaxed);
             } else {
+                // A jump: nothing ahead until the reader has gone past the chunk after
+                // the one it jumped into. The kernel splits one large read into requests
+                // that look sequential and reads ahead of it on its own (into the next
+                // chunk): a random reader of whole chunks would otherwise fetch chunks it
+                // never reads.
                 handle.last_read_end.store(end, Ordering::Relaxed);
+                handle.window.store(1, Ordering::Relaxed);
+                handle.prefetched_to.store(0, Ordering::Relaxed);
+                handle.quiet_until.store((offset / cs + 2) * cs, Ordering::Relaxed);
             }
             let ahead = if sequential && end > handle.quiet_until.load(Ordering::Relaxed) {
                 let max = self.config.readahead_chunks.min((self.config.cache_bytes as u64 / 2 / cs).max(1));
@@ -57,16 +65,6 @@ impl Vfs {
                 let from = handle.prefetched_to.fetch_max(target, Ordering::Relaxed).max(end);
                 f.extents.segments(from, target.max(from))
             } else {
-                if !sequential {
-                    // A jump: nothing ahead until the reader has gone past the chunk after
-                    // the one it jumped into. The kernel splits one large read into
-                    // requests that look sequential and reads ahead of it on its own
-                    // (into the next chunk): a random reader of whole chunks would
-                    // otherwise fetch chunks it never reads.
-                    handle.window.store(1, Ordering::Relaxed);
-                    handle.prefetched_to.store(0, Ordering::Relaxed);
-                    handle.quiet_until.store((offset / cs + 2) * cs, Ordering::Relaxed);
-                }
                 Vec::new()
             };
             (f.extents.segments(offset, end), end, ahead)
