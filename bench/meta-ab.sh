@@ -4,7 +4,8 @@
 # makes and the round trips the client makes to meta (counted from LOCUS_LOG trace lines).
 #
 # Usage (as root):  bench/meta-ab.sh BIN_A BIN_B [LABEL_A LABEL_B]
-# Environment: NFILES=10000 (timed rounds), NCOUNT=1000 (counted run), REPS=3, SCRATCH=/tmp/bench-meta-ab
+# Environment: NFILES=10000 (timed rounds), NCOUNT=1000 (counted run), REPS=3, SCRATCH=/tmp/bench-meta-ab,
+#   PHASES="create stat unlink" (bench/meta_bench.py phases, in order; `list` is what `ls -l` does)
 # Rounds are interleaved (A, B, A, B, ...); every round is a fresh `locus up` on an empty data dir.
 # The table shows the median of REPS and the load average at the start and the end.
 set -Eeuo pipefail
@@ -18,6 +19,7 @@ NFILES=${NFILES:-10000}
 NCOUNT=${NCOUNT:-1000}
 REPS=${REPS:-3}
 SCRATCH=${SCRATCH:-/tmp/bench-meta-ab}
+PHASES=${PHASES:-create stat unlink}
 PID=""
 
 stop() {
@@ -56,7 +58,7 @@ start() { # binary log-filter log-file
 count() { # binary label
     local log=/tmp/meta-ab-count.log phase from to
     start "$1" "warn,fuse=trace,fuser=warn,client::meta_link=trace" "$log"
-    for phase in create stat unlink; do
+    for phase in $PHASES; do
         from=$(wc -l <"$log")
         python3 "$ROOT/bench/meta_bench.py" "$SCRATCH/mnt/d" --files "$NCOUNT" --phases "$phase" \
             --settle "$([[ $phase == create ]] && echo 0 || echo 1.2)" >/dev/null
@@ -75,7 +77,7 @@ declare -A R
 round() { # binary label
     local out
     start "$1" warn /tmp/meta-ab-run.log
-    out=$(python3 "$ROOT/bench/meta_bench.py" "$SCRATCH/mnt/d" --files "$NFILES")
+    out=$(python3 "$ROOT/bench/meta_bench.py" "$SCRATCH/mnt/d" --files "$NFILES" --phases "${PHASES// /,}")
     stop
     echo "  $2: $out" >&2
     for kv in $out; do R["$2|${kv%%=*}"]+="${kv#*=} "; done
@@ -99,7 +101,8 @@ done
 echo
 echo "| Phase | $LABEL_A (/s) | $LABEL_B (/s) | B / A |"
 echo "|---|---:|---:|---:|"
-for p in create_per_s stat_per_s unlink_per_s; do
+for p in $PHASES; do
+    p=${p}_per_s
     a=$(median "${R[$LABEL_A|$p]}")
     b=$(median "${R[$LABEL_B|$p]}")
     echo "| ${p%_per_s} | $a [${R[$LABEL_A|$p]% }] | $b [${R[$LABEL_B|$p]% }] | $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", b / a}') |"

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Metadata micro-benchmark: create, stat and unlink N small files in one directory.
+"""Metadata micro-benchmark: create, stat, list and unlink N small files in one directory.
 
 Usage: meta_bench.py DIR [--files N] [--bytes B] [--settle SECONDS] [--phases create,stat,unlink]
 
 Each phase runs over all N names in order and is timed on its own:
   create: open(O_CREAT|O_EXCL|O_WRONLY), write B bytes if B > 0, close
   stat:   os.stat (a FUSE LOOKUP once the kernel's entry TTL has run out)
+  list:   what `ls -l` does: read the directory, then lstat every entry it names
+          (not in the default phases)
   unlink: os.unlink
 Between phases it sleeps --settle seconds (default 1.2, above the 1 s entry/attr TTL of the
 FUSE mounts under test) so that stat and unlink reach the file system daemon instead of being
@@ -33,7 +35,7 @@ def main() -> int:
     args = ap.parse_args()
 
     phases = args.phases.split(",")
-    unknown = set(phases) - {"create", "stat", "unlink"}
+    unknown = set(phases) - {"create", "stat", "list", "unlink"}
     if unknown:
         print(f"meta_bench: unknown phase(s) {sorted(unknown)}", file=sys.stderr)
         return 2
@@ -58,6 +60,17 @@ def main() -> int:
             if st.st_size != args.bytes:
                 raise SystemExit(f"meta_bench: {name} has size {st.st_size}, wanted {args.bytes}")
 
+    def listing() -> None:
+        seen = 0
+        with os.scandir(args.dir) as it:
+            for entry in it:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_size != args.bytes:
+                    raise SystemExit(f"meta_bench: {entry.path} has size {st.st_size}, wanted {args.bytes}")
+                seen += 1
+        if seen != args.files:
+            raise SystemExit(f"meta_bench: {args.dir} lists {seen} entries, wanted {args.files}")
+
     def unlink() -> None:
         for name in names:
             os.unlink(name)
@@ -68,7 +81,7 @@ def main() -> int:
             # Let the kernel's entry/attribute TTL run out (fresh names need no settling).
             time.sleep(args.settle)
         t0 = time.perf_counter()
-        {"create": create, "stat": stat, "unlink": unlink}[phase]()
+        {"create": create, "stat": stat, "list": listing, "unlink": unlink}[phase]()
         elapsed = time.perf_counter() - t0
         results.append(f"{phase}_per_s={args.files / elapsed:.0f}")
     print(" ".join(results))

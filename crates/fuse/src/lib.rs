@@ -7,8 +7,8 @@ use client::{OpenOptions, Vfs, VfsError};
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
 };
 use proto::meta::{
     AllocateMode, AttrChanges, LockKind, LockRange, NewNode, OpenAccess, RenameMode, TimeSet, XattrMode,
@@ -258,6 +258,44 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
     Ok(NewNode::Special { kind, rdev })
 }
 
+/// The two directory replies, filled by one listing (`LocusFs::list`).
+trait Listing: Send + 'static {
+    /// Whether entries carry attributes the kernel keeps (READDIRPLUS).
+    const WITH_ATTRS: bool;
+    /// Adds an entry; true when the reply is full (the entry did not fit).
+    fn push(&mut self, offset: u64, name: &OsStr, attr: &Attr, ttl: &Duration) -> bool;
+    fn ok(self);
+    fn error(self, e: Errno);
+}
+
+impl Listing for ReplyDirectory {
+    const WITH_ATTRS: bool = false;
+    fn push(&mut self, offset: u64, name: &OsStr, attr: &Attr, _ttl: &Duration) -> bool {
+        self.add(INodeNo(attr.ino), offset, file_type(attr.kind), name)
+    }
+    fn ok(self) {
+        ReplyDirectory::ok(self)
+    }
+    fn error(self, e: Errno) {
+        ReplyDirectory::error(self, e)
+    }
+}
+
+/// For "." and ".." the kernel takes neither a name nor attributes (it links only the
+/// other entries), so the directory's own attributes serve both.
+impl Listing for ReplyDirectoryPlus {
+    const WITH_ATTRS: bool = true;
+    fn push(&mut self, offset: u64, name: &OsStr, attr: &Attr, ttl: &Duration) -> bool {
+        self.add(INodeNo(attr.ino), offset, name, ttl, &file_attr(attr), Generation(0))
+    }
+    fn ok(self) {
+        ReplyDirectoryPlus::ok(self)
+    }
+    fn error(self, e: Errno) {
+        ReplyDirectoryPlus::error(self, e)
+    }
+}
+
 /// Requests that go to the runtime at once (`LocusFs::run`). A flush, fsync or
 /// fallocate may cut, hash and upload buffered writes in its first poll; the others
 /// were measured slower when polled first on fuser's thread: `read` 0.69x cold at bs=1M
@@ -305,6 +343,34 @@ impl LocusFs {
             }
         }
         self.rt.spawn(task);
+    }
+
+    /// Fills a directory reply from the open directory `fh` at `offset`. Offsets: 1 is
+    /// ".", 2 is "..", and an entry with cookie c sits at c + 2.
+    fn list<L: Listing>(&self, req: &Request, fh: FileHandle, offset: u64, mut reply: L) {
+        let (vfs, ttl) = (self.vfs.clone(), self.ttl);
+        tracing::trace!(op = if L::WITH_ATTRS { "readdirplus" } else { "readdir" }, "fuse request");
+        self.rt.spawn(client::acting_as(caller(req), async move {
+            let after = offset.saturating_sub(2);
+            let (dir, entries) = match vfs.readdir(fh.0, after, L::WITH_ATTRS).await {
+                Ok(listed) => listed,
+                Err(e) => return reply.error(errno("readdir", &e)),
+            };
+            for (at, name) in [(1, "."), (2, "..")] {
+                if offset < at && reply.push(at, OsStr::new(name), &dir, &ttl) {
+                    return reply.ok();
+                }
+            }
+            let mut last = after;
+            for e in entries {
+                if reply.push(e.cookie + 2, OsStr::from_bytes(&e.name), &e.attr, &ttl) {
+                    break;
+                }
+                last = e.cookie;
+            }
+            vfs.readdir_consumed(fh.0, last);
+            reply.ok()
+        }));
     }
 
     fn entry(
@@ -361,7 +427,10 @@ impl Filesystem for LocusFs {
         let wanted = InitFlags::FUSE_POSIX_LOCKS
             | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_BIG_WRITES;
+            | InitFlags::FUSE_BIG_WRITES
+            // Listings carry attributes when the kernel will want them (`readdirplus`).
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
     }
@@ -567,33 +636,15 @@ impl Filesystem for LocusFs {
         });
     }
 
-    /// Offsets: 1 is ".", 2 is "..", and an entry with cookie c sits at c + 2.
-    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let vfs = self.vfs.clone();
-        self.rt.spawn(client::acting_as(caller(req), async move {
-            if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
-                return reply.ok();
-            }
-            if offset < 2 && reply.add(ino, 2, FileType::Directory, "..") {
-                return reply.ok();
-            }
-            let after = offset.saturating_sub(2);
-            let entries = match vfs.readdir(fh.0, after).await {
-                Ok(e) => e,
-                Err(e) => return reply.error(errno("readdir", &e)),
-            };
-            let mut last = after;
-            for e in entries {
-                let full =
-                    reply.add(INodeNo(e.attr.ino), e.cookie + 2, file_type(e.attr.kind), OsStr::from_bytes(&e.name));
-                if full {
-                    break;
-                }
-                last = e.cookie;
-            }
-            vfs.readdir_consumed(fh.0, last);
-            reply.ok()
-        }));
+    fn readdir(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        self.list(req, fh, offset, reply);
+    }
+
+    /// `ls -l` and the like: names with their attributes, which the kernel keeps for
+    /// the TTL as if it had looked each one up (one request per page of entries instead
+    /// of a LOOKUP per name, each a round trip to meta, across the WAN at a distant site).
+    fn readdirplus(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        self.list(req, fh, offset, reply);
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {

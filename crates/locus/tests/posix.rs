@@ -36,6 +36,23 @@ fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
     if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
 }
 
+/// setxattr(2) of `name` on `path`; 0 or the errno.
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> i32 {
+    let (p, n) = (cstr(path), CString::new(name).unwrap());
+    // SAFETY: path and name are NUL-terminated; `value` holds the bytes passed.
+    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
+}
+
+/// getxattr(2) of `name` on `path` (values up to 256 bytes), or the errno.
+fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (p, n) = (cstr(path), CString::new(name).unwrap());
+    let mut buf = [0u8; 256];
+    // SAFETY: path and name are NUL-terminated; `buf` is writable for the length passed.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r >= 0 { Ok(buf[..r as usize].to_vec()) } else { Err(std::io::Error::last_os_error().raw_os_error().unwrap()) }
+}
+
 /// Runs a shell command as `uid:gid` (no supplementary groups) and returns its exit status code.
 fn sh_as(uid: u32, gid: u32, cmd: &str) -> i32 {
     Command::new("setpriv")
@@ -247,6 +264,64 @@ fn large_directory_lists_completely() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), N, "no entry listed twice");
+}
+
+/// `ls -l` through READDIRPLUS: the attributes a listing hands the kernel, which it keeps
+/// instead of looking each name up, are the ones a lookup would have answered, this
+/// mount's unflushed writes included; and a listing's word that a file has no extended
+/// attribute answers `ls -l`'s questions for them until it is out of date.
+#[test]
+fn listings_carry_what_lookups_would() {
+    let Some(mut c) = cluster() else { return };
+    let (m1, m2) = (c.mount(), c.mount());
+    let d1 = m1.join("d");
+    fs::create_dir(&d1).unwrap();
+    fs::write(d1.join("a"), b"hello").unwrap();
+    fs::set_permissions(d1.join("a"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::hard_link(d1.join("a"), d1.join("h")).unwrap();
+    std::os::unix::fs::symlink("a", d1.join("l")).unwrap();
+    fs::create_dir(d1.join("sub")).unwrap();
+    File::create(d1.join("grow")).unwrap();
+
+    // This mount has unflushed bytes of `grow` when it lists the directory.
+    let d2 = m2.join("d");
+    let mut grow = OpenOptions::new().append(true).open(d2.join("grow")).unwrap();
+    grow.write_all(b"abc").unwrap();
+    let listed = |d: &Path| -> Vec<(String, fs::Metadata)> {
+        let mut v: Vec<_> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().into_string().unwrap(), fs::symlink_metadata(e.path()).unwrap())
+            })
+            .collect();
+        v.sort_by(|x, y| x.0.cmp(&y.0));
+        v
+    };
+    let got = listed(&d2);
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "grow", "h", "l", "sub"]);
+    let (a, grown, h, l, sub) = (&got[0].1, &got[1].1, &got[2].1, &got[3].1, &got[4].1);
+    assert!(a.is_file() && a.len() == 5 && a.mode() & 0o7777 == 0o640 && a.nlink() == 2, "{a:?}");
+    assert_eq!((h.ino(), h.nlink()), (a.ino(), 2));
+    assert!(l.file_type().is_symlink() && l.len() == 1, "{l:?}");
+    assert!(sub.is_dir(), "{sub:?}");
+    assert_eq!(grown.len(), 3, "this mount's unflushed append");
+    assert_eq!(grow.metadata().unwrap().len(), 3);
+    drop(grow);
+    assert_eq!(get_xattr(&d2.join("grow"), "system.posix_acl_access"), Err(libc::ENODATA));
+    // An attribute this mount sets after listing the file is there at once.
+    assert_eq!(set_xattr(&d2.join("a"), "trusted.t", b"1"), 0);
+    assert_eq!(get_xattr(&d2.join("a"), "trusted.t"), Ok(b"1".to_vec()));
+
+    // Another mount's changes show once the TTL (1 s) has run out.
+    OpenOptions::new().append(true).open(d1.join("a")).unwrap().write_all(b"!").unwrap();
+    assert_eq!(set_xattr(&d1.join("sub"), "trusted.t", b"2"), 0);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let again = listed(&d2);
+    assert_eq!(again[0].1.len(), 6);
+    assert_eq!(again[1].1.len(), 3);
+    assert_eq!(get_xattr(&d2.join("sub"), "trusted.t"), Ok(b"2".to_vec()));
 }
 
 #[test]

@@ -2091,15 +2091,17 @@ impl Txn for PgConn {
         )?;
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
+            let bare: bool = r.try_get(3)?;
             let row = DentryRow {
                 name: r.try_get(0)?,
                 ino: r.try_get::<_, i64>(1)? as u64,
                 cookie: r.try_get::<_, i64>(2)? as u64,
+                has_xattrs: !bare,
             };
             // What this transaction wrote itself is known already.
             if r.try_get::<_, Option<i64>>(4)?.is_some() && !self.seen.inodes.contains_key(&row.ino) {
                 self.seen.inodes.insert(row.ino, Some(inode_of(r, 4)?));
-                if r.try_get(3)? {
+                if bare {
                     self.seen.no_xattrs.insert(row.ino);
                 }
             }

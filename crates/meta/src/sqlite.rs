@@ -651,10 +651,16 @@ impl Txn for SqlConn {
 
     fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
         let mut st = self.conn.prepare_cached(
-            "SELECT name, ino, cookie FROM dentries WHERE parent = ?1 AND cookie > ?2 ORDER BY cookie LIMIT ?3",
+            "SELECT name, ino, cookie, EXISTS (SELECT 1 FROM xattrs x WHERE x.ino = d.ino) FROM dentries d
+             WHERE parent = ?1 AND cookie > ?2 ORDER BY cookie LIMIT ?3",
         )?;
         let rows = st.query_map(params![parent as i64, off(after), limit as i64], |r| {
-            Ok(DentryRow { name: r.get(0)?, ino: r.get::<_, i64>(1)? as u64, cookie: r.get::<_, i64>(2)? as u64 })
+            Ok(DentryRow {
+                name: r.get(0)?,
+                ino: r.get::<_, i64>(1)? as u64,
+                cookie: r.get::<_, i64>(2)? as u64,
+                has_xattrs: r.get(3)?,
+            })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }

@@ -46,6 +46,9 @@ pub struct DentryRow {
     pub name: Vec<u8>,
     pub ino: InodeId,
     pub cookie: u64,
+    /// Whether the entry's inode has any extended attribute, read with the listing (a
+    /// listing tells clients so: see `proto::types::DirEntry::has_xattrs`).
+    pub has_xattrs: bool,
 }
 
 /// Counters kept by the store, allocated with `Txn::next_id`.

@@ -189,6 +189,10 @@ pub struct DirEntry {
     pub name: Vec<u8>,
     pub attr: Attr,
     pub cookie: u64,
+    /// Whether the inode has any extended attribute. `ls -l` asks for two of every file
+    /// it lists (`security.selinux`, `system.posix_acl_access`); a client that knows there
+    /// are none answers without asking meta, a round trip each at a distant site.
+    pub has_xattrs: bool,
 }
 
 /// What a background worker is doing, as `locus status` and the metrics show it.

@@ -18,18 +18,33 @@ impl Vfs {
             return Err(VfsError::new(ErrorCode::NotDir, format!("opendir of inode {ino}")));
         }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let cursor = DirCursor { ino, buffered: VecDeque::new(), after: 0, done: false };
+        let cursor = DirCursor { ino, attr, buffered: VecDeque::new(), after: 0, done: false };
         lock(&self.dirs).insert(fh, Arc::new(tokio::sync::Mutex::new(cursor)));
         Ok(fh)
     }
 
     /// Next entries after cookie `after` (0 = from the start), fetched from meta in
-    /// large pages and handed out in whatever amount the caller can take.
-    pub async fn readdir(&self, dh: DirHandle, after: u64) -> Result<Vec<DirEntry>> {
+    /// large pages and handed out in whatever amount the caller can take, with the
+    /// directory's own attributes. Meta sends every entry's attributes with its name;
+    /// `with_attrs` asks for them as a lookup would answer (this client's unflushed
+    /// size and times of a file it has open), so that the kernel may keep them
+    /// (READDIRPLUS) instead of looking up every name it lists.
+    pub async fn readdir(&self, dh: DirHandle, after: u64, with_attrs: bool) -> Result<(Attr, Vec<DirEntry>)> {
         let cursor = lock(&self.dirs)
             .get(&dh)
             .cloned()
             .ok_or_else(|| VfsError::new(ErrorCode::InvalidArgument, "bad directory handle"))?;
+        let mut entries = self.next_entries(&cursor, after).await?;
+        if with_attrs {
+            for e in &mut entries {
+                e.attr = self.local_view(e.attr.clone()).await;
+            }
+        }
+        let dir = cursor.lock().await.attr.clone();
+        Ok((dir, entries))
+    }
+
+    async fn next_entries(&self, cursor: &tokio::sync::Mutex<DirCursor>, after: u64) -> Result<Vec<DirEntry>> {
         let mut c = cursor.lock().await;
         if after != c.after || c.buffered.is_empty() {
             // A seek, or the buffer ran dry: (re)fill from `after`.
@@ -41,6 +56,7 @@ impl Vfs {
             if !c.done && c.buffered.is_empty() {
                 let page = self.meta.call(ReadDir { ino: c.ino, after, limit: 2048 }).await?;
                 c.done = page.len() < 2048;
+                self.remember_bare(&page);
                 c.buffered.extend(page);
             }
         }

@@ -24,7 +24,7 @@ use crate::file::FileState;
 use crate::meta_link::MetaLink;
 use crate::session::SessionKeeper;
 use proto::meta::{Goodbye, SessionInfo};
-use proto::types::{DirEntry, InodeId, WorkerStatus};
+use proto::types::{Attr, DirEntry, InodeId, WorkerStatus};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -127,6 +127,9 @@ struct Handle {
 /// Where an open directory listing stands.
 struct DirCursor {
     ino: InodeId,
+    /// The directory's attributes as `opendir` found them: what a listing's "." and
+    /// ".." entries carry (the kernel takes names and attributes from the others only).
+    attr: Attr,
     buffered: VecDeque<DirEntry>,
     after: u64,
     done: bool,
@@ -147,6 +150,8 @@ pub struct Vfs {
     seen_versions: Mutex<HashMap<InodeId, u64>>,
     /// Extended attributes known to be absent, until when (see `getxattr`).
     absent_xattrs: Mutex<HashMap<(InodeId, Vec<u8>), std::time::Instant>>,
+    /// Inodes a listing found without any extended attribute, until when (see `getxattr`).
+    bare_inodes: Mutex<HashMap<InodeId, std::time::Instant>>,
     /// The parent directory's attributes from the last unlink's or create's answer,
     /// for the kernel's GETATTR of that directory that follows (see `fresh_dir_attr`).
     changed_parent: Mutex<Option<namespace::FreshAttr>>,
@@ -195,6 +200,7 @@ impl Vfs {
             next_handle: AtomicU64::new(1),
             seen_versions: Mutex::default(),
             absent_xattrs: Mutex::default(),
+            bare_inodes: Mutex::default(),
             changed_parent: Mutex::default(),
             compact_queue,
             workers,

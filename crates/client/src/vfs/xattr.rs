@@ -10,13 +10,20 @@ use util::sync::lock;
 impl Vfs {
     /// An extended attribute. Absence is remembered for `attr_ttl`: the kernel asks for
     /// `security.capability` before every write, and that must not cost a round trip
-    /// to meta each time.
+    /// to meta each time. So is a listing's word that an inode has none at all, for the
+    /// names every caller may read (`security.`, `system.`, `trusted.`: meta answers
+    /// those with absence whoever asks, so the answer here is the one meta would give);
+    /// `user.` ones go to meta, which checks read permission first.
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        let absent = || VfsError::new(ErrorCode::NoAttribute, "no such extended attribute");
+        let now = std::time::Instant::now();
+        let readable_by_all = [&b"security."[..], b"system.", b"trusted."].iter().any(|ns| name.starts_with(ns));
+        if readable_by_all && lock(&self.bare_inodes).get(&ino).is_some_and(|until| *until > now) {
+            return Err(absent());
+        }
         let key = (ino, name.to_vec());
-        if let Some(until) = lock(&self.absent_xattrs).get(&key)
-            && *until > std::time::Instant::now()
-        {
-            return Err(VfsError::new(ErrorCode::NoAttribute, "no such extended attribute"));
+        if lock(&self.absent_xattrs).get(&key).is_some_and(|until| *until > now) {
+            return Err(absent());
         }
         match self.meta.call(GetXattr { ino, name: name.to_vec() }).await {
             Ok(b) => Ok(b),
@@ -34,6 +41,17 @@ impl Vfs {
 
     pub(super) fn forget_absent_xattrs(&self, ino: InodeId) {
         lock(&self.absent_xattrs).retain(|(i, _), _| *i != ino);
+        lock(&self.bare_inodes).remove(&ino);
+    }
+
+    /// Remembers, for `attr_ttl`, the listed inodes that have no extended attribute.
+    pub(super) fn remember_bare(&self, entries: &[DirEntry]) {
+        let until = std::time::Instant::now() + self.config.attr_ttl;
+        let mut bare = lock(&self.bare_inodes);
+        if bare.len() > 100_000 {
+            bare.clear();
+        }
+        bare.extend(entries.iter().filter(|e| !e.has_xattrs).map(|e| (e.attr.ino, until)));
     }
 
     pub async fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {

@@ -703,7 +703,11 @@ pub fn xattrs(b: &dyn Factory) {
         ErrorCode::NoAttribute
     );
     assert_eq!(err(&s, set("user.a", b"1", XattrMode::Replace)), ErrorCode::NoAttribute);
+    let bare = mk(&s, ROOT_INODE, "bare", NewNode::File);
     ok(&s, set("user.a", b"1", XattrMode::Create));
+    let listed: Vec<(InodeId, bool)> =
+        read_all(&s, ROOT_INODE, 10).iter().map(|e| (e.attr.ino, e.has_xattrs)).collect();
+    assert!(listed.contains(&(f.ino, true)) && listed.contains(&(bare.ino, false)), "{listed:?}");
     assert_eq!(err(&s, set("user.a", b"2", XattrMode::Create)), ErrorCode::Exists);
     ok(&s, set("user.a", b"2", XattrMode::Replace));
     ok(&s, set("user.b", b"", XattrMode::Any));

@@ -38,7 +38,9 @@ pub(super) fn read_dir(
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         match t.get_inode(row.ino)? {
-            Some(child) => out.push(DirEntry { name: row.name, attr: child.attr, cookie: row.cookie }),
+            Some(child) => {
+                out.push(DirEntry { name: row.name, attr: child.attr, cookie: row.cookie, has_xattrs: row.has_xattrs })
+            }
             None => tracing::warn!(dir = ino, child = row.ino, "directory entry points at a missing inode"),
         }
     }
