@@ -53,6 +53,22 @@ fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
     if r >= 0 { Ok(buf[..r as usize].to_vec()) } else { Err(std::io::Error::last_os_error().raw_os_error().unwrap()) }
 }
 
+/// The names listxattr(2) gives for `path`, or the errno.
+fn list_xattrs(path: &Path) -> Result<Vec<String>, i32> {
+    let p = cstr(path);
+    let mut buf = [0u8; 1024];
+    // SAFETY: the path is NUL-terminated; `buf` is writable for the length passed.
+    let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(buf[..r as usize]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into())
+        .collect())
+}
+
 /// Runs a shell command as `uid:gid` (no supplementary groups) and returns its exit status code.
 fn sh_as(uid: u32, gid: u32, cmd: &str) -> i32 {
     Command::new("setpriv")
@@ -310,9 +326,11 @@ fn listings_carry_what_lookups_would() {
     assert_eq!(grow.metadata().unwrap().len(), 3);
     drop(grow);
     assert_eq!(get_xattr(&d2.join("grow"), "system.posix_acl_access"), Err(libc::ENODATA));
+    assert_eq!(list_xattrs(&d2.join("grow")), Ok(Vec::new()));
     // An attribute this mount sets after listing the file is there at once.
     assert_eq!(set_xattr(&d2.join("a"), "trusted.t", b"1"), 0);
     assert_eq!(get_xattr(&d2.join("a"), "trusted.t"), Ok(b"1".to_vec()));
+    assert_eq!(list_xattrs(&d2.join("a")), Ok(vec!["trusted.t".to_string()]));
 
     // Another mount's changes show once the TTL (1 s) has run out.
     OpenOptions::new().append(true).open(d1.join("a")).unwrap().write_all(b"!").unwrap();
@@ -322,6 +340,7 @@ fn listings_carry_what_lookups_would() {
     assert_eq!(again[0].1.len(), 6);
     assert_eq!(again[1].1.len(), 3);
     assert_eq!(get_xattr(&d2.join("sub"), "trusted.t"), Ok(b"2".to_vec()));
+    assert_eq!(list_xattrs(&d2.join("sub")), Ok(vec!["trusted.t".to_string()]));
 }
 
 #[test]

@@ -16,13 +16,12 @@ impl Vfs {
     /// `user.` ones go to meta, which checks read permission first.
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         let absent = || VfsError::new(ErrorCode::NoAttribute, "no such extended attribute");
-        let now = std::time::Instant::now();
         let readable_by_all = [&b"security."[..], b"system.", b"trusted."].iter().any(|ns| name.starts_with(ns));
-        if readable_by_all && lock(&self.bare_inodes).get(&ino).is_some_and(|until| *until > now) {
+        if readable_by_all && self.is_bare(ino) {
             return Err(absent());
         }
         let key = (ino, name.to_vec());
-        if lock(&self.absent_xattrs).get(&key).is_some_and(|until| *until > now) {
+        if lock(&self.absent_xattrs).get(&key).is_some_and(|until| *until > std::time::Instant::now()) {
             return Err(absent());
         }
         match self.meta.call(GetXattr { ino, name: name.to_vec() }).await {
@@ -44,6 +43,12 @@ impl Vfs {
         lock(&self.bare_inodes).remove(&ino);
     }
 
+    /// Whether a listing less than `attr_ttl` ago found `ino` without any extended
+    /// attribute (and this client has set none since).
+    fn is_bare(&self, ino: InodeId) -> bool {
+        lock(&self.bare_inodes).get(&ino).is_some_and(|until| *until > std::time::Instant::now())
+    }
+
     /// Remembers, for `attr_ttl`, the listed inodes that have no extended attribute.
     pub(super) fn remember_bare(&self, entries: &[DirEntry]) {
         let until = std::time::Instant::now() + self.config.attr_ttl;
@@ -59,7 +64,12 @@ impl Vfs {
         self.meta.call(SetXattr { ino, name: name.to_vec(), value: value.to_vec(), mode }).await
     }
 
+    /// The names of an inode's extended attributes: none, without asking meta, for an
+    /// inode a listing found bare (`cp -a`, `rsync -X` and `tar --xattrs` ask of every file).
     pub async fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>> {
+        if self.is_bare(ino) {
+            return Ok(Vec::new());
+        }
         self.meta.call(ListXattr { ino }).await
     }
 
