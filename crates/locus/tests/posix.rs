@@ -36,20 +36,20 @@ fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
     if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
 }
 
-/// setxattr(2) of `name` on `path`; 0 or the errno.
-fn set_xattr(path: &Path, name: &str, value: &[u8]) -> i32 {
+/// setxattr(2) of `name` on `path` with `flags` (`XATTR_CREATE`, ...); 0 or the errno.
+fn set_xattr(path: &Path, name: &str, value: &[u8], flags: i32) -> i32 {
     let (p, n) = (cstr(path), CString::new(name).unwrap());
     // SAFETY: path and name are NUL-terminated; `value` holds the bytes passed.
-    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
     if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
 }
 
-/// getxattr(2) of `name` on `path` (values up to 256 bytes), or the errno.
-fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+/// getxattr(2) of `name` on `path` into a buffer of `len` bytes (at most 256), or the errno.
+fn get_xattr(path: &Path, name: &str, len: usize) -> Result<Vec<u8>, i32> {
     let (p, n) = (cstr(path), CString::new(name).unwrap());
     let mut buf = [0u8; 256];
-    // SAFETY: path and name are NUL-terminated; `buf` is writable for the length passed.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: path and name are NUL-terminated; `buf` is writable for `len` <= its size bytes.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), len.min(buf.len())) };
     if r >= 0 { Ok(buf[..r as usize].to_vec()) } else { Err(std::io::Error::last_os_error().raw_os_error().unwrap()) }
 }
 
@@ -197,26 +197,15 @@ fn files_directories_links_and_errors() {
     assert_eq!(fs::metadata(m.join("l2")).unwrap().mtime(), 1_000_000_000);
 
     // xattrs
-    let p = cstr(&m.join("l2"));
-    let (name, value) = (CString::new("user.color").unwrap(), b"blue");
-    // SAFETY: path and name are NUL-terminated; `value` holds the 4 bytes passed.
-    let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), 4, libc::XATTR_CREATE) };
-    assert_eq!(r, 0);
-    // SAFETY: as above.
-    let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), 4, libc::XATTR_CREATE) };
-    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EEXIST)));
-    let mut buf = [0u8; 16];
-    // SAFETY: path and name are NUL-terminated; `buf` is writable for the length passed.
-    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!(&buf[..n as usize], b"blue");
-    // SAFETY: as above, with a shorter length.
-    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 2) };
-    assert_eq!((n, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ERANGE)));
+    let l2 = m.join("l2");
+    assert_eq!(set_xattr(&l2, "user.color", b"blue", libc::XATTR_CREATE), 0);
+    assert_eq!(set_xattr(&l2, "user.color", b"blue", libc::XATTR_CREATE), libc::EEXIST);
+    assert_eq!(get_xattr(&l2, "user.color", 256), Ok(b"blue".to_vec()));
+    assert_eq!(get_xattr(&l2, "user.color", 2), Err(libc::ERANGE));
+    let (p, name) = (cstr(&l2), CString::new("user.color").unwrap());
     // SAFETY: path and name are NUL-terminated strings that outlive the call.
     assert_eq!(unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) }, 0);
-    // SAFETY: as above.
-    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!((n, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENODATA)));
+    assert_eq!(get_xattr(&l2, "user.color", 256), Err(libc::ENODATA));
 
     // statfs and fallocate
     // SAFETY: statvfs is a plain C struct for which all zeroes is valid.
@@ -325,21 +314,21 @@ fn listings_carry_what_lookups_would() {
     assert_eq!(grown.len(), 3, "this mount's unflushed append");
     assert_eq!(grow.metadata().unwrap().len(), 3);
     drop(grow);
-    assert_eq!(get_xattr(&d2.join("grow"), "system.posix_acl_access"), Err(libc::ENODATA));
+    assert_eq!(get_xattr(&d2.join("grow"), "system.posix_acl_access", 256), Err(libc::ENODATA));
     assert_eq!(list_xattrs(&d2.join("grow")), Ok(Vec::new()));
     // An attribute this mount sets after listing the file is there at once.
-    assert_eq!(set_xattr(&d2.join("a"), "trusted.t", b"1"), 0);
-    assert_eq!(get_xattr(&d2.join("a"), "trusted.t"), Ok(b"1".to_vec()));
+    assert_eq!(set_xattr(&d2.join("a"), "trusted.t", b"1", 0), 0);
+    assert_eq!(get_xattr(&d2.join("a"), "trusted.t", 256), Ok(b"1".to_vec()));
     assert_eq!(list_xattrs(&d2.join("a")), Ok(vec!["trusted.t".to_string()]));
 
     // Another mount's changes show once the TTL (1 s) has run out.
     OpenOptions::new().append(true).open(d1.join("a")).unwrap().write_all(b"!").unwrap();
-    assert_eq!(set_xattr(&d1.join("sub"), "trusted.t", b"2"), 0);
+    assert_eq!(set_xattr(&d1.join("sub"), "trusted.t", b"2", 0), 0);
     std::thread::sleep(std::time::Duration::from_millis(1200));
     let again = listed(&d2);
     assert_eq!(again[0].1.len(), 6);
     assert_eq!(again[1].1.len(), 3);
-    assert_eq!(get_xattr(&d2.join("sub"), "trusted.t"), Ok(b"2".to_vec()));
+    assert_eq!(get_xattr(&d2.join("sub"), "trusted.t", 256), Ok(b"2".to_vec()));
     assert_eq!(list_xattrs(&d2.join("sub")), Ok(vec!["trusted.t".to_string()]));
 }
 
