@@ -34,17 +34,17 @@ impl Vfs {
             .get(&dh)
             .cloned()
             .ok_or_else(|| VfsError::new(ErrorCode::InvalidArgument, "bad directory handle"))?;
-        let mut entries = self.next_entries(&cursor, after).await?;
+        let (dir, mut entries) = self.next_entries(&cursor, after).await?;
         if with_attrs {
             for e in &mut entries {
                 e.attr = self.local_view(e.attr.clone()).await;
             }
         }
-        let dir = cursor.lock().await.attr.clone();
         Ok((dir, entries))
     }
 
-    async fn next_entries(&self, cursor: &tokio::sync::Mutex<DirCursor>, after: u64) -> Result<Vec<DirEntry>> {
+    /// The directory's attributes and the buffered entries after `after`.
+    async fn next_entries(&self, cursor: &tokio::sync::Mutex<DirCursor>, after: u64) -> Result<(Attr, Vec<DirEntry>)> {
         let mut c = cursor.lock().await;
         if after != c.after || c.buffered.is_empty() {
             // A seek, or the buffer ran dry: (re)fill from `after`.
@@ -60,7 +60,7 @@ impl Vfs {
                 c.buffered.extend(page);
             }
         }
-        Ok(c.buffered.iter().cloned().collect())
+        Ok((c.attr.clone(), c.buffered.iter().cloned().collect()))
     }
 
     /// Tells the cursor how far the caller got, so the next `readdir` continues there.
