@@ -262,14 +262,19 @@ fn special_node(mode: u32, rdev: u32) -> Result<NewNode, Errno> {
 trait Listing: Send + 'static {
     /// Whether entries carry attributes the kernel keeps (READDIRPLUS).
     const WITH_ATTRS: bool;
+    /// The most entries a reply of one page (the kernel's usual listing buffer) holds:
+    /// what one `Vfs::readdir` call hands over (a larger buffer takes several).
+    const BATCH: usize;
     /// Adds an entry; true when the reply is full (the entry did not fit).
     fn push(&mut self, offset: u64, name: &OsStr, attr: &Attr, ttl: &Duration) -> bool;
     fn ok(self);
     fn error(self, e: Errno);
 }
 
+/// A `fuse_dirent` takes 24 bytes and the name, padded to 8: at least 32 bytes.
 impl Listing for ReplyDirectory {
     const WITH_ATTRS: bool = false;
+    const BATCH: usize = 4096 / 32;
     fn push(&mut self, offset: u64, name: &OsStr, attr: &Attr, _ttl: &Duration) -> bool {
         self.add(INodeNo(attr.ino), offset, file_type(attr.kind), name)
     }
@@ -285,6 +290,8 @@ impl Listing for ReplyDirectory {
 /// other entries), so the directory's own attributes serve both.
 impl Listing for ReplyDirectoryPlus {
     const WITH_ATTRS: bool = true;
+    /// A `fuse_direntplus` is a 128-byte `fuse_entry_out` before the `fuse_dirent`.
+    const BATCH: usize = 4096 / 160;
     fn push(&mut self, offset: u64, name: &OsStr, attr: &Attr, ttl: &Duration) -> bool {
         self.add(INodeNo(attr.ino), offset, name, ttl, &file_attr(attr), Generation(0))
     }
@@ -351,24 +358,33 @@ impl LocusFs {
         let (vfs, ttl) = (self.vfs.clone(), self.ttl);
         tracing::trace!(op = if L::WITH_ATTRS { "readdirplus" } else { "readdir" }, "fuse request");
         self.rt.spawn(client::acting_as(caller(req), async move {
-            let after = offset.saturating_sub(2);
-            let (dir, entries) = match vfs.readdir(fh.0, after, L::WITH_ATTRS).await {
-                Ok(listed) => listed,
-                Err(e) => return reply.error(errno("readdir", &e)),
-            };
-            for (at, name) in [(1, "."), (2, "..")] {
-                if offset < at && reply.push(at, OsStr::new(name), &dir, &ttl) {
-                    return reply.ok();
+            let mut after = offset.saturating_sub(2);
+            let mut pushed = false;
+            loop {
+                let (dir, entries) = match vfs.readdir(fh.0, after, L::WITH_ATTRS, L::BATCH).await {
+                    Ok(listed) => listed,
+                    // What fits already stands; the next call meets the error again.
+                    Err(_) if pushed => break,
+                    Err(e) => return reply.error(errno("readdir", &e)),
+                };
+                if !pushed {
+                    for (at, name) in [(1, "."), (2, "..")] {
+                        if offset < at && reply.push(at, OsStr::new(name), &dir, &ttl) {
+                            return reply.ok();
+                        }
+                    }
                 }
-            }
-            let mut last = after;
-            for e in entries {
-                if reply.push(e.cookie + 2, OsStr::from_bytes(&e.name), &e.attr, &ttl) {
+                if entries.is_empty() {
                     break;
                 }
-                last = e.cookie;
+                for e in entries {
+                    if reply.push(e.cookie + 2, OsStr::from_bytes(&e.name), &e.attr, &ttl) {
+                        return reply.ok();
+                    }
+                    after = e.cookie;
+                    pushed = true;
+                }
             }
-            vfs.readdir_consumed(fh.0, last);
             reply.ok()
         }));
     }

@@ -269,6 +269,43 @@ fn large_directory_lists_completely() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), N, "no entry listed twice");
+
+    // telldir/seekdir/rewinddir land where they should, across the client's pages of
+    // 2,048 entries and its hand-outs of a kernel buffer's worth.
+    let path = cstr(&d);
+    // SAFETY: the path is NUL-terminated; the stream is closed below and not used after.
+    let stream = unsafe { libc::opendir(path.as_ptr()) };
+    assert!(!stream.is_null());
+    let next = || -> String {
+        loop {
+            // SAFETY: `stream` is an open directory stream.
+            let e = unsafe { libc::readdir(stream) };
+            assert!(!e.is_null(), "the listing ended early");
+            // SAFETY: readdir returned a valid entry whose name is NUL-terminated.
+            let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                return name;
+            }
+        }
+    };
+    // SAFETY: `stream` is an open directory stream.
+    let tell = || unsafe { libc::telldir(stream) };
+    // SAFETY: `stream` is an open directory stream; `at` came from its telldir.
+    let seek = |at| unsafe { libc::seekdir(stream, at) };
+    let mut first: Vec<String> = (0..1000).map(|_| next()).collect();
+    let at_1000 = tell();
+    first.extend((0..2000).map(|_| next()));
+    let at_3000 = tell();
+    let after_3000: Vec<String> = (0..100).map(|_| next()).collect();
+    seek(at_1000);
+    assert_eq!((0..100).map(|_| next()).collect::<Vec<_>>(), first[1000..1100], "seek back to an earlier page");
+    seek(at_3000);
+    assert_eq!((0..100).map(|_| next()).collect::<Vec<_>>(), after_3000, "seek forward");
+    // SAFETY: `stream` is an open directory stream.
+    unsafe { libc::rewinddir(stream) };
+    assert_eq!((0..100).map(|_| next()).collect::<Vec<_>>(), first[..100], "rewind");
+    // SAFETY: `stream` is open and not used after.
+    assert_eq!(unsafe { libc::closedir(stream) }, 0);
 }
 
 /// `ls -l` through READDIRPLUS: the attributes a listing hands the kernel, which it keeps
