@@ -195,6 +195,13 @@ pub struct DirEntry {
     pub has_xattrs: bool,
 }
 
+/// Whether meta answers a read of the extended attribute `name` without a permission
+/// check (`trusted.` ones with absence to all but root): for these names a client may
+/// answer from a listing's word that the inode has no attribute at all.
+pub fn xattr_readable_by_all(name: &[u8]) -> bool {
+    [&b"security."[..], b"system.", b"trusted."].iter().any(|ns| name.starts_with(ns))
+}
+
 /// What a background worker is doing, as `locus status` and the metrics show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerStatus {

@@ -148,10 +148,8 @@ pub struct Vfs {
     /// `data_version` of each file when this client last had it open; an unchanged
     /// version lets the kernel keep its page cache.
     seen_versions: Mutex<HashMap<InodeId, u64>>,
-    /// Extended attributes known to be absent, until when (see `getxattr`).
-    absent_xattrs: Mutex<HashMap<(InodeId, Vec<u8>), std::time::Instant>>,
-    /// Inodes a listing found without any extended attribute, until when (see `getxattr`).
-    bare_inodes: Mutex<HashMap<InodeId, std::time::Instant>>,
+    /// Extended attributes known to be absent, per inode (see `getxattr`).
+    absent_xattrs: Mutex<HashMap<InodeId, xattr::KnownAbsent>>,
     /// The parent directory's attributes from the last unlink's or create's answer,
     /// for the kernel's GETATTR of that directory that follows (see `fresh_dir_attr`).
     changed_parent: Mutex<Option<namespace::FreshAttr>>,
@@ -200,7 +198,6 @@ impl Vfs {
             next_handle: AtomicU64::new(1),
             seen_versions: Mutex::default(),
             absent_xattrs: Mutex::default(),
-            bare_inodes: Mutex::default(),
             changed_parent: Mutex::default(),
             compact_queue,
             workers,

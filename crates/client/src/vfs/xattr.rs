@@ -5,33 +5,44 @@ use crate::error::VfsError;
 use proto::error::ErrorCode;
 use proto::meta::*;
 use proto::types::*;
+use std::collections::HashMap;
+use std::time::Instant;
 use util::sync::lock;
+
+/// What this client learned lately about an inode's extended attributes being absent,
+/// each fact trusted until its instant (`attr_ttl` after it was learned) and all of
+/// them dropped when this client sets or removes one of the inode's attributes.
+#[derive(Default)]
+pub(super) struct KnownAbsent {
+    /// A listing found the inode without any extended attribute.
+    bare_until: Option<Instant>,
+    /// Names meta answered with absence.
+    names: HashMap<Vec<u8>, Instant>,
+}
 
 impl Vfs {
     /// An extended attribute. Absence is remembered for `attr_ttl`: the kernel asks for
     /// `security.capability` before every write, and that must not cost a round trip
     /// to meta each time. So is a listing's word that an inode has none at all, for the
-    /// names every caller may read (`security.`, `system.`, `trusted.`: meta answers
-    /// those with absence whoever asks, so the answer here is the one meta would give);
-    /// `user.` ones go to meta, which checks read permission first.
+    /// names meta lets every caller read (`xattr_readable_by_all`), where the answer
+    /// here is the one meta would give; `user.` ones go to meta, which checks read
+    /// permission first.
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         let absent = || VfsError::new(ErrorCode::NoAttribute, "no such extended attribute");
-        let readable_by_all = [&b"security."[..], b"system.", b"trusted."].iter().any(|ns| name.starts_with(ns));
-        if readable_by_all && self.is_bare(ino) {
-            return Err(absent());
-        }
-        let key = (ino, name.to_vec());
-        if lock(&self.absent_xattrs).get(&key).is_some_and(|until| *until > std::time::Instant::now()) {
+        let now = Instant::now();
+        if lock(&self.absent_xattrs).get(&ino).is_some_and(|k| {
+            (xattr_readable_by_all(name) && k.bare_until.is_some_and(|until| until > now))
+                || k.names.get(name).is_some_and(|until| *until > now)
+        }) {
             return Err(absent());
         }
         match self.meta.call(GetXattr { ino, name: name.to_vec() }).await {
             Ok(b) => Ok(b),
             Err(e) if e.code == ErrorCode::NoAttribute => {
-                let mut absent = lock(&self.absent_xattrs);
-                if absent.len() > 100_000 {
-                    absent.clear();
-                }
-                absent.insert(key, std::time::Instant::now() + self.config.attr_ttl);
+                let until = Instant::now() + self.config.attr_ttl;
+                self.learn_absent(|known| {
+                    known.entry(ino).or_default().names.insert(name.to_vec(), until);
+                });
                 Err(e)
             }
             Err(e) => Err(e),
@@ -39,24 +50,34 @@ impl Vfs {
     }
 
     pub(super) fn forget_absent_xattrs(&self, ino: InodeId) {
-        lock(&self.absent_xattrs).retain(|(i, _), _| *i != ino);
-        lock(&self.bare_inodes).remove(&ino);
+        lock(&self.absent_xattrs).remove(&ino);
     }
 
     /// Whether a listing less than `attr_ttl` ago found `ino` without any extended
     /// attribute (and this client has set none since).
     fn is_bare(&self, ino: InodeId) -> bool {
-        lock(&self.bare_inodes).get(&ino).is_some_and(|until| *until > std::time::Instant::now())
+        let now = Instant::now();
+        lock(&self.absent_xattrs).get(&ino).and_then(|k| k.bare_until).is_some_and(|until| until > now)
     }
 
     /// Remembers, for `attr_ttl`, the listed inodes that have no extended attribute.
     pub(super) fn remember_bare(&self, entries: &[DirEntry]) {
-        let until = std::time::Instant::now() + self.config.attr_ttl;
-        let mut bare = lock(&self.bare_inodes);
-        if bare.len() > 100_000 {
-            bare.clear();
+        let until = Instant::now() + self.config.attr_ttl;
+        self.learn_absent(|known| {
+            for e in entries.iter().filter(|e| !e.has_xattrs) {
+                known.entry(e.attr.ino).or_default().bare_until = Some(until);
+            }
+        });
+    }
+
+    /// Adds to what is known absent, within a bound on the inodes it covers (all of it
+    /// is only ever a shortcut, so forgetting it at once is safe).
+    fn learn_absent(&self, learn: impl FnOnce(&mut HashMap<InodeId, KnownAbsent>)) {
+        let mut known = lock(&self.absent_xattrs);
+        if known.len() > 100_000 {
+            known.clear();
         }
-        bare.extend(entries.iter().filter(|e| !e.has_xattrs).map(|e| (e.attr.ino, until)));
+        learn(&mut known);
     }
 
     pub async fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {

@@ -197,3 +197,45 @@ pub fn check_privileged(c: &Caller, what: &str) -> Result<(), MetaError> {
     }
     Err(MetaError::NotPermitted(format!("{what} is reserved to nodes and administrators (uid {} asked)", c.uid)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::types::xattr_readable_by_all;
+
+    /// Clients answer reads of the names `xattr_readable_by_all` picks from a listing
+    /// alone, which gives meta's answer only while meta refuses such a read to nobody.
+    #[test]
+    fn xattr_names_readable_by_all_are_refused_to_nobody() {
+        let stranger = Caller { uid: 1234, gid: 1234, groups: Vec::new() };
+        let t = Timestamp::default();
+        for kind in [FileKind::File, FileKind::Dir, FileKind::Symlink] {
+            let a = Attr {
+                ino: 7,
+                kind,
+                mode: 0,
+                uid: 1,
+                gid: 1,
+                size: 0,
+                nlink: 1,
+                rdev: 0,
+                atime: t,
+                mtime: t,
+                ctime: t,
+                data_version: 0,
+            };
+            for name in [&b"security.selinux"[..], b"system.posix_acl_access", b"trusted.x", b"user.x"] {
+                let refused = matches!(
+                    check_xattr(&stranger, &a, name, false),
+                    Err(MetaError::PermissionDenied(_) | MetaError::NotPermitted(_))
+                );
+                if xattr_readable_by_all(name) {
+                    assert!(!refused, "{} of a {kind:?}", show(name));
+                }
+            }
+            if kind == FileKind::File {
+                assert!(matches!(check_xattr(&stranger, &a, b"user.x", false), Err(MetaError::PermissionDenied(_))));
+            }
+        }
+    }
+}
