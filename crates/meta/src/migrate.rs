@@ -9,7 +9,7 @@ use rusqlite::types::ValueRef;
 
 /// A value of a SQLite column as PostgreSQL takes it (every integer is BIGINT there).
 enum Cell {
-    Null(Option<i64>),
+    Null(AnyNull),
     Int(i64),
     Text(String),
     Bytes(Vec<u8>),
@@ -18,7 +18,7 @@ enum Cell {
 impl Cell {
     fn of(v: ValueRef<'_>) -> Result<Cell, MetaError> {
         Ok(match v {
-            ValueRef::Null => Cell::Null(None),
+            ValueRef::Null => Cell::Null(AnyNull),
             ValueRef::Integer(i) => Cell::Int(i),
             ValueRef::Text(t) => Cell::Text(
                 String::from_utf8(t.to_vec()).map_err(|e| MetaError::Corrupt(format!("text column not UTF-8: {e}")))?,
@@ -36,6 +36,27 @@ impl Cell {
             Cell::Bytes(b) => b,
         }
     }
+}
+
+/// SQL NULL for a column of any type: a typed `None` is refused by a column of another
+/// type (a session's `owner` TEXT is NULL when it was opened without TLS).
+#[derive(Debug)]
+struct AnyNull;
+
+impl ToSql for AnyNull {
+    fn to_sql(
+        &self,
+        _: &postgres::types::Type,
+        _: &mut bytes::BytesMut,
+    ) -> Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(postgres::types::IsNull::Yes)
+    }
+
+    fn accepts(_: &postgres::types::Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
 }
 
 /// The tables that hold no namespace of their own: the version row (the target has
@@ -222,6 +243,9 @@ mod tests {
         };
         ask(&source, MetaRequest::AdmitNode(AdmitNode { node: node.id.clone() }));
         ask(&source, MetaRequest::RegisterNode(RegisterNode { node, cluster_id: None }));
+        // A session opened without a certificate (no TLS): its owner column is NULL.
+        let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "/mnt".into() };
+        ask(&source, MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info }));
         let before = everything(&source);
         let cluster = source.cluster_id().to_string();
         let err = migrate(&db.display().to_string(), "postgres://x@127.0.0.1:1/x").unwrap_err();
@@ -233,6 +257,7 @@ mod tests {
         let copied = migrate(&format!("sqlite://{}", db.display()), &url).unwrap();
         let count = |t: &str| copied.iter().find(|(n, _)| n == t).map(|(_, n)| *n);
         assert_eq!((count("inodes"), count("dentries"), count("extents")), (Some(43), Some(42), Some(40)));
+        assert_eq!(count("sessions"), Some(1));
         let target =
             MetaService::open(&MetaConfig { db_url: url.clone(), init: false, ..test_config(db.clone()) }).unwrap();
         assert_eq!(target.cluster_id(), cluster, "the cluster id moves along");
