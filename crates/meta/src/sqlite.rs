@@ -517,8 +517,14 @@ pub(crate) fn chunk_id(bytes: Vec<u8>) -> Result<ChunkId, MetaError> {
     Ok(ChunkId(arr))
 }
 
-const INODE_COLS: &str = "ino, kind, mode, uid, gid, size, nlink, rdev, atime_s, atime_ns, mtime_s, mtime_ns, \
-                          ctime_s, ctime_ns, data_version, parent, target";
+/// The inode columns in `inode_row`'s order; a macro so that the statements can be
+/// `concat!`ed at compile time instead of formatted on every call.
+macro_rules! inode_cols {
+    () => {
+        "ino, kind, mode, uid, gid, size, nlink, rdev, atime_s, atime_ns, mtime_s, mtime_ns, \
+         ctime_s, ctime_ns, data_version, parent, target"
+    };
+}
 
 fn inode_row(r: &Row<'_>) -> rusqlite::Result<(Inode, i64)> {
     let ts = |s: usize| -> rusqlite::Result<Timestamp> {
@@ -600,7 +606,7 @@ impl Txn for SqlConn {
     }
 
     fn get_inode(&mut self, ino: InodeId) -> Result<Option<Inode>, MetaError> {
-        let mut st = self.conn.prepare_cached(&format!("SELECT {INODE_COLS} FROM inodes WHERE ino = ?1"))?;
+        let mut st = self.conn.prepare_cached(concat!("SELECT ", inode_cols!(), " FROM inodes WHERE ino = ?1"))?;
         let Some((mut inode, kind)) = st.query_row([ino as i64], inode_row).optional()? else {
             return Ok(None);
         };
@@ -610,8 +616,10 @@ impl Txn for SqlConn {
 
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
         let a = &inode.attr;
-        let mut st = self.conn.prepare_cached(&format!(
-            "INSERT INTO inodes ({INODE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+        let mut st = self.conn.prepare_cached(concat!(
+            "INSERT INTO inodes (",
+            inode_cols!(),
+            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
              ON CONFLICT (ino) DO UPDATE SET kind = excluded.kind, mode = excluded.mode, uid = excluded.uid,
              gid = excluded.gid, size = excluded.size, nlink = excluded.nlink, rdev = excluded.rdev,
              atime_s = excluded.atime_s, atime_ns = excluded.atime_ns, mtime_s = excluded.mtime_s,
