@@ -386,10 +386,10 @@ fn configure(conn: &Connection) -> Result<(), MetaError> {
 }
 
 /// Keeps a cached statement's plan across executions. Otherwise SQLite marks a statement
-/// whose plan looked at a bound value (a range such as `file_offset < ?2`, a bound
-/// `LIMIT`) to be parsed and planned again whenever a value is bound, which is every
-/// execution: extents and listings are read that way, and the
-/// parsing was 9 % of the mount's CPU in a run of creates. Every query here is a
+/// whose plan looked at a bound value (a range in order, such as the extents' `file_offset
+/// < ?2 ORDER BY file_offset`; a bound `LIMIT`) to be parsed and planned again whenever a
+/// value is bound, which is every execution: extents and listings are read that way, and
+/// the planning was 7-9 % of the mount's CPU in a run of creates. Every query here is a
 /// primary-key or index walk whose best plan does not depend on the values.
 fn plan_once(conn: &Connection) -> Result<(), MetaError> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
