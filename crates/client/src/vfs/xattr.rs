@@ -20,6 +20,19 @@ pub(super) struct KnownAbsent {
     names: HashMap<Vec<u8>, Instant>,
 }
 
+impl KnownAbsent {
+    /// Whether a listing less than `attr_ttl` before `now` found the inode bare.
+    fn bare(&self, now: Instant) -> bool {
+        self.bare_until.is_some_and(|until| until > now)
+    }
+
+    /// Whether `name` is known absent at `now`: meta said so, or a listing found the
+    /// inode bare and meta answers this name to every caller.
+    fn absent(&self, name: &[u8], now: Instant) -> bool {
+        (xattr_readable_by_all(name) && self.bare(now)) || self.names.get(name).is_some_and(|until| *until > now)
+    }
+}
+
 impl Vfs {
     /// An extended attribute. Absence is remembered for `attr_ttl`: the kernel asks for
     /// `security.capability` before every write, and that must not cost a round trip
@@ -30,10 +43,7 @@ impl Vfs {
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         let absent = || VfsError::new(ErrorCode::NoAttribute, "no such extended attribute");
         let now = Instant::now();
-        if lock(&self.absent_xattrs).get(&ino).is_some_and(|k| {
-            (xattr_readable_by_all(name) && k.bare_until.is_some_and(|until| until > now))
-                || k.names.get(name).is_some_and(|until| *until > now)
-        }) {
+        if lock(&self.absent_xattrs).get(&ino).is_some_and(|k| k.absent(name, now)) {
             return Err(absent());
         }
         match self.meta.call(GetXattr { ino, name: name.to_vec() }).await {
@@ -57,7 +67,7 @@ impl Vfs {
     /// attribute (and this client has set none since).
     fn is_bare(&self, ino: InodeId) -> bool {
         let now = Instant::now();
-        lock(&self.absent_xattrs).get(&ino).and_then(|k| k.bare_until).is_some_and(|until| until > now)
+        lock(&self.absent_xattrs).get(&ino).is_some_and(|k| k.bare(now))
     }
 
     /// Remembers, for `attr_ttl`, the listed inodes that have no extended attribute.
