@@ -195,10 +195,12 @@ impl DataPath {
             let epoch = cap.map_or(0, |c| c.epoch);
             let put = NodeRequest::Put { id, cap, epoch, replicate: replicate.clone() };
             match self.node_call(node, &put, data.clone()).await {
-                Ok((NodeReply::Stored(nodes), _)) if !nodes.is_empty() => {
-                    return Ok(StoredChunk { id, size: data.len() as u64, nodes });
+                Ok((NodeReply::Stored { nodes, receipt }, _)) if !nodes.is_empty() => {
+                    return Ok(StoredChunk { id, size: data.len() as u64, nodes, receipt });
                 }
-                Ok(_) => return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node.clone()] }),
+                Ok(_) => {
+                    return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node.clone()], receipt: None });
+                }
                 Err(e) if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) && !refreshed => {
                     // Expired, signed by a meta that restarted since, or (ReadOnly) of an
                     // older epoch than the node's: a meta restarted at a new primary

@@ -1,6 +1,6 @@
 //! Commands for people: `status`, `fsck` and `gc`, talking to meta and nodes directly.
 
-use crate::cli::{AdminArgs, GcArgs};
+use crate::cli::{AdminArgs, GcArgs, StatusArgs};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use net::{NodeDirectory, RpcClient};
@@ -47,6 +47,23 @@ async fn meta_call<M: MetaMessage>(meta: &RpcClient, msg: M) -> anyhow::Result<M
 async fn node_call(node: &RpcClient, req: NodeRequest) -> anyhow::Result<NodeReply> {
     let res: NodeResult = node.call(&req).await?;
     Ok(res?)
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm`.
+fn utc(ms: i64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.millisecond()
+        ),
+        Err(_) => format!("{ms} ms"),
+    }
 }
 
 fn human(bytes: u64) -> String {
@@ -97,12 +114,22 @@ fn print_lag(lag: &[(String, proto::policy::ReplicationLag)]) {
     }
 }
 
-pub async fn status(args: AdminArgs) -> anyhow::Result<ExitCode> {
-    let addr = crate::local::meta_addr(args.meta.as_deref());
+pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let addr = crate::local::meta_addr(args.admin.meta.as_deref());
     let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
         .await
         .with_context(|| format!("meta at {addr} is unreachable"))?;
     let s = meta_call(&meta, Status {}).await?;
+    if args.audit {
+        println!("{:<24} {:<40} {:<22} {:<50} OUTCOME", "WHEN (UTC)", "WHO", "FROM", "WHAT");
+        for e in &s.audit {
+            println!("{:<24} {:<40} {:<22} {:<50} {}", utc(e.at_ms), e.who, e.from, e.action, e.outcome);
+        }
+        if s.audit.is_empty() {
+            println!("(no administrative action since meta started, or this certificate may not see them)");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "meta {addr} (cluster {}): {} inodes, {} chunks ({})",
         s.cluster_id,

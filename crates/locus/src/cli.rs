@@ -44,7 +44,7 @@ pub enum Command {
     /// Mount the namespace with FUSE.
     Mount(MountArgs),
     /// Show nodes, capacity, chunks and sessions.
-    Status(AdminArgs),
+    Status(StatusArgs),
     /// Check every chunk against its id and every extent against the catalogue.
     Fsck(AdminArgs),
     /// Delete chunks that no file references any more.
@@ -238,6 +238,10 @@ pub struct MetaArgs {
     /// Admits this node id at start, as `locus node admit` would (repeat for more).
     #[arg(long = "admit-node", value_name = "ID")]
     pub admit_nodes: Vec<String>,
+    /// Appends every administrative action (who, what, when, from where) to this file;
+    /// `locus status --audit` shows the latest either way.
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// `SITE=FILE` of `--identity-map`.
@@ -451,6 +455,16 @@ pub struct AdminArgs {
     /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
     #[arg(long)]
     pub meta: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Show only the audit log: the latest administrative actions (who, what, when,
+    /// from where; `locus meta --audit-log FILE` keeps them all).
+    #[arg(long)]
+    pub audit: bool,
 }
 
 #[derive(Args, Debug)]

@@ -124,7 +124,7 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
             None => Own("locus node"),
         }),
         Mount(_) => Some(Own("locus mount")),
-        Status(a) => Some(Operator("locus status", a.meta.as_deref())),
+        Status(a) => Some(Operator("locus status", a.admin.meta.as_deref())),
         Fsck(a) => Some(Operator("locus fsck", a.meta.as_deref())),
         Gc(a) => Some(Operator("locus gc", a.meta.as_deref())),
         Policy(a) => Some(Operator("locus policy", a.meta.as_deref())),

@@ -25,13 +25,40 @@ pub fn command(cmd: CaCommand) -> anyhow::Result<ExitCode> {
         }
         CaCommand::Revoke { dir, entries } => {
             let path = dir.join(REVOKED);
+            let issued = issued_certificates(&dir);
             let mut list = std::fs::read_to_string(&path).unwrap_or_default();
-            for e in entries {
+            for e in &entries {
                 list.push_str(e.trim());
                 list.push('\n');
             }
             net::pki::write_file(&path, &list, false)?;
             println!("{} now lists {} revoked certificates or names", path.display(), read_revoked(&path).len());
+            for e in &entries {
+                let covered: Vec<&str> = issued
+                    .iter()
+                    .filter(|(_, pem)| net::revocation_covers(e, pem).unwrap_or(false))
+                    .map(|(file, _)| file.as_str())
+                    .collect();
+                if covered.is_empty() {
+                    let near: Vec<String> = issued
+                        .iter()
+                        .filter_map(|(_, pem)| net::certificate_name(pem).ok())
+                        .filter(|name| name.eq_ignore_ascii_case(e.trim()))
+                        .collect();
+                    eprintln!(
+                        "warning: {e:?} matches no certificate issued in {}{} (names and DNs are matched exactly, \
+                         case included; serials in hex); it is listed anyway, for certificates issued elsewhere",
+                        dir.display(),
+                        if near.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (differing only in case: {})", near.join(", "))
+                        }
+                    );
+                } else {
+                    println!("{e:?} covers {}", covered.join(", "));
+                }
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -46,6 +73,20 @@ fn issue(args: &IssueArgs) -> anyhow::Result<(PathBuf, PathBuf)> {
     let issued = ca.issue(args.role, &args.name, &args.site, args.days)?;
     let out = args.out.clone().unwrap_or_else(|| args.dir.clone());
     Ok(issued.write(&out, &args.name)?)
+}
+
+/// The certificates `ca issue` wrote into a CA directory (every `*.pem` but the CA's
+/// own), by file name, with their PEM text.
+fn issued_certificates(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name() != CA_CERT && e.path().extension().is_some_and(|x| x == "pem"))
+        .filter_map(|e| Some((e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).ok()?)))
+        .collect();
+    out.sort();
+    out
 }
 
 /// Reads a revocation list: one serial (hex) or name a line; `#` starts a comment.

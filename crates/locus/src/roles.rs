@@ -115,6 +115,7 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         session_expiry: expiry,
         primary_lease: lease,
         db_timeout: args.db_timeout,
+        audit_log: args.audit_log.clone(),
     };
     let (addr, _) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     // Tools and tests read this line to learn the address (the port may be 0 = any).
@@ -326,9 +327,12 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
         db_timeout: meta::DEFAULT_DB_TIMEOUT,
+        audit_log: Some(data_dir.join("audit.log")),
     };
     let (meta_addr, meta_service) =
-        start_meta(meta_listener, config, IdentityConfig::default(), revoked, &[LOCAL_NODE.to_string()]).await?;
+        // The mount is the machine's own: its root is root (as with a local disk).
+        start_meta(meta_listener, config, (Vec::new(), vec![LOCAL_SITE.to_string()]), revoked, &[LOCAL_NODE.to_string()])
+            .await?;
     let node_addr = node_listener.local_addr()?.to_string();
     let node_args = NodeArgs {
         listen: node_addr.clone(),

@@ -69,6 +69,7 @@ fn a_damaged_database_is_refused() {
             session_expiry: std::time::Duration::from_secs(30),
             primary_lease: None,
             db_timeout: meta::DEFAULT_DB_TIMEOUT,
+            audit_log: None,
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

@@ -8,10 +8,9 @@ use net::{PeerIdentity, Role};
 use proto::types::Caller;
 
 /// The caller a request from `peer` acts as:
-/// - meta or node certificate: the superuser when it names no caller (nodes act for
-///   the cluster, not users); a caller it names is believed, root included (the
-///   mount inside `locus up` runs with the process's node certificate, and its users
-///   are still checked);
+/// - meta, node or admin certificate: the superuser, whatever caller it names: such a
+///   certificate is never a user (nodes act for the cluster, admins administer; which
+///   requests each may make at all is `service::permitted_roles`);
 /// - client certificate: the claimed caller of the certificate's site, mapped by that
 ///   site's map, root squashed unless the site is trusted (`--no-root-squash`); a
 ///   request with no caller is the client host's root, squashed alike;
@@ -19,10 +18,7 @@ use proto::types::Caller;
 ///   site are believed (still mapped), and root is root — trust-the-client mode.
 pub fn resolve(ids: &Identities, peer: Option<&PeerIdentity>, site: Option<&str>, claimed: Option<Caller>) -> Acting {
     match peer {
-        Some(PeerIdentity { role: Role::Meta | Role::Node | Role::Admin, site, .. }) => match claimed {
-            None => Acting::root(),
-            Some(claimed) => ids.acting(Some(site), false, Some(claimed)),
-        },
+        Some(PeerIdentity { role: Role::Meta | Role::Node | Role::Admin, .. }) => Acting::root(),
         Some(id) => ids.acting(Some(&id.site), true, claimed),
         None => ids.acting(site, false, claimed),
     }
@@ -44,8 +40,9 @@ mod tests {
         assert_eq!(resolve(&ids, None, Some("a"), Some(alice.clone())).caller, alice);
         assert_eq!(resolve(&ids, None, None, None).caller, Caller::ROOT);
         assert_eq!(resolve(&ids, Some(&id(Role::Node)), None, None).caller, Caller::ROOT);
-        assert_eq!(resolve(&ids, Some(&id(Role::Node)), None, Some(alice.clone())).caller, alice, "locus up's mount");
-        assert_eq!(resolve(&ids, Some(&id(Role::Node)), None, Some(Caller::ROOT)).caller, Caller::ROOT);
+        // A node or admin certificate is never a user: a caller it names is ignored.
+        assert_eq!(resolve(&ids, Some(&id(Role::Node)), None, Some(alice.clone())).caller, Caller::ROOT);
+        assert_eq!(resolve(&ids, Some(&id(Role::Admin)), None, Some(alice.clone())).caller, Caller::ROOT);
         let squashed = resolve(&ids, Some(&id(Role::Client)), Some("b"), Some(alice)).caller;
         assert_eq!(squashed, Caller { uid: 1001, gid: 100, groups: vec![7] });
         let nobody = Caller { uid: NOBODY, gid: NOBODY, groups: vec![] };

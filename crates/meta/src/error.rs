@@ -32,6 +32,8 @@ pub enum MetaError {
     WouldBlock(String),
     #[error("stale: {0}")]
     Stale(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("metadata database error: {0}")]
     Db(#[from] rusqlite::Error),
     #[error("PostgreSQL metadata database error: {}", pg_detail(.0))]
@@ -134,6 +136,7 @@ impl MetaError {
             MetaError::Range(_) => ErrorCode::Range,
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
             MetaError::Stale(_) => ErrorCode::Stale,
+            MetaError::Unsupported(_) => ErrorCode::Unsupported,
             MetaError::Db(_)
             | MetaError::Postgres(_)
             | MetaError::PostgresServer(_)

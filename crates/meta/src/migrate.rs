@@ -218,7 +218,7 @@ mod tests {
                     session: 0,
                     ino: f.ino,
                     extents: vec![extent],
-                    chunks: vec![StoredChunk { id: chunk, size: 1 << 20, nodes: vec!["n1".into()] }],
+                    chunks: vec![StoredChunk { id: chunk, size: 1 << 20, nodes: vec!["n1".into()], receipt: None }],
                     min_size: 0,
                     mtime: Timestamp { secs: 5, nanos: 6 },
                 }),

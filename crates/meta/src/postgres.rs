@@ -2235,6 +2235,11 @@ impl Txn for PgConn {
         rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get::<_, i64>(2)? as u64))).collect()
     }
 
+    fn parents_of(&mut self, ino: InodeId) -> Result<Vec<InodeId>, MetaError> {
+        let rows = self.query("SELECT DISTINCT parent FROM dentries WHERE ino = $1", &[&(ino as i64)])?;
+        rows.iter().map(|r| Ok(r.try_get::<_, i64>(0)? as u64)).collect()
+    }
+
     fn chunk_totals(&mut self) -> Result<(u64, u64), MetaError> {
         let row = self.one("SELECT COUNT(*), COALESCE(SUM(size), 0)::BIGINT FROM chunks", &[])?;
         Ok((row.try_get::<_, i64>(0)? as u64, row.try_get::<_, i64>(1)? as u64))
@@ -3137,7 +3142,7 @@ mod tests {
         let chunk = |tag: u8| ChunkId([tag; 32]);
         let write = |ino: InodeId, file_offset: u64, len: u64, tag: u8| {
             let extents = vec![Extent { file_offset, len, chunk: chunk(tag), chunk_offset: 0 }];
-            let chunks = vec![StoredChunk { id: chunk(tag), size: 1 << 20, nodes: vec!["n0".into()] }];
+            let chunks = vec![StoredChunk { id: chunk(tag), size: 1 << 20, nodes: vec!["n0".into()], receipt: None }];
             let req =
                 CommitWrite { session, ino, extents, chunks, min_size: file_offset + len, mtime: Timestamp::now() };
             Attr::try_from(one.handle_blocking(MetaRequest::CommitWrite(req)).unwrap()).unwrap()

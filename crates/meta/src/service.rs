@@ -2,13 +2,14 @@
 //! threads, never on the async runtime; locks and open-file records are rows there
 //! too), and expires silent sessions in the background.
 
+use crate::audit::AuditLog;
 use crate::engine::{self, Store};
 use crate::error::MetaError;
 use crate::identity::{Acting, Identities};
 use crate::ops::{self, Access, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
-use proto::meta::{MetaCall, MetaPush, PendingNode, PushAnswer, RevocationList, SessionInfo};
+use proto::meta::{AuditEntry, MetaCall, MetaPush, PendingNode, PushAnswer, RevocationList, SessionInfo};
 use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::policy::ReplicationLag;
 use proto::types::{Caller, SessionId, WorkerStatus};
@@ -42,6 +43,9 @@ pub struct MetaConfig {
     /// cancelled and fails with ETIMEDOUT, so that a stopped or unreachable server
     /// costs each caller a bounded wait.
     pub db_timeout: Duration,
+    /// Where administrative actions are appended (`audit`); they are kept in memory
+    /// for `locus status --audit` either way.
+    pub audit_log: Option<std::path::PathBuf>,
 }
 
 /// `MetaConfig::db_timeout` unless told otherwise: far above any one request's work
@@ -70,19 +74,27 @@ pub struct MetaService {
     /// Nodes refused for want of admission, by id, with their latest attempt: their
     /// heartbeat repeats it, so after a restart of meta they reappear within one.
     pending: Mutex<HashMap<String, (std::time::Instant, PendingNode)>>,
+    /// Administrative actions: who, what, when, from where.
+    audit: AuditLog,
 }
 
 impl MetaService {
     /// Opens the database named by `config.db_url` (see `open_store`).
     pub fn open(config: &MetaConfig) -> Result<Arc<MetaService>, MetaError> {
         let lease = config.primary_lease.map(|d| (format!("meta-pid{}", std::process::id()), d));
+        let audit = AuditLog::open(config.audit_log.as_deref())?;
         let store =
             engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init, lease, config.db_timeout)?;
-        Ok(Self::with_store(Arc::new(store), config))
+        Ok(Self::build(Arc::new(store), config, audit))
     }
 
-    /// A service over any backend's store (`db_url` and `init` in `config` are unused).
+    /// A service over any backend's store (`db_url`, `init` and `audit_log` in `config`
+    /// are unused: its audit log lives in memory).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
+        Self::build(store, config, AuditLog::in_memory())
+    }
+
+    fn build(store: Arc<Store>, config: &MetaConfig, audit: AuditLog) -> Arc<MetaService> {
         Arc::new(MetaService {
             cap_key: capability_key(store.cluster_secret()),
             cluster_id: store.cluster_id().into(),
@@ -96,6 +108,7 @@ impl MetaService {
             identities: std::sync::RwLock::new(Arc::new(Identities::empty())),
             revoked: Mutex::default(),
             pending: Mutex::default(),
+            audit,
         })
     }
 
@@ -281,6 +294,15 @@ impl MetaService {
     /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
     fn check_identity(peer: &impl Origin, req: &MetaRequest) -> Result<(), MetaError> {
         let Some(who) = peer.identity() else { return Ok(()) };
+        let permitted = permitted_roles(req);
+        if !permitted.contains(&who.role) {
+            let roles: Vec<&str> = permitted.iter().map(|r| r.as_str()).collect();
+            return Err(MetaError::NotPermitted(format!(
+                "{who} may not ask {}: that takes a {} certificate",
+                req.name(),
+                roles.join(" or ")
+            )));
+        }
         let as_node = |id: &str, site: Option<&str>| {
             if who.role != net::Role::Node {
                 return Err(MetaError::NotPermitted(format!(
@@ -363,11 +385,11 @@ impl MetaService {
         RT.with(|rt| rt.block_on(self.answer_as(None, caller, req))).map_err(Into::into)
     }
 
-    /// Answers a request for `caller` from a peer whose certificate proved `certificate` (name,
-    /// site), noting a refused registration as pending.
+    /// Answers a request for `caller` from a peer whose certificate proved `peer`, noting a
+    /// refused registration as pending.
     async fn answer_as(
         self: &Arc<Self>,
-        certificate: Option<(String, String)>,
+        peer: Option<&net::PeerIdentity>,
         caller: Caller,
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
@@ -376,9 +398,9 @@ impl MetaService {
             MetaRequest::RemoveNode(m) => (None, Some(m.node.clone())),
             _ => (None, None),
         };
-        let result = self.answer(caller, certificate.as_ref().map(|(name, _)| name.clone()), req).await;
+        let result = self.answer(caller, peer, req).await;
         if let Some(node) = registering {
-            self.note_registration(certificate, node, &result);
+            self.note_registration(peer.map(|p| (p.name.clone(), p.site.clone())), node, &result);
         }
         // A removed node's last reports go with it from `locus status`.
         if let (Some(node), Ok(_)) = (removing, &result) {
@@ -388,16 +410,17 @@ impl MetaService {
         result
     }
 
-    /// Answers one request for `caller` from a peer whose certificate proved the name
-    /// `certificate`. Writes are queued to the store's writer and awaited without
-    /// holding a thread; reads run in `block_in_place` (see `engine`).
+    /// Answers one request for `caller` from a peer whose certificate proved `peer`.
+    /// Writes are queued to the store's writer and awaited without holding a thread;
+    /// reads run in `block_in_place` (see `engine`).
     async fn answer(
         self: &Arc<Self>,
         caller: Caller,
-        certificate: Option<String>,
+        peer: Option<&net::PeerIdentity>,
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
-        let ctx = self.ctx().acting_for(caller, certificate);
+        let oversees = peer.is_none_or(|p| p.role != net::Role::Client);
+        let ctx = self.ctx().acting_for(caller, peer.map(|p| p.name.clone()), oversees);
         match ops::access(&req) {
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
@@ -421,7 +444,10 @@ impl MetaService {
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
                         status.lag = self.lag_reports();
-                        status.pending = self.pending_nodes();
+                        if oversees {
+                            status.pending = self.pending_nodes();
+                            status.audit = self.audit.recent();
+                        }
                         MetaReply::Status(status)
                     }
                     other => other,
@@ -679,15 +705,22 @@ impl InProcessClient {
 }
 
 impl MetaService {
-    /// A client in this process (see `InProcessClient`).
+    /// A client in this process (see `InProcessClient`): it proves this process's
+    /// certificate name and site, as a client (the process's own role, a node's under
+    /// `locus up`, is never a user at meta).
     pub fn in_process_client(self: &Arc<Self>) -> InProcessClient {
-        InProcessClient { service: self.clone(), identity: net::own_identity(), session: Mutex::new(None) }
+        let identity = net::own_identity().map(|me| net::PeerIdentity { role: net::Role::Client, ..me });
+        InProcessClient { service: self.clone(), identity, session: Mutex::new(None) }
     }
 
     /// Checks and answers a request from `peer`.
     async fn answer_from(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> MetaResult {
         let MetaCall { caller, site, request: mut req, epoch } = call;
         if let Err(e) = Self::check_identity(peer, &req) {
+            tracing::warn!(peer = %peer.describe(), "refused: {e}");
+            return Err(e.into());
+        }
+        if let Err(e) = self.check_receipts(peer.identity(), &req) {
             tracing::warn!(peer = %peer.describe(), "refused: {e}");
             return Err(e.into());
         }
@@ -710,11 +743,25 @@ impl MetaService {
             }
         }
         let grants = granted_caps(&req);
-        let certificate = peer.identity().map(|who| (who.name.clone(), who.site.clone()));
-        let result = self.answer_as(certificate, acting.caller.clone(), req).await.map(|reply| {
+        let audited = crate::audit::action(&req);
+        let result = self.answer_as(peer.identity(), acting.caller.clone(), req).await.map(|reply| {
             let holder = peer.identity().map_or("", |i| i.name.as_str());
             self.with_caps(localize(reply, &acting), grants, holder, peer.identity())
         });
+        if let Some(action) = audited {
+            self.audit.record(AuditEntry {
+                at_ms: self.ctx().now_ms,
+                who: peer
+                    .identity()
+                    .map_or_else(|| "an unauthenticated peer (--insecure-no-tls)".into(), |w| w.to_string()),
+                from: peer.describe(),
+                action,
+                outcome: match &result {
+                    Ok(_) => "ok".into(),
+                    Err(e) => format!("refused: {e}"),
+                },
+            });
+        }
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             if let Some(handle) = peer.push_handle() {
@@ -722,6 +769,84 @@ impl MetaService {
             }
         }
         result.map_err(Into::into)
+    }
+}
+
+impl MetaService {
+    /// A chunk bound to a file must be proven held by the caller: every chunk a
+    /// request binds carries the storing node's receipt for the peer's certificate,
+    /// which also makes the sizes and holders the catalogue records the nodes' word.
+    /// (Without TLS nothing is proven and the claim is believed.) Extents naming chunks
+    /// outside the request's list are held to the file's own chunks by `ops`.
+    fn check_receipts(&self, peer: Option<&net::PeerIdentity>, req: &MetaRequest) -> Result<(), MetaError> {
+        let Some(who) = peer else { return Ok(()) };
+        let now = self.ctx().now_ms;
+        for c in req.bound_chunks() {
+            proto::cap::verify_receipt(&self.cap_key, &who.name, &c.id, c.size, &c.nodes, c.receipt.as_ref(), now)
+                .map_err(|e| MetaError::PermissionDenied(format!("chunk {} named by {who}: {e}", c.id)))?;
+        }
+        Ok(())
+    }
+}
+
+/// The certificate roles that may make a request (least privilege): users' file system
+/// requests come from clients (a mount or a library, acting for users); nodes do node
+/// work only and are never a user; admin certificates administer and read the
+/// namespace's metadata, but get file data only as a user would, with a client
+/// certificate. Meta's own role may do anything. No catch-all: a new request does not
+/// compile until it is placed here.
+fn permitted_roles(req: &MetaRequest) -> &'static [net::Role] {
+    use MetaRequest as R;
+    use net::Role::{Admin, Client, Meta, Node};
+    match req {
+        R::Hello(_)
+        | R::Heartbeat(_)
+        | R::Goodbye(_)
+        | R::SetAttr(_)
+        | R::Create(_)
+        | R::CreateOpen(_)
+        | R::Link(_)
+        | R::Unlink(_)
+        | R::Rmdir(_)
+        | R::Rename(_)
+        | R::ReadLink(_)
+        | R::GetXattr(_)
+        | R::SetXattr(_)
+        | R::ListXattr(_)
+        | R::RemoveXattr(_)
+        | R::Open(_)
+        | R::Release(_)
+        | R::GetLock(_)
+        | R::SetLock(_)
+        | R::ReleaseLocks(_)
+        | R::CommitWrite(_)
+        | R::Fallocate(_)
+        | R::Compact(_)
+        | R::SyncAll(_)
+        | R::Extents(_) => &[Client, Meta],
+        // Paths for `locus policy` and `status`: metadata, no data.
+        R::Lookup(_) | R::GetAttr(_) | R::ReadDir(_) | R::StatFs(_) => &[Client, Admin, Meta],
+        R::RegisterNode(_) | R::JoinNode(_) | R::UpdateLocations(_) | R::ReportWorkers(_) | R::ReportLag(_) => {
+            &[Node, Meta]
+        }
+        // A node's repair and reclaim workers, and `locus fsck` / `gc`.
+        R::UnderReplicated(_) | R::Unreferenced(_) | R::ForgetChunks(_) => &[Node, Admin, Meta],
+        R::AdmitNode(_)
+        | R::RemoveNode(_)
+        | R::MakeJoinToken(_)
+        | R::DrainNode(_)
+        | R::SetPolicy(_)
+        | R::ListChunks(_)
+        | R::ListExtents(_) => &[Admin, Meta],
+        // Where data lives and what protects it: every process needs these (a client's
+        // data path, a node's site link, every heartbeat's revocation list). `Status`
+        // shows a client only its own sessions.
+        R::ListNodes(_)
+        | R::ChunkLocations(_)
+        | R::Revocations(_)
+        | R::Status(_)
+        | R::GetPolicy(_)
+        | R::ListPolicies(_) => &[Client, Node, Admin, Meta],
     }
 }
 
@@ -923,7 +1048,8 @@ mod tests {
         let session = {
             let service = MetaService::open(&config).unwrap();
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            match rt.block_on(service.answer(Caller::ROOT, Some("/CN=host.a".into()), hello)).unwrap() {
+            let host = net::PeerIdentity { name: "/CN=host.a".into(), role: net::Role::Client, site: "a".into() };
+            match rt.block_on(service.answer(Caller::ROOT, Some(&host), hello)).unwrap() {
                 MetaReply::Welcome(w) => w.session,
                 other => panic!("expected Welcome, got {other:?}"),
             }

@@ -663,6 +663,12 @@ impl Txn for SqlConn {
         Ok(st.query_row(params![parent as i64, name], |r| r.get::<_, i64>(0)).optional()?.map(|v| v as u64))
     }
 
+    fn parents_of(&mut self, ino: InodeId) -> Result<Vec<InodeId>, MetaError> {
+        let mut st = self.conn.prepare_cached("SELECT DISTINCT parent FROM dentries WHERE ino = ?1")?;
+        let rows = st.query_map([ino as i64], |r| r.get::<_, i64>(0))?;
+        Ok(rows.map(|r| r.map(|p| p as u64)).collect::<Result<_, _>>()?)
+    }
+
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
         let mut st =
             self.conn.prepare_cached("INSERT INTO dentries (parent, name, ino, cookie) VALUES (?1, ?2, ?3, ?4)")?;

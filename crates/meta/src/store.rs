@@ -115,6 +115,10 @@ pub trait Txn {
     fn count_inodes(&mut self) -> Result<u64, MetaError>;
 
     fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError>;
+    /// Every directory holding a name of `ino`. A scan of the entries: asked only of a
+    /// file with several names whose recorded parent does not let the caller reach it
+    /// (`perm::check_reach`).
+    fn parents_of(&mut self, ino: InodeId) -> Result<Vec<InodeId>, MetaError>;
     /// A hint of what the op goes on to read: a backend across a network asks for all
     /// of it in one round trip. The answers still come from the getters; by default a
     /// no-op.

@@ -93,8 +93,10 @@ impl std::fmt::Display for PeerIdentity {
 #[derive(Debug, Clone)]
 pub(crate) struct Proven {
     pub(crate) identity: Arc<PeerIdentity>,
-    /// Lower-case hex, no separators.
+    /// Lower-case hex, no separators, no leading zeros (`serial_of`).
     pub(crate) serial: String,
+    /// The whole subject DN, as x509-parser prints it (`CN=Alice, O=Grid`).
+    pub(crate) dn: String,
 }
 
 /// Why certificates could not be loaded, made or accepted.
@@ -167,8 +169,8 @@ pub(crate) fn identity_of(der: &[u8]) -> Result<Proven, TlsError> {
     if name.is_empty() {
         return Err(TlsError::Certificate("empty subject name".into()));
     }
-    let serial = cert.raw_serial().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Proven { identity: Arc::new(PeerIdentity { name, role, site }), serial })
+    let serial = serial_of(&cert.raw_serial().iter().map(|b| format!("{b:02x}")).collect::<String>());
+    Ok(Proven { identity: Arc::new(PeerIdentity { name, role, site }), serial, dn: cert.subject().to_string() })
 }
 
 /// ring with AES-128-GCM preferred: the strength TLS 1.3 requires at the lowest cost
@@ -410,11 +412,11 @@ pub(crate) fn insecure() -> bool {
     matches!(SECURITY.get(), Some(Security::Insecure))
 }
 
-/// Revoked serials (lower-case hex) and names, and every live authenticated
-/// connection, so a new revocation drops the ones it names.
+/// Revoked certificates, and every live authenticated connection, so a new revocation
+/// drops the ones it names.
 #[derive(Default)]
 struct Revocation {
-    revoked: RwLock<HashSet<String>>,
+    revoked: RwLock<RevokedSet>,
     live: Mutex<HashMap<u64, (Proven, Weak<Conn>)>>,
 }
 
@@ -423,15 +425,95 @@ fn revocation() -> &'static Revocation {
     R.get_or_init(Revocation::default)
 }
 
-fn is_revoked(set: &HashSet<String>, proven: &Proven) -> bool {
-    set.contains(&proven.serial) || set.contains(&proven.identity.name)
+/// A revocation list as the operator wrote it, in the forms a certificate is matched
+/// against: serials in any common spelling (`0x1A2B`, `1a:2b`, `1A 2B`, leading zeros
+/// or not), and names exactly as the certificate has them (case counts, as in X.509):
+/// the subject's CN, or its whole DN in either the comma form (`CN=Alice, O=Grid`) or
+/// the slash form grid tools print (`/O=Grid/CN=Alice`), in either order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct RevokedSet {
+    serials: HashSet<String>,
+    names: HashSet<String>,
 }
 
-/// Replaces the revocation list (certificate serials in hex, or subject names) and
-/// closes every live connection whose peer it names. Returns how many were closed.
+impl RevokedSet {
+    fn new(list: impl IntoIterator<Item = String>) -> RevokedSet {
+        let mut set = RevokedSet::default();
+        for entry in list {
+            let entry = entry.trim();
+            if entry.is_empty() {
+                continue;
+            }
+            if let Some(serial) = serial_spelling(entry) {
+                set.serials.insert(serial);
+            }
+            set.names.insert(entry.to_string());
+            if let Some(dn) = dn_components(entry) {
+                set.names.insert(dn);
+            }
+        }
+        set
+    }
+
+    fn covers(&self, proven: &Proven) -> bool {
+        self.serials.contains(&proven.serial)
+            || self.names.contains(&proven.identity.name)
+            || dn_components(&proven.dn).is_some_and(|dn| self.names.contains(&dn))
+    }
+}
+
+/// A serial's canonical form: lower-case hex without leading zeros.
+fn serial_of(hex: &str) -> String {
+    let trimmed = hex.trim_start_matches('0');
+    if trimmed.is_empty() { "0".into() } else { trimmed.to_ascii_lowercase() }
+}
+
+/// `entry` read as a serial (hex, with an optional `0x`, colons or spaces between
+/// bytes), if it can be one.
+fn serial_spelling(entry: &str) -> Option<String> {
+    let hex: String = entry.strip_prefix("0x").unwrap_or(entry).chars().filter(|c| !matches!(c, ':' | ' ')).collect();
+    (!hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| serial_of(&hex))
+}
+
+/// A DN's attributes in a canonical order-free form (`TYPE=value` sorted, joined by
+/// `,`), from the comma or the slash spelling; `None` when `text` is no DN.
+fn dn_components(text: &str) -> Option<String> {
+    let parts: Vec<&str> = match text.strip_prefix('/') {
+        Some(rest) => rest.split('/').collect(),
+        None => text.split(',').collect(),
+    };
+    let mut parts: Vec<String> = parts.iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() || !parts.iter().all(|p| p.contains('=')) {
+        return None;
+    }
+    parts.sort();
+    Some(format!("dn:{}", parts.join(",")))
+}
+
+/// Whether a revocation list holding only `entry` covers the certificate `pem` (the
+/// first one in it): for `locus ca revoke`, which says what each entry now covers.
+pub fn revocation_covers(entry: &str, pem: &[u8]) -> Result<bool, TlsError> {
+    Ok(RevokedSet::new([entry.to_string()]).covers(&proven_of_pem(pem)?))
+}
+
+/// The name the first certificate in `pem` proves (its subject's CN, else its DN).
+pub fn certificate_name(pem: &[u8]) -> Result<String, TlsError> {
+    Ok(proven_of_pem(pem)?.identity.name.clone())
+}
+
+fn proven_of_pem(pem: &[u8]) -> Result<Proven, TlsError> {
+    let der = CertificateDer::pem_slice_iter(pem)
+        .next()
+        .ok_or_else(|| TlsError::Certificate("no certificate in the file".into()))?
+        .map_err(|e| TlsError::Certificate(e.to_string()))?;
+    identity_of(&der)
+}
+
+/// Replaces the revocation list (certificate serials in hex, or subject names or DNs;
+/// see `RevokedSet`) and closes every live connection whose peer it names. Returns how
+/// many were closed.
 pub fn set_revoked(list: impl IntoIterator<Item = String>) -> usize {
-    let set: HashSet<String> =
-        list.into_iter().map(|s| s.trim().to_ascii_lowercase().replace(':', "")).filter(|s| !s.is_empty()).collect();
+    let set = RevokedSet::new(list);
     let r = revocation();
     let unchanged = *read(&r.revoked) == set;
     *write(&r.revoked) = set;
@@ -441,10 +523,7 @@ pub fn set_revoked(list: impl IntoIterator<Item = String>) -> usize {
     let doomed: Vec<(Proven, Arc<Conn>)> = {
         let set = read(&r.revoked);
         let live = lock(&r.live);
-        live.values()
-            .filter(|(p, _)| is_revoked(&set, p))
-            .filter_map(|(p, c)| c.upgrade().map(|c| (p.clone(), c)))
-            .collect()
+        live.values().filter(|(p, _)| set.covers(p)).filter_map(|(p, c)| c.upgrade().map(|c| (p.clone(), c))).collect()
     };
     for (proven, conn) in &doomed {
         tracing::warn!(addr = %conn.addr, peer = %proven.identity, "closing the connection of a revoked certificate");
@@ -455,7 +534,7 @@ pub fn set_revoked(list: impl IntoIterator<Item = String>) -> usize {
 
 /// Refuses a revoked peer.
 pub(crate) fn check_revoked(proven: &Proven) -> Result<(), String> {
-    if is_revoked(&read(&revocation().revoked), proven) {
+    if read(&revocation().revoked).covers(proven) {
         return Err(format!("certificate of {} (serial {}) is revoked", proven.identity, proven.serial));
     }
     Ok(())
@@ -609,6 +688,38 @@ mod tests {
         let (_, back): (Option<(String, Role, String)>, Bytes) =
             client.call_bulk(&(), Bytes::from(data.clone())).await.unwrap();
         assert!(back.is_empty());
+    }
+
+    /// The issue's row: `ca revoke Mallory` must cover the certificate named Mallory
+    /// (case counts: `mallory` is another name), and a serial in any spelling covers it.
+    #[test]
+    fn a_revocation_matches_names_as_written_and_serials_in_any_spelling() {
+        let ca = Ca::create("test").unwrap();
+        let pem = ca.issue(Role::Client, "Mallory", "a", 1).unwrap().cert_pem;
+        let der = CertificateDer::pem_slice_iter(pem.as_bytes()).next().unwrap().unwrap();
+        let proven = identity_of(&der).unwrap();
+        let covers = |entry: &str| revocation_covers(entry, pem.as_bytes()).unwrap();
+        assert!(covers("Mallory") && covers("  Mallory  "));
+        assert!(!covers("mallory") && !covers("MALLORY") && !covers("Mall"));
+        let hex = proven.serial.clone();
+        let colons: Vec<String> = format!("{hex:0>width$}", width = hex.len() + hex.len() % 2)
+            .as_bytes()
+            .chunks(2)
+            .map(|b| String::from_utf8(b.to_vec()).unwrap().to_ascii_uppercase())
+            .collect();
+        for spelling in
+            [hex.clone(), hex.to_ascii_uppercase(), format!("0x{hex}"), format!("00{hex}"), colons.join(":")]
+        {
+            assert!(covers(&spelling), "{spelling}");
+        }
+        assert!(!covers("0x1234"));
+        // The whole DN, in the comma and the slash form, either order.
+        assert!(covers(&proven.dn), "{}", proven.dn);
+        let parts: Vec<&str> = proven.dn.split(',').map(str::trim).collect();
+        assert!(covers(&format!("/{}", parts.join("/"))));
+        let mut reversed = parts.clone();
+        reversed.reverse();
+        assert!(covers(&format!("/{}", reversed.join("/"))));
     }
 
     async fn refused(addr: &str, tls: Option<Arc<Tls>>) -> NetError {

@@ -1,8 +1,10 @@
 //! Who may ask a node for what. With TLS, the peer's certificate says: meta and other
-//! nodes (replication, site caches, gc and fsck run with node certificates) may ask
-//! anything; a client may only get a chunk with meta's read capability for it and put
-//! chunks with meta's write capability, both bound to its certificate name; listing,
-//! probing, verifying, deleting and stats are not for clients. A capability signed by
+//! nodes (replication, site caches) may ask anything; an admin certificate (gc, fsck)
+//! may list, probe, verify, delete and count chunks, but gets and puts data only with
+//! a capability, as a client; a client may only get a chunk with meta's read
+//! capability for it and put chunks with meta's write capability, both bound to its
+//! certificate name; listing, probing, verifying, deleting and stats are not for
+//! clients. A capability signed by
 //! a meta of an older epoch of the primary role than the node has seen is refused
 //! (`ReadOnly`: that meta lost the primary role). So is, from any peer and with or
 //! without TLS, a put or delete that states an older epoch than the node has seen: a
@@ -25,7 +27,8 @@ impl CapKeyCell {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = key;
     }
 
-    fn get(&self) -> Option<CapKey> {
+    /// The key, once meta handed it out.
+    pub fn get(&self) -> Option<CapKey> {
         *self.0.read().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -40,8 +43,16 @@ pub fn authorize(
     now_ms: i64,
     seen: u64,
 ) -> Result<(), WireError> {
-    if let Some(client) = peer.filter(|p| p.role == Role::Client) {
-        authorize_client(client, req, key, now_ms, seen)?;
+    match peer {
+        Some(client) if client.role == Role::Client => authorize_client(client, req, key, now_ms, seen)?,
+        // An operator's certificate lists, verifies and deletes chunks (fsck, gc), but
+        // gets or puts file data only with meta's capability, as any user.
+        Some(admin)
+            if admin.role == Role::Admin && matches!(req, NodeRequest::Get { .. } | NodeRequest::Put { .. }) =>
+        {
+            authorize_client(admin, req, key, now_ms, seen)?
+        }
+        _ => {}
     }
     match req.epoch() {
         Some(stated) if stated < seen => Err(WireError::new(
@@ -139,6 +150,16 @@ mod tests {
             assert_eq!(authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now, 1), Ok(()));
         }
         assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &get(None), &cell, now, 1), Ok(()), "replication");
+        // An admin certificate administers the store but reads and writes data only
+        // with a capability, as a client.
+        let admin = id("admin", Role::Admin);
+        for req in [NodeRequest::List { after: None, limit: 10 }, NodeRequest::Verify { ids: vec![chunk] }] {
+            assert_eq!(authorize(Some(&admin), &req, &cell, now, 1), Ok(()));
+        }
+        assert_eq!(code(&admin, &get(None), now), ErrorCode::PermissionDenied);
+        assert_eq!(code(&admin, &put(None), now), ErrorCode::PermissionDenied);
+        let admin_read = sign(&key, CapOp::Read, &admin.name, Some(&chunk), now + 1, 1);
+        assert_eq!(authorize(Some(&admin), &get(Some(admin_read)), &cell, now, 1), Ok(()));
         // TLS disabled by the operator: trusted as before.
         assert_eq!(authorize(None, &get(None), &cell, now, 1), Ok(()));
     }

@@ -166,6 +166,22 @@ impl NodeService {
         NodeService { store, hot, loading, site, replicator, cap_key, epoch }
     }
 
+    /// The receipt a putter shows meta to bind the chunk to a file (`cap::Receipt`),
+    /// signed for the certificate name that put it; none without TLS or before meta
+    /// handed this node its key.
+    fn receipt(
+        &self,
+        putter: Option<&net::PeerIdentity>,
+        id: &ChunkId,
+        size: u64,
+        nodes: &[String],
+        now_ms: i64,
+    ) -> Option<proto::cap::Receipt> {
+        let (putter, key) = (putter?, self.cap_key.get()?);
+        let expires = now_ms + proto::cap::CAP_LIFETIME_MS;
+        Some(proto::cap::sign_receipt(&key, &putter.name, id, size, nodes, expires))
+    }
+
     /// A whole stored chunk, verified, read once however many ask at the same time.
     async fn verified(&self, id: ChunkId) -> Result<Bytes, WireError> {
         if let Some(data) = self.hot.get(&id) {
@@ -273,7 +289,13 @@ impl Service for NodeService {
         }
         let reply = match req {
             NodeRequest::Put { id, replicate, .. } => match &self.replicator {
-                Some(r) => r.put(id, bulk, replicate).await.map(NodeReply::Stored),
+                Some(r) => {
+                    let size = bulk.len() as u64;
+                    r.put(id, bulk, replicate).await.map(|nodes| {
+                        let receipt = self.receipt(peer.identity(), &id, size, &nodes, now);
+                        NodeReply::Stored { nodes, receipt }
+                    })
+                }
                 None => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
             },
             NodeRequest::Get { id, offset, len, local_only, .. } => {

@@ -318,7 +318,7 @@ impl Replicator {
         self.stats.shipped_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         let (reply, _) = client.call_bulk::<_, NodeResult>(&put, data.clone()).await.map_err(transport)?;
         match reply? {
-            NodeReply::Stored(nodes) => Ok(nodes),
+            NodeReply::Stored { nodes, .. } => Ok(nodes),
             _ => Ok(vec![node.to_string()]),
         }
     }

@@ -236,7 +236,7 @@ impl SiteLink {
 
     /// Queues copies made by replication for the next report to meta.
     pub(crate) fn report_copies(&self, id: ChunkId, size: u64, holders: Vec<String>) {
-        lock(&self.pending).0.push(StoredChunk { id, size, nodes: holders });
+        lock(&self.pending).0.push(StoredChunk { id, size, nodes: holders, receipt: None });
     }
 
     /// A replica of `id` is now in this node's store: its site-cache copy, if any,
@@ -481,7 +481,7 @@ impl SiteLink {
         match stored {
             Ok(Ok(())) => {
                 lock(&self.lru).touch(id);
-                pending.0.push(StoredChunk { id, size, nodes: Vec::new() });
+                pending.0.push(StoredChunk { id, size, nodes: Vec::new(), receipt: None });
             }
             Ok(Err(e)) => tracing::warn!(chunk = %id, "cannot cache a fetched chunk: {e}"),
             Err(e) => tracing::warn!(chunk = %id, "cache task failed: {e}"),

@@ -52,6 +52,77 @@ pub enum CapError {
     StaleEpoch { cap: u64, seen: u64 },
 }
 
+/// A node's signed word that `holder` stored a chunk of this size, now held by these
+/// nodes (`NodeReply::Stored`): meta binds a chunk to a file only with such a proof
+/// of possession (or when the file already holds the chunk), so knowing a chunk's
+/// hash gets nobody a read capability for it, and the catalogue takes sizes and
+/// holders from nodes, never from a client's claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub expires_ms: i64,
+    pub mac: [u8; 32],
+}
+
+/// Why meta refused a chunk a client named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReceiptError {
+    #[error("no node's receipt for it (a client binds only chunks it stored itself or its file already holds)")]
+    Missing,
+    #[error("its receipt expired {0} ms ago (store the chunk again)")]
+    Expired(i64),
+    #[error("its receipt was not signed by a node of this cluster for this chunk, size, holders and holder")]
+    Forged,
+}
+
+fn receipt_mac(key: &CapKey, holder: &str, chunk: &ChunkId, size: u64, nodes: &[String], expires_ms: i64) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"locus chunk receipt v1");
+    h.update(&chunk.0);
+    h.update(&size.to_le_bytes());
+    h.update(&expires_ms.to_le_bytes());
+    h.update(&(nodes.len() as u64).to_le_bytes());
+    for n in nodes {
+        h.update(&(n.len() as u64).to_le_bytes());
+        h.update(n.as_bytes());
+    }
+    h.update(holder.as_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// A node signs that `holder` stored `chunk` (`size` bytes, held by `nodes`), good
+/// until `expires_ms`.
+pub fn sign_receipt(
+    key: &CapKey,
+    holder: &str,
+    chunk: &ChunkId,
+    size: u64,
+    nodes: &[String],
+    expires_ms: i64,
+) -> Receipt {
+    Receipt { expires_ms, mac: receipt_mac(key, holder, chunk, size, nodes, expires_ms) }
+}
+
+/// Meta checks a receipt a client presents for `chunk` (constant-time compare).
+pub fn verify_receipt(
+    key: &CapKey,
+    holder: &str,
+    chunk: &ChunkId,
+    size: u64,
+    nodes: &[String],
+    receipt: Option<&Receipt>,
+    now_ms: i64,
+) -> Result<(), ReceiptError> {
+    let r = receipt.ok_or(ReceiptError::Missing)?;
+    let expected = receipt_mac(key, holder, chunk, size, nodes, r.expires_ms);
+    if !blake3::Hash::from(r.mac).eq(&blake3::Hash::from(expected)) {
+        return Err(ReceiptError::Forged);
+    }
+    if r.expires_ms < now_ms {
+        return Err(ReceiptError::Expired(now_ms - r.expires_ms));
+    }
+    Ok(())
+}
+
 fn mac(key: &CapKey, op: CapOp, holder: &str, chunk: Option<&ChunkId>, expires_ms: i64, epoch: u64) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(key);
     h.update(b"locus chunk capability v2");
@@ -114,6 +185,30 @@ mod tests {
         assert_eq!(check(CapOp::Read, "/CN=host.a", &a, Some(&later), 999), Err(CapError::Forged));
         assert_eq!(check(CapOp::Read, "/CN=host.a", &a, Some(&cap), 1500), Err(CapError::Expired(500)));
         assert_eq!(check(CapOp::Read, "/CN=host.a", &a, None, 0), Err(CapError::Missing));
+    }
+
+    /// A receipt proves exactly what the node signed: another chunk, size, holder
+    /// set or holder (the attacks: a known hash of another user's chunk, a
+    /// victim's chunk given another size or a ghost holder) breaks it.
+    #[test]
+    fn a_receipt_holds_only_for_its_chunk_size_holders_and_holder() {
+        let key = [5u8; 32];
+        let (a, b) = (ChunkId([1; 32]), ChunkId([2; 32]));
+        let nodes = vec!["n1".to_string()];
+        let r = sign_receipt(&key, "/CN=host.a", &a, 100, &nodes, 1000);
+        let check = |holder, chunk, size, nodes: &[String], r: Option<&Receipt>, now| {
+            verify_receipt(&key, holder, chunk, size, nodes, r, now)
+        };
+        assert_eq!(check("/CN=host.a", &a, 100, &nodes, Some(&r), 999), Ok(()));
+        assert_eq!(check("/CN=host.a", &b, 100, &nodes, Some(&r), 999), Err(ReceiptError::Forged));
+        assert_eq!(check("/CN=host.a", &a, 1, &nodes, Some(&r), 999), Err(ReceiptError::Forged));
+        let ghost = vec!["n1".to_string(), "ghost".to_string()];
+        assert_eq!(check("/CN=host.a", &a, 100, &ghost, Some(&r), 999), Err(ReceiptError::Forged));
+        assert_eq!(check("/CN=host.b", &a, 100, &nodes, Some(&r), 999), Err(ReceiptError::Forged));
+        assert_eq!(check("/CN=host.a", &a, 100, &nodes, Some(&r), 1500), Err(ReceiptError::Expired(500)));
+        assert_eq!(check("/CN=host.a", &a, 100, &nodes, None, 0), Err(ReceiptError::Missing));
+        let later = Receipt { expires_ms: 5000, ..r };
+        assert_eq!(check("/CN=host.a", &a, 100, &nodes, Some(&later), 999), Err(ReceiptError::Forged));
     }
 
     /// A node that has seen epoch 2 refuses a capability of epoch 1 (its meta lost the

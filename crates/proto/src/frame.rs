@@ -136,7 +136,7 @@ mod tests {
                 ino: 9,
                 session: 3,
                 extents: vec![ext, ext],
-                chunks: vec![StoredChunk { id: ChunkId([1; 32]), size: 10, nodes: vec!["n".into()] }],
+                chunks: vec![StoredChunk { id: ChunkId([1; 32]), size: 10, nodes: vec!["n".into()], receipt: None }],
                 min_size: 14,
                 mtime: Timestamp::now(),
             }),

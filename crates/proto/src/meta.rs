@@ -96,6 +96,9 @@ pub struct StoredChunk {
     pub id: ChunkId,
     pub size: u64,
     pub nodes: Vec<NodeId>,
+    /// The storing node's proof that this client put it (`cap::Receipt`); meta
+    /// requires it from a client with a certificate. `None` in nodes' reports.
+    pub receipt: Option<crate::cap::Receipt>,
 }
 
 /// `fallocate(2)` modes Locus supports.
@@ -265,6 +268,65 @@ impl MetaRequest {
             | R::JoinNode(_) => None,
         }
     }
+
+    /// The chunks a client asks meta to bind to a file: each needs the storing node's
+    /// receipt (`cap::Receipt`), checked by meta before the request runs.
+    pub fn bound_chunks(&self) -> &[StoredChunk] {
+        use MetaRequest as R;
+        match self {
+            R::CommitWrite(m) => &m.chunks,
+            R::Compact(m) => &m.chunks,
+            // Nodes report copies they hold; only a node certificate may.
+            R::UpdateLocations(_)
+            | R::Heartbeat(_)
+            | R::Goodbye(_)
+            | R::CreateOpen(_)
+            | R::Open(_)
+            | R::Release(_)
+            | R::GetLock(_)
+            | R::SetLock(_)
+            | R::ReleaseLocks(_)
+            | R::Fallocate(_)
+            | R::SetAttr(_)
+            | R::Hello(_)
+            | R::Lookup(_)
+            | R::GetAttr(_)
+            | R::Create(_)
+            | R::Link(_)
+            | R::Unlink(_)
+            | R::Rmdir(_)
+            | R::Rename(_)
+            | R::ReadLink(_)
+            | R::ReadDir(_)
+            | R::GetXattr(_)
+            | R::SetXattr(_)
+            | R::ListXattr(_)
+            | R::RemoveXattr(_)
+            | R::StatFs(_)
+            | R::Extents(_)
+            | R::SyncAll(_)
+            | R::RegisterNode(_)
+            | R::ListNodes(_)
+            | R::ChunkLocations(_)
+            | R::ListChunks(_)
+            | R::ListExtents(_)
+            | R::Unreferenced(_)
+            | R::ForgetChunks(_)
+            | R::Status(_)
+            | R::SetPolicy(_)
+            | R::GetPolicy(_)
+            | R::ListPolicies(_)
+            | R::UnderReplicated(_)
+            | R::DrainNode(_)
+            | R::ReportLag(_)
+            | R::ReportWorkers(_)
+            | R::Revocations(_)
+            | R::AdmitNode(_)
+            | R::RemoveNode(_)
+            | R::MakeJoinToken(_)
+            | R::JoinNode(_) => &[],
+        }
+    }
 }
 
 /// What meta asks of a client on the client's own connection (server push).
@@ -337,6 +399,15 @@ macro_rules! meta_requests {
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
         pub enum MetaRequest {
             $( $(#[$doc])* $name($name), )*
+        }
+
+        impl MetaRequest {
+            /// The request's name, for messages and logs.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( MetaRequest::$name(_) => stringify!($name), )*
+                }
+            }
         }
     };
 }
@@ -660,6 +731,23 @@ pub struct ClusterStatus {
     pub lag: Vec<(NodeId, ReplicationLag)>,
     /// Nodes that tried to register without being admitted (kept in meta's memory).
     pub pending: Vec<PendingNode>,
+    /// The latest administrative actions, oldest first (empty for a client).
+    pub audit: Vec<AuditEntry>,
+}
+
+/// One administrative action as meta's audit log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Wall-clock milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// What the peer's certificate proved (`name (role of site S)`), or that nothing
+    /// was (`--insecure-no-tls`).
+    pub who: String,
+    /// The peer's address.
+    pub from: String,
+    pub action: String,
+    /// `ok`, or the error the peer got.
+    pub outcome: String,
 }
 
 /// A node that registered without being admitted: what `locus status` shows so an

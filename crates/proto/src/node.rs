@@ -99,8 +99,13 @@ pub enum NodeReply {
     Count(u64),
     Stats(NodeStats),
     /// `Put`'s answer: the nodes now holding the chunk (durably, or received for a
-    /// `semi-sync` remote site), for the catalogue.
-    Stored(Vec<String>),
+    /// `semi-sync` remote site), for the catalogue, and the node's receipt for the
+    /// putter to show meta (`None` to a peer without a certificate, or before the node
+    /// has meta's key).
+    Stored {
+        nodes: Vec<String>,
+        receipt: Option<crate::cap::Receipt>,
+    },
 }
 
 /// The payload of every node response frame.

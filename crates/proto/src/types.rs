@@ -199,7 +199,9 @@ pub struct DirEntry {
 /// check (`trusted.` ones with absence to all but root): for these names a client may
 /// answer from a listing's word that the inode has no attribute at all.
 pub fn xattr_readable_by_all(name: &[u8]) -> bool {
-    [&b"security."[..], b"system.", b"trusted."].iter().any(|ns| name.starts_with(ns))
+    [&b"security."[..], b"trusted."].iter().any(|ns| name.starts_with(ns))
+        || name == b"system.posix_acl_access"
+        || name == b"system.posix_acl_default"
 }
 
 /// What a background worker is doing, as `locus status` and the metrics show it.

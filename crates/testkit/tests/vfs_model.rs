@@ -59,6 +59,7 @@ fn env() -> &'static Env {
                 session_expiry: Duration::from_secs(30),
                 primary_lease: None,
                 db_timeout: meta::DEFAULT_DB_TIMEOUT,
+                audit_log: None,
             };
             let service = meta::MetaService::open(&config).unwrap();
             service.admit_nodes(&["n0".to_string()]).await.unwrap();

@@ -19,6 +19,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
         db_timeout: crate::service::DEFAULT_DB_TIMEOUT,
+        audit_log: None,
     }
 }
 
@@ -110,7 +111,10 @@ fn ext(file_offset: u64, len: u64, tag: u8, chunk_offset: u64) -> Extent {
 }
 
 fn commit(s: &Arc<MetaService>, ino: InodeId, extents: Vec<Extent>, min_size: u64) -> Attr {
-    let chunks = extents.iter().map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()] }).collect();
+    let chunks = extents
+        .iter()
+        .map(|e| StoredChunk { id: e.chunk, size: 1 << 20, nodes: vec!["n1".into()], receipt: None })
+        .collect();
     attr(ok(
         s,
         MetaRequest::CommitWrite(CommitWrite {
@@ -595,7 +599,7 @@ pub fn compact_checks_the_version(b: &dyn Factory) {
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     commit(&s, f.ino, vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 10, 3, 0)], 30);
     let before = get(&s, f.ino);
-    let merged = StoredChunk { id: cid(9), size: 30, nodes: vec!["n1".into()] };
+    let merged = StoredChunk { id: cid(9), size: 30, nodes: vec!["n1".into()], receipt: None };
     let compact = |version| {
         MetaRequest::Compact(Compact {
             session: 0,
@@ -936,7 +940,9 @@ pub fn session_expiry(b: &dyn Factory) {
     let expired = s.expire_sessions_at(later).unwrap();
     assert!(expired.contains(&old) && expired.contains(&young));
     let fresh = hello(&s);
-    ok(&s, MetaRequest::SetLock(SetLock { session: fresh, lock: lock(f.ino, 1, 0, 99, LockKind::Write) }));
+    // The orphan went with the expired sessions' opens, so there is nothing left to lock.
+    let relock = MetaRequest::SetLock(SetLock { session: fresh, lock: lock(f.ino, 1, 0, 99, LockKind::Write) });
+    assert_eq!(err(&s, relock), ErrorCode::NotFound);
     assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: old })), ErrorCode::NotFound);
     assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })), ErrorCode::NotFound, "the orphan is reclaimed");
     assert_eq!(refcount(&s, 5), Some(0));
@@ -1031,7 +1037,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     admit(&s, &["n1", "n2", "n3", "b1"]);
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
     let g = mk(&s, ROOT_INODE, "g", NewNode::File);
-    let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n1".into(), "n2".into()] }];
+    let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n1".into(), "n2".into()], receipt: None }];
     ok(
         &s,
         MetaRequest::CommitWrite(CommitWrite {
@@ -1047,7 +1053,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
         commit(&s, g.ino, vec![ext(u64::from(tag) * 10, 10, tag, 0)], 0);
     }
     // Locations accumulate across reports.
-    let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n3".into()] }];
+    let chunks = vec![StoredChunk { id: cid(1), size: 100, nodes: vec!["n3".into()], receipt: None }];
     ok(
         &s,
         MetaRequest::CommitWrite(CommitWrite {
@@ -1080,14 +1086,14 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     // A node's cache gains (`true`) or loses a copy; a node reports a replica on another.
     let cache = |node: &str, gained: bool| {
         let (added, removed) = if gained {
-            (vec![StoredChunk { id: cid(1), size: 100, nodes: vec![] }], vec![])
+            (vec![StoredChunk { id: cid(1), size: 100, nodes: vec![], receipt: None }], vec![])
         } else {
             (vec![], vec![cid(1)])
         };
         MetaRequest::UpdateLocations(UpdateLocations { node: node.into(), added, removed })
     };
     let replica = |by: &str, on: &str| {
-        let added = vec![StoredChunk { id: cid(1), size: 100, nodes: vec![on.into()] }];
+        let added = vec![StoredChunk { id: cid(1), size: 100, nodes: vec![on.into()], receipt: None }];
         MetaRequest::UpdateLocations(UpdateLocations { node: by.into(), added, removed: vec![] })
     };
     ok(&s, cache("b1", true));
@@ -1210,7 +1216,7 @@ pub fn cluster_identity(b: &dyn Factory) {
 /// Conformance case `permissions`: meta refuses, on the caller's credentials, what
 /// POSIX refuses, whatever the client's kernel checked.
 pub fn permissions(b: &dyn Factory) {
-    use ErrorCode::{NoAttribute, NotPermitted, PermissionDenied};
+    use ErrorCode::{NoAttribute, NotPermitted, PermissionDenied, Unsupported};
     let s = b.open();
     let alice = Caller { uid: 1001, gid: 1001, groups: vec![50] };
     let bob = Caller::new(1002, 1002);
@@ -1243,7 +1249,7 @@ pub fn permissions(b: &dyn Factory) {
             ino,
             session,
             extents: vec![ext(0, 10, 9, 0)],
-            chunks: vec![StoredChunk { id: cid(9), size: 10, nodes: vec!["n1".into()] }],
+            chunks: vec![StoredChunk { id: cid(9), size: 10, nodes: vec!["n1".into()], receipt: None }],
             min_size: 10,
             mtime: Timestamp { secs: 1, nanos: 0 },
         })
@@ -1276,6 +1282,8 @@ pub fn permissions(b: &dyn Factory) {
     };
     assert!(as_user(&s, &alice, write(ro.ino, other)).is_ok());
 
+    // From here on bob may search alice's home (0711): the file's own rules answer.
+    ok(&s, chmod(home.ino, 0o711));
     // chmod and chown belong to the owner (and root).
     assert_eq!(as_user(&s, &bob, chmod(secret.ino, 0o4777)), Err(NotPermitted), "setuid by a stranger");
     assert_eq!(as_user(&s, &bob, set(secret.ino, chown(1002, 1002))), Err(NotPermitted));
@@ -1334,7 +1342,13 @@ pub fn permissions(b: &dyn Factory) {
     assert_eq!(as_user(&s, &bob, getx(shared.ino, "trusted.t")), Err(NoAttribute), "hidden from non-root");
     assert_eq!(as_user(&s, &bob, MetaRequest::ListXattr(ListXattr { ino: shared.ino })), Ok(MetaReply::Names(vec![])));
     assert_eq!(as_user(&s, &alice, setx(shared.ino, "security.x")), Err(NotPermitted));
-    assert_eq!(as_user(&s, &bob, setx(shared.ino, "system.posix_acl_access")), Err(NotPermitted));
+    // ACLs are refused rather than stored unenforced; unknown namespaces as on Linux.
+    assert_eq!(as_user(&s, &alice, setx(shared.ino, "system.posix_acl_access")), Err(Unsupported));
+    assert_eq!(as_user(&s, &alice, setx(shared.ino, "system.posix_acl_default")), Err(Unsupported));
+    assert_eq!(as_user(&s, &alice, setx(shared.ino, "system.other")), Err(Unsupported));
+    assert_eq!(as_user(&s, &alice, setx(shared.ino, "weird.ns")), Err(Unsupported));
+    assert_eq!(as_user(&s, &alice, getx(shared.ino, "weird.ns")), Err(Unsupported));
+    assert_eq!(as_user(&s, &bob, getx(shared.ino, "system.posix_acl_access")), Err(NoAttribute));
     assert_eq!(as_user(&s, &bob, setx(shared.ino, "user.u")), Err(PermissionDenied));
     assert!(as_user(&s, &alice, setx(shared.ino, "user.u")).is_ok());
     assert!(as_user(&s, &bob, getx(shared.ino, "user.u")).is_ok());
@@ -1502,7 +1516,7 @@ pub fn under_replication(b: &dyn Factory) {
     assert!(short(&s, Some("n2")).is_empty(), "n2 holds nothing to copy from");
     assert!(short(&s, Some("n3")).is_empty());
     // A site-cache copy does not count: it may be evicted at any time.
-    let cached = |id: u8| StoredChunk { id: cid(id), size: 1 << 20, nodes: vec![] };
+    let cached = |id: u8| StoredChunk { id: cid(id), size: 1 << 20, nodes: vec![], receipt: None };
     ok(
         &s,
         MetaRequest::UpdateLocations(UpdateLocations { node: "n2".into(), added: vec![cached(7)], removed: vec![] }),
@@ -1510,7 +1524,7 @@ pub fn under_replication(b: &dyn Factory) {
     assert_eq!(short(&s, None), vec![(7, vec!["s1".to_string()])], "n2's cached copy does not count");
     assert_eq!(short(&s, Some("n1")), vec![(7, vec!["s1".to_string()])], "n1, the replica, repairs");
     assert!(short(&s, Some("n2")).is_empty());
-    let copy = StoredChunk { id: cid(7), size: 1 << 20, nodes: vec!["n2".into()] };
+    let copy = StoredChunk { id: cid(7), size: 1 << 20, nodes: vec!["n2".into()], receipt: None };
     ok(&s, MetaRequest::UpdateLocations(UpdateLocations { node: "n1".into(), added: vec![copy], removed: vec![] }));
     assert!(short(&s, None).is_empty(), "two copies at s1");
     ok(&s, MetaRequest::DrainNode(DrainNode { node: "n1".into(), drained: true }));
@@ -1556,7 +1570,7 @@ pub fn node_admission(b: &dyn Factory) {
     ok(&s, register("n6", "10.0.0.6:7000"));
     assert_eq!(listed(&s), (vec!["n5".to_string(), "n6".into()], vec![]));
     let f = mk(&s, ROOT_INODE, "f", NewNode::File);
-    let chunks = vec![StoredChunk { id: cid(3), size: 100, nodes: vec!["n5".into(), "n6".into()] }];
+    let chunks = vec![StoredChunk { id: cid(3), size: 100, nodes: vec!["n5".into(), "n6".into()], receipt: None }];
     let extents = vec![ext(0, 100, 3, 0)];
     ok(
         &s,
@@ -1575,7 +1589,7 @@ pub fn node_admission(b: &dyn Factory) {
         MetaReply::Chunks(c) => assert_eq!(c[0].nodes, vec!["n6".to_string()], "n5's locations went with it"),
         other => panic!("expected Chunks, got {other:?}"),
     }
-    let copy = StoredChunk { id: cid(3), size: 100, nodes: vec![] };
+    let copy = StoredChunk { id: cid(3), size: 100, nodes: vec![], receipt: None };
     let report =
         MetaRequest::UpdateLocations(UpdateLocations { node: "n5".into(), added: vec![copy], removed: vec![] });
     assert_eq!(err(&s, report), ErrorCode::PermissionDenied, "a removed node records no copies");
@@ -1619,4 +1633,168 @@ pub fn join_tokens(b: &dyn Factory) {
     assert!(e.message.contains("was removed"), "a token does not bring back a removed node: {}", e.message);
     ok(&s, join("n8", &kept));
     ok(&s, register("n8"));
+}
+
+/// Conformance case `reach_by_inode_number`: a request naming an inode by number is
+/// answered only if the caller could reach it by a path walk (search permission on
+/// every directory above it, through any of its names), whatever the file's own mode.
+pub fn reach_by_inode_number(b: &dyn Factory) {
+    use ErrorCode::PermissionDenied;
+    let s = b.open();
+    let alice = Caller::new(1001, 1001);
+    let bob = Caller::new(1002, 1002);
+    let set = |ino, set| MetaRequest::SetAttr(SetAttr { ino, set, session: None });
+    let chmod = |ino, mode| set(ino, AttrChanges { mode: Some(mode), ..Default::default() });
+    ok(&s, chmod(ROOT_INODE, 0o777));
+    let home = mk(&s, ROOT_INODE, "home", NewNode::Dir);
+    ok(&s, set(home.ino, AttrChanges { uid: Some(1001), gid: Some(1001), ..Default::default() }));
+    ok(&s, chmod(home.ino, 0o700));
+    // A world-readable file and a symlink in a world-readable directory, below the 0700 home.
+    let public = attr(as_user(&s, &alice, create_req(home.ino, "pub", NewNode::Dir, 0o755)).unwrap());
+    let f = attr(as_user(&s, &alice, create_req(public.ino, "f", NewNode::File, 0o644)).unwrap());
+    let target = NewNode::Symlink { target: b"/secret/plans".to_vec() };
+    let l = attr(as_user(&s, &alice, create_req(public.ino, "l", target, 0o777)).unwrap());
+    let xattr = MetaRequest::SetXattr(SetXattr {
+        ino: f.ino,
+        name: b"user.k".to_vec(),
+        value: b"v".to_vec(),
+        mode: XattrMode::Any,
+    });
+    as_user(&s, &alice, xattr).unwrap();
+    let session = hello(&s);
+    let open = MetaRequest::Open(Open {
+        ino: f.ino,
+        session,
+        truncate: false,
+        access: OpenAccess { read: true, write: false },
+    });
+    let by_number = [
+        MetaRequest::GetAttr(GetAttr { ino: f.ino }),
+        MetaRequest::GetAttr(GetAttr { ino: public.ino }),
+        MetaRequest::ReadLink(ReadLink { ino: l.ino }),
+        MetaRequest::ListXattr(ListXattr { ino: f.ino }),
+        MetaRequest::GetXattr(GetXattr { ino: f.ino, name: b"user.k".to_vec() }),
+        MetaRequest::Extents(Extents { ino: f.ino }),
+        open.clone(),
+        MetaRequest::ReadDir(ReadDir { ino: public.ino, after: 0, limit: 10 }),
+        MetaRequest::Lookup(Lookup { parent: public.ino, name: b"f".to_vec() }),
+        MetaRequest::GetPolicy(GetPolicy { ino: f.ino }),
+    ];
+    for req in &by_number {
+        assert!(as_user(&s, &alice, req.clone()).is_ok(), "the owner: {req:?}");
+        assert_eq!(as_user(&s, &bob, req.clone()).err(), Some(PermissionDenied), "{req:?}");
+    }
+    let mine = attr(as_user(&s, &bob, create_req(ROOT_INODE, "bobs", NewNode::Dir, 0o755)).unwrap());
+    let link = |ino, parent, name: &str| MetaRequest::Link(Link { ino, new_parent: parent, new_name: name.into() });
+    assert_eq!(as_user(&s, &bob, link(f.ino, mine.ino, "stolen")).err(), Some(PermissionDenied));
+    let create = create_req(public.ino, "x", NewNode::File, 0o644);
+    assert_eq!(as_user(&s, &bob, create).err(), Some(PermissionDenied), "a 0777 dir below a 0700 one");
+    // Another name in a directory bob can search makes the file reachable to him; when
+    // the first name goes, the file keeps a parent that holds a name of it.
+    let shared = attr(ok(&s, create_req(ROOT_INODE, "shared", NewNode::Dir, 0o777)));
+    as_user(&s, &alice, link(f.ino, shared.ino, "f2")).unwrap();
+    assert!(as_user(&s, &bob, MetaRequest::GetAttr(GetAttr { ino: f.ino })).is_ok(), "through shared/f2");
+    assert!(as_user(&s, &bob, open.clone()).is_ok());
+    as_user(&s, &alice, MetaRequest::Unlink(Unlink { parent: public.ino, name: b"f".to_vec() })).unwrap();
+    assert!(as_user(&s, &bob, MetaRequest::GetAttr(GetAttr { ino: f.ino })).is_ok(), "its parent is now shared");
+    as_user(&s, &alice, link(f.ino, public.ino, "f")).unwrap();
+    as_user(&s, &alice, MetaRequest::Unlink(Unlink { parent: shared.ino, name: b"f2".to_vec() })).unwrap();
+    assert_eq!(as_user(&s, &bob, MetaRequest::GetAttr(GetAttr { ino: f.ino })).err(), Some(PermissionDenied));
+    // A file bob may neither read nor write cannot be linked even where he can reach it
+    // (fs.protected_hardlinks); one he may read and write can.
+    let other = attr(as_user(&s, &alice, create_req(shared.ino, "ro", NewNode::File, 0o644)).unwrap());
+    assert_eq!(as_user(&s, &bob, link(other.ino, mine.ino, "ro")).err(), Some(ErrorCode::NotPermitted));
+    let rw = attr(as_user(&s, &alice, create_req(shared.ino, "rw", NewNode::File, 0o666)).unwrap());
+    assert!(as_user(&s, &bob, link(rw.ino, mine.ino, "rw")).is_ok());
+    // Root reaches everything.
+    assert!(call(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })).is_ok());
+}
+
+/// Conformance case `privileges_drop_on_change`: a write, truncation, fallocate or
+/// chown by anyone but root clears setuid, and setgid where it means setgid (group
+/// executable), whatever client sent it; root's write keeps them.
+pub fn privileges_drop_on_change(b: &dyn Factory) {
+    let s = b.open();
+    let alice = Caller::new(1001, 1001);
+    let set = |ino, set| MetaRequest::SetAttr(SetAttr { ino, set, session: None });
+    let mode_of = |ino| get(&s, ino).mode & 0o7777;
+    let session = hello(&s);
+    let fresh = |name: &str, mode: u32| {
+        let f = mk(&s, ROOT_INODE, name, NewNode::File);
+        ok(&s, set(f.ino, AttrChanges { uid: Some(1001), gid: Some(1001), ..Default::default() }));
+        ok(&s, set(f.ino, AttrChanges { mode: Some(mode), ..Default::default() }));
+        f.ino
+    };
+    let write = |ino, tag| {
+        MetaRequest::CommitWrite(CommitWrite {
+            ino,
+            session,
+            extents: vec![ext(0, 10, tag, 0)],
+            chunks: vec![StoredChunk { id: cid(tag), size: 10, nodes: vec!["n1".into()], receipt: None }],
+            min_size: 10,
+            mtime: Timestamp { secs: 1, nanos: 0 },
+        })
+    };
+    let w = fresh("w", 0o6777);
+    as_user(&s, &alice, write(w, 1)).unwrap();
+    assert_eq!(mode_of(w), 0o777, "a write by the owner drops both");
+    let g = fresh("g", 0o2666);
+    as_user(&s, &alice, write(g, 2)).unwrap();
+    assert_eq!(mode_of(g), 0o2666, "setgid without group-exec is a locking mark, not a privilege");
+    let r = fresh("r", 0o6777);
+    ok(&s, write(r, 3));
+    assert_eq!(mode_of(r), 0o6777, "root's write keeps them");
+    let t = fresh("t", 0o4777);
+    as_user(&s, &alice, set(t, AttrChanges { size: Some(0), ..Default::default() })).unwrap();
+    assert_eq!(mode_of(t), 0o777, "truncate");
+    let a = fresh("a", 0o4777);
+    let falloc = MetaRequest::Fallocate(Fallocate { ino: a, session, offset: 0, len: 9, mode: AllocateMode::Extend });
+    as_user(&s, &alice, falloc).unwrap();
+    assert_eq!(mode_of(a), 0o777, "fallocate");
+    let o = fresh("o", 0o4777);
+    let open =
+        MetaRequest::Open(Open { ino: o, session, truncate: true, access: OpenAccess { read: false, write: true } });
+    as_user(&s, &alice, open).unwrap();
+    assert_eq!(mode_of(o), 0o777, "open with O_TRUNC");
+    let c = fresh("c", 0o6755);
+    ok(&s, set(c, AttrChanges { uid: Some(1002), ..Default::default() }));
+    assert_eq!(mode_of(c), 0o755, "chown, even by root");
+}
+
+/// Conformance case `chunk_possession`: an extent names only a chunk the request
+/// stored or one the file already holds, and lies within it.
+pub fn chunk_possession(b: &dyn Factory) {
+    let s = b.open();
+    let alice = Caller::new(1001, 1001);
+    let session = hello(&s);
+    let victim = mk(&s, ROOT_INODE, "victim", NewNode::File);
+    commit(&s, victim.ino, vec![ext(0, 100, 7, 0)], 100);
+    ok(
+        &s,
+        MetaRequest::SetAttr(SetAttr {
+            ino: ROOT_INODE,
+            set: AttrChanges { mode: Some(0o777), ..Default::default() },
+            session: None,
+        }),
+    );
+    let mine = attr(as_user(&s, &alice, create_req(ROOT_INODE, "mine", NewNode::File, 0o644)).unwrap());
+    let write = |extents, chunks| {
+        MetaRequest::CommitWrite(CommitWrite {
+            ino: mine.ino,
+            session,
+            extents,
+            chunks,
+            min_size: 100,
+            mtime: Timestamp { secs: 1, nanos: 0 },
+        })
+    };
+    let stored = |tag, size| StoredChunk { id: cid(tag), size, nodes: vec!["n1".into()], receipt: None };
+    assert_eq!(as_user(&s, &alice, write(vec![ext(0, 100, 7, 0)], vec![])).err(), Some(ErrorCode::PermissionDenied));
+    assert_eq!(refcount(&s, 7), Some(1), "nothing bound");
+    let beyond = write(vec![ext(0, 100, 8, 50)], vec![stored(8, 100)]);
+    assert_eq!(as_user(&s, &alice, beyond).err(), Some(ErrorCode::InvalidArgument), "past the chunk's end");
+    as_user(&s, &alice, write(vec![ext(0, 100, 8, 0)], vec![stored(8, 100)])).unwrap();
+    // A chunk the file holds may be mapped again (elsewhere in it) without a new proof.
+    as_user(&s, &alice, write(vec![ext(100, 50, 8, 0)], vec![])).unwrap();
+    assert_eq!(refcount(&s, 8), Some(2));
 }

@@ -30,7 +30,8 @@ macro_rules! conformance_tests {
             commit_write_splits, compact_checks_the_version, fallocate, open_truncate_and_sync, xattrs,
             readdir_paging, persistence, nodes, cluster_identity, sessions, session_expiry,
             opens_and_locks_survive_a_restart, locks, chunk_catalogue, site_round_trips, replication_policies,
-            node_drain, under_replication, node_admission, join_tokens, permissions);
+            node_drain, under_replication, node_admission, join_tokens, permissions, reach_by_inode_number,
+            privileges_drop_on_change, chunk_possession);
     };
     (@cases $fresh:path; $($case:ident),* $(,)?) => {
         $(

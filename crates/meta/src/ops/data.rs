@@ -58,7 +58,7 @@ pub(super) fn span(extents: &[Extent]) -> Option<(u64, u64)> {
 
 pub(super) fn commit_write(
     t: &mut dyn Txn,
-    now: Timestamp,
+    ctx: &Ctx,
     ino: InodeId,
     extents: &[Extent],
     chunks: &[StoredChunk],
@@ -73,8 +73,9 @@ pub(super) fn commit_write(
     map_extents(t, ino, extents, chunks)?;
     i.attr.size = i.attr.size.max(min_size);
     i.attr.mtime = mtime;
-    i.attr.ctime = now;
+    i.attr.ctime = ctx.now;
     i.attr.data_version += 1;
+    perm::drop_privileges(&ctx.caller, &mut i.attr, false);
     t.put_inode(&i)?;
     Ok(i.attr)
 }
@@ -87,6 +88,7 @@ pub(super) fn map_extents(
     extents: &[Extent],
     chunks: &[StoredChunk],
 ) -> Result<(), MetaError> {
+    check_possession(t, ino, extents, chunks)?;
     for c in chunks {
         t.upsert_chunk(c)?;
     }
@@ -100,6 +102,45 @@ pub(super) fn map_extents(
         t.adjust_refcount(&e.chunk, 1)?;
     }
     Ok(())
+}
+
+/// An extent may name only a chunk the request stored (listed in `chunks`, with the
+/// node's receipt the service checked, and lying within it) or one the file already
+/// holds: knowing another file's chunk id is no way to read it.
+fn check_possession(
+    t: &mut dyn Txn,
+    ino: InodeId,
+    extents: &[Extent],
+    chunks: &[StoredChunk],
+) -> Result<(), MetaError> {
+    let listed: std::collections::HashMap<&ChunkId, u64> = chunks.iter().map(|c| (&c.id, c.size)).collect();
+    let mut unlisted = Vec::new();
+    for e in extents {
+        end_of(e.file_offset, e.len)?;
+    }
+    for e in extents.iter().filter(|e| e.len > 0) {
+        match listed.get(&e.chunk) {
+            Some(&size) if e.chunk_offset.checked_add(e.len).is_none_or(|end| end > size) => {
+                return Err(MetaError::InvalidArgument(format!(
+                    "extent at {} of inode {ino} reaches beyond the {size} bytes of chunk {}",
+                    e.file_offset, e.chunk
+                )));
+            }
+            Some(_) => {}
+            None => unlisted.push(e.chunk),
+        }
+    }
+    if unlisted.is_empty() {
+        return Ok(());
+    }
+    let held: std::collections::HashSet<ChunkId> =
+        t.extents_overlapping(ino, 0, u64::MAX)?.into_iter().map(|e| e.chunk).collect();
+    match unlisted.iter().find(|c| !held.contains(c)) {
+        Some(c) => Err(MetaError::PermissionDenied(format!(
+            "chunk {c} is neither stored by this request (with a node's receipt) nor part of inode {ino}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Replaces fragmented extents by ones with the same bytes, only if nobody changed the
@@ -128,7 +169,7 @@ pub(super) fn compact(
 
 pub(super) fn fallocate(
     t: &mut dyn Txn,
-    now: Timestamp,
+    ctx: &Ctx,
     ino: InodeId,
     offset: u64,
     len: u64,
@@ -147,8 +188,9 @@ pub(super) fn fallocate(
         }
     }
     i.attr.data_version += 1;
-    i.attr.mtime = now;
-    i.attr.ctime = now;
+    i.attr.mtime = ctx.now;
+    i.attr.ctime = ctx.now;
+    perm::drop_privileges(&ctx.caller, &mut i.attr, false);
     t.put_inode(&i)?;
     Ok(i.attr)
 }

@@ -58,6 +58,9 @@ pub struct Ctx {
     /// The name the peer's certificate proves (`None` without TLS); a session
     /// remembers it as its owner.
     pub certificate: Option<String>,
+    /// Whether the peer sees the whole cluster in `Status` (every session and pending
+    /// node): anyone but a client certificate, which sees its own sessions only.
+    pub oversees: bool,
 }
 
 impl Ctx {
@@ -72,13 +75,14 @@ impl Ctx {
             epoch,
             caller: Caller::ROOT,
             certificate: None,
+            oversees: true,
         }
     }
 
     /// The same moment, acting for `caller`, for a peer whose certificate proved
-    /// `certificate`.
-    pub fn acting_for(self, caller: Caller, certificate: Option<String>) -> Ctx {
-        Ctx { caller, certificate, ..self }
+    /// `certificate` (and that `oversees` the cluster or not).
+    pub fn acting_for(self, caller: Caller, certificate: Option<String>, oversees: bool) -> Ctx {
+        Ctx { caller, certificate, oversees, ..self }
     }
 }
 
@@ -159,10 +163,13 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
     use MetaRequest as R;
     match req {
         R::Lookup(m) => serve(m, |m| lookup(t, &ctx.caller, m.parent, &m.name)),
-        R::GetAttr(m) => serve(m, |m| Ok(inode(t, m.ino)?.attr)),
-        R::GetLock(m) => serve(m, |m| get_lock(t, m.session, &m.lock)),
+        R::GetAttr(m) => serve(m, |m| Ok(reach(t, &ctx.caller, m.ino)?.attr)),
+        R::GetLock(m) => serve(m, |m| {
+            reach(t, &ctx.caller, m.lock.ino)?;
+            get_lock(t, m.session, &m.lock)
+        }),
         R::ReadLink(m) => serve(m, |m| {
-            let i = inode(t, m.ino)?;
+            let i = reach(t, &ctx.caller, m.ino)?;
             if i.attr.kind != FileKind::Symlink {
                 return Err(MetaError::InvalidArgument(format!("inode {} is not a symlink", m.ino)));
             }
@@ -171,11 +178,11 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         R::ReadDir(m) => serve(m, |m| read_dir(t, &ctx.caller, m.ino, m.after, m.limit)),
         R::GetXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
-            check_xattr(&ctx.caller, &inode(t, m.ino)?.attr, &m.name, false)?;
+            check_xattr(&ctx.caller, &reach(t, &ctx.caller, m.ino)?.attr, &m.name, false)?;
             t.get_xattr(m.ino, &m.name)?.ok_or_else(|| MetaError::NoAttribute(show(&m.name)))
         }),
         R::ListXattr(m) => serve(m, |m| {
-            inode(t, m.ino)?;
+            reach(t, &ctx.caller, m.ino)?;
             let mut names = t.list_xattrs(m.ino)?;
             names.retain(|n| perm::xattr_visible(&ctx.caller, n));
             Ok(names)
@@ -191,7 +198,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
             t.prefetch(Prefetch { extents: Some((m.ino, 0, u64::MAX)), policies: Some(m.ino), ..Prefetch::default() })?;
-            let attr = inode(t, m.ino)?.attr;
+            let attr = reach(t, &ctx.caller, m.ino)?.attr;
             check(&ctx.caller, &attr, MAY_READ)?;
             let policy = effective_policy(t, m.ino)?.policy;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
@@ -231,6 +238,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             let sessions = t
                 .list_sessions()?
                 .into_iter()
+                .filter(|s| ctx.oversees || (s.owner.is_some() && s.owner == ctx.certificate))
                 .map(|s| (s.id, s.info, secs_since(ctx.now_ms, s.last_seen_ms)))
                 .collect();
             let policies = t.list_policies()?;
@@ -247,10 +255,14 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 workers: Vec::new(),
                 lag: Vec::new(),
                 pending: Vec::new(),
+                audit: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
-        R::GetPolicy(m) => serve(m, |m| effective_policy(t, m.ino)),
+        R::GetPolicy(m) => serve(m, |m| {
+            reach(t, &ctx.caller, m.ino)?;
+            effective_policy(t, m.ino)
+        }),
         R::ListPolicies(m) => serve(m, |_| t.list_policies()),
         R::UnderReplicated(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "listing under-replicated chunks")?;
@@ -300,7 +312,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::SetXattr(m) => serve(m, |m| set_xattr(t, &ctx.caller, now, m.ino, &m.name, &m.value, m.mode)),
         R::RemoveXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
-            let mut i = inode(t, m.ino)?;
+            let mut i = reach(t, &ctx.caller, m.ino)?;
             check_xattr(&ctx.caller, &i.attr, &m.name, true)?;
             if !t.delete_xattr(m.ino, &m.name)? {
                 return Err(MetaError::NoAttribute(show(&m.name)));
@@ -316,13 +328,14 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
                 ..Prefetch::default()
             })?;
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
-            let mut i = inode(t, m.ino)?;
+            let mut i = reach(t, &ctx.caller, m.ino)?;
             if m.truncate {
                 require_file(&i)?;
             }
             check_open(&ctx.caller, &i.attr, m.access, m.truncate)?;
             if m.truncate {
                 truncate(t, &mut i, 0, now)?;
+                perm::drop_privileges(&ctx.caller, &mut i.attr, false);
                 t.put_inode(&i)?;
             }
             add_open(t, m.session, m.ino, m.access.write)?;
@@ -331,24 +344,27 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy, parent: None })
         }),
         R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
-        R::SetLock(m) => serve(m, |m| set_lock(t, m.session, &m.lock)),
+        R::SetLock(m) => serve(m, |m| {
+            reach(t, &ctx.caller, m.lock.ino)?;
+            set_lock(t, m.session, &m.lock)
+        }),
         R::ReleaseLocks(m) => serve(m, |m| release_locks(t, m.session, m.ino, m.owner)),
         R::CommitWrite(m) => serve(m, |m| {
             prefetch_data_write(t, m.session, m.ino, span(&m.extents))?;
-            let attr = inode(t, m.ino)?.attr;
-            check_data_write(t, &ctx.caller, m.session, &attr)?;
-            commit_write(t, now, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)
+            let i = inode(t, m.ino)?;
+            check_data_write(t, &ctx.caller, m.session, &i)?;
+            commit_write(t, ctx, m.ino, &m.extents, &m.chunks, m.min_size, m.mtime)
         }),
         R::Fallocate(m) => serve(m, |m| {
             prefetch_data_write(t, m.session, m.ino, Some((m.offset, m.offset.saturating_add(m.len))))?;
-            let attr = inode(t, m.ino)?.attr;
-            check_data_write(t, &ctx.caller, m.session, &attr)?;
-            fallocate(t, now, m.ino, m.offset, m.len, m.mode)
+            let i = inode(t, m.ino)?;
+            check_data_write(t, &ctx.caller, m.session, &i)?;
+            fallocate(t, ctx, m.ino, m.offset, m.len, m.mode)
         }),
         R::Compact(m) => serve(m, |m| {
             prefetch_data_write(t, m.session, m.ino, span(&m.extents))?;
-            let attr = inode(t, m.ino)?.attr;
-            check_data_write(t, &ctx.caller, m.session, &attr)?;
+            let i = inode(t, m.ino)?;
+            check_data_write(t, &ctx.caller, m.session, &i)?;
             compact(t, m.ino, m.data_version, &m.extents, &m.chunks)
         }),
         R::SyncAll(m) => serve(m, |_| t.next_id(Counter::Sync).map(drop)),
@@ -454,6 +470,21 @@ fn check_xattr_name(name: &[u8]) -> Result<(), MetaError> {
 
 fn inode(t: &mut dyn Txn, ino: InodeId) -> Result<Inode, MetaError> {
     t.get_inode(ino)?.ok_or_else(|| MetaError::NotFound(format!("inode {ino}")))
+}
+
+/// The inode `ino`, if the caller could reach it by a path walk (`perm::check_reach`):
+/// every request that names an inode by number starts here.
+fn reach(t: &mut dyn Txn, c: &Caller, ino: InodeId) -> Result<Inode, MetaError> {
+    let i = inode(t, ino)?;
+    perm::check_reach(t, c, &i)?;
+    Ok(i)
+}
+
+/// The directory `ino`, if the caller could reach it (`reach`).
+fn reach_dir(t: &mut dyn Txn, c: &Caller, ino: InodeId) -> Result<Inode, MetaError> {
+    let i = dir(t, ino)?;
+    perm::check_reach(t, c, &i)?;
+    Ok(i)
 }
 
 fn dir(t: &mut dyn Txn, ino: InodeId) -> Result<Inode, MetaError> {

@@ -15,7 +15,7 @@ pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_del
 
 pub(super) fn lookup(t: &mut dyn Txn, c: &Caller, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
     t.prefetch(Prefetch::entry(parent, name))?;
-    let p = dir(t, parent)?;
+    let p = reach_dir(t, c, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     match name {
         b"." => return Ok(p.attr),
@@ -33,7 +33,7 @@ pub(super) fn read_dir(
     after: u64,
     limit: u32,
 ) -> Result<Vec<DirEntry>, MetaError> {
-    check(c, &dir(t, ino)?.attr, MAY_READ)?;
+    check(c, &reach_dir(t, c, ino)?.attr, MAY_READ)?;
     let rows = t.list_dentries(ino, after, page(limit))?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
@@ -70,7 +70,7 @@ pub(super) fn create(
 ) -> Result<Created, MetaError> {
     check_name(name)?;
     t.prefetch(Prefetch::entry(parent, name))?;
-    let p = dir(t, parent)?;
+    let p = reach_dir(t, caller, parent)?;
     check(caller, &p.attr, MAY_EXEC)?;
     if let Some(existing) = t.get_dentry(parent, name)? {
         let e = inode(t, existing)?;
@@ -145,11 +145,12 @@ pub(super) fn link(
     new_name: &[u8],
 ) -> Result<Attr, MetaError> {
     check_name(new_name)?;
-    check(c, &dir(t, new_parent)?.attr, MAY_WRITE | MAY_EXEC)?;
-    let mut i = inode(t, ino)?;
+    check(c, &reach_dir(t, c, new_parent)?.attr, MAY_WRITE | MAY_EXEC)?;
+    let mut i = reach(t, c, ino)?;
     if i.attr.kind == FileKind::Dir {
         return Err(MetaError::NotPermitted(format!("hard link to directory inode {ino}")));
     }
+    perm::check_hardlink(c, &i.attr)?;
     if i.attr.nlink == 0 {
         return Err(MetaError::NotFound(format!("inode {ino} (already unlinked)")));
     }
@@ -165,11 +166,18 @@ pub(super) fn link(
     Ok(i.attr)
 }
 
-/// Drops one link of a non-directory; returns whether it lives on as an orphan.
-pub(super) fn drop_link(t: &mut dyn Txn, now: Timestamp, mut i: Inode) -> Result<bool, MetaError> {
+/// Drops one link of a non-directory, whose name in directory `from` is gone; returns
+/// whether it lives on as an orphan. A file that keeps other names keeps a parent that
+/// holds one (`perm::check_reach` walks up from it).
+pub(super) fn drop_link(t: &mut dyn Txn, now: Timestamp, mut i: Inode, from: InodeId) -> Result<bool, MetaError> {
     i.attr.nlink = i.attr.nlink.saturating_sub(1);
     i.attr.ctime = now;
     if i.attr.nlink > 0 {
+        if i.parent == from
+            && let Some(other) = t.parents_of(i.attr.ino)?.into_iter().find(|&p| p != from)
+        {
+            i.parent = other;
+        }
         t.put_inode(&i)?;
         return Ok(false);
     }
@@ -190,7 +198,7 @@ pub(super) fn unlink(
 ) -> Result<Unlinked, MetaError> {
     check_name(name)?;
     t.prefetch(Prefetch { entry_extents: true, ..Prefetch::entry(parent, name) })?;
-    let p = dir(t, parent)?;
+    let p = reach_dir(t, c, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let i = inode(t, ino)?;
@@ -200,7 +208,7 @@ pub(super) fn unlink(
     }
     t.delete_dentry(parent, name)?;
     let parent = touch_dir(t, parent, now, 0)?;
-    let orphaned = drop_link(t, now, i)?;
+    let orphaned = drop_link(t, now, i, parent.ino)?;
     Ok(Unlinked { ino, orphaned, parent })
 }
 
@@ -217,7 +225,7 @@ pub(super) fn rmdir(
 ) -> Result<Attr, MetaError> {
     check_name(name)?;
     t.prefetch(Prefetch::entry(parent, name))?;
-    let p = dir(t, parent)?;
+    let p = reach_dir(t, c, parent)?;
     check(c, &p.attr, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let i = inode(t, ino)?;
@@ -236,7 +244,7 @@ pub(super) fn rmdir(
 /// Refuses to move directory `moving` under `dest` if `dest` lies inside it.
 pub(super) fn ensure_not_within(t: &mut dyn Txn, dest: InodeId, moving: InodeId) -> Result<(), MetaError> {
     let mut cur = dest;
-    for _ in 0..1_000_000 {
+    for _ in 0..perm::MAX_DEPTH {
         if cur == moving {
             return Err(MetaError::InvalidArgument(format!("cannot move directory {moving} into its own subtree")));
         }
@@ -280,8 +288,8 @@ pub(super) fn rename(
     let (c, now) = (&ctx.caller, ctx.now);
     check_name(name)?;
     check_name(new_name)?;
-    let p = dir(t, parent)?.attr;
-    let np = dir(t, new_parent)?.attr;
+    let p = reach_dir(t, c, parent)?.attr;
+    let np = reach_dir(t, c, new_parent)?.attr;
     check(c, &p, MAY_EXEC)?;
     check(c, &np, MAY_WRITE | MAY_EXEC)?;
     let src = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
@@ -351,7 +359,7 @@ pub(super) fn rename(
             destroy(t, d)?;
             touch_dir(t, new_parent, now, -1)?;
         } else {
-            drop_link(t, now, d_inode)?;
+            drop_link(t, now, d_inode, new_parent)?;
         }
     }
     t.delete_dentry(parent, name)?;
@@ -379,7 +387,7 @@ pub(super) fn set_attr(
     session: Option<SessionId>,
 ) -> Result<Attr, MetaError> {
     let now = ctx.now;
-    let mut i = inode(t, ino)?;
+    let mut i = reach(t, &ctx.caller, ino)?;
     let open_for_writing = match session {
         Some(s) => super::locks::open_for_writing(t, s, ino)?,
         None => false,
@@ -388,7 +396,12 @@ pub(super) fn set_attr(
     if let Some(size) = set.size {
         require_file(&i)?;
         truncate(t, &mut i, size, now)?;
+        perm::drop_privileges(&ctx.caller, &mut i.attr, false);
     }
+    if set.uid.is_some() || set.gid.is_some() {
+        perm::drop_privileges(&ctx.caller, &mut i.attr, true);
+    }
+    // A mode given with the change is what the caller (the kernel) computed: it wins.
     if let Some(mode) = new_mode {
         i.attr.mode = mode;
     }
@@ -425,7 +438,7 @@ pub(super) fn set_xattr(
             value.len()
         )));
     }
-    let mut i = inode(t, ino)?;
+    let mut i = reach(t, c, ino)?;
     check_xattr(c, &i.attr, name, true)?;
     let present = t.get_xattr(ino, name)?.is_some();
     match mode {

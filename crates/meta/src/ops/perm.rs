@@ -67,6 +67,74 @@ pub fn check(c: &Caller, a: &Attr, want: u32) -> Result<(), MetaError> {
     )))
 }
 
+/// Refuses (EACCES) a request addressed by inode number unless the caller could reach
+/// the inode by a path walk: search permission on every directory from the root down
+/// to the one holding it, as the kernel's walk would check. An inode number is no
+/// capability (they are small and guessable), so meta walks up the recorded parents
+/// (`Inode::parent`, kept pointing at a directory holding a name of the inode); a
+/// file with several names is reachable through any of them. An orphan (unlinked,
+/// still open) whose directory is gone is left to its mode: only its openers know it.
+pub fn check_reach(t: &mut dyn Txn, c: &Caller, i: &Inode) -> Result<(), MetaError> {
+    if is_root(c) || i.attr.ino == ROOT_INODE {
+        return Ok(());
+    }
+    let denied = match walk_up(t, c, i.parent) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    if i.attr.kind != FileKind::Dir && i.attr.nlink > 1 {
+        for parent in t.parents_of(i.attr.ino)? {
+            if parent != i.parent && walk_up(t, c, parent).is_ok() {
+                return Ok(());
+            }
+        }
+    }
+    match denied {
+        MetaError::NotFound(_) if i.attr.nlink == 0 => Ok(()),
+        MetaError::NotFound(_) => Err(MetaError::Corrupt(format!(
+            "inode {} is held by directory {}, which is missing or not a directory",
+            i.attr.ino, i.parent
+        ))),
+        other => Err(other),
+    }
+}
+
+/// Search permission on `dir` and every directory above it.
+fn walk_up(t: &mut dyn Txn, c: &Caller, mut dir: InodeId) -> Result<(), MetaError> {
+    for _ in 0..MAX_DEPTH {
+        let d = t.get_inode(dir)?.filter(|d| d.attr.kind == FileKind::Dir);
+        let d = d.ok_or_else(|| MetaError::NotFound(format!("directory {dir}")))?;
+        check(c, &d.attr, MAY_EXEC)?;
+        if dir == ROOT_INODE {
+            return Ok(());
+        }
+        dir = d.parent;
+    }
+    Err(MetaError::Corrupt(format!("the parents above directory {dir} do not reach the root")))
+}
+
+/// Longer chains of parents than this are loops (a corrupt database).
+pub(super) const MAX_DEPTH: usize = 1_000_000;
+
+/// A new name for someone else's file (Linux's `fs.protected_hardlinks`, on by default
+/// and applied by the kernel of every honest client): only for a regular file without
+/// setuid or setgid-exec bits that the caller may read and write. Otherwise a user
+/// could pin a file its owner means to delete, or keep a setuid binary past its fix.
+pub fn check_hardlink(c: &Caller, a: &Attr) -> Result<(), MetaError> {
+    if owns(c, a) {
+        return Ok(());
+    }
+    let privileged = a.mode & S_ISUID != 0 || a.mode & (S_ISGID | 0o010) == S_ISGID | 0o010;
+    if a.kind != FileKind::File || privileged || !permits(c, a, MAY_READ | MAY_WRITE) {
+        return Err(refuse(
+            c,
+            a,
+            "make a hard link (it may link only its own files, or regular ones it may read and write)",
+        ));
+    }
+    Ok(())
+}
+
 /// Removing or replacing `victim` in directory `dir`: write and search on the
 /// directory, and in a sticky directory only the owner of either may do it (EPERM).
 pub fn check_delete(c: &Caller, dir: &Attr, victim: &Attr) -> Result<(), MetaError> {
@@ -148,7 +216,8 @@ pub fn check_set_attr(
 /// Extended attribute namespaces: `trusted.*` is root's alone (hidden from others),
 /// `security.*` is written only by root, `system.*` (ACLs) only by the owner, and
 /// `user.*` lives only on files and directories, needs read or write permission, and
-/// on a sticky directory is written only by its owner.
+/// on a sticky directory is written only by its owner. Any other namespace is refused
+/// (EOPNOTSUPP), as Linux refuses it.
 pub fn check_xattr(c: &Caller, a: &Attr, name: &[u8], write: bool) -> Result<(), MetaError> {
     let absent = || MetaError::NoAttribute(show(name));
     if name.starts_with(b"trusted.") {
@@ -161,18 +230,46 @@ pub fn check_xattr(c: &Caller, a: &Attr, name: &[u8], write: bool) -> Result<(),
     if name.starts_with(b"security.") {
         return if write && !is_root(c) { Err(refuse(c, a, "write a security.* attribute")) } else { Ok(()) };
     }
-    if name.starts_with(b"system.") {
-        return if write && !owns(c, a) { Err(refuse(c, a, "write a system.* attribute")) } else { Ok(()) };
+    if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
+        // Stored but never evaluated, an ACL that denies would not deny: refused, as by
+        // a file system mounted without ACL support, until meta enforces them.
+        return if write {
+            Err(MetaError::Unsupported(format!(
+                "{} on inode {}: Locus does not enforce POSIX ACLs; permissions are the mode bits",
+                show(name),
+                a.ino
+            )))
+        } else {
+            Ok(())
+        };
     }
-    if name.starts_with(b"user.") {
-        if !matches!(a.kind, FileKind::File | FileKind::Dir) {
-            return if write { Err(refuse(c, a, "write a user.* attribute")) } else { Err(absent()) };
-        }
-        if a.kind == FileKind::Dir && a.mode & S_ISVTX != 0 && write && !owns(c, a) {
-            return Err(refuse(c, a, "write a user.* attribute of a sticky directory"));
-        }
+    if !name.starts_with(b"user.") {
+        return Err(MetaError::Unsupported(format!(
+            "extended attribute {}: Linux knows only the user., trusted., security. and system.posix_acl_* names",
+            show(name)
+        )));
+    }
+    if !matches!(a.kind, FileKind::File | FileKind::Dir) {
+        return if write { Err(refuse(c, a, "write a user.* attribute")) } else { Err(absent()) };
+    }
+    if a.kind == FileKind::Dir && a.mode & S_ISVTX != 0 && write && !owns(c, a) {
+        return Err(refuse(c, a, "write a user.* attribute of a sticky directory"));
     }
     check(c, a, if write { MAY_WRITE } else { MAY_READ })
+}
+
+/// A change of a file's data or ownership drops the privileges its mode grants, as
+/// Linux's `file_remove_privs` and `chown` do whatever client asked: the setuid bit,
+/// and the setgid bit where it means setgid (group-executable). A write or truncation
+/// by the superuser keeps them (`CAP_FSETID`); a chown drops them for anyone.
+pub fn drop_privileges(c: &Caller, a: &mut Attr, chown: bool) {
+    if a.kind != FileKind::File || (is_root(c) && !chown) {
+        return;
+    }
+    a.mode &= !S_ISUID;
+    if a.mode & 0o010 != 0 {
+        a.mode &= !S_ISGID;
+    }
 }
 
 /// Whether a listing of extended attributes shows `name` to `c`.
@@ -180,13 +277,15 @@ pub fn xattr_visible(c: &Caller, name: &[u8]) -> bool {
     is_root(c) || !name.starts_with(b"trusted.")
 }
 
-/// Changing a file's data: write permission now, or the session has it open for
-/// writing (a write through a descriptor outlives a later chmod, as POSIX says).
-pub fn check_data_write(t: &mut dyn Txn, c: &Caller, session: SessionId, a: &Attr) -> Result<(), MetaError> {
-    if super::locks::open_for_writing(t, session, a.ino)? {
+/// Changing a file's data: the session has it open for writing (a write through a
+/// descriptor outlives a later chmod, as POSIX says), or the caller may reach it and
+/// write it now.
+pub fn check_data_write(t: &mut dyn Txn, c: &Caller, session: SessionId, i: &Inode) -> Result<(), MetaError> {
+    if super::locks::open_for_writing(t, session, i.attr.ino)? {
         return Ok(());
     }
-    check(c, a, MAY_WRITE)
+    check_reach(t, c, i)?;
+    check(c, &i.attr, MAY_WRITE)
 }
 
 /// Operations only meta's own nodes, and the superuser, may ask for (catalogue
