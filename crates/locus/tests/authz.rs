@@ -4,9 +4,12 @@
 //! proved by its client certificate (and root of a client host squashed unless meta
 //! trusts the site).
 
+use proto::cap::Receipt;
 use proto::error::ErrorCode;
 use proto::meta::*;
-use proto::types::{Caller, ROOT_INODE};
+use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::policy::Replicate;
+use proto::types::{Caller, ChunkId, Extent, ROOT_INODE, SessionId, Timestamp};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
@@ -37,17 +40,38 @@ struct Raw {
 impl Raw {
     /// Connects to `c`'s meta with a client certificate of site `default`.
     fn connect(c: &Cluster) -> Raw {
+        Raw::connect_as(c, "client", "attacker", &c.meta.addr)
+    }
+
+    /// Connects to `addr` (meta or a node) with a certificate of `role` named `name`.
+    fn connect_as(c: &Cluster, role: &str, name: &str, addr: &str) -> Raw {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let f = c.cert("client", "attacker", "default");
+        let f = c.cert(role, name, "default");
         let tls = net::Tls::load(Path::new(&f[1]), Path::new(&f[3]), Path::new(&f[5])).unwrap();
-        let connect = net::RpcClient::connect_as(&c.meta.addr, 1, Duration::from_secs(10), Some(tls.into()));
-        let rpc = rt.block_on(connect).unwrap();
+        let rpc = rt.block_on(net::RpcClient::connect_as(addr, 1, Duration::from_secs(10), Some(tls.into()))).unwrap();
         Raw { rt, rpc }
     }
 
     fn ask<M: MetaMessage>(&self, caller: &Caller, req: M) -> Result<M::Response, ErrorCode> {
+        self.ask_why(caller, req).map_err(|e| e.code)
+    }
+
+    /// The answer, or the whole error the attacker sees.
+    fn ask_why<M: MetaMessage>(&self, caller: &Caller, req: M) -> Result<M::Response, proto::error::WireError> {
         let req = Envelope::as_user(caller.clone(), "default".into(), req);
-        self.rt.block_on(self.rpc.ask(req)).unwrap().map_err(|e| e.code)
+        self.rt.block_on(self.rpc.ask(req)).unwrap()
+    }
+
+    /// A request to a node, with `data` as the bulk bytes.
+    fn node(&self, req: NodeRequest, data: Vec<u8>) -> (NodeResult, Vec<u8>) {
+        let (reply, bulk) = self.rt.block_on(self.rpc.call_bulk(&req, bytes::Bytes::from(data))).unwrap();
+        (reply, bulk.to_vec())
+    }
+
+    fn hello(&self) -> SessionId {
+        let info = SessionInfo { site: "default".into(), host: "attacker".into(), pid: 1, purpose: "attack".into() };
+        let hello = Hello { protocol: proto::PROTOCOL_VERSION, session: info };
+        self.rt.block_on(self.rpc.ask(hello)).unwrap().unwrap().session
     }
 }
 
@@ -87,25 +111,22 @@ fn meta_refuses_what_the_caller_may_not_do_whatever_the_client() {
     assert_eq!(raw.ask(&nobody, Extents { ino: file.ino() }).err(), Some(ErrorCode::PermissionDenied));
     let create = Create { parent: dir.ino(), name: b"x".to_vec(), node: NewNode::File, mode: 0o644, exclusive: true };
     assert_eq!(raw.ask(&nobody, create).err(), Some(ErrorCode::PermissionDenied));
+    // Below alice's 0700 directory the file is out of reach: refused before its own rules.
     let setuid = AttrChanges { mode: Some(0o4777), uid: Some(65534), ..Default::default() };
     assert_eq!(
         raw.ask(&nobody, SetAttr { ino: file.ino(), set: setuid, session: None }).err(),
-        Some(ErrorCode::NotPermitted)
+        Some(ErrorCode::PermissionDenied)
     );
     let forget = ForgetChunks { ids: Vec::new() };
     assert_eq!(raw.ask(&nobody, forget).err(), Some(ErrorCode::NotPermitted));
-    let session = raw.rt.block_on(raw.rpc.ask(Hello {
-        protocol: proto::PROTOCOL_VERSION,
-        session: SessionInfo { site: "default".into(), host: "attacker".into(), pid: 1, purpose: "attack".into() },
-    }));
-    let session = session.unwrap().unwrap().session;
+    let session = raw.hello();
     let commit = CommitWrite {
         ino: file.ino(),
         session,
         extents: Vec::new(),
         chunks: Vec::new(),
         min_size: 1 << 20,
-        mtime: proto::types::Timestamp::now(),
+        mtime: Timestamp::now(),
     };
     assert_eq!(raw.ask(&nobody, commit).err(), Some(ErrorCode::PermissionDenied));
     let open = Open { ino: file.ino(), session, truncate: false, access: OpenAccess { read: true, write: false } };
@@ -244,4 +265,208 @@ fn root_of_a_client_host_is_squashed() {
     let chown = std::os::unix::fs::chown(squashed.join("pub/f"), Some(0), Some(0)).unwrap_err();
     assert_eq!(chown.raw_os_error(), Some(1), "EPERM: {chown}");
     assert!(squashed.join("pub/f").exists());
+}
+
+/// The issue's attacks with one valid client certificate, speaking the protocol from a
+/// program (not through a kernel): reading another user's file by its chunk's hash or
+/// by inode number below a directory it may not search, poisoning the chunk catalogue,
+/// pinning someone's file with a hard link, keeping a setuid bit through a write. Each
+/// is refused with the message it shows; the honest path (put, receipt, commit, read)
+/// still works from the same program, and nothing the victim has changes.
+#[test]
+fn one_valid_client_certificate_reaches_nothing_it_may_not() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start(bin(), 1);
+    let m = c.mount();
+    std::fs::create_dir(m.join("home")).unwrap();
+    std::fs::set_permissions(m.join("home"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let home = m.join("home").display().to_string();
+    as_user(
+        1001,
+        1001,
+        &format!(
+            "cd {home} && mkdir -m 700 alice && printf secret > alice/f && chmod 600 alice/f && \
+             mkdir -m 755 alice/pub && printf public > alice/pub/g && ln -s /plans/for/monday alice/pub/l && \
+             printf run > setuid && chmod 4777 setuid && printf run > setuid2 && chmod 4777 setuid2"
+        ),
+    );
+    let ino = |p: &str| std::fs::metadata(m.join(p)).unwrap().ino();
+    let (f, g, l) = (
+        ino("home/alice/f"),
+        ino("home/alice/pub/g"),
+        std::fs::symlink_metadata(m.join("home/alice/pub/l")).unwrap().ino(),
+    );
+    let raw = Raw::connect(&c);
+    let mallory = Caller::new(2000, 2000);
+    as_user(2000, 2000, &format!("mkdir {home}/mallory"));
+    let mine = ino("home/mallory");
+
+    // By inode number, below alice's 0700 directory: nothing, not even attributes.
+    let session = raw.hello();
+    let read = OpenAccess { read: true, write: false };
+    assert_eq!(
+        raw.ask(&mallory, Open { ino: g, session, truncate: false, access: read }).err(),
+        Some(ErrorCode::PermissionDenied)
+    );
+    assert_eq!(raw.ask(&mallory, Extents { ino: g }).err(), Some(ErrorCode::PermissionDenied));
+    for ino in [f, g, ino("home/alice/pub")] {
+        let refused = raw.ask_why(&mallory, GetAttr { ino }).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::PermissionDenied, "{refused}");
+        assert!(refused.message.contains("may not search/execute directory"), "{refused}");
+    }
+    assert_eq!(raw.ask(&mallory, ReadLink { ino: l }).err(), Some(ErrorCode::PermissionDenied));
+    assert_eq!(raw.ask(&mallory, ListXattr { ino: g }).err(), Some(ErrorCode::PermissionDenied));
+    let link = Link { ino: f, new_parent: mine, new_name: b"pinned".to_vec() };
+    assert_eq!(raw.ask(&mallory, link).err(), Some(ErrorCode::PermissionDenied));
+    assert_eq!(std::fs::metadata(m.join("home/alice/f")).unwrap().nlink(), 1);
+
+    // By chunk hash: the hash of alice's secret, bound to mallory's own file.
+    let victim = ChunkId::of(b"secret");
+    let create = Create { parent: mine, name: b"x".to_vec(), node: NewNode::File, mode: 0o644, exclusive: true };
+    let rw = OpenAccess { read: true, write: true };
+    let opened = raw.ask(&mallory, CreateOpen { create, session, access: rw }).unwrap();
+    let x = opened.attr.ino;
+    let extent = |chunk, len| Extent { file_offset: 0, len, chunk, chunk_offset: 0 };
+    let commit = |chunks: Vec<StoredChunk>, chunk, len| CommitWrite {
+        ino: x,
+        session,
+        extents: vec![extent(chunk, len)],
+        chunks,
+        min_size: len,
+        mtime: Timestamp::now(),
+    };
+    let claim = |size, nodes: Vec<&str>, receipt| StoredChunk {
+        id: victim,
+        size,
+        nodes: nodes.into_iter().map(String::from).collect(),
+        receipt,
+    };
+    let refused = raw.ask_why(&mallory, commit(vec![], victim, 6)).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::PermissionDenied, "{refused}");
+    assert!(refused.message.contains("neither stored by this request"), "{refused}");
+    let refused = raw.ask_why(&mallory, commit(vec![claim(6, vec!["node0"], None)], victim, 6)).unwrap_err();
+    assert!(refused.message.contains("no node's receipt for it"), "{refused}");
+    let forged = Receipt { expires_ms: Timestamp::now().millis() + 60_000, mac: [7; 32] };
+    let refused = raw.ask_why(&mallory, commit(vec![claim(6, vec!["node0"], Some(forged))], victim, 6)).unwrap_err();
+    assert!(refused.message.contains("not signed by a node of this cluster"), "{refused}");
+    // The catalogue keeps what the nodes said: another size and a ghost holder are refused.
+    let poison = commit(vec![claim(1, vec!["node0", "ghost"], Some(forged))], victim, 1);
+    assert_eq!(raw.ask(&mallory, poison).err(), Some(ErrorCode::PermissionDenied));
+    let record = raw.ask(&mallory, ChunkLocations { ids: vec![victim] }).unwrap();
+    assert_eq!((record[0].size, record[0].nodes.clone()), (6, vec!["node0".to_string()]));
+    assert!(raw.ask(&mallory, Extents { ino: x }).unwrap().extents.is_empty(), "nothing was bound");
+
+    // The honest path from the same program: a put with meta's capability earns the
+    // node's receipt, which binds the chunk; reading it back takes the read capability.
+    let node = Raw::connect_as(&c, "client", "attacker", &c.nodes[0].addr);
+    let mine_data = b"mallory's own bytes".to_vec();
+    let own = ChunkId::of(&mine_data);
+    let put = NodeRequest::Put {
+        id: own,
+        cap: opened.caps.put,
+        epoch: 0,
+        replicate: Replicate::for_writer(&opened.policy, "default"),
+    };
+    let (stored, _) = node.node(put, mine_data.clone());
+    let Ok(NodeReply::Stored { nodes, receipt: Some(receipt) }) = stored else { panic!("{stored:?}") };
+    // A receipt is bound to what the node stored: not transferable to the victim's chunk.
+    let stolen = StoredChunk { id: victim, size: 6, nodes: nodes.clone(), receipt: Some(receipt) };
+    assert_eq!(raw.ask(&mallory, commit(vec![stolen], victim, 6)).err(), Some(ErrorCode::PermissionDenied));
+    let honest = StoredChunk { id: own, size: mine_data.len() as u64, nodes, receipt: Some(receipt) };
+    raw.ask(&mallory, commit(vec![honest], own, mine_data.len() as u64)).unwrap();
+    let again = raw.ask(&mallory, Open { ino: x, session, truncate: false, access: read }).unwrap();
+    let get = |id, cap| NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false, cap };
+    let (got, bytes) = node.node(get(own, again.caps.read.first().copied()), Vec::new());
+    assert_eq!((got, bytes), (Ok(NodeReply::Data), mine_data));
+    // Its read capability is for its own chunk, not alice's.
+    let (got, _) = node.node(get(victim, again.caps.read.first().copied()), Vec::new());
+    assert_eq!(got.unwrap_err().code, ErrorCode::PermissionDenied);
+
+    // setuid: a write and a truncate by a non-owner clear it, whatever client sent them.
+    let suid = ino("home/setuid");
+    let w = raw.ask(&mallory, Open { ino: suid, session, truncate: false, access: rw }).unwrap();
+    let data = b"rewritten".to_vec();
+    let id = ChunkId::of(&data);
+    let put =
+        NodeRequest::Put { id, cap: w.caps.put, epoch: 0, replicate: Replicate::for_writer(&w.policy, "default") };
+    let Ok(NodeReply::Stored { nodes, receipt }) = node.node(put, data.clone()).0 else { panic!("put refused") };
+    let chunk = StoredChunk { id, size: data.len() as u64, nodes, receipt };
+    let write = CommitWrite {
+        ino: suid,
+        session,
+        extents: vec![Extent { file_offset: 0, len: data.len() as u64, chunk: id, chunk_offset: 0 }],
+        chunks: vec![chunk],
+        min_size: data.len() as u64,
+        mtime: Timestamp::now(),
+    };
+    assert_eq!(raw.ask(&mallory, write).unwrap().mode & 0o7777, 0o777);
+    let truncate = AttrChanges { size: Some(0), ..Default::default() };
+    let t = raw.ask(&mallory, SetAttr { ino: ino("home/setuid2"), set: truncate, session: None }).unwrap();
+    assert_eq!(t.mode & 0o7777, 0o777);
+
+    // The victim lost nothing.
+    assert_eq!(as_user(1001, 1001, &format!("cat {home}/alice/f")), "secret");
+    assert_eq!(std::fs::read(m.join("home/mallory/x")).unwrap(), b"mallory's own bytes");
+}
+
+/// Least privilege: a node certificate is never a user at meta, an admin certificate
+/// administers but reads no data without a capability, a plain client sees only its
+/// own sessions, and every administrative action lands in the audit log.
+#[test]
+fn certificates_do_only_their_roles_work_and_admin_actions_are_audited() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start(bin(), 1);
+    let m = c.mount();
+    std::fs::write(m.join("secret"), "s3cret").unwrap();
+    std::fs::set_permissions(m.join("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let secret = std::fs::metadata(m.join("secret")).unwrap().ino();
+    let nobody = Caller::new(65534, 65534);
+
+    let as_node = Raw::connect_as(&c, "node", "node0", &c.meta.addr);
+    let refused = as_node.ask_why(&nobody, Extents { ino: secret }).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::NotPermitted, "{refused}");
+    assert!(refused.message.contains("may not ask Extents: that takes a certificate of role client"), "{refused}");
+    let admin = Raw::connect_as(&c, "admin", "admin", &c.meta.addr);
+    assert_eq!(admin.ask(&nobody, Extents { ino: secret }).err(), Some(ErrorCode::NotPermitted));
+    let s = admin.ask(&nobody, Status {}).unwrap();
+    assert!(s.sessions.len() >= 1, "an admin sees every session");
+    // At the node: an admin lists and verifies, but gets no data without a capability.
+    let chunk = ChunkId::of(b"s3cret");
+    let at_node = Raw::connect_as(&c, "admin", "admin", &c.nodes[0].addr);
+    let (list, _) = at_node.node(NodeRequest::List { after: None, limit: 10 }, Vec::new());
+    assert!(matches!(list, Ok(NodeReply::Ids(ids)) if ids.contains(&chunk)));
+    let get = NodeRequest::Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap: None };
+    assert_eq!(at_node.node(get, Vec::new()).0.unwrap_err().code, ErrorCode::PermissionDenied);
+
+    // A plain client sees its own sessions only, no pending nodes, no audit.
+    let client = Raw::connect(&c);
+    let own = client.hello();
+    // Asked on another connection of the same certificate: meta asks a session's own
+    // connection for its workers' report, which this raw client does not answer.
+    let client = Raw::connect(&c);
+    let s = client.ask(&nobody, Status {}).unwrap();
+    assert_eq!(s.sessions.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), vec![own]);
+    assert!(s.audit.is_empty());
+    // An admin action, and one refused to a client, are both in the audit log.
+    let out = c.locus(&["node", "admit", "n9", "--meta", &c.meta.addr]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(client.ask(&nobody, AdmitNode { node: "n8".into() }).err(), Some(ErrorCode::NotPermitted));
+    let out = c.locus(&["status", "--audit", "--meta", &c.meta.addr]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let admitted = shown.lines().find(|l| l.contains("admit node n9")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(admitted.contains("admin (admin of site default)") && admitted.trim_end().ends_with("ok"), "{admitted}");
+    let refused = shown.lines().find(|l| l.contains("admit node n8")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(refused.contains("attacker (client of site default)") && refused.contains("refused"), "{refused}");
+    // Unknown extended attribute namespaces and ACLs are refused through the mount too.
+    let setfattr = Command::new("setfattr").args(["-n", "weird.ns", "-v", "x"]).arg(m.join("secret")).output().unwrap();
+    assert!(String::from_utf8_lossy(&setfattr.stderr).contains("Operation not supported"), "{setfattr:?}");
+    let setfacl = Command::new("setfacl").args(["-m", "u:65534:---"]).arg(m.join("secret")).output().unwrap();
+    assert!(!setfacl.status.success(), "an ACL that would not be enforced is refused: {setfacl:?}");
+    assert!(String::from_utf8_lossy(&setfacl.stderr).contains("Operation not supported"), "{setfacl:?}");
 }

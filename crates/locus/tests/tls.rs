@@ -255,3 +255,34 @@ fn a_client_certificate_gets_no_chunk_without_a_capability_and_cannot_administer
     let has = ask(&peer, &NodeRequest::Has { ids: vec![id] }, Vec::new()).unwrap();
     assert!(matches!(&has, NodeReply::Flags(f) if f == &[true]), "{has:?}");
 }
+
+/// `locus ca revoke` takes a name as the certificate has it (grid DNs have capitals):
+/// `Mallory` drops Mallory's live connection and refuses her next handshake, and the
+/// command says which issued certificate the entry covers; `mallory` covers nothing,
+/// and the command warns so, naming the certificate that differs only in case.
+#[test]
+fn a_revocation_covers_the_name_as_the_certificate_has_it() {
+    let c = Cluster::start(bin(), 0);
+    let f = c.cert("client", "Mallory", "default");
+    let tls: Arc<net::Tls> = net::Tls::load(Path::new(&f[1]), Path::new(&f[3]), Path::new(&f[5])).unwrap().into();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let connect =
+        || rt.block_on(net::RpcClient::connect_as(&c.meta.addr, 1, Duration::from_secs(5), Some(tls.clone())));
+    let ask = |rpc: &net::RpcClient| rt.block_on(rpc.ask(proto::meta::Envelope::plain(proto::meta::Revocations {})));
+    let live = connect().unwrap();
+    assert!(ask(&live).unwrap().is_ok());
+    let tls_dir = c.tls_dir().display().to_string();
+    let wrong_case = run(&strings(&["ca", "revoke", "--dir", &tls_dir, "mallory"]));
+    assert!(wrong_case.status.success());
+    assert!(stderr(&wrong_case).contains("\"mallory\" matches no certificate issued in"), "{}", stderr(&wrong_case));
+    assert!(stderr(&wrong_case).contains("differing only in case: Mallory"), "{}", stderr(&wrong_case));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(ask(&live).unwrap().is_ok(), "a name in another case is another name");
+    let revoke = run(&strings(&["ca", "revoke", "--dir", &tls_dir, "Mallory"]));
+    assert!(String::from_utf8_lossy(&revoke.stdout).contains("\"Mallory\" covers Mallory.pem"), "{revoke:?}");
+    logged(&c.path().join("meta.log"), "closing the connection of a revoked certificate");
+    assert!(ask(&live).is_err(), "the live connection was dropped");
+    let again = connect().and_then(|rpc| ask(&rpc).map(|_| ()));
+    assert!(again.is_err(), "a new handshake is refused");
+    logged(&c.path().join("meta.log"), "(serial");
+}

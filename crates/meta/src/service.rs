@@ -294,15 +294,6 @@ impl MetaService {
     /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
     fn check_identity(peer: &impl Origin, req: &MetaRequest) -> Result<(), MetaError> {
         let Some(who) = peer.identity() else { return Ok(()) };
-        let permitted = permitted_roles(req);
-        if !permitted.contains(&who.role) {
-            let roles: Vec<&str> = permitted.iter().map(|r| r.as_str()).collect();
-            return Err(MetaError::NotPermitted(format!(
-                "{who} may not ask {}: that takes a {} certificate",
-                req.name(),
-                roles.join(" or ")
-            )));
-        }
         let as_node = |id: &str, site: Option<&str>| {
             if who.role != net::Role::Node {
                 return Err(MetaError::NotPermitted(format!(
@@ -338,7 +329,17 @@ impl MetaService {
                 Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
             }
             _ => Ok(()),
+        }?;
+        let permitted = permitted_roles(req);
+        if !permitted.contains(&who.role) {
+            let roles: Vec<&str> = permitted.iter().map(|r| r.as_str()).collect();
+            return Err(MetaError::NotPermitted(format!(
+                "{who} may not ask {}: that takes a certificate of role {}",
+                req.name(),
+                roles.join(" or ")
+            )));
         }
+        Ok(())
     }
 
     fn ctx(&self) -> Ctx {
@@ -715,39 +716,8 @@ impl MetaService {
 
     /// Checks and answers a request from `peer`.
     async fn answer_from(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> MetaResult {
-        let MetaCall { caller, site, request: mut req, epoch } = call;
-        if let Err(e) = Self::check_identity(peer, &req) {
-            tracing::warn!(peer = %peer.describe(), "refused: {e}");
-            return Err(e.into());
-        }
-        if let Err(e) = self.check_receipts(peer.identity(), &req) {
-            tracing::warn!(peer = %peer.describe(), "refused: {e}");
-            return Err(e.into());
-        }
-        if let Some(epoch) = believed_epoch(peer.identity(), epoch)
-            && let Err(e) = self.store.check_node_epoch(epoch)
-        {
-            tracing::warn!(peer = %peer.describe(), "refused a node's request: {e}");
-            return Err(e.into());
-        }
-        if let Some(claimed) = req.claimed_session()
-            && let Err(e) = self.check_claim(peer, claimed).await
-        {
-            return Err(e.into());
-        }
-        let acting = crate::authority::resolve(&self.identities(), peer.identity(), site.as_deref(), caller);
-        if let MetaRequest::SetAttr(m) = &mut req {
-            match acting.owner_in(m.set.uid, m.set.gid) {
-                Ok((uid, gid)) => (m.set.uid, m.set.gid) = (uid, gid),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let grants = granted_caps(&req);
-        let audited = crate::audit::action(&req);
-        let result = self.answer_as(peer.identity(), acting.caller.clone(), req).await.map(|reply| {
-            let holder = peer.identity().map_or("", |i| i.name.as_str());
-            self.with_caps(localize(reply, &acting), grants, holder, peer.identity())
-        });
+        let audited = crate::audit::action(&call.request);
+        let result = self.checked_answer(peer, call).await;
         if let Some(action) = audited {
             self.audit.record(AuditEntry {
                 at_ms: self.ctx().now_ms,
@@ -762,13 +732,45 @@ impl MetaService {
                 },
             });
         }
+        result.map_err(Into::into)
+    }
+
+    /// `answer_from` before the audit: every check on the peer, then the answer.
+    async fn checked_answer(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> Result<MetaReply, MetaError> {
+        let MetaCall { caller, site, request: mut req, epoch } = call;
+        if let Err(e) = Self::check_identity(peer, &req) {
+            tracing::warn!(peer = %peer.describe(), "refused: {e}");
+            return Err(e);
+        }
+        if let Err(e) = self.check_receipts(peer.identity(), &req) {
+            tracing::warn!(peer = %peer.describe(), "refused: {e}");
+            return Err(e);
+        }
+        if let Some(epoch) = believed_epoch(peer.identity(), epoch)
+            && let Err(e) = self.store.check_node_epoch(epoch)
+        {
+            tracing::warn!(peer = %peer.describe(), "refused a node's request: {e}");
+            return Err(e);
+        }
+        if let Some(claimed) = req.claimed_session() {
+            self.check_claim(peer, claimed).await?;
+        }
+        let acting = crate::authority::resolve(&self.identities(), peer.identity(), site.as_deref(), caller);
+        if let MetaRequest::SetAttr(m) = &mut req {
+            (m.set.uid, m.set.gid) = acting.owner_in(m.set.uid, m.set.gid)?;
+        }
+        let grants = granted_caps(&req);
+        let result = self.answer_as(peer.identity(), acting.caller.clone(), req).await.map(|reply| {
+            let holder = peer.identity().map_or("", |i| i.name.as_str());
+            self.with_caps(localize(reply, &acting), grants, holder, peer.identity())
+        });
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
             if let Some(handle) = peer.push_handle() {
                 lock(&self.clients).insert(welcome.session, handle);
             }
         }
-        result.map_err(Into::into)
+        result
     }
 }
 
