@@ -11,6 +11,7 @@ mod compact;
 mod data;
 mod error;
 mod file;
+mod logins;
 mod meta_link;
 mod session;
 mod vfs;

@@ -56,6 +56,8 @@ pub(crate) struct MetaLink {
     pushes: Arc<Pushes>,
     session: AtomicU64,
     info: SessionInfo,
+    /// This host's users' logins, sent with their requests (`logins`).
+    logins: Option<crate::logins::Logins>,
     /// Calls that may change a directory (`MetaRequestKind::may_change_a_directory`)
     /// begun plus ended: unchanged between two readings means no such request began or
     /// ended in between (see `call_alone`).
@@ -79,12 +81,23 @@ impl MetaLink {
         timeout: Duration,
         info: SessionInfo,
         in_process: Option<Arc<dyn InProcessMeta>>,
+        logins: Option<std::path::PathBuf>,
     ) -> Result<MetaLink> {
         let pushes = Arc::new(Pushes { workers: OnceLock::new() });
         let rpc = RpcClient::connect_with_push(addr, connections, timeout, pushes.clone())
             .await
             .map_err(|e| VfsError::new(ErrorCode::Io, format!("meta unreachable: {e}")))?;
-        Ok(MetaLink { rpc, in_process, timeout, pushes, session: AtomicU64::new(0), info, calls: AtomicU64::new(0) })
+        let logins = logins.map(crate::logins::Logins::new);
+        Ok(MetaLink {
+            rpc,
+            in_process,
+            timeout,
+            pushes,
+            session: AtomicU64::new(0),
+            info,
+            logins,
+            calls: AtomicU64::new(0),
+        })
     }
 
     /// The workers whose status this client reports when meta asks (`locus status`).
@@ -116,7 +129,10 @@ impl MetaLink {
             Ending(&self.calls)
         });
         let envelope = match current_caller() {
-            Some(caller) => Envelope::as_user(caller, self.info.site.clone(), msg),
+            Some(caller) => {
+                let token = self.logins.as_ref().and_then(|l| l.token(caller.uid).filter(|_| caller.uid != 0));
+                Envelope::as_user(caller, self.info.site.clone(), msg).with_token(token)
+            }
             None => Envelope::plain(msg),
         };
         Ok(match &self.in_process {

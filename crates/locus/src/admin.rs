@@ -1,6 +1,6 @@
 //! Commands for people: `status`, `fsck` and `gc`, talking to meta and nodes directly.
 
-use crate::cli::{AdminArgs, GcArgs, StatusArgs};
+use crate::cli::{AdminArgs, GcArgs, LoginArgs, StatusArgs};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use net::{NodeDirectory, RpcClient};
@@ -532,5 +532,53 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("gc: {scanned} chunks scanned, {deleted} unreferenced chunks older than {age}s deleted");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `locus login`: asks meta for a login with this process's certificate (the person's
+/// own, of role `user`) and leaves it where this host's mounts look (a file named
+/// after the uid, the user's own, 0600), replacing an older one atomically.
+pub async fn login(args: LoginArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let meta = RpcClient::connect(&args.meta, 1, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("meta at {} is unreachable", args.meta))?;
+    let token = meta_call(&meta, Login { lifetime_secs: args.lifetime.as_secs() }).await?;
+    // Who runs this: the owner of this process's own /proc entry.
+    let me = std::fs::metadata("/proc/self").context("cannot tell which user runs this")?.uid();
+    if me != 0 && me != token.uid {
+        bail!(
+            "this certificate is {}, uid {} at site {}, and you are uid {me}: log in as that user",
+            token.principal,
+            token.uid,
+            token.site
+        );
+    }
+    let path = args.logins.join(token.uid.to_string());
+    let tmp = args.logins.join(format!(".{}.{}", token.uid, std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(format!("{}\n", token.to_text()).as_bytes())?;
+        f.sync_all()?;
+        if me == 0 {
+            std::os::unix::fs::chown(&tmp, Some(token.uid), None)?;
+        }
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| {
+            format!("cannot leave the login in {} (is a mount running here? its --logins)", args.logins.display())
+        });
+    }
+    println!(
+        "logged in as {}: uid {} at site {} until {} UTC ({})",
+        token.principal,
+        token.uid,
+        token.site,
+        utc(token.expires_ms),
+        path.display()
+    );
     Ok(ExitCode::SUCCESS)
 }

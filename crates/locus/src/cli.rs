@@ -55,7 +55,26 @@ pub enum Command {
     /// The cluster's certificate authority: make it, issue certificates, revoke them.
     #[command(subcommand)]
     Ca(CaCommand),
+    /// Prove who you are with your own (user) certificate, so that this host's mount
+    /// acts for you at a site whose users must log in (`locus meta --user-auth`).
+    Login(LoginArgs),
 }
+
+#[derive(Args, Debug)]
+pub struct LoginArgs {
+    /// Meta's address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub meta: String,
+    /// How long the login lasts, e.g. 12h (meta grants at most a week).
+    #[arg(long, default_value = "12h", value_parser = parse_duration)]
+    pub lifetime: std::time::Duration,
+    /// Where this host's mounts find logins (their `--logins`).
+    #[arg(long, default_value = DEFAULT_LOGINS)]
+    pub logins: PathBuf,
+}
+
+/// Where mounts look for their users' logins and `locus login` leaves them.
+pub const DEFAULT_LOGINS: &str = "/run/locus/logins";
 
 /// How this process proves itself and checks its peers (mutual TLS 1.3).
 #[derive(Args, Debug, Clone, Default)]
@@ -242,6 +261,20 @@ pub struct MetaArgs {
     /// `locus status --audit` shows the latest either way.
     #[arg(long, value_name = "FILE")]
     pub audit_log: Option<PathBuf>,
+    /// Clients of this site act for a user only with that user's login (`locus login`
+    /// with the user's own certificate), not on the host's word (repeat for more sites).
+    #[arg(long = "user-auth", value_name = "SITE")]
+    pub user_auth: Vec<String>,
+    /// Limits the uids (and gids) a client host may claim at all, e.g.
+    /// `host7=1000-1999:100,200` (by the host certificate's name; repeat for more).
+    #[arg(long = "host-ids", value_name = "HOST=UIDS[:GIDS]", value_parser = host_ids)]
+    pub host_ids: Vec<(String, meta::authority::HostIds)>,
+}
+
+/// `HOST=UIDS[:GIDS]` of `--host-ids`.
+fn host_ids(s: &str) -> Result<(String, meta::authority::HostIds), String> {
+    let (host, ids) = s.split_once('=').ok_or_else(|| format!("expected HOST=UIDS[:GIDS], got {s:?}"))?;
+    Ok((host.to_string(), meta::authority::HostIds::parse(ids)?))
 }
 
 /// `SITE=FILE` of `--identity-map`.
@@ -421,6 +454,10 @@ pub struct MountArgs {
     pub meta: String,
     #[arg(long, default_value = "default")]
     pub site: String,
+    /// Where this host's users leave their logins (`locus login`): a file per uid,
+    /// sent with that user's requests (made sticky and world-writable if new).
+    #[arg(long, default_value = DEFAULT_LOGINS)]
+    pub logins: PathBuf,
     #[command(flatten)]
     pub tuning: ClientTuning,
 }

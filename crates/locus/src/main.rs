@@ -99,6 +99,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Gc(a) => admin::gc(a).await,
         Policy(a) => policy::run(a).await,
         Ca(c) => pki::command(c),
+        Login(a) => admin::login(a).await,
     }
 }
 
@@ -124,6 +125,7 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
             None => Own("locus node"),
         }),
         Mount(_) => Some(Own("locus mount")),
+        Login(_) => Some(Own("locus login")),
         Status(a) => Some(Operator("locus status", a.admin.meta.as_deref())),
         Fsck(a) => Some(Operator("locus fsck", a.meta.as_deref())),
         Gc(a) => Some(Operator("locus gc", a.meta.as_deref())),

@@ -117,7 +117,11 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         db_timeout: args.db_timeout,
         audit_log: args.audit_log.clone(),
     };
-    let (addr, _) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
+    let (addr, service) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
+    service.configure_user_auth(meta::authority::UserAuth {
+        token_sites: args.user_auth.clone(),
+        host_ids: args.host_ids.iter().cloned().collect(),
+    });
     // Tools and tests read this line to learn the address (the port may be 0 = any).
     println!("locus meta listening on {addr}");
     tracing::info!("meta serving on {addr} with database {}", args.db);
@@ -179,6 +183,18 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         _ = wait_for_signal() => {}
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Makes the logins directory if it is missing: sticky and writable by all, as /tmp, so
+/// every user can leave their login there and none can remove another's.
+fn prepare_logins(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot make the logins directory {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
+        .with_context(|| format!("cannot open the logins directory {} to its users", dir.display()))
 }
 
 fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTuning) -> client::ClientConfig {
@@ -290,9 +306,12 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
 pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let purpose = format!("mount {}", mountpoint.display());
-    let vfs = client::Vfs::connect(client_config(args.meta.clone(), args.site, purpose, &args.tuning))
-        .await
-        .with_context(|| format!("cannot reach meta at {}", args.meta))?;
+    prepare_logins(&args.logins)?;
+    let config = client::ClientConfig {
+        logins: Some(args.logins.clone()),
+        ..client_config(args.meta.clone(), args.site, purpose, &args.tuning)
+    };
+    let vfs = client::Vfs::connect(config).await.with_context(|| format!("cannot reach meta at {}", args.meta))?;
     serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -92,6 +92,7 @@ pub fn action(req: &MetaRequest) -> Option<String> {
             None => format!("remove the replication policy of inode {}", m.ino),
         },
         R::ForgetChunks(m) => format!("forget {} unreferenced chunks", m.ids.len()),
+        R::Login(m) => format!("log in for {} s", m.lifetime_secs.min(proto::meta::MAX_LOGIN_SECS)),
         R::Hello(_)
         | R::Heartbeat(_)
         | R::Goodbye(_)

@@ -260,6 +260,20 @@ impl Identities {
         Ok(reloaded)
     }
 
+    /// The caller a site's unmapped and unproven users act as (its map's `nobody`).
+    pub fn nobody(&self, site: &str) -> Caller {
+        let map: Map = self.maps.read().unwrap_or_else(|p| p.into_inner()).get(site).cloned();
+        let (uid, gid) = nobody(&map);
+        Caller { uid, gid, groups: Vec::new() }
+    }
+
+    /// The uid the principal with global id `principal` has at `site` (`None` if the
+    /// site's map does not name it, or the site has no map).
+    pub fn local_uid(&self, site: &str, principal: u32) -> Option<u32> {
+        let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
+        maps.get(site)?.uid_out.get(&principal).copied()
+    }
+
     /// Whether any map file is configured (the reload worker runs only then).
     pub fn has_sources(&self) -> bool {
         !self.sources.is_empty()

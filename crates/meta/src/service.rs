@@ -76,6 +76,11 @@ pub struct MetaService {
     pending: Mutex<HashMap<String, (std::time::Instant, PendingNode)>>,
     /// Administrative actions: who, what, when, from where.
     audit: AuditLog,
+    /// The key logins (`UserToken`) are signed with, derived from the database's secret
+    /// like the capability key (so every meta over it accepts them).
+    token_key: proto::cap::CapKey,
+    /// How much client hosts are believed about their users.
+    user_auth: std::sync::RwLock<crate::authority::UserAuth>,
 }
 
 impl MetaService {
@@ -97,6 +102,8 @@ impl MetaService {
     fn build(store: Arc<Store>, config: &MetaConfig, audit: AuditLog) -> Arc<MetaService> {
         Arc::new(MetaService {
             cap_key: capability_key(store.cluster_secret()),
+            token_key: blake3::derive_key("locus 2026-11 user token key", store.cluster_secret()),
+            user_auth: Default::default(),
             cluster_id: store.cluster_id().into(),
             store,
             heartbeat: config.heartbeat,
@@ -122,6 +129,33 @@ impl MetaService {
         let ids = Identities::load(maps, no_root_squash, &mut |names| self.principals(names))?;
         *self.identities.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ids);
         Ok(())
+    }
+
+    /// Sets which sites require logins and which ids hosts may claim (`UserAuth`).
+    pub fn configure_user_auth(&self, auth: crate::authority::UserAuth) {
+        *self.user_auth.write().unwrap_or_else(|p| p.into_inner()) = auth;
+    }
+
+    /// A login: the principal the user certificate proves, as the uid its site's map
+    /// gives it, signed for at most `MAX_LOGIN_SECS`.
+    async fn login(
+        &self,
+        who: Option<&net::PeerIdentity>,
+        lifetime_secs: u64,
+    ) -> Result<proto::cap::UserToken, MetaError> {
+        let who = who.ok_or_else(|| MetaError::NotPermitted("a login needs TLS and a user certificate".into()))?;
+        let name = who.name.clone();
+        let row = engine::read_async(&self.store, true, move |t| t.principal(&name)).await?;
+        let uid = row.and_then(|row| self.identities().local_uid(&who.site, crate::identity::PRINCIPAL_BASE + row));
+        let uid = uid.ok_or_else(|| {
+            MetaError::NotPermitted(format!(
+                "{} has no account at site {}: its identity map (locus meta --identity-map {}=FILE) does not name it",
+                who.name, who.site, who.site
+            ))
+        })?;
+        let lifetime = lifetime_secs.clamp(60, proto::meta::MAX_LOGIN_SECS) as i64;
+        let expires = self.ctx().now_ms + lifetime * 1000;
+        Ok(proto::cap::UserToken::sign(&self.token_key, &who.name, &who.site, uid, expires))
     }
 
     /// The principal-table rows of `names`, adding the ones not there yet. Blocking.
@@ -437,6 +471,7 @@ impl MetaService {
                 MetaRequest::Revocations(m) => {
                     ops::serve(m, |_| Ok(RevocationList { entries: lock(&self.revoked).clone() }))
                 }
+                MetaRequest::Login(m) => self.login(peer, m.lifetime_secs).await.map(Into::into),
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { point } => {
@@ -706,18 +741,18 @@ impl InProcessClient {
 }
 
 impl MetaService {
-    /// A client in this process (see `InProcessClient`): it proves this process's
-    /// certificate name and site, as a client (the process's own role, a node's under
-    /// `locus up`, is never a user at meta).
+    /// A client in this process (see `InProcessClient`).
     pub fn in_process_client(self: &Arc<Self>) -> InProcessClient {
-        let identity = net::own_identity().map(|me| net::PeerIdentity { role: net::Role::Client, ..me });
-        InProcessClient { service: self.clone(), identity, session: Mutex::new(None) }
+        InProcessClient { service: self.clone(), identity: net::own_identity(), session: Mutex::new(None) }
     }
 
     /// Checks and answers a request from `peer`.
     async fn answer_from(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> MetaResult {
         let audited = crate::audit::action(&call.request);
-        let result = self.checked_answer(peer, call).await;
+        let result = match own_mount(peer.identity(), &call.request) {
+            Some(identity) => self.checked_answer(&Relabeled { origin: peer, identity }, call).await,
+            None => self.checked_answer(peer, call).await,
+        };
         if let Some(action) = audited {
             self.audit.record(AuditEntry {
                 at_ms: self.ctx().now_ms,
@@ -737,7 +772,7 @@ impl MetaService {
 
     /// `answer_from` before the audit: every check on the peer, then the answer.
     async fn checked_answer(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> Result<MetaReply, MetaError> {
-        let MetaCall { caller, site, request: mut req, epoch } = call;
+        let MetaCall { caller, site, request: mut req, epoch, token } = call;
         if let Err(e) = Self::check_identity(peer, &req) {
             tracing::warn!(peer = %peer.describe(), "refused: {e}");
             return Err(e);
@@ -755,7 +790,16 @@ impl MetaService {
         if let Some(claimed) = req.claimed_session() {
             self.check_claim(peer, claimed).await?;
         }
-        let acting = crate::authority::resolve(&self.identities(), peer.identity(), site.as_deref(), caller);
+        let ids = self.identities();
+        let caller = self.user_auth.read().unwrap_or_else(|p| p.into_inner()).admit(
+            &ids,
+            peer.identity(),
+            caller,
+            token.as_ref(),
+            &self.token_key,
+            self.ctx().now_ms,
+        );
+        let acting = crate::authority::resolve(&ids, peer.identity(), site.as_deref(), caller);
         if let MetaRequest::SetAttr(m) = &mut req {
             (m.set.uid, m.set.gid) = acting.owner_in(m.set.uid, m.set.gid)?;
         }
@@ -799,7 +843,7 @@ impl MetaService {
 /// compile until it is placed here.
 fn permitted_roles(req: &MetaRequest) -> &'static [net::Role] {
     use MetaRequest as R;
-    use net::Role::{Admin, Client, Meta, Node};
+    use net::Role::{Admin, Client, Meta, Node, User};
     match req {
         R::Hello(_)
         | R::Heartbeat(_)
@@ -849,6 +893,43 @@ fn permitted_roles(req: &MetaRequest) -> &'static [net::Role] {
         | R::Status(_)
         | R::GetPolicy(_)
         | R::ListPolicies(_) => &[Client, Node, Admin, Meta],
+        // A person proves who they are with their own certificate; it asks nothing else.
+        R::Login(_) => &[User],
+    }
+}
+
+/// `locus up` is meta, node and mount in one process with one node certificate: a peer
+/// proving this very process's node certificate is its node when it asks what a node
+/// may, and otherwise its mount (in process or on its connection to meta), which acts
+/// as a client of its site, never with a node's standing. The identity a request of
+/// the mount acts with, or `None` for every other request and peer.
+fn own_mount(peer: Option<&net::PeerIdentity>, req: &MetaRequest) -> Option<net::PeerIdentity> {
+    let me = net::own_identity().filter(|me| me.role == net::Role::Node)?;
+    let mount = peer == Some(&me) && !permitted_roles(req).contains(&net::Role::Node);
+    mount.then_some(net::PeerIdentity { role: net::Role::Client, ..me })
+}
+
+/// A peer seen with another identity than its certificate's role (`own_mount`).
+struct Relabeled<'a, O: Origin> {
+    origin: &'a O,
+    identity: net::PeerIdentity,
+}
+
+impl<O: Origin> Origin for Relabeled<'_, O> {
+    fn identity(&self) -> Option<&net::PeerIdentity> {
+        Some(&self.identity)
+    }
+    fn session(&self) -> Option<SessionId> {
+        self.origin.session()
+    }
+    fn set_session(&self, session: SessionId) {
+        self.origin.set_session(session)
+    }
+    fn push_handle(&self) -> Option<ConnHandle> {
+        self.origin.push_handle()
+    }
+    fn describe(&self) -> String {
+        self.origin.describe()
     }
 }
 

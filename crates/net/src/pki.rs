@@ -134,7 +134,7 @@ impl Ca {
         params.subject_alt_names = vec![SanType::URI(uri)];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = match role {
-            Role::Client | Role::Admin => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Role::Client | Role::Admin | Role::User => vec![ExtendedKeyUsagePurpose::ClientAuth],
             Role::Meta | Role::Node => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         };
         params.not_before = time_at(not_before);

@@ -28,6 +28,10 @@ pub enum Role {
     /// An operator's admin commands (status, fsck, gc, node admission): may list and
     /// delete chunks at nodes and admit or remove nodes, never serve or register.
     Admin,
+    /// A person's own certificate (a grid user certificate): `locus login` proves its
+    /// principal to meta with it and gets a token the person's mount acts with; it
+    /// asks nothing else, never serves, never mounts.
+    User,
 }
 
 impl Role {
@@ -38,6 +42,7 @@ impl Role {
             Role::Node => "node",
             Role::Client => "client",
             Role::Admin => "admin",
+            Role::User => "user",
         }
     }
 }
@@ -50,7 +55,8 @@ impl std::str::FromStr for Role {
             "node" => Ok(Role::Node),
             "client" => Ok(Role::Client),
             "admin" => Ok(Role::Admin),
-            other => Err(TlsError::Certificate(format!("unknown role {other:?} (meta, node, client or admin)"))),
+            "user" => Ok(Role::User),
+            other => Err(TlsError::Certificate(format!("unknown role {other:?} (meta, node, client, admin or user)"))),
         }
     }
 }
@@ -630,7 +636,7 @@ pub(crate) async fn connect(stream: tokio::net::TcpStream, tls: Option<Arc<Tls>>
         .await
         .map_err(|e| format!("TLS handshake failed: {e} (is the server of this cluster, and running TLS?)"))?;
     let proven = proven_peer(stream.get_ref().1.peer_certificates())?;
-    if matches!(proven.identity.role, Role::Client | Role::Admin) {
+    if matches!(proven.identity.role, Role::Client | Role::Admin | Role::User) {
         return Err(format!("the server presented a {} certificate ({})", proven.identity.role, proven.identity));
     }
     let (r, w) = tokio::io::split(stream);

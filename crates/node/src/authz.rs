@@ -52,6 +52,13 @@ pub fn authorize(
         {
             authorize_client(admin, req, key, now_ms, seen)?
         }
+        // A person's certificate logs in at meta; it has nothing to ask a node.
+        Some(user) if user.role == Role::User => {
+            return Err(WireError::new(
+                ErrorCode::NotPermitted,
+                format!("{user} is a user certificate: it logs in at meta (locus login) and asks nodes nothing"),
+            ));
+        }
         _ => {}
     }
     match req.epoch() {

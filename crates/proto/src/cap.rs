@@ -123,6 +123,75 @@ pub fn verify_receipt(
     Ok(())
 }
 
+/// Proof that a person logged in with their own certificate (`locus login`): meta
+/// signed that `principal` is `uid` at `site` until `expires_ms`. A mount of that site
+/// sends it with every request it makes for `uid`; at a site whose users must prove
+/// themselves (`locus meta --user-auth SITE`), meta acts for a uid only with its
+/// token, so a stolen host key reaches only the users logged in on that host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserToken {
+    pub principal: String,
+    pub site: String,
+    pub uid: u32,
+    pub expires_ms: i64,
+    pub mac: [u8; 32],
+}
+
+/// Why meta did not take a user token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the token expired {0} ms ago (run locus login again)")]
+    Expired(i64),
+    #[error("the token was not signed by this cluster's meta for this principal, site and uid")]
+    Forged,
+}
+
+fn token_mac(key: &CapKey, principal: &str, site: &str, uid: u32, expires_ms: i64) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"locus user token v1");
+    h.update(&uid.to_le_bytes());
+    h.update(&expires_ms.to_le_bytes());
+    h.update(&(site.len() as u64).to_le_bytes());
+    h.update(site.as_bytes());
+    h.update(principal.as_bytes());
+    *h.finalize().as_bytes()
+}
+
+impl UserToken {
+    /// Meta signs that `principal` is `uid` at `site` until `expires_ms`.
+    pub fn sign(key: &CapKey, principal: &str, site: &str, uid: u32, expires_ms: i64) -> UserToken {
+        UserToken {
+            principal: principal.into(),
+            site: site.into(),
+            uid,
+            expires_ms,
+            mac: token_mac(key, principal, site, uid, expires_ms),
+        }
+    }
+
+    /// The token as one line of text, for the file `locus login` leaves for the mount.
+    pub fn to_text(&self) -> String {
+        hex::encode(postcard::to_stdvec(self).unwrap_or_default())
+    }
+
+    /// A token read back from `to_text`'s line; `None` for anything else.
+    pub fn from_text(text: &str) -> Option<UserToken> {
+        postcard::from_bytes(&hex::decode(text.trim()).ok()?).ok()
+    }
+
+    /// Checks the token's MAC (constant-time) and expiry at `now_ms`.
+    pub fn verify(&self, key: &CapKey, now_ms: i64) -> Result<(), TokenError> {
+        let expected = token_mac(key, &self.principal, &self.site, self.uid, self.expires_ms);
+        if !blake3::Hash::from(self.mac).eq(&blake3::Hash::from(expected)) {
+            return Err(TokenError::Forged);
+        }
+        if self.expires_ms < now_ms {
+            return Err(TokenError::Expired(now_ms - self.expires_ms));
+        }
+        Ok(())
+    }
+}
+
 fn mac(key: &CapKey, op: CapOp, holder: &str, chunk: Option<&ChunkId>, expires_ms: i64, epoch: u64) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(key);
     h.update(b"locus chunk capability v2");
@@ -209,6 +278,27 @@ mod tests {
         assert_eq!(check("/CN=host.a", &a, 100, &nodes, None, 0), Err(ReceiptError::Missing));
         let later = Receipt { expires_ms: 5000, ..r };
         assert_eq!(check("/CN=host.a", &a, 100, &nodes, Some(&later), 999), Err(ReceiptError::Forged));
+    }
+
+    /// A token holds only for its principal, site, uid and lifetime.
+    #[test]
+    fn a_user_token_holds_only_for_its_principal_site_uid_and_time() {
+        let key = [3u8; 32];
+        let t = UserToken::sign(&key, "/CN=Alice", "a", 1001, 1000);
+        assert_eq!(t.verify(&key, 999), Ok(()));
+        assert_eq!(t.verify(&key, 1500), Err(TokenError::Expired(500)));
+        assert_eq!(t.verify(&[4; 32], 999), Err(TokenError::Forged));
+        assert_eq!(UserToken::from_text(&format!("{}\n", t.to_text())), Some(t.clone()));
+        assert_eq!(UserToken::from_text("not hex"), None);
+        assert_eq!(UserToken::from_text("00ff"), None);
+        for forged in [
+            UserToken { uid: 0, ..t.clone() },
+            UserToken { site: "b".into(), ..t.clone() },
+            UserToken { principal: "/CN=Bob".into(), ..t.clone() },
+            UserToken { expires_ms: 9999, ..t.clone() },
+        ] {
+            assert_eq!(forged.verify(&key, 999), Err(TokenError::Forged), "{forged:?}");
+        }
     }
 
     /// A node that has seen epoch 2 refuses a capability of epoch 1 (its meta lost the

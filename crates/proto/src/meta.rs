@@ -137,14 +137,20 @@ pub struct MetaCall {
     /// and, from then on, every write (failover fencing). Meta believes it only from a
     /// node or meta certificate (or without TLS).
     pub epoch: Option<u64>,
+    /// The `caller`'s login (`locus login`), where its mount has one: at a site whose
+    /// users must prove themselves, meta acts for a uid only with its token.
+    pub token: Option<crate::cap::UserToken>,
 }
 
 impl From<MetaRequest> for MetaCall {
     /// A request that acts for no particular user.
     fn from(request: MetaRequest) -> MetaCall {
-        MetaCall { caller: None, site: None, request, epoch: None }
+        MetaCall { caller: None, site: None, request, epoch: None, token: None }
     }
 }
+
+/// The longest login meta grants (`Login`): a week, as a grid proxy's usual bound.
+pub const MAX_LOGIN_SECS: u64 = 7 * 24 * 3600;
 
 /// A typed request with what travels beside it (the fields of `MetaCall`): a client
 /// acting for one of its users sends `Envelope::as_user`, a node `Envelope::at_epoch`.
@@ -153,23 +159,29 @@ pub struct Envelope<M> {
     pub caller: Option<Caller>,
     pub site: Option<String>,
     pub epoch: Option<u64>,
+    pub token: Option<crate::cap::UserToken>,
     pub request: M,
 }
 
 impl<M> Envelope<M> {
     /// On behalf of `caller`, a user numbered as at `site`.
     pub fn as_user(caller: Caller, site: String, request: M) -> Self {
-        Envelope { caller: Some(caller), site: Some(site), epoch: None, request }
+        Envelope { caller: Some(caller), site: Some(site), epoch: None, token: None, request }
     }
 
     /// For nobody in particular (the client host itself, as a bare request).
     pub fn plain(request: M) -> Self {
-        Envelope { caller: None, site: None, epoch: None, request }
+        Envelope { caller: None, site: None, epoch: None, token: None, request }
     }
 
     /// From a node that has seen `epoch` of the primary role (at most).
     pub fn at_epoch(epoch: u64, request: M) -> Self {
-        Envelope { caller: None, site: None, epoch: Some(epoch), request }
+        Envelope { caller: None, site: None, epoch: Some(epoch), token: None, request }
+    }
+
+    /// With the caller's login (`UserToken`).
+    pub fn with_token(self, token: Option<crate::cap::UserToken>) -> Self {
+        Envelope { token, ..self }
     }
 }
 
@@ -179,7 +191,13 @@ impl<M: MetaMessage> crate::Call for Envelope<M> {
     type Output = M::Response;
 
     fn into_wire(self) -> MetaCall {
-        MetaCall { caller: self.caller, site: self.site, request: self.request.into(), epoch: self.epoch }
+        MetaCall {
+            caller: self.caller,
+            site: self.site,
+            request: self.request.into(),
+            epoch: self.epoch,
+            token: self.token,
+        }
     }
 
     fn output(answer: MetaResult) -> Result<M::Response, WireError> {
@@ -198,7 +216,7 @@ impl MetaRequestKind {
             K::Heartbeat | K::Lookup | K::GetAttr | K::ReadLink | K::ReadDir | K::GetXattr | K::ListXattr => false,
             K::StatFs | K::Extents | K::GetLock | K::ListNodes | K::ChunkLocations | K::ListChunks => false,
             K::ListExtents | K::Unreferenced | K::Status | K::GetPolicy | K::ListPolicies => false,
-            K::UnderReplicated | K::Revocations => false,
+            K::UnderReplicated | K::Revocations | K::Login => false,
             // An open record; the last release of an orphan removes a file no directory names.
             K::Release => false,
             K::Hello | K::Goodbye | K::SetAttr | K::Create | K::CreateOpen | K::Link | K::Unlink | K::Rmdir => true,
@@ -265,7 +283,8 @@ impl MetaRequest {
             | R::AdmitNode(_)
             | R::RemoveNode(_)
             | R::MakeJoinToken(_)
-            | R::JoinNode(_) => None,
+            | R::JoinNode(_)
+            | R::Login(_) => None,
         }
     }
 
@@ -324,7 +343,8 @@ impl MetaRequest {
             | R::AdmitNode(_)
             | R::RemoveNode(_)
             | R::MakeJoinToken(_)
-            | R::JoinNode(_) => &[],
+            | R::JoinNode(_)
+            | R::Login(_) => &[],
         }
     }
 }
@@ -672,6 +692,12 @@ meta_requests! {
     /// The certificates meta's revocation list names; nodes and clients ask with
     /// every heartbeat and drop connections of the peers it names.
     Revocations {} => RevocationList;
+    /// A person proves their principal with their own certificate (a `user` one) and
+    /// gets a token saying who they are at their site (`locus login`).
+    Login {
+        /// Asked lifetime; meta grants at most `MAX_LOGIN_SECS`.
+        lifetime_secs: u64,
+    } => crate::cap::UserToken;
     /// Admits a node id (`locus node admit`): its registrations are accepted from now
     /// on, also after an earlier `RemoveNode`.
     AdmitNode {
@@ -901,6 +927,7 @@ meta_replies! {
     Shortfalls(ShortfallPage),
     Revoked(RevocationList),
     Token(JoinToken),
+    Login(crate::cap::UserToken),
 }
 
 impl From<()> for MetaReply {

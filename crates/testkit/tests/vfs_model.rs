@@ -62,6 +62,9 @@ fn env() -> &'static Env {
                 audit_log: None,
             };
             let service = meta::MetaService::open(&config).unwrap();
+            // The clients are this process's own mount (its node certificate asking
+            // as a client, as under `locus up`): their root is root.
+            service.configure_identities(Vec::new(), vec!["default".into()]).unwrap();
             service.admit_nodes(&["n0".to_string()]).await.unwrap();
             service.spawn_background();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

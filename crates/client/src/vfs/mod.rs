@@ -74,6 +74,9 @@ pub struct ClientConfig {
     pub local_node: Option<LocalNode>,
     /// Meta in this process (`locus up`), called directly.
     pub in_process_meta: Option<InProcessMetaHandle>,
+    /// Where this host's users leave their logins (`locus login`), one file per uid;
+    /// `None`: requests carry no login.
+    pub logins: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientConfig {
@@ -93,6 +96,7 @@ impl Default for ClientConfig {
             attr_ttl: Duration::from_secs(1),
             local_node: None,
             in_process_meta: None,
+            logins: None,
         }
     }
 }
@@ -170,7 +174,15 @@ impl Vfs {
         };
         let in_process = config.in_process_meta.clone().map(|h| h.0);
         let meta = Arc::new(
-            MetaLink::connect(&config.meta_addr, config.meta_connections, config.timeout, info, in_process).await?,
+            MetaLink::connect(
+                &config.meta_addr,
+                config.meta_connections,
+                config.timeout,
+                info,
+                in_process,
+                config.logins.clone(),
+            )
+            .await?,
         );
         let period = meta.hello().await?;
         let data = Arc::new(DataPath::new(

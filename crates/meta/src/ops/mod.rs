@@ -97,7 +97,8 @@ pub enum Access {
     Write {
         durable: bool,
     },
-    /// Kept in the service's memory (worker reports).
+    /// Answered by the service itself (worker reports kept in its memory, the
+    /// revocation list, logins).
     Reports,
 }
 
@@ -122,7 +123,7 @@ pub fn access(req: &MetaRequest) -> Access {
         | R::ListPolicies(_)
         | R::UnderReplicated(_)
         | R::Status(_) => Access::Read { point: false },
-        R::ReportWorkers(_) | R::ReportLag(_) | R::Revocations(_) => Access::Reports,
+        R::ReportWorkers(_) | R::ReportLag(_) | R::Revocations(_) | R::Login(_) => Access::Reports,
         R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
         R::Hello(_)
         | R::Heartbeat(_)
