@@ -11,21 +11,20 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use util::sync::lock;
 
-/// A login file is looked at again at most this often per uid.
-const RECHECK: Duration = Duration::from_secs(1);
-
-/// The logins directory and what was last found in it, per uid.
+/// The logins directory and the token last read from each uid's file, with what the
+/// file looked like then (a new login or a logout shows at the next request).
 pub(crate) struct Logins {
     dir: PathBuf,
-    seen: Mutex<HashMap<u32, Seen>>,
+    seen: Mutex<HashMap<u32, (Stamp, UserToken)>>,
 }
 
-struct Seen {
-    at: Instant,
-    token: Option<UserToken>,
+/// A file's identity and last change: equal stamps, same contents.
+type Stamp = (u64, i64, i64, u64);
+
+fn stamp(meta: &std::fs::Metadata) -> Stamp {
+    (meta.ino(), meta.mtime(), meta.mtime_nsec(), meta.len())
 }
 
 impl Logins {
@@ -33,14 +32,22 @@ impl Logins {
         Logins { dir, seen: Mutex::default() }
     }
 
-    /// The login of `uid`, if it has a valid-looking one (meta judges it).
+    /// The login of `uid`, if it has a valid-looking one (meta judges it): one
+    /// `lstat` per request, the file read only when it changed.
     pub(crate) fn token(&self, uid: u32) -> Option<UserToken> {
-        if let Some(seen) = lock(&self.seen).get(&uid).filter(|s| s.at.elapsed() < RECHECK) {
-            return seen.token.clone();
+        let path = self.dir.join(uid.to_string());
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            lock(&self.seen).remove(&uid);
+            return None;
+        };
+        if let Some((seen, token)) = lock(&self.seen).get(&uid)
+            && *seen == stamp(&meta)
+        {
+            return Some(token.clone());
         }
-        let token = read_login(&self.dir.join(uid.to_string()), uid);
-        lock(&self.seen).insert(uid, Seen { at: Instant::now(), token: token.clone() });
-        token
+        let token = read_login(&path, uid)?;
+        lock(&self.seen).insert(uid, (stamp(&meta), token.clone()));
+        Some(token)
     }
 }
 
@@ -84,5 +91,12 @@ mod tests {
         assert_eq!(read_login(&path, me), None);
         let logins = Logins::new(dir.path().to_path_buf());
         assert_eq!(logins.token(me), None);
+        // A login made (or replaced) later is seen at once.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, token.to_text()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(logins.token(me), Some(token));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(logins.token(me), None, "a logout");
     }
 }
