@@ -81,6 +81,9 @@ pub struct MetaService {
     token_key: proto::cap::CapKey,
     /// How much client hosts are believed about their users.
     user_auth: std::sync::RwLock<crate::authority::UserAuth>,
+    /// Under `locus up`: this process's node certificate, and the client identity its
+    /// mount acts with (`own_mount`).
+    own_mount: Option<(net::PeerIdentity, net::PeerIdentity)>,
 }
 
 impl MetaService {
@@ -104,6 +107,9 @@ impl MetaService {
             cap_key: capability_key(store.cluster_secret()),
             token_key: blake3::derive_key("locus 2026-11 user token key", store.cluster_secret()),
             user_auth: Default::default(),
+            own_mount: net::own_identity()
+                .filter(|me| me.role == net::Role::Node)
+                .map(|me| (me.clone(), net::PeerIdentity { role: net::Role::Client, ..me })),
             cluster_id: store.cluster_id().into(),
             store,
             heartbeat: config.heartbeat,
@@ -749,7 +755,7 @@ impl MetaService {
     /// Checks and answers a request from `peer`.
     async fn answer_from(self: &Arc<Self>, peer: &impl Origin, call: MetaCall) -> MetaResult {
         let audited = crate::audit::action(&call.request);
-        let result = match own_mount(peer.identity(), &call.request) {
+        let result = match self.own_mount(peer.identity(), &call.request) {
             Some(identity) => self.checked_answer(&Relabeled { origin: peer, identity }, call).await,
             None => self.checked_answer(peer, call).await,
         };
@@ -797,7 +803,7 @@ impl MetaService {
             caller,
             token.as_ref(),
             &self.token_key,
-            self.ctx().now_ms,
+            proto::types::Timestamp::now().millis(),
         );
         let acting = crate::authority::resolve(&ids, peer.identity(), site.as_deref(), caller);
         if let MetaRequest::SetAttr(m) = &mut req {
@@ -825,7 +831,7 @@ impl MetaService {
     /// (Without TLS nothing is proven and the claim is believed.) Extents naming chunks
     /// outside the request's list are held to the file's own chunks by `ops`.
     fn check_receipts(&self, peer: Option<&net::PeerIdentity>, req: &MetaRequest) -> Result<(), MetaError> {
-        let Some(who) = peer else { return Ok(()) };
+        let Some(who) = peer.filter(|_| !req.bound_chunks().is_empty()) else { return Ok(()) };
         let now = self.ctx().now_ms;
         for c in req.bound_chunks() {
             proto::cap::verify_receipt(&self.cap_key, &who.name, &c.id, c.size, &c.nodes, c.receipt.as_ref(), now)
@@ -898,26 +904,27 @@ fn permitted_roles(req: &MetaRequest) -> &'static [net::Role] {
     }
 }
 
-/// `locus up` is meta, node and mount in one process with one node certificate: a peer
-/// proving this very process's node certificate is its node when it asks what a node
-/// may, and otherwise its mount (in process or on its connection to meta), which acts
-/// as a client of its site, never with a node's standing. The identity a request of
-/// the mount acts with, or `None` for every other request and peer.
-fn own_mount(peer: Option<&net::PeerIdentity>, req: &MetaRequest) -> Option<net::PeerIdentity> {
-    let me = net::own_identity().filter(|me| me.role == net::Role::Node)?;
-    let mount = peer == Some(&me) && !permitted_roles(req).contains(&net::Role::Node);
-    mount.then_some(net::PeerIdentity { role: net::Role::Client, ..me })
+impl MetaService {
+    /// `locus up` is meta, node and mount in one process with one node certificate: a
+    /// peer proving this very process's node certificate is its node when it asks what
+    /// a node may, and otherwise its mount (in process or on its connection to meta),
+    /// which acts as a client of its site, never with a node's standing. The identity a
+    /// request of the mount acts with, or `None` for every other request and peer.
+    fn own_mount(&self, peer: Option<&net::PeerIdentity>, req: &MetaRequest) -> Option<&net::PeerIdentity> {
+        let (me, as_client) = self.own_mount.as_ref()?;
+        (peer == Some(me) && !permitted_roles(req).contains(&net::Role::Node)).then_some(as_client)
+    }
 }
 
 /// A peer seen with another identity than its certificate's role (`own_mount`).
 struct Relabeled<'a, O: Origin> {
     origin: &'a O,
-    identity: net::PeerIdentity,
+    identity: &'a net::PeerIdentity,
 }
 
 impl<O: Origin> Origin for Relabeled<'_, O> {
     fn identity(&self) -> Option<&net::PeerIdentity> {
-        Some(&self.identity)
+        Some(self.identity)
     }
     fn session(&self) -> Option<SessionId> {
         self.origin.session()
