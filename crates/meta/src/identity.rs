@@ -252,7 +252,7 @@ impl Identities {
             let resolved = SiteIds::resolve(&file, |name| {
                 rows.get(name).copied().ok_or_else(|| MetaError::Internal(format!("no principal row for {name:?}")))
             })?;
-            self.maps.write().unwrap_or_else(|p| p.into_inner()).insert(site.clone(), Arc::new(resolved));
+            util::sync::write(&self.maps).insert(site.clone(), Arc::new(resolved));
             util::sync::lock(&self.loaded).insert(site.clone(), modified);
             tracing::info!(%site, path = %path.display(), users = file.users.len(), groups = file.groups.len(), "identity map loaded");
             reloaded.push(site.clone());
@@ -262,7 +262,7 @@ impl Identities {
 
     /// The caller a site's unmapped and unproven users act as (its map's `nobody`).
     pub fn nobody(&self, site: &str) -> Caller {
-        let map: Map = self.maps.read().unwrap_or_else(|p| p.into_inner()).get(site).cloned();
+        let map: Map = util::sync::read(&self.maps).get(site).cloned();
         let (uid, gid) = nobody(&map);
         Caller { uid, gid, groups: Vec::new() }
     }
@@ -270,7 +270,7 @@ impl Identities {
     /// The uid the principal with global id `principal` has at `site` (`None` if the
     /// site's map does not name it, or the site has no map).
     pub fn local_uid(&self, site: &str, principal: u32) -> Option<u32> {
-        let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
+        let maps = util::sync::read(&self.maps);
         maps.get(site)?.uid_out.get(&principal).copied()
     }
 
@@ -285,7 +285,7 @@ impl Identities {
     /// come (the operator disabled authentication). A caller a mapped site does not
     /// map acts as that site's nobody; a site without a map cannot claim a principal.
     pub fn acting(&self, site: Option<&str>, secure: bool, claimed: Option<Caller>) -> Acting {
-        let map: Map = site.and_then(|s| self.maps.read().unwrap_or_else(|p| p.into_inner()).get(s).cloned());
+        let map: Map = site.and_then(|s| util::sync::read(&self.maps).get(s).cloned());
         let mut c = claimed.unwrap_or(Caller::ROOT);
         let (nobody_uid, nobody_gid) = nobody(&map);
         if secure && !site.is_some_and(|s| self.no_root_squash.iter().any(|t| t == s)) {

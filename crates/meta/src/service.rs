@@ -133,13 +133,13 @@ impl MetaService {
         no_root_squash: Vec<String>,
     ) -> Result<(), MetaError> {
         let ids = Identities::load(maps, no_root_squash, &mut |names| self.principals(names))?;
-        *self.identities.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ids);
+        *util::sync::write(&self.identities) = Arc::new(ids);
         Ok(())
     }
 
     /// Sets which sites require logins and which ids hosts may claim (`UserAuth`).
     pub fn configure_user_auth(&self, auth: crate::authority::UserAuth) {
-        *self.user_auth.write().unwrap_or_else(|p| p.into_inner()) = auth;
+        *util::sync::write(&self.user_auth) = auth;
     }
 
     /// A login: the principal the user certificate proves, as the uid its site's map
@@ -173,7 +173,7 @@ impl MetaService {
     }
 
     fn identities(&self) -> Arc<Identities> {
-        self.identities.read().unwrap_or_else(|p| p.into_inner()).clone()
+        util::sync::read(&self.identities).clone()
     }
 
     /// Starts meta's workers (session expiry and orphan reaping, and identity-map
@@ -797,7 +797,7 @@ impl MetaService {
             self.check_claim(peer, claimed).await?;
         }
         let ids = self.identities();
-        let caller = self.user_auth.read().unwrap_or_else(|p| p.into_inner()).admit(
+        let caller = util::sync::read(&self.user_auth).admit(
             &ids,
             peer.identity(),
             caller,

@@ -24,12 +24,12 @@ pub struct CapKeyCell(RwLock<Option<CapKey>>);
 impl CapKeyCell {
     /// Keeps the key of meta's latest answer (a restarted meta has a new one).
     pub fn set(&self, key: Option<CapKey>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = key;
+        *util::sync::write(&self.0) = key;
     }
 
     /// The key, once meta handed it out.
     pub fn get(&self) -> Option<CapKey> {
-        *self.0.read().unwrap_or_else(|p| p.into_inner())
+        *util::sync::read(&self.0)
     }
 }
 
@@ -51,6 +51,26 @@ pub fn authorize(
             if admin.role == Role::Admin && matches!(req, NodeRequest::Get { .. } | NodeRequest::Put { .. }) =>
         {
             authorize_client(admin, req, key, now_ms, seen)?
+        }
+        // Another node fetches, probes and stores chunks (site caches, replication,
+        // repair), and pings; listing, verifying, deleting and counting a node's chunks
+        // is an operator's (fsck, gc) with an admin certificate.
+        Some(node)
+            if node.role == Role::Node
+                && matches!(
+                    req,
+                    NodeRequest::List { .. }
+                        | NodeRequest::Verify { .. }
+                        | NodeRequest::Delete { .. }
+                        | NodeRequest::Stats
+                ) =>
+        {
+            return Err(WireError::new(
+                ErrorCode::NotPermitted,
+                format!(
+                    "{node} (a node certificate) may not list, verify, delete or count another node's chunks: that takes an admin certificate"
+                ),
+            ));
         }
         // A person's certificate logs in at meta; it has nothing to ask a node.
         Some(user) if user.role == Role::User => {
@@ -154,7 +174,14 @@ mod tests {
             NodeRequest::Stats,
         ] {
             assert_eq!(code(&alice, &req, now), ErrorCode::NotPermitted, "{req:?}");
-            assert_eq!(authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now, 1), Ok(()));
+            assert_eq!(authorize(Some(&id("admin", Role::Admin)), &req, &cell, now, 1), Ok(()));
+            let by_node = authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now, 1);
+            let probe = matches!(req, NodeRequest::Has { .. });
+            assert_eq!(
+                by_node.map_err(|e| e.code),
+                if probe { Ok(()) } else { Err(ErrorCode::NotPermitted) },
+                "{req:?}"
+            );
         }
         assert_eq!(authorize(Some(&id("/CN=node.b", Role::Node)), &get(None), &cell, now, 1), Ok(()), "replication");
         // An admin certificate administers the store but reads and writes data only
@@ -211,24 +238,24 @@ mod tests {
         assert_eq!(authorize(Some(&alice), &dressed_up, &cell, now, 2).unwrap_err().code, ErrorCode::ReadOnly);
     }
 
-    /// Puts and deletes from nodes and tools (no capability) state the epoch they act
+    /// Puts from nodes and deletes from tools (no capability) state the epoch they act
     /// under: a node that has seen a newer one refuses them, with or without TLS; reads
     /// and probes state none and pass.
     #[test]
     fn node_puts_and_deletes_of_an_older_epoch_are_refused() {
         let cell = CapKeyCell::default();
         let chunk = ChunkId([4; 32]);
-        let peer = id("/CN=node.b", Role::Node);
+        let (node, admin) = (id("/CN=node.b", Role::Node), id("admin", Role::Admin));
         let put = |epoch| NodeRequest::Put { id: chunk, cap: None, epoch, replicate: Default::default() };
         let delete = |epoch| NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0, epoch };
-        for from in [Some(&peer), None] {
-            for req in [put(1), delete(1)] {
-                let refused = authorize(from, &req, &cell, 0, 2).unwrap_err();
-                assert_eq!(refused.code, ErrorCode::ReadOnly, "{req:?}");
-                assert!(refused.message.contains("epoch 1 of the primary role, but this node has seen epoch 2"));
-            }
-            for req in [put(2), delete(2), put(3), delete(3)] {
-                assert_eq!(authorize(from, &req, &cell, 0, 2), Ok(()), "{req:?}");
+        let cases: [(Option<&PeerIdentity>, &dyn Fn(u64) -> NodeRequest); 4] =
+            [(Some(&node), &put), (Some(&admin), &delete), (None, &put), (None, &delete)];
+        for (from, req) in cases {
+            let refused = authorize(from, &req(1), &cell, 0, 2).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::ReadOnly, "{:?}", req(1));
+            assert!(refused.message.contains("epoch 1 of the primary role, but this node has seen epoch 2"));
+            for epoch in [2, 3] {
+                assert_eq!(authorize(from, &req(epoch), &cell, 0, 2), Ok(()), "{:?}", req(epoch));
             }
             let has = NodeRequest::Has { ids: vec![chunk] };
             assert_eq!(authorize(from, &has, &cell, 0, 2), Ok(()));
