@@ -248,7 +248,8 @@ mod tests {
         let (node, admin) = (id("/CN=node.b", Role::Node), id("admin", Role::Admin));
         let put = |epoch| NodeRequest::Put { id: chunk, cap: None, epoch, replicate: Default::default() };
         let delete = |epoch| NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0, epoch };
-        let cases: [(Option<&PeerIdentity>, &dyn Fn(u64) -> NodeRequest); 4] =
+        type Make<'a> = &'a dyn Fn(u64) -> NodeRequest;
+        let cases: [(Option<&PeerIdentity>, Make); 4] =
             [(Some(&node), &put), (Some(&admin), &delete), (None, &put), (None, &delete)];
         for (from, req) in cases {
             let refused = authorize(from, &req(1), &cell, 0, 2).unwrap_err();
