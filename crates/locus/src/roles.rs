@@ -306,11 +306,14 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
 pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let purpose = format!("mount {}", mountpoint.display());
-    prepare_logins(&args.logins)?;
-    let config = client::ClientConfig {
-        logins: Some(args.logins.clone()),
-        ..client_config(args.meta.clone(), args.site, purpose, &args.tuning)
+    let logins = match prepare_logins(&args.logins) {
+        Ok(()) => Some(args.logins.clone()),
+        Err(e) => {
+            tracing::warn!("users' logins are off: {e:#} (at a site that requires logins, they act as nobody)");
+            None
+        }
     };
+    let config = client::ClientConfig { logins, ..client_config(args.meta.clone(), args.site, purpose, &args.tuning) };
     let vfs = client::Vfs::connect(config).await.with_context(|| format!("cannot reach meta at {}", args.meta))?;
     serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
     Ok(ExitCode::SUCCESS)
