@@ -305,7 +305,8 @@ impl DataPath {
                 self.refresh_nodes().await?;
                 candidates = self.placement(&id);
                 i = 0;
-                let records = self.meta.call(ChunkLocations { ids: vec![id] }).await?;
+                let cap = lock(&self.read_caps).get(&id).map(|c| c.0);
+                let records = self.meta.call(ChunkLocations { ids: vec![id], caps: vec![cap] }).await?;
                 for node in records.into_iter().flat_map(|r| r.nodes) {
                     if !candidates.contains(&node) {
                         candidates.push(node);

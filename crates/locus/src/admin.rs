@@ -238,7 +238,7 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         after = Some((last.0, last.1.file_offset));
         let ids: Vec<ChunkId> = page.iter().map(|(_, e)| e.chunk).filter(|id| !referenced.contains_key(id)).collect();
         if !ids.is_empty() {
-            let records = meta_call(&cluster.meta, ChunkLocations { ids }).await?;
+            let records = meta_call(&cluster.meta, ChunkLocations { ids, caps: Vec::new() }).await?;
             for r in records {
                 referenced.insert(r.id, (r.size, r.nodes));
             }

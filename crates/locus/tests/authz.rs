@@ -355,8 +355,12 @@ fn one_valid_client_certificate_reaches_nothing_it_may_not() {
     // The catalogue keeps what the nodes said: another size and a ghost holder are refused.
     let poison = commit(vec![claim(1, vec!["node0", "ghost"], Some(forged))], victim, 1);
     assert_eq!(raw.ask(&mallory, poison).err(), Some(ErrorCode::PermissionDenied));
-    let record = raw.ask(&mallory, ChunkLocations { ids: vec![victim] }).unwrap();
+    let admin = Raw::connect_as(&c, "admin", "admin", &c.meta.addr);
+    let record = admin.ask(&mallory, ChunkLocations { ids: vec![victim], caps: Vec::new() }).unwrap();
     assert_eq!((record[0].size, record[0].nodes.clone()), (6, vec!["node0".to_string()]));
+    // Nor does the catalogue tell mallory whether the chunk exists (a confirmation
+    // oracle for known content): without a read capability, an unknown chunk's answer.
+    assert_eq!(raw.ask(&mallory, ChunkLocations { ids: vec![victim], caps: vec![None] }), Ok(Vec::new()));
     assert!(raw.ask(&mallory, Extents { ino: x }).unwrap().extents.is_empty(), "nothing was bound");
 
     // The honest path from the same program: a put with meta's capability earns the
@@ -381,9 +385,12 @@ fn one_valid_client_certificate_reaches_nothing_it_may_not() {
     let get = |id, cap| NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false, cap };
     let (got, bytes) = node.node(get(own, again.caps.read.first().copied()), Vec::new());
     assert_eq!((got, bytes), (Ok(NodeReply::Data), mine_data));
-    // Its read capability is for its own chunk, not alice's.
+    // Its read capability is for its own chunk, not alice's, at the node and at meta.
     let (got, _) = node.node(get(victim, again.caps.read.first().copied()), Vec::new());
     assert_eq!(got.unwrap_err().code, ErrorCode::PermissionDenied);
+    let cap = again.caps.read.first().copied();
+    let located = raw.ask(&mallory, ChunkLocations { ids: vec![own, victim], caps: vec![cap, cap] }).unwrap();
+    assert_eq!(located.iter().map(|r| r.id).collect::<Vec<_>>(), vec![own]);
 
     // setuid: a write and a truncate by a non-owner clear it, whatever client sent them.
     let suid = ino("home/setuid");

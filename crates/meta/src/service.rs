@@ -809,6 +809,11 @@ impl MetaService {
         if let MetaRequest::SetAttr(m) = &mut req {
             (m.set.uid, m.set.gid) = acting.owner_in(m.set.uid, m.set.gid)?;
         }
+        if let (MetaRequest::ChunkLocations(m), Some(who)) = (&mut req, peer.identity())
+            && who.role == net::Role::Client
+        {
+            self.readable_chunks(who, m);
+        }
         let grants = granted_caps(&req);
         let result = self.answer_as(peer.identity(), acting.caller.clone(), req).await.map(|reply| {
             let holder = peer.identity().map_or("", |i| i.name.as_str());
@@ -825,6 +830,20 @@ impl MetaService {
 }
 
 impl MetaService {
+    /// Keeps of a client's `ChunkLocations` only the chunks it shows a read capability
+    /// for (signed for it, for that chunk, not expired; of any epoch: this only says
+    /// where copies are): an unknown and an unreadable chunk look alike.
+    fn readable_chunks(&self, who: &net::PeerIdentity, m: &mut proto::meta::ChunkLocations) {
+        use proto::cap::{CapOp, verify};
+        let now = proto::types::Timestamp::now().millis();
+        let caps = std::mem::take(&mut m.caps);
+        let mut caps = caps.into_iter();
+        m.ids.retain(|id| {
+            let cap = caps.next().flatten();
+            verify(&self.cap_key, CapOp::Read, &who.name, Some(id), cap.as_ref(), now, 0).is_ok()
+        });
+    }
+
     /// A chunk bound to a file must be proven held by the caller: every chunk a
     /// request binds carries the storing node's receipt for the peer's certificate,
     /// which also makes the sizes and holders the catalogue records the nodes' word.

@@ -338,7 +338,10 @@ impl SiteLink {
     /// size is the catalogue's to tell).
     pub(crate) async fn fetch_copy(&self, id: ChunkId) -> Result<Bytes, WireError> {
         let meta = self.meta.clone();
-        let catalogue = tokio::spawn(async move { crate::ask_meta(&meta, ChunkLocations { ids: vec![id] }).await });
+        let catalogue =
+            tokio::spawn(
+                async move { crate::ask_meta(&meta, ChunkLocations { ids: vec![id], caps: Vec::new() }).await },
+            );
         let mut last = WireError::new(ErrorCode::Io, format!("chunk {id}: no copy could be fetched"));
         let mut lacking = Vec::new();
         for (node, client) in self.likely_holders(&id).await {

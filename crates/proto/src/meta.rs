@@ -616,6 +616,11 @@ meta_requests! {
     /// Where these chunks are stored, for readers and fsck.
     ChunkLocations {
         ids: Vec<ChunkId>,
+        /// From a client: its read capability for each id, in order; meta answers a
+        /// client only about chunks it may read (else whether a chunk exists, its size
+        /// and holders would tell anyone whether some file holds known content). Nodes
+        /// and tools send none.
+        caps: Vec<Option<crate::cap::Cap>>,
     } => Vec<ChunkRecord>;
     /// Catalogue page after `after` (exclusive), for fsck and gc.
     ListChunks {

@@ -130,7 +130,7 @@ fn commit(s: &Arc<MetaService>, ino: InodeId, extents: Vec<Extent>, min_size: u6
 
 /// Refcount of a chunk, or None if absent from the catalogue.
 fn refcount(s: &Arc<MetaService>, tag: u8) -> Option<u64> {
-    match ok(s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(tag)] })) {
+    match ok(s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(tag)], caps: Vec::new() })) {
         MetaReply::Chunks(c) => c.first().map(|c| c.refcount),
         other => panic!("expected Chunks, got {other:?}"),
     }
@@ -1065,7 +1065,7 @@ pub fn chunk_catalogue(b: &dyn Factory) {
             mtime: Timestamp::now(),
         }),
     );
-    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1), cid(99)] })) {
+    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1), cid(99)], caps: Vec::new() })) {
         MetaReply::Chunks(c) => {
             assert_eq!(c.len(), 1);
             assert_eq!((c[0].size, c[0].refcount), (100, 1));
@@ -1075,14 +1075,16 @@ pub fn chunk_catalogue(b: &dyn Factory) {
     }
     // Site caches report the copies they gain and lose; a cached copy is readable
     // but marked as such, and a cache's removal never takes a replica.
-    let locations =
-        |s: &Arc<MetaService>| match ok(s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1)] })) {
-            MetaReply::Chunks(c) => {
-                assert_eq!(c[0].refcount, 1, "a cached copy is not a reference");
-                (c[0].nodes.clone(), c[0].cached.clone())
-            }
-            other => panic!("expected Chunks, got {other:?}"),
-        };
+    let locations = |s: &Arc<MetaService>| match ok(
+        s,
+        MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(1)], caps: Vec::new() }),
+    ) {
+        MetaReply::Chunks(c) => {
+            assert_eq!(c[0].refcount, 1, "a cached copy is not a reference");
+            (c[0].nodes.clone(), c[0].cached.clone())
+        }
+        other => panic!("expected Chunks, got {other:?}"),
+    };
     // A node's cache gains (`true`) or loses a copy; a node reports a replica on another.
     let cache = |node: &str, gained: bool| {
         let (added, removed) = if gained {
@@ -1585,7 +1587,7 @@ pub fn node_admission(b: &dyn Factory) {
     );
     ok(&s, MetaRequest::RemoveNode(RemoveNode { node: "n5".into() }));
     assert_eq!(listed(&s), (vec!["n6".to_string()], vec![]));
-    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(3)] })) {
+    match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![cid(3)], caps: Vec::new() })) {
         MetaReply::Chunks(c) => assert_eq!(c[0].nodes, vec!["n6".to_string()], "n5's locations went with it"),
         other => panic!("expected Chunks, got {other:?}"),
     }
