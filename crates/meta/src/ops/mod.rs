@@ -41,6 +41,10 @@ pub const NODE_CLAIM_WINDOW_MS: i64 = 10_000;
 const MAX_PAGE: u32 = 100_000;
 /// Largest file offset the store can hold (POSIX `off_t`).
 const MAX_OFFSET: u64 = i64::MAX as u64;
+/// Deepest chain of parents any walk up the tree follows (an inherited policy, search
+/// permission, a move into one's own subtree): a longer one is a loop in a corrupt
+/// database.
+const MAX_DEPTH: usize = 100_000;
 
 /// The moment and settings a request runs with.
 #[derive(Debug, Clone)]

@@ -244,7 +244,7 @@ pub(super) fn rmdir(
 /// Refuses to move directory `moving` under `dest` if `dest` lies inside it.
 pub(super) fn ensure_not_within(t: &mut dyn Txn, dest: InodeId, moving: InodeId) -> Result<(), MetaError> {
     let mut cur = dest;
-    for _ in 0..perm::MAX_DEPTH {
+    for _ in 0..MAX_DEPTH {
         if cur == moving {
             return Err(MetaError::InvalidArgument(format!("cannot move directory {moving} into its own subtree")));
         }

@@ -113,9 +113,6 @@ fn walk_up(t: &mut dyn Txn, c: &Caller, mut dir: InodeId) -> Result<(), MetaErro
     Err(MetaError::Corrupt(format!("the parents above directory {dir} do not reach the root")))
 }
 
-/// Longer chains of parents than this are loops (a corrupt database).
-pub(super) const MAX_DEPTH: usize = 1_000_000;
-
 /// A new name for someone else's file (Linux's `fs.protected_hardlinks`, on by default
 /// and applied by the kernel of every honest client): only for a regular file without
 /// setuid or setgid-exec bits that the caller may read and write. Otherwise a user

@@ -9,8 +9,6 @@ use std::collections::{HashMap, HashSet};
 
 /// Most copies a policy may ask for within one site.
 const MAX_COPIES: u32 = 16;
-/// Deepest directory chain walked when resolving a policy.
-const MAX_DEPTH: usize = 100_000;
 
 /// Sets or clears a directory's policy; answers warnings about sites with fewer nodes
 /// than the policy's copies.
