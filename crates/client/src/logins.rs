@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use util::sync::lock;
 
-/// The logins directory and the token last read from each uid's file, with what the
-/// file looked like then (a new login or a logout shows at the next request).
+/// The logins directory and what each uid's file last held (a token, or nothing usable),
+/// with what the file looked like then: a new login or a logout shows at the next
+/// request, and a file that is read is read once per change.
 pub(crate) struct Logins {
     dir: PathBuf,
-    seen: Mutex<HashMap<u32, (Stamp, UserToken)>>,
+    seen: Mutex<HashMap<u32, (Stamp, Option<UserToken>)>>,
 }
 
 /// A file's identity and last change: equal stamps, same contents.
@@ -43,11 +44,11 @@ impl Logins {
         if let Some((seen, token)) = lock(&self.seen).get(&uid)
             && *seen == stamp(&meta)
         {
-            return Some(token.clone());
+            return token.clone();
         }
-        let token = read_login(&path, uid)?;
+        let token = read_login(&path, uid);
         lock(&self.seen).insert(uid, (stamp(&meta), token.clone()));
-        Some(token)
+        token
     }
 }
 
