@@ -31,6 +31,14 @@ fn as_user(uid: u32, gid: u32, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Makes `home` under mount `m`, writable by every user (as root, through the mount);
+/// returns its path for the users' shell commands.
+fn shared_home(m: &Path) -> String {
+    std::fs::create_dir(m.join("home")).unwrap();
+    std::fs::set_permissions(m.join("home"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    m.join("home").display().to_string()
+}
+
 /// A client speaking the wire protocol directly, claiming to be `caller`.
 struct Raw {
     rt: tokio::runtime::Runtime,
@@ -86,9 +94,7 @@ fn meta_refuses_what_the_caller_may_not_do_whatever_the_client() {
     }
     let mut c = Cluster::start(bin(), 1);
     let m = c.mount();
-    std::fs::create_dir(m.join("home")).unwrap();
-    std::fs::set_permissions(m.join("home"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let home = m.join("home").display().to_string();
+    let home = shared_home(&m);
     as_user(
         1001,
         1001,
@@ -281,9 +287,7 @@ fn one_valid_client_certificate_reaches_nothing_it_may_not() {
     }
     let mut c = Cluster::start(bin(), 1);
     let m = c.mount();
-    std::fs::create_dir(m.join("home")).unwrap();
-    std::fs::set_permissions(m.join("home"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let home = m.join("home").display().to_string();
+    let home = shared_home(&m);
     as_user(
         1001,
         1001,
@@ -498,9 +502,7 @@ fn at_a_site_of_logins_a_host_acts_only_for_the_users_logged_in_there() {
     let logins = maps.path().join("logins");
     let m = c.mount_with("default", &["--logins", &logins.display().to_string()]);
     assert_eq!(std::fs::metadata(&logins).unwrap().permissions().mode() & 0o7777, 0o1777, "made for its users");
-    std::fs::create_dir(m.join("home")).unwrap();
-    std::fs::set_permissions(m.join("home"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let home = m.join("home").display().to_string();
+    let home = shared_home(&m);
 
     // No login: the host's claim of uid 1001 is not believed.
     as_user(1001, 1001, &format!("mkdir {home}/before"));
