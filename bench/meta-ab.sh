@@ -5,7 +5,10 @@
 #
 # Usage (as root):  bench/meta-ab.sh BIN_A BIN_B [LABEL_A LABEL_B]
 # Environment: NFILES=10000 (timed rounds), NCOUNT=1000 (counted run), REPS=3, SCRATCH=/tmp/bench-meta-ab,
-#   PHASES="create stat unlink" (bench/meta_bench.py phases, in order; `list` is what `ls -l` does)
+#   PHASES="create stat unlink" (bench/meta_bench.py phases, in order; `list` is what `ls -l` does),
+#   AS_USER=UID (run the benchmark as that uid instead of root, in a root-owned directory it may
+#   write: permission checks are then made, root skips them), PREPARE_A / PREPARE_B (shell run as
+#   root on the benchmark directory "$D" before each of that binary's runs, e.g. ACLs to set)
 # Rounds are interleaved (A, B, A, B, ...); every round is a fresh `locus up` on an empty data dir.
 # The table shows the median of REPS and the load average at the start and the end.
 set -Eeuo pipefail
@@ -20,6 +23,9 @@ NCOUNT=${NCOUNT:-1000}
 REPS=${REPS:-3}
 SCRATCH=${SCRATCH:-/tmp/bench-meta-ab}
 PHASES=${PHASES:-create stat unlink}
+AS_USER=${AS_USER:-}
+PREPARE_A=${PREPARE_A:-}
+PREPARE_B=${PREPARE_B:-}
 PID=""
 
 stop() {
@@ -54,13 +60,32 @@ start() { # binary log-filter log-file
     exit 1
 }
 
+# The benchmark directory of a fresh mount, made ready for `label`'s runs.
+prepare() { # label
+    local prep=$PREPARE_A
+    [[ $1 == "$LABEL_B" ]] && prep=$PREPARE_B
+    mkdir -p "$SCRATCH/mnt/d"
+    [[ -n $AS_USER ]] && chmod 0777 "$SCRATCH/mnt/d"
+    [[ -z $prep ]] || D="$SCRATCH/mnt/d" bash -c "$prep"
+}
+
+# Runs bench/meta_bench.py with its arguments, as AS_USER when set.
+bench() {
+    if [[ -n $AS_USER ]]; then
+        setpriv --reuid="$AS_USER" --regid="$AS_USER" --clear-groups python3 "$ROOT/bench/meta_bench.py" "$@"
+    else
+        python3 "$ROOT/bench/meta_bench.py" "$@"
+    fi
+}
+
 # Per phase: FUSE requests and meta calls per file, by kind.
 count() { # binary label
     local log=/tmp/meta-ab-count.log phase from to
     start "$1" "warn,fuse=trace,fuser=warn,client::meta_link=trace" "$log"
+    prepare "$2"
     for phase in $PHASES; do
         from=$(wc -l <"$log")
-        python3 "$ROOT/bench/meta_bench.py" "$SCRATCH/mnt/d" --files "$NCOUNT" --phases "$phase" \
+        bench "$SCRATCH/mnt/d" --files "$NCOUNT" --phases "$phase" \
             --settle "$([[ $phase == create ]] && echo 0 || echo 1.2)" >/dev/null
         sleep 0.5 # background calls (Release) finish
         to=$(wc -l <"$log")
@@ -77,7 +102,8 @@ declare -A R
 round() { # binary label
     local out
     start "$1" warn /tmp/meta-ab-run.log
-    out=$(python3 "$ROOT/bench/meta_bench.py" "$SCRATCH/mnt/d" --files "$NFILES" --phases "${PHASES// /,}")
+    prepare "$2"
+    out=$(bench "$SCRATCH/mnt/d" --files "$NFILES" --phases "${PHASES// /,}")
     stop
     echo "  $2: $out" >&2
     for kv in $out; do R["$2|${kv%%=*}"]+="${kv#*=} "; done
@@ -86,6 +112,7 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{v[NR]=$1} END {print v
 
 echo "# Metadata A/B: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# A = $LABEL_A ($BIN_A), B = $LABEL_B ($BIN_B); $NFILES files, median of $REPS interleaved rounds"
+[[ -z $AS_USER ]] || echo "# run as uid $AS_USER in a root-owned directory; A prepared with: ${PREPARE_A:-nothing}; B with: ${PREPARE_B:-nothing}"
 echo
 echo "Requests per file ($NCOUNT files, LOCUS_LOG trace; FUSE requests answered outside the common"
 echo "reply path, such as forget and releasedir, are not counted):"

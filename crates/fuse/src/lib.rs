@@ -396,8 +396,25 @@ impl LocusFs {
         reply: ReplyEntry,
         work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static,
     ) {
-        let ttl = self.ttl;
-        self.run(req, op, reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
+        let (ttl, forget) = (self.ttl, self.acl_forgetter());
+        self.run(req, op, reply, work, move |r, a| {
+            forget(&a);
+            r.entry(&ttl, &file_attr(&a), Generation(0))
+        });
+    }
+
+    /// Tells the kernel to forget the ACLs (and attributes, not the page cache) it
+    /// keeps of an inode whose ctime moved since this mount last answered for it
+    /// (`Vfs::ctime_moved`): they may have changed through another client.
+    fn acl_forgetter(&self) -> impl Fn(&Attr) + Send + 'static {
+        let (vfs, notifier) = (self.vfs.clone(), self.notifier.clone());
+        move |a: &Attr| {
+            if vfs.ctime_moved(a)
+                && let Some(n) = notifier.get()
+            {
+                let _ = n.inval_inode(INodeNo(a.ino), -1, 0);
+            }
+        }
     }
 
     fn empty(
@@ -446,7 +463,11 @@ impl Filesystem for LocusFs {
             | InitFlags::FUSE_BIG_WRITES
             // Listings carry attributes when the kernel will want them (`readdirplus`).
             | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO;
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            // POSIX ACLs: the kernel checks them too (from `getxattr`, cached) and leaves
+            // the umask to meta, which applies it only where no default ACL decides.
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
     }
@@ -457,13 +478,14 @@ impl Filesystem for LocusFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let (vfs, ttl) = (self.vfs.clone(), self.ttl);
+        let (vfs, ttl, forget) = (self.vfs.clone(), self.ttl, self.acl_forgetter());
         // A directory this client just changed: answered on this thread, as `flush`.
         if let Some(attr) = vfs.fresh_dir_attr(ino.0, ttl) {
             tracing::trace!(op = "getattr", inline = true, "fuse request");
             return reply.attr(&ttl, &file_attr(&attr));
         }
         self.run(req, "getattr", reply, async move { vfs.getattr(ino.0).await }, move |r, a| {
+            forget(&a);
             r.attr(&ttl, &file_attr(&a))
         });
     }
@@ -505,23 +527,25 @@ impl Filesystem for LocusFs {
         self.run(req, "readlink", reply, async move { vfs.readlink(ino.0).await }, |r, t| r.data(&t));
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let node = match special_node(mode, rdev) {
             Ok(node) => node,
             Err(e) => return reply.error(e),
         };
         let (vfs, n) = (self.vfs.clone(), name(n));
-        self.entry(req, "mknod", reply, async move { vfs.create(parent.0, &n, node, mode & 0o7777, true).await });
-    }
-
-    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        let (vfs, n) = (self.vfs.clone(), name(n));
         self.entry(
             req,
-            "mkdir",
+            "mknod",
             reply,
-            async move { vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, true).await },
+            async move { vfs.create(parent.0, &n, node, mode & 0o7777, umask, true).await },
         );
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let (vfs, n) = (self.vfs.clone(), name(n));
+        self.entry(req, "mkdir", reply, async move {
+            vfs.create(parent.0, &n, NewNode::Dir, mode & 0o7777, umask, true).await
+        });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -537,7 +561,7 @@ impl Filesystem for LocusFs {
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
         let node = NewNode::Symlink { target: target.as_os_str().as_bytes().to_vec() };
         let (vfs, n) = (self.vfs.clone(), name(link));
-        self.entry(req, "symlink", reply, async move { vfs.create(parent.0, &n, node, 0o777, true).await });
+        self.entry(req, "symlink", reply, async move { vfs.create(parent.0, &n, node, 0o777, 0, true).await });
     }
 
     fn rename(
@@ -730,20 +754,11 @@ impl Filesystem for LocusFs {
         reply.ok();
     }
 
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        n: &OsStr,
-        mode: u32,
-        _umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
+    fn create(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         let exclusive = flags & libc::O_EXCL != 0;
         let opts = open_options(flags);
         let (vfs, n, ttl) = (self.vfs.clone(), name(n), self.ttl);
-        let work = async move { vfs.create_open(parent.0, &n, mode & 0o7777, exclusive, opts).await };
+        let work = async move { vfs.create_open(parent.0, &n, mode & 0o7777, umask, exclusive, opts).await };
         self.run(req, "create", reply, work, move |r, (attr, fh)| {
             r.created(&ttl, &file_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::empty())
         });

@@ -115,7 +115,8 @@ fn meta_refuses_what_the_caller_may_not_do_whatever_the_client() {
         Some(ErrorCode::PermissionDenied)
     );
     assert_eq!(raw.ask(&nobody, Extents { ino: file.ino() }).err(), Some(ErrorCode::PermissionDenied));
-    let create = Create { parent: dir.ino(), name: b"x".to_vec(), node: NewNode::File, mode: 0o644, exclusive: true };
+    let create =
+        Create { parent: dir.ino(), name: b"x".to_vec(), node: NewNode::File, mode: 0o644, umask: 0, exclusive: true };
     assert_eq!(raw.ask(&nobody, create).err(), Some(ErrorCode::PermissionDenied));
     // Below alice's 0700 directory the file is out of reach: refused before its own rules.
     let setuid = AttrChanges { mode: Some(0o4777), uid: Some(65534), ..Default::default() };
@@ -204,6 +205,36 @@ fn a_file_created_at_site_a_shows_its_owners_uid_at_site_b() {
     assert_eq!((given.uid(), given.gid()), (1001, 300));
     let unmapped = std::os::unix::fs::chown(at_b.join("pub/given"), Some(4444), None).unwrap_err();
     assert_eq!(unmapped.raw_os_error(), Some(22), "EINVAL: {unmapped}");
+    // An ACL's entries are renumbered as owners are: alice grants bob and physics at a;
+    // b shows physics by its own number and bob (whom b does not map) by his global one.
+    // Another mount shows a change once its attributes' TTL has run out.
+    let getfacl_until = |path: &Path, want: &str| {
+        let show = || as_user(0, 0, &format!("getfacl --omit-header --numeric {}", path.display()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let shown = show();
+            if shown.contains(want) || std::time::Instant::now() > deadline {
+                return shown;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    as_user(1001, 300, &format!("setfacl -m u:1002:r,g:300:rw {}/pub/alice", at_a.display()));
+    let shown_b = getfacl_until(&at_b.join("pub/alice"), "group:7000:rw-");
+    assert!(shown_b.contains("group:7000:rw-"), "{shown_b}");
+    let bob_global = shown_b.lines().find_map(|l| l.strip_prefix("user:")?.strip_suffix(":r--")?.parse::<u32>().ok());
+    assert!(bob_global.is_some_and(|id| id >= meta::PRINCIPAL_BASE), "{shown_b}");
+    // Alice edits it at b: bob's entry survives the round trip through b's numbering,
+    // and the change is seen at a.
+    as_user(5003, 7000, &format!("setfacl -m g:7000:r {}/pub/alice", at_b.display()));
+    let shown_a = getfacl_until(&at_a.join("pub/alice"), "group:300:r--");
+    assert!(shown_a.contains("user:1002:r--") && shown_a.contains("group:300:r--"), "{shown_a}");
+    let refused = Command::new("setpriv")
+        .args(["--reuid", "5003", "--regid", "7000", "--clear-groups", "setfacl", "-m", "u:4444:r"])
+        .arg(at_b.join("pub/alice"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("Invalid argument"), "{refused:?}");
 }
 
 /// Encryption at rest: a node with `--encrypt-key` keeps no plaintext in its chunk
@@ -329,7 +360,8 @@ fn one_valid_client_certificate_reaches_nothing_it_may_not() {
 
     // By chunk hash: the hash of alice's secret, bound to mallory's own file.
     let victim = ChunkId::of(b"secret");
-    let create = Create { parent: mine, name: b"x".to_vec(), node: NewNode::File, mode: 0o644, exclusive: true };
+    let create =
+        Create { parent: mine, name: b"x".to_vec(), node: NewNode::File, mode: 0o644, umask: 0, exclusive: true };
     let rw = OpenAccess { read: true, write: true };
     let opened = raw.ask(&mallory, CreateOpen { create, session, access: rw }).unwrap();
     let x = opened.attr.ino;
@@ -474,12 +506,28 @@ fn certificates_do_only_their_roles_work_and_admin_actions_are_audited() {
     assert!(admitted.contains("admin (admin of site default)") && admitted.trim_end().ends_with("ok"), "{admitted}");
     let refused = shown.lines().find(|l| l.contains("admit node n8")).unwrap_or_else(|| panic!("{shown}"));
     assert!(refused.contains("attacker (client of site default)") && refused.contains("refused"), "{refused}");
-    // Unknown extended attribute namespaces and ACLs are refused through the mount too.
+    // Unknown extended attribute namespaces are refused through the mount too.
     let setfattr = Command::new("setfattr").args(["-n", "weird.ns", "-v", "x"]).arg(m.join("secret")).output().unwrap();
     assert!(String::from_utf8_lossy(&setfattr.stderr).contains("Operation not supported"), "{setfattr:?}");
-    let setfacl = Command::new("setfacl").args(["-m", "u:65534:---"]).arg(m.join("secret")).output().unwrap();
-    assert!(!setfacl.status.success(), "an ACL that would not be enforced is refused: {setfacl:?}");
-    assert!(String::from_utf8_lossy(&setfacl.stderr).contains("Operation not supported"), "{setfacl:?}");
+    // An ACL the owner sets through the mount is what meta enforces on a wire client;
+    // the client may read it but not set or remove it.
+    let session = client.hello();
+    let read = OpenAccess { read: true, write: false };
+    let open = || client.ask(&nobody, Open { ino: secret, session, truncate: false, access: read }).map(|_| ());
+    assert_eq!(open(), Err(ErrorCode::PermissionDenied));
+    let setfacl = |entry: &str| {
+        let out = Command::new("setfacl").args(["-m", entry]).arg(m.join("secret")).output().unwrap();
+        assert!(out.status.success(), "setfacl -m {entry}: {out:?}");
+    };
+    setfacl("u:65534:r");
+    assert_eq!(open(), Ok(()));
+    let name = b"system.posix_acl_access".to_vec();
+    let value = client.ask(&nobody, GetXattr { ino: secret, name: name.clone() }).unwrap();
+    let set = SetXattr { ino: secret, name: name.clone(), value, mode: XattrMode::Any };
+    assert_eq!(client.ask(&nobody, set).err(), Some(ErrorCode::NotPermitted));
+    assert_eq!(client.ask(&nobody, RemoveXattr { ino: secret, name }).err(), Some(ErrorCode::NotPermitted));
+    setfacl("u:65534:---");
+    assert_eq!(open(), Err(ErrorCode::PermissionDenied));
 }
 
 /// Users who prove who they are (`--user-auth`): at such a site a host's word for a

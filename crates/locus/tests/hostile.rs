@@ -161,6 +161,7 @@ fn pipelined_requests_never_read_keep_meta_memory_bounded() {
             name: format!("entry-with-a-longish-name-{i:04}").into_bytes(),
             node: NewNode::File,
             mode: 0o644,
+            umask: 0,
             exclusive: true,
         });
         let made: MetaResult = rpc(&mut s, &MetaCall::from(create));

@@ -253,6 +253,58 @@ fn permissions_for_other_users() {
     assert_eq!((sub.gid(), sub.mode() & 0o2000), (2000, 0o2000));
 }
 
+/// `getfacl`'s lines for `path` (without the comment header).
+fn getfacl(path: &Path) -> Vec<String> {
+    let out = Command::new("getfacl").args(["--omit-header", "--numeric"]).arg(path).output().unwrap();
+    assert!(out.status.success(), "getfacl {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().filter(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
+fn setfacl(args: &str, path: &Path) {
+    let out = Command::new("setfacl").args(args.split(' ')).arg(path).output().unwrap();
+    assert!(out.status.success(), "setfacl {args} {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn acls_set_with_setfacl_mean_what_they_say() {
+    let Some(mut c) = cluster() else { return };
+    let m = c.mount();
+    let ms = m.display();
+    // A deny for one user denies what the other bits grant; everyone else still reads.
+    fs::write(m.join("f"), b"secret").unwrap();
+    setfacl("-m u:1001:---", &m.join("f"));
+    assert_ne!(sh_as(1001, 1001, &format!("cat {ms}/f >/dev/null 2>&1")), 0);
+    assert_eq!(sh_as(1002, 1002, &format!("cat {ms}/f >/dev/null")), 0);
+    // A grant: the mode's group class shows the mask, and chmod moves the mask.
+    fs::write(m.join("g"), b"").unwrap();
+    fs::set_permissions(m.join("g"), fs::Permissions::from_mode(0o600)).unwrap();
+    setfacl("-m u:1001:rw", &m.join("g"));
+    assert_eq!(fs::metadata(m.join("g")).unwrap().mode() & 0o777, 0o660);
+    assert_eq!(sh_as(1001, 1001, &format!("echo hi >> {ms}/g")), 0);
+    assert_eq!(fs::read(m.join("g")).unwrap(), b"hi\n");
+    assert_ne!(sh_as(1002, 1002, &format!("cat {ms}/g >/dev/null 2>&1")), 0);
+    fs::set_permissions(m.join("g"), fs::Permissions::from_mode(0o600)).unwrap();
+    let acl = getfacl(&m.join("g"));
+    assert!(acl.iter().any(|l| l.starts_with("user:1001:rw-") && l.contains("#effective:---")), "{acl:?}");
+    assert!(acl.contains(&"mask::---".to_string()), "{acl:?}");
+    assert_ne!(sh_as(1001, 1001, &format!("cat {ms}/g >/dev/null 2>&1")), 0);
+    assert_ne!(sh_as(1001, 1001, &format!("setfacl -m u:1001:rwx {ms}/g 2>/dev/null")), 0, "not the owner's");
+    // A default ACL is inherited in place of the umask; without one the umask applies.
+    fs::create_dir(m.join("d")).unwrap();
+    setfacl("-d -m u:1001:rwx", &m.join("d"));
+    assert_eq!(sh_as(0, 0, &format!("umask 077 && touch {ms}/d/new && mkdir {ms}/d/sub")), 0);
+    assert_eq!(fs::metadata(m.join("d/new")).unwrap().mode() & 0o777, 0o664);
+    assert!(getfacl(&m.join("d/new")).iter().any(|l| l.starts_with("user:1001:rwx")));
+    assert!(getfacl(&m.join("d/sub")).iter().any(|l| l.starts_with("default:user:1001:rwx")));
+    assert_eq!(sh_as(1001, 1001, &format!("echo x > {ms}/d/new")), 0);
+    assert_eq!(sh_as(0, 0, &format!("umask 027 && touch {ms}/plain")), 0);
+    assert_eq!(fs::metadata(m.join("plain")).unwrap().mode() & 0o777, 0o640);
+    // Removing every extended entry leaves a plain mode.
+    setfacl("-b", &m.join("g"));
+    assert_eq!(get_xattr(&m.join("g"), "system.posix_acl_access", 256), Err(libc::ENODATA));
+    assert_eq!(getfacl(&m.join("g")).len(), 3);
+}
+
 #[test]
 fn large_directory_lists_completely() {
     let Some(mut c) = cluster() else { return };

@@ -18,6 +18,7 @@
 //! A site without a map numbers owners with its local ids directly (a single-site
 //! cluster needs none); it cannot claim a principal's id.
 
+use crate::acl::Acl;
 use crate::error::MetaError;
 use proto::types::{Attr, Caller};
 use std::collections::HashMap;
@@ -198,6 +199,36 @@ impl Acting {
         let uid = uid.map(|u| uid_in(&self.map, u).ok_or_else(|| unmapped("uid", u))).transpose()?;
         let gid = gid.map(|g| gid_in(&self.map, g).ok_or_else(|| unmapped("gid", g))).transpose()?;
         Ok((uid, gid))
+    }
+
+    /// An ACL value's named ids from the caller's site numbering to the global one. A
+    /// principal's global id the site does not map passes as it is (`localize_acl`
+    /// shows it so), so an ACL read at one site and written back there keeps the
+    /// entries meant for other sites' users; a local id without a principal is refused.
+    pub fn acl_in(&self, value: &[u8]) -> Result<Vec<u8>, MetaError> {
+        if self.map.is_none() || value.is_empty() {
+            return Ok(value.to_vec());
+        }
+        let unmapped = |what: &str, id: u32| {
+            MetaError::InvalidArgument(format!("ACL entry for {what} {id}, which has no principal at this site"))
+        };
+        let mut acl = Acl::decode(value)?;
+        acl.map_ids(
+            |u| uid_in(&self.map, u).or((u >= PRINCIPAL_BASE).then_some(u)).ok_or_else(|| unmapped("uid", u)),
+            |g| gid_in(&self.map, g).or((g >= PRINCIPAL_BASE).then_some(g)).ok_or_else(|| unmapped("gid", g)),
+        )?;
+        Ok(acl.encode())
+    }
+
+    /// Shows an ACL value's named ids in the caller's site numbering; a principal the
+    /// site does not map keeps its global id (see `acl_in`).
+    pub fn localize_acl(&self, value: &mut Vec<u8>) {
+        let Some(m) = &self.map else { return };
+        let Ok(mut acl) = Acl::decode(value) else { return };
+        let out = |ids: &HashMap<u32, u32>, id: u32| Ok(ids.get(&id).copied().unwrap_or(id));
+        if acl.map_ids(|u| out(&m.uid_out, u), |g| out(&m.gid_out, g)).is_ok() {
+            *value = acl.encode();
+        }
     }
 
     /// Shows `a`'s owner in the caller's site numbering: a principal the site does not
@@ -398,6 +429,49 @@ pub(crate) mod tests {
         };
         let sources = vec![("a".into(), dir.join("a.map")), ("b".into(), dir.join("b.map"))];
         Identities::load(sources, vec!["a".into()], &mut principal).unwrap()
+    }
+
+    /// `u::rw-,u:UID:r--,g::r--,g:GID:r--,m::r--,o::---` in the kernel's encoding.
+    fn acl_naming(uid: u32, gid: u32) -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, id, perm) in [
+            (1u16, u32::MAX, 6u16),
+            (2, uid, 4),
+            (4, u32::MAX, 4),
+            (8, gid, 4),
+            (0x10, u32::MAX, 4),
+            (0x20, u32::MAX, 0),
+        ] {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn acl_entries_are_renumbered_at_each_site_and_survive_a_round_trip_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = two_sites(dir.path());
+        let at_a = ids.acting(Some("a"), true, Some(Caller::new(1001, 300)));
+        let at_b = ids.acting(Some("b"), true, Some(Caller::new(5003, 7000)));
+        // Written at b for bob (5004) and physics (7000): stored with global ids.
+        let stored = at_b.acl_in(&acl_naming(5004, 7000)).unwrap();
+        let bob = at_b.map.as_ref().unwrap().uid_in[&5004];
+        let physics = at_b.map.as_ref().unwrap().gid_in[&7000];
+        assert_eq!(stored, acl_naming(bob, physics));
+        // Read at a, which does not map bob: his global id shows, physics is 300 there.
+        let mut shown = stored.clone();
+        at_a.localize_acl(&mut shown);
+        assert_eq!(shown, acl_naming(bob, 300));
+        // Written back at a (getfacl | setfacl): bob's entry is kept.
+        assert_eq!(at_a.acl_in(&shown).unwrap(), stored);
+        let mut at_b_again = stored.clone();
+        at_b.localize_acl(&mut at_b_again);
+        assert_eq!(at_b_again, acl_naming(5004, 7000));
+        // A local id the site cannot name is refused, with the id in the message.
+        let err = at_a.acl_in(&acl_naming(4242, 300)).unwrap_err();
+        assert!(matches!(err, MetaError::InvalidArgument(_)) && err.to_string().contains("uid 4242"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! once in `engine`, above the row-level backend traits of `store`; the backends are SQLite
 //! (embedded, the default) and PostgreSQL, chosen by URL in `open_store`.
 
+pub mod acl;
 mod audit;
 pub mod authority;
 mod engine;

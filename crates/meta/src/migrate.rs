@@ -158,7 +158,8 @@ mod tests {
     }
 
     fn create(s: &Arc<MetaService>, parent: InodeId, name: &str, node: NewNode) -> Attr {
-        let req = MetaRequest::Create(Create { parent, name: name.into(), node, mode: 0o640, exclusive: true });
+        let req =
+            MetaRequest::Create(Create { parent, name: name.into(), node, mode: 0o640, umask: 0, exclusive: true });
         let ino = match ask(s, req) {
             MetaReply::Made(m) => m.attr.ino,
             other => panic!("expected Made, got {other:?}"),

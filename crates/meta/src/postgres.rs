@@ -27,7 +27,8 @@ use crate::sqlite::{
     SCHEMA_VERSION, chunk_id, kind_code, kind_of, new_cluster_id, off, policy_of, random_bytes, root_inode, secret_of,
 };
 use crate::store::{
-    Backend, Counter, DentryRow, Inode, OpenRow, Prefetch, ReadConn, ReadOp, SessionRow, Txn, WriteConn, drop_open_read,
+    Backend, Counter, DentryRow, Inode, OpenRow, Prefetch, ReadConn, ReadOp, SessionRow, Txn, WriteConn,
+    drop_open_read, split_mode_column,
 };
 use postgres::types::ToSql;
 use postgres::{Row, SimpleQueryMessage, Statement};
@@ -1467,8 +1468,27 @@ pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     Ok(Promotion { was_standby, waited_for_leases: started.elapsed(), epoch })
 }
 
-/// Formats an empty database (with `init`) or checks the schema version of a
-/// formatted one, in one transaction.
+/// The oldest schema version a PostgreSQL database can be upgraded from (the first
+/// one PostgreSQL databases were created at).
+const FIRST_UPGRADABLE: i64 = 9;
+
+/// Upgrades from each version since `FIRST_UPGRADABLE` to the next, in order: entry
+/// `i` turns version `FIRST_UPGRADABLE + i` into the next. Each runs inside the
+/// opening transaction.
+const UPGRADES: &[Upgrade] = &[mark_acls_in_modes];
+
+/// One schema upgrade step, run inside the opening transaction.
+type Upgrade = fn(&mut PgConn) -> Result<(), MetaError>;
+const _: () = assert!(FIRST_UPGRADABLE + UPGRADES.len() as i64 == SCHEMA_VERSION);
+
+/// Version 9 -> 10: the `mode` column may carry ACL marks (`store::AclMarks`); as for
+/// SQLite, no row changes, the version moves so that older binaries refuse the database.
+fn mark_acls_in_modes(_: &mut PgConn) -> Result<(), MetaError> {
+    Ok(())
+}
+
+/// Formats an empty database (with `init`), or checks the schema version of a
+/// formatted one and upgrades an older one, in one transaction.
 fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError> {
     let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.into(), reason: reason.into() };
     w.batch(begin_write!())?;
@@ -1491,9 +1511,16 @@ fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError>
         if found > SCHEMA_VERSION {
             return Err(MetaError::SchemaTooNew { path: shown.into(), found, supported: SCHEMA_VERSION });
         }
-        // PostgreSQL databases are created at the current version; there is no older one to upgrade.
-        if found < SCHEMA_VERSION {
+        if found < FIRST_UPGRADABLE {
             return Err(MetaError::SchemaUnknown { path: shown.into(), found });
+        }
+        for (from, upgrade) in UPGRADES.iter().enumerate().skip((found - FIRST_UPGRADABLE) as usize) {
+            upgrade(w)?;
+            let from = FIRST_UPGRADABLE + from as i64;
+            tracing::info!(database = shown, from, to = from + 1, "upgraded the metadata schema");
+        }
+        if found < SCHEMA_VERSION {
+            w.exec("UPDATE meta_version SET version = $1", &[&SCHEMA_VERSION])?;
         }
         Ok(())
     })();
@@ -1606,7 +1633,7 @@ fn inode_params(inode: &Inode) -> Vec<Owned> {
     vec![
         Box::new(a.ino as i64),
         Box::new(kind_code(a.kind)),
-        Box::new(a.mode as i64),
+        Box::new(inode.mode_column()),
         Box::new(a.uid as i64),
         Box::new(a.gid as i64),
         Box::new(a.size as i64),
@@ -1631,11 +1658,12 @@ fn inode_of(r: &Row, at: usize) -> Result<Inode, MetaError> {
         |s: usize| -> Result<Timestamp, postgres::Error> { Ok(Timestamp { secs: int(s)?, nanos: int(s + 1)? as u32 }) };
     let ino = int(0)? as u64;
     let kind = int(1)?;
+    let (mode, acls) = split_mode_column(int(2)?);
     Ok(Inode {
         attr: Attr {
             ino,
             kind: kind_of(kind).ok_or_else(|| MetaError::Corrupt(format!("inode {ino} has kind {kind}")))?,
-            mode: int(2)? as u32,
+            mode,
             uid: int(3)? as u32,
             gid: int(4)? as u32,
             size: int(5)? as u64,
@@ -1648,6 +1676,7 @@ fn inode_of(r: &Row, at: usize) -> Result<Inode, MetaError> {
         },
         parent: int(15)? as u64,
         target: r.try_get(at + 16)?,
+        acls,
     })
 }
 
@@ -2655,15 +2684,27 @@ mod tests {
         assert!(matches!(err, MetaError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1), "{err}");
     }
 
+    #[test]
+    fn an_older_schema_is_upgraded_and_one_before_postgresql_is_refused() {
+        let server = testkit::postgres::shared();
+        let url = server.create_database();
+        let first = open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap().cluster_id;
+        raw(&url).execute("UPDATE meta_version SET version = $1", &[&FIRST_UPGRADABLE]).unwrap();
+        assert_eq!(open(&url, None, false, None, DEFAULT_DB_TIMEOUT).unwrap().cluster_id, first);
+        let version: i64 = raw(&url).query_one("SELECT version FROM meta_version", &[]).unwrap().get(0);
+        assert_eq!(version, SCHEMA_VERSION);
+        raw(&url).execute("UPDATE meta_version SET version = $1", &[&(FIRST_UPGRADABLE - 1)]).unwrap();
+        let err = open(&url, None, false, None, DEFAULT_DB_TIMEOUT).err().expect("no upgrade from before PostgreSQL");
+        assert!(matches!(err, MetaError::SchemaUnknown { found, .. } if found == FIRST_UPGRADABLE - 1), "{err}");
+    }
+
+    /// A 0644 file `name` in the root.
+    fn new_file(name: &str) -> Create {
+        Create { parent: ROOT_INODE, name: name.into(), node: NewNode::File, mode: 0o644, umask: 0, exclusive: true }
+    }
+
     fn create(s: &Arc<MetaService>, name: &str) -> Result<MetaReply, ErrorCode> {
-        let req = MetaRequest::Create(Create {
-            parent: ROOT_INODE,
-            name: name.into(),
-            node: NewNode::File,
-            mode: 0o644,
-            exclusive: true,
-        });
-        s.handle_blocking(req).map_err(|e| e.code)
+        s.handle_blocking(MetaRequest::Create(new_file(name))).map_err(|e| e.code)
     }
 
     /// The server closes every connection of meta (as a restart or an administrator
@@ -3129,8 +3170,7 @@ mod tests {
         let hello = MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info });
         let Ok(MetaReply::Welcome(Welcome { session, .. })) = one.handle_blocking(hello) else { panic!("hello") };
         let open_new = |name: &str| {
-            let create =
-                Create { parent: ROOT_INODE, name: name.into(), node: NewNode::File, mode: 0o644, exclusive: true };
+            let create = new_file(name);
             let access = OpenAccess { read: true, write: true };
             let Ok(MetaReply::Opened(o)) =
                 one.handle_blocking(MetaRequest::CreateOpen(CreateOpen { create, session, access }))

@@ -806,9 +806,12 @@ impl MetaService {
             proto::types::Timestamp::now().millis(),
         );
         let acting = crate::authority::resolve(&ids, peer.identity(), site.as_deref(), caller);
-        if let MetaRequest::SetAttr(m) = &mut req {
-            (m.set.uid, m.set.gid) = acting.owner_in(m.set.uid, m.set.gid)?;
+        match &mut req {
+            MetaRequest::SetAttr(m) => (m.set.uid, m.set.gid) = acting.owner_in(m.set.uid, m.set.gid)?,
+            MetaRequest::SetXattr(m) if crate::acl::is_acl(&m.name) => m.value = acting.acl_in(&m.value)?,
+            _ => {}
         }
+        let reads_acl = matches!(&req, MetaRequest::GetXattr(m) if crate::acl::is_acl(&m.name));
         if let (MetaRequest::ChunkLocations(m), Some(who)) = (&mut req, peer.identity())
             && who.role == net::Role::Client
         {
@@ -817,7 +820,7 @@ impl MetaService {
         let grants = granted_caps(&req);
         let result = self.answer_as(peer.identity(), acting.caller.clone(), req).await.map(|reply| {
             let holder = peer.identity().map_or("", |i| i.name.as_str());
-            self.with_caps(localize(reply, &acting), grants, holder, peer.identity())
+            self.with_caps(localize(reply, &acting, reads_acl), grants, holder, peer.identity())
         });
         if let Ok(MetaReply::Welcome(welcome)) = &result {
             peer.set_session(welcome.session);
@@ -1034,9 +1037,11 @@ impl MetaService {
     }
 }
 
-/// Shows the owners in an answer in the numbering of the caller's site.
-fn localize(mut reply: MetaReply, acting: &Acting) -> MetaReply {
+/// Shows the owners in an answer in the numbering of the caller's site (and the ids
+/// in an ACL, when `reads_acl` says the answer is one).
+fn localize(mut reply: MetaReply, acting: &Acting, reads_acl: bool) -> MetaReply {
     match &mut reply {
+        MetaReply::Bytes(value) if reads_acl => acting.localize_acl(value),
         MetaReply::Attr(a) => acting.localize(a),
         MetaReply::Opened(o) => {
             acting.localize(&mut o.attr);
@@ -1079,12 +1084,12 @@ mod tests {
             policy: Default::default(),
             parent: Some(attr.clone()),
         };
-        let MetaReply::Opened(o) = localize(MetaReply::Opened(opened), &at_b) else { unreachable!() };
+        let MetaReply::Opened(o) = localize(MetaReply::Opened(opened), &at_b, false) else { unreachable!() };
         assert_eq!([shown(&o.attr), shown(o.parent.as_ref().unwrap())], [(5003, 7000); 2]);
         let unlinked = Unlinked { ino: 8, orphaned: false, parent: attr.clone() };
-        let MetaReply::Unlinked(u) = localize(MetaReply::Unlinked(unlinked), &at_b) else { unreachable!() };
+        let MetaReply::Unlinked(u) = localize(MetaReply::Unlinked(unlinked), &at_b, false) else { unreachable!() };
         assert_eq!(shown(&u.parent), (5003, 7000));
-        let MetaReply::Attr(a) = localize(MetaReply::Attr(attr), &at_b) else { unreachable!() };
+        let MetaReply::Attr(a) = localize(MetaReply::Attr(attr), &at_b, false) else { unreachable!() };
         assert_eq!(shown(&a), (5003, 7000));
     }
 
@@ -1094,6 +1099,7 @@ mod tests {
             name: name.into_bytes(),
             node: NewNode::File,
             mode: 0o644,
+            umask: 0,
             exclusive: true,
         })
     }
@@ -1200,6 +1206,7 @@ mod tests {
                 name: name.into(),
                 node: NewNode::Dir,
                 mode: 0o755,
+                umask: 0,
                 exclusive: true,
             })
         };

@@ -6,7 +6,10 @@
 
 use crate::error::MetaError;
 use crate::locks::Held;
-use crate::store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+use crate::store::{
+    AclMarks, Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn,
+    split_mode_column,
+};
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
@@ -18,7 +21,7 @@ use std::path::{Path, PathBuf};
 /// The schema version this binary writes and understands. The SQL is SQLite's
 /// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
 /// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
@@ -92,6 +95,7 @@ const MIGRATIONS: &[Migration] = &[
     add_cluster_secret,
     add_session_owners,
     mark_cached_copies,
+    mark_acls_in_modes,
 ];
 
 /// One schema upgrade step, run on the writer inside the opening transaction.
@@ -165,6 +169,14 @@ fn add_session_owners(conn: &Connection) -> Result<(), MetaError> {
 /// taken as replicas, as they were counted then.
 fn mark_cached_copies(conn: &Connection) -> Result<(), MetaError> {
     conn.execute_batch("ALTER TABLE chunk_nodes ADD COLUMN cached BIGINT NOT NULL DEFAULT 0")?;
+    Ok(())
+}
+
+/// Version 9 -> 10: the `mode` column may carry ACL marks above the permission bits
+/// (`store::AclMarks`). No row changes (none has an ACL yet); the version moves so that
+/// an older binary, which would read the marks as mode bits and ignore the ACLs,
+/// refuses the database.
+fn mark_acls_in_modes(_conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
@@ -475,6 +487,7 @@ pub(crate) fn root_inode() -> Inode {
         },
         parent: ROOT_INODE,
         target: Vec::new(),
+        acls: AclMarks::default(),
     }
 }
 
@@ -531,11 +544,12 @@ fn inode_row(r: &Row<'_>) -> rusqlite::Result<(Inode, i64)> {
         Ok(Timestamp { secs: r.get(s)?, nanos: r.get::<_, i64>(s + 1)? as u32 })
     };
     let kind: i64 = r.get(1)?;
+    let (mode, acls) = split_mode_column(r.get(2)?);
     let inode = Inode {
         attr: Attr {
             ino: r.get::<_, i64>(0)? as u64,
             kind: FileKind::File,
-            mode: r.get::<_, i64>(2)? as u32,
+            mode,
             uid: r.get::<_, i64>(3)? as u32,
             gid: r.get::<_, i64>(4)? as u32,
             size: r.get::<_, i64>(5)? as u64,
@@ -548,6 +562,7 @@ fn inode_row(r: &Row<'_>) -> rusqlite::Result<(Inode, i64)> {
         },
         parent: r.get::<_, i64>(15)? as u64,
         target: r.get(16)?,
+        acls,
     };
     Ok((inode, kind))
 }
@@ -629,7 +644,7 @@ impl Txn for SqlConn {
         st.execute(params![
             a.ino as i64,
             kind_code(a.kind),
-            a.mode as i64,
+            inode.mode_column(),
             a.uid as i64,
             a.gid as i64,
             a.size as i64,
@@ -1253,6 +1268,7 @@ mod tests {
                     name,
                     node: proto::meta::NewNode::File,
                     mode: 0o644,
+                    umask: 0,
                     exclusive: true,
                 });
                 s.handle_blocking(req).unwrap();

@@ -17,6 +17,37 @@ pub struct Inode {
     pub parent: InodeId,
     /// Symlink target; empty for other kinds.
     pub target: Vec<u8>,
+    /// Which POSIX ACLs the inode has (kept as xattr rows, see `acl`).
+    pub acls: AclMarks,
+}
+
+/// Which ACLs an inode has, so that a permission check reads one only where it exists.
+/// Stored in the `mode` column above the permission bits (`mode_column`): no schema of
+/// either backend has a column for it, and the mode is read with every inode anyway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AclMarks {
+    /// `system.posix_acl_access` is set: checks of non-owners consult it.
+    pub access: bool,
+    /// `system.posix_acl_default` is set (directories): new nodes inherit it.
+    pub default: bool,
+}
+
+const ACCESS_ACL_BIT: u32 = 1 << 16;
+const DEFAULT_ACL_BIT: u32 = 1 << 17;
+
+impl Inode {
+    /// The `mode` column: the permission bits and the ACL marks above them.
+    pub fn mode_column(&self) -> i64 {
+        let marks =
+            if self.acls.access { ACCESS_ACL_BIT } else { 0 } | if self.acls.default { DEFAULT_ACL_BIT } else { 0 };
+        i64::from((self.attr.mode & 0o7777) | marks)
+    }
+}
+
+/// Splits a `mode` column into the permission bits and the ACL marks.
+pub fn split_mode_column(column: i64) -> (u32, AclMarks) {
+    let column = column as u32;
+    (column & 0o7777, AclMarks { access: column & ACCESS_ACL_BIT != 0, default: column & DEFAULT_ACL_BIT != 0 })
 }
 
 /// A session row; `last_seen_ms` is wall-clock milliseconds since the epoch.

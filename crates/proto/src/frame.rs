@@ -130,6 +130,7 @@ mod tests {
                 name: b"name".to_vec(),
                 node: NewNode::Symlink { target: b"t".to_vec() },
                 mode: 0o755,
+                umask: 0,
                 exclusive: true,
             }),
             MetaRequest::CommitWrite(CommitWrite {

@@ -463,13 +463,17 @@ meta_requests! {
         /// writing allows a truncation without write permission now.
         session: Option<SessionId>,
     } => Attr;
-    /// mknod/mkdir/symlink/create. `mode` is final (umask already applied).
-    /// With `exclusive` false an existing regular file is returned instead of `Exists`.
+    /// mknod/mkdir/symlink/create. With `exclusive` false an existing regular file is
+    /// returned instead of `Exists`.
     Create {
         parent: InodeId,
         name: Vec<u8>,
         node: NewNode,
+        /// The mode asked for, before the umask.
         mode: u32,
+        /// The creator's umask: meta applies it unless the directory has a default ACL,
+        /// which then decides instead (as Linux does on a file system with ACLs).
+        umask: u32,
         exclusive: bool,
     } => Made;
     /// `Create` of a regular file that also records it as open by `session` (create and

@@ -114,12 +114,12 @@ async fn connect(meta_addr: &str) -> Arc<Vfs> {
 async fn run_case(case: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let env = env();
     let vfs = connect(&env.meta_addr).await;
-    let dir = vfs.create(ROOT_INODE, format!("case{case}").as_bytes(), NewNode::Dir, 0o755, true).await.unwrap();
+    let dir = vfs.create(ROOT_INODE, format!("case{case}").as_bytes(), NewNode::Dir, 0o755, 0, true).await.unwrap();
     let name = |i: usize| format!("file{i}").into_bytes();
     let mut model: HashMap<usize, Vec<u8>> = HashMap::new();
     let mut handles: HashMap<usize, u64> = HashMap::new();
     for i in 0..FILES {
-        let attr = vfs.create(dir.ino, &name(i), NewNode::File, 0o644, true).await.unwrap();
+        let attr = vfs.create(dir.ino, &name(i), NewNode::File, 0o644, 0, true).await.unwrap();
         handles.insert(i, vfs.open(attr.ino, OpenOptions::default()).await.unwrap().0);
         model.insert(i, Vec::new());
     }
@@ -325,7 +325,7 @@ async fn chunk_bytes_held(vfs: &Arc<Vfs>) -> usize {
 
 /// A new file in the root directory, open.
 async fn new_file(vfs: &Arc<Vfs>, name: &[u8]) -> (proto::types::Attr, u64) {
-    let attr = vfs.create(ROOT_INODE, name, NewNode::File, 0o644, true).await.unwrap();
+    let attr = vfs.create(ROOT_INODE, name, NewNode::File, 0o644, 0, true).await.unwrap();
     let (fh, _) = vfs.open(attr.ino, OpenOptions::default()).await.unwrap();
     (attr, fh)
 }
@@ -342,9 +342,9 @@ fn a_directory_just_changed_is_answered_from_the_change() {
     let env = env();
     env.rt.block_on(async {
         let vfs = connect(&env.meta_addr).await;
-        let dir = vfs.create(ROOT_INODE, b"fresh-parent", NewNode::Dir, 0o755, true).await.unwrap();
+        let dir = vfs.create(ROOT_INODE, b"fresh-parent", NewNode::Dir, 0o755, 0, true).await.unwrap();
         let ttl = Duration::from_secs(30);
-        let (_, fh) = vfs.create_open(dir.ino, b"a", 0o644, true, OpenOptions::default()).await.unwrap();
+        let (_, fh) = vfs.create_open(dir.ino, b"a", 0o644, 0, true, OpenOptions::default()).await.unwrap();
         // The close's Release to meta runs in the background meanwhile.
         vfs.release(fh).await.unwrap();
         // Heartbeats and the revocation list go to meta meanwhile too (every 2 s here).
@@ -354,7 +354,7 @@ fn a_directory_just_changed_is_answered_from_the_change() {
         assert!(fresh.mtime > dir.mtime, "the create's new mtime");
         assert_eq!(vfs.fresh_dir_attr(dir.ino, ttl), None, "answered once");
 
-        vfs.create_open(dir.ino, b"b", 0o644, true, OpenOptions::default()).await.unwrap();
+        vfs.create_open(dir.ino, b"b", 0o644, 0, true, OpenOptions::default()).await.unwrap();
         vfs.setattr(dir.ino, AttrChanges { mode: Some(0o700), ..AttrChanges::default() }, false).await.unwrap();
         assert_eq!(vfs.fresh_dir_attr(dir.ino, ttl), None, "a chmod of the directory came after the create");
 
@@ -365,7 +365,7 @@ fn a_directory_just_changed_is_answered_from_the_change() {
         assert_eq!(fresh, vfs.getattr(dir.ino).await.unwrap());
         assert_eq!(fresh.mode & 0o7777, 0o700);
 
-        vfs.create(dir.ino, b"sub", NewNode::Dir, 0o755, true).await.unwrap();
+        vfs.create(dir.ino, b"sub", NewNode::Dir, 0o755, 0, true).await.unwrap();
         let fresh = vfs.fresh_dir_attr(dir.ino, ttl).expect("the mkdir's answer");
         assert_eq!((fresh.nlink, &fresh), (3, &vfs.getattr(dir.ino).await.unwrap()));
         vfs.rmdir(dir.ino, b"sub").await.unwrap();

@@ -88,16 +88,20 @@ impl Vfs {
         Ok(attr)
     }
 
+    /// Makes a node: `mode` as asked, before the creator's `umask` (meta applies it
+    /// unless the directory's default ACL decides instead).
     pub async fn create(
         &self,
         parent: InodeId,
         name: &[u8],
         node: NewNode,
         mode: u32,
+        umask: u32,
         exclusive: bool,
     ) -> Result<Attr> {
         let sent = Instant::now();
-        let (made, mark) = self.meta.call_alone(Create { parent, name: name.to_vec(), node, mode, exclusive }).await?;
+        let req = Create { parent, name: name.to_vec(), node, mode, umask, exclusive };
+        let (made, mark) = self.meta.call_alone(req).await?;
         self.remember_parent(made.parent, mark, sent);
         Ok(made.attr)
     }

@@ -58,11 +58,12 @@ impl Vfs {
         parent: InodeId,
         name: &[u8],
         mode: u32,
+        umask: u32,
         exclusive: bool,
         opts: OpenOptions,
     ) -> Result<(Attr, FileHandle)> {
         let session = self.meta.session();
-        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, exclusive };
+        let create = Create { parent, name: name.to_vec(), node: NewNode::File, mode, umask, exclusive };
         let req = CreateOpen { create, session, access: opts.access };
         let sent = std::time::Instant::now();
         let (mut opened, mark) = self.meta.call_alone(req).await?;

@@ -31,7 +31,7 @@ macro_rules! conformance_tests {
             readdir_paging, persistence, nodes, cluster_identity, sessions, session_expiry,
             opens_and_locks_survive_a_restart, locks, chunk_catalogue, site_round_trips, replication_policies,
             node_drain, under_replication, node_admission, join_tokens, permissions, reach_by_inode_number,
-            privileges_drop_on_change, chunk_possession);
+            privileges_drop_on_change, chunk_possession, acls);
     };
     (@cases $fresh:path; $($case:ident),* $(,)?) => {
         $(

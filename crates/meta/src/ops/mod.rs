@@ -183,7 +183,8 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         R::ReadDir(m) => serve(m, |m| read_dir(t, &ctx.caller, m.ino, m.after, m.limit)),
         R::GetXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
-            check_xattr(&ctx.caller, &reach(t, &ctx.caller, m.ino)?.attr, &m.name, false)?;
+            let i = reach(t, &ctx.caller, m.ino)?;
+            check_xattr(t, &ctx.caller, &i, &m.name, false)?;
             t.get_xattr(m.ino, &m.name)?.ok_or_else(|| MetaError::NoAttribute(show(&m.name)))
         }),
         R::ListXattr(m) => serve(m, |m| {
@@ -203,8 +204,9 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
         // Answered like `Open` (attributes and extents), without recording an open.
         R::Extents(m) => serve(m, |m| {
             t.prefetch(Prefetch { extents: Some((m.ino, 0, u64::MAX)), policies: Some(m.ino), ..Prefetch::default() })?;
-            let attr = reach(t, &ctx.caller, m.ino)?.attr;
-            check(&ctx.caller, &attr, MAY_READ)?;
+            let i = reach(t, &ctx.caller, m.ino)?;
+            check(t, &ctx.caller, &i, MAY_READ)?;
+            let attr = i.attr;
             let policy = effective_policy(t, m.ino)?.policy;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: None })
@@ -291,18 +293,18 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::Goodbye(m) => serve(m, |m| end_session(t, m.session)),
         R::SetAttr(m) => serve(m, |m| set_attr(t, ctx, m.ino, &m.set, m.session)),
         R::Create(m) => serve(m, |m| {
-            let c = create(t, now, m.parent, &m.name, m.node, m.mode, &ctx.caller, m.exclusive)?;
+            let c = create(t, now, m, &ctx.caller)?;
             Ok(Made { attr: c.attr, parent: c.parent })
         }),
         R::CreateOpen(m) => serve(m, |m| {
             let c = m.create;
             t.prefetch(Prefetch { session: Some(m.session), ..Prefetch::entry(c.parent, &c.name) })?;
             t.get_session(m.session)?.ok_or_else(|| unknown_session(m.session))?;
-            let Created { attr, created, parent } =
-                create(t, now, c.parent, &c.name, c.node, c.mode, &ctx.caller, c.exclusive)?;
-            require_file(&inode(t, attr.ino)?)?;
+            let Created { attr, created, parent } = create(t, now, c, &ctx.caller)?;
+            let i = inode(t, attr.ino)?;
+            require_file(&i)?;
             if !created {
-                check_open(&ctx.caller, &attr, m.access, false)?;
+                check_open(t, &ctx.caller, &i, m.access, false)?;
             }
             // The creator of a new file may write it whatever its mode says.
             add_open(t, m.session, attr.ino, m.access.write || created)?;
@@ -318,8 +320,13 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
         R::RemoveXattr(m) => serve(m, |m| {
             check_xattr_name(&m.name)?;
             let mut i = reach(t, &ctx.caller, m.ino)?;
-            check_xattr(&ctx.caller, &i.attr, &m.name, true)?;
-            if !t.delete_xattr(m.ino, &m.name)? {
+            check_xattr(t, &ctx.caller, &i, &m.name, true)?;
+            let removed = if m.name == crate::acl::ACCESS || m.name == crate::acl::DEFAULT {
+                namespace::remove_acl(t, &mut i, &m.name)?
+            } else {
+                t.delete_xattr(m.ino, &m.name)?
+            };
+            if !removed {
                 return Err(MetaError::NoAttribute(show(&m.name)));
             }
             i.attr.ctime = now;
@@ -337,7 +344,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             if m.truncate {
                 require_file(&i)?;
             }
-            check_open(&ctx.caller, &i.attr, m.access, m.truncate)?;
+            check_open(t, &ctx.caller, &i, m.access, m.truncate)?;
             if m.truncate {
                 truncate(t, &mut i, 0, now)?;
                 perm::drop_privileges(&ctx.caller, &mut i.attr, false);
@@ -432,9 +439,9 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
 
 /// Opening a file checks read or write permission as `access` says, and write
 /// permission for a truncation.
-fn check_open(c: &Caller, a: &Attr, access: OpenAccess, truncate: bool) -> Result<(), MetaError> {
+fn check_open(t: &mut dyn Txn, c: &Caller, i: &Inode, access: OpenAccess, truncate: bool) -> Result<(), MetaError> {
     let want = if access.read { MAY_READ } else { 0 } | if access.write || truncate { MAY_WRITE } else { 0 };
-    check(c, a, want)
+    check(t, c, i, want)
 }
 
 fn page(limit: u32) -> u32 {

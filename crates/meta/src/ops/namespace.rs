@@ -1,6 +1,9 @@
 //! Namespace rules: names, directories, links, renames, attributes and xattrs.
 
 use super::*;
+use crate::acl::{self, Acl};
+use crate::store::AclMarks;
+use proto::meta::Create;
 
 /// Loads a directory, adjusts its link count, stamps mtime/ctime and stores it;
 /// returns its new attributes.
@@ -16,7 +19,7 @@ pub(super) fn touch_dir(t: &mut dyn Txn, ino: InodeId, now: Timestamp, nlink_del
 pub(super) fn lookup(t: &mut dyn Txn, c: &Caller, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
     t.prefetch(Prefetch::entry(parent, name))?;
     let p = reach_dir(t, c, parent)?;
-    check(c, &p.attr, MAY_EXEC)?;
+    check(t, c, &p, MAY_EXEC)?;
     match name {
         b"." => return Ok(p.attr),
         b".." => return Ok(inode(t, p.parent)?.attr),
@@ -33,7 +36,8 @@ pub(super) fn read_dir(
     after: u64,
     limit: u32,
 ) -> Result<Vec<DirEntry>, MetaError> {
-    check(c, &reach_dir(t, c, ino)?.attr, MAY_READ)?;
+    let d = reach_dir(t, c, ino)?;
+    check(t, c, &d, MAY_READ)?;
     let rows = t.list_dentries(ino, after, page(limit))?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
@@ -57,29 +61,22 @@ pub(super) struct Created {
 }
 
 /// Makes a node (a non-exclusive create of an existing regular file returns that file).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn create(
-    t: &mut dyn Txn,
-    now: Timestamp,
-    parent: InodeId,
-    name: &[u8],
-    node: NewNode,
-    mode: u32,
-    caller: &Caller,
-    exclusive: bool,
-) -> Result<Created, MetaError> {
-    check_name(name)?;
-    t.prefetch(Prefetch::entry(parent, name))?;
+/// It inherits the directory's default ACL where there is one (a directory keeps it as
+/// its own default too), and otherwise gets the mode asked for less the umask.
+pub(super) fn create(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Caller) -> Result<Created, MetaError> {
+    let Create { parent, name, node, mode, umask, exclusive } = req;
+    check_name(&name)?;
+    t.prefetch(Prefetch::entry(parent, &name))?;
     let p = reach_dir(t, caller, parent)?;
-    check(caller, &p.attr, MAY_EXEC)?;
-    if let Some(existing) = t.get_dentry(parent, name)? {
+    check(t, caller, &p, MAY_EXEC)?;
+    if let Some(existing) = t.get_dentry(parent, &name)? {
         let e = inode(t, existing)?;
         if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
             return Ok(Created { attr: e.attr, created: false, parent: p.attr });
         }
-        return Err(MetaError::Exists(show(name)));
+        return Err(MetaError::Exists(show(&name)));
     }
-    check(caller, &p.attr, MAY_WRITE)?;
+    check(t, caller, &p, MAY_WRITE)?;
     let (kind, rdev, target) = match node {
         NewNode::File => (FileKind::File, 0, Vec::new()),
         NewNode::Dir => (FileKind::Dir, 0, Vec::new()),
@@ -102,6 +99,12 @@ pub(super) fn create(
         p.attr.gid
     } else {
         caller.gid
+    };
+    let default_acl = if p.acls.default && kind != FileKind::Symlink { stored_acl(t, &p, acl::DEFAULT)? } else { None };
+    let (access_acl, mode) = match &default_acl {
+        Some(default) => default.inherit(mode),
+        None if kind == FileKind::Symlink => (None, mode),
+        None => (None, mode & !umask),
     };
     let mode = perm::creation_mode(caller, kind, mode, gid);
     let ino = t.next_id(Counter::Inode)?;
@@ -128,12 +131,34 @@ pub(super) fn create(
         },
         parent,
         target,
+        acls: AclMarks { access: access_acl.is_some(), default: is_dir && default_acl.is_some() },
     };
     t.put_inode(&new)?;
+    if let Some(access) = &access_acl {
+        t.set_xattr(ino, acl::ACCESS, &access.encode())?;
+    }
+    if let (true, Some(default)) = (is_dir, &default_acl) {
+        t.set_xattr(ino, acl::DEFAULT, &default.encode())?;
+    }
     let cookie = t.next_id(Counter::Cookie)?;
-    t.put_dentry(parent, name, ino, cookie)?;
+    t.put_dentry(parent, &name, ino, cookie)?;
     let parent = touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
     Ok(Created { attr: new.attr, created: true, parent })
+}
+
+/// An ACL the inode is marked as having (`name` is `acl::ACCESS` or `acl::DEFAULT`).
+fn stored_acl(t: &mut dyn Txn, i: &Inode, name: &[u8]) -> Result<Option<Acl>, MetaError> {
+    if name == acl::ACCESS {
+        return perm::access_acl(t, i);
+    }
+    if !i.acls.default {
+        return Ok(None);
+    }
+    let ino = i.attr.ino;
+    let value = t
+        .get_xattr(ino, name)?
+        .ok_or_else(|| MetaError::Corrupt(format!("inode {ino} is marked as having a default ACL but has none")))?;
+    Acl::decode(&value).map(Some).map_err(|e| MetaError::Corrupt(format!("default ACL of inode {ino}: {e}")))
 }
 
 pub(super) fn link(
@@ -145,12 +170,13 @@ pub(super) fn link(
     new_name: &[u8],
 ) -> Result<Attr, MetaError> {
     check_name(new_name)?;
-    check(c, &reach_dir(t, c, new_parent)?.attr, MAY_WRITE | MAY_EXEC)?;
+    let np = reach_dir(t, c, new_parent)?;
+    check(t, c, &np, MAY_WRITE | MAY_EXEC)?;
     let mut i = reach(t, c, ino)?;
     if i.attr.kind == FileKind::Dir {
         return Err(MetaError::NotPermitted(format!("hard link to directory inode {ino}")));
     }
-    perm::check_hardlink(c, &i.attr)?;
+    perm::check_hardlink(t, c, &i)?;
     if i.attr.nlink == 0 {
         return Err(MetaError::NotFound(format!("inode {ino} (already unlinked)")));
     }
@@ -199,10 +225,10 @@ pub(super) fn unlink(
     check_name(name)?;
     t.prefetch(Prefetch { entry_extents: true, ..Prefetch::entry(parent, name) })?;
     let p = reach_dir(t, c, parent)?;
-    check(c, &p.attr, MAY_EXEC)?;
+    check(t, c, &p, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let i = inode(t, ino)?;
-    perm::check_delete(c, &p.attr, &i.attr)?;
+    perm::check_delete(t, c, &p, &i.attr)?;
     if i.attr.kind == FileKind::Dir {
         return Err(MetaError::IsDir(show(name)));
     }
@@ -226,10 +252,10 @@ pub(super) fn rmdir(
     check_name(name)?;
     t.prefetch(Prefetch::entry(parent, name))?;
     let p = reach_dir(t, c, parent)?;
-    check(c, &p.attr, MAY_EXEC)?;
+    check(t, c, &p, MAY_EXEC)?;
     let ino = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let i = inode(t, ino)?;
-    perm::check_delete(c, &p.attr, &i.attr)?;
+    perm::check_delete(t, c, &p, &i.attr)?;
     if i.attr.kind != FileKind::Dir {
         return Err(MetaError::NotDir(show(name)));
     }
@@ -267,11 +293,11 @@ pub(super) fn reparent(t: &mut dyn Txn, ino: InodeId, parent: InodeId, now: Time
 /// Checks that `c` may move `moving` out of (or into) directory `dir` (`other` is the
 /// other directory of the rename): write and search on `dir`, the sticky rule, and
 /// write on a directory that changes parent (its `..` changes).
-fn check_move(t: &mut dyn Txn, c: &Caller, dir: &Attr, other: InodeId, moving: InodeId) -> Result<(), MetaError> {
-    let m = inode(t, moving)?.attr;
-    perm::check_delete(c, dir, &m)?;
-    if m.kind == FileKind::Dir && dir.ino != other {
-        check(c, &m, MAY_WRITE)?;
+fn check_move(t: &mut dyn Txn, c: &Caller, dir: &Inode, other: InodeId, moving: InodeId) -> Result<(), MetaError> {
+    let m = inode(t, moving)?;
+    perm::check_delete(t, c, dir, &m.attr)?;
+    if m.attr.kind == FileKind::Dir && dir.attr.ino != other {
+        check(t, c, &m, MAY_WRITE)?;
     }
     Ok(())
 }
@@ -288,10 +314,10 @@ pub(super) fn rename(
     let (c, now) = (&ctx.caller, ctx.now);
     check_name(name)?;
     check_name(new_name)?;
-    let p = reach_dir(t, c, parent)?.attr;
-    let np = reach_dir(t, c, new_parent)?.attr;
-    check(c, &p, MAY_EXEC)?;
-    check(c, &np, MAY_WRITE | MAY_EXEC)?;
+    let p = reach_dir(t, c, parent)?;
+    let np = reach_dir(t, c, new_parent)?;
+    check(t, c, &p, MAY_EXEC)?;
+    check(t, c, &np, MAY_WRITE | MAY_EXEC)?;
     let src = t.get_dentry(parent, name)?.ok_or_else(|| MetaError::NotFound(show(name)))?;
     let dst = t.get_dentry(new_parent, new_name)?;
     check_move(t, c, &p, new_parent, src)?;
@@ -301,7 +327,8 @@ pub(super) fn rename(
         if mode == RenameMode::Exchange {
             check_move(t, c, &np, parent, d)?;
         } else {
-            perm::check_delete(c, &np, &inode(t, d)?.attr)?;
+            let victim = inode(t, d)?.attr;
+            perm::check_delete(t, c, &np, &victim)?;
         }
     }
     if parent == new_parent && name == new_name {
@@ -392,7 +419,7 @@ pub(super) fn set_attr(
         Some(s) => super::locks::open_for_writing(t, s, ino)?,
         None => false,
     };
-    let new_mode = perm::check_set_attr(&ctx.caller, &i.attr, set, open_for_writing)?;
+    let new_mode = perm::check_set_attr(t, &ctx.caller, &i, set, open_for_writing)?;
     if let Some(size) = set.size {
         require_file(&i)?;
         truncate(t, &mut i, size, now)?;
@@ -401,9 +428,14 @@ pub(super) fn set_attr(
     if set.uid.is_some() || set.gid.is_some() {
         perm::drop_privileges(&ctx.caller, &mut i.attr, true);
     }
-    // A mode given with the change is what the caller (the kernel) computed: it wins.
+    // A mode given with the change is what the caller (the kernel) computed: it wins,
+    // and the access ACL's owner, mask and other entries follow it (`posix_acl_chmod`).
     if let Some(mode) = new_mode {
         i.attr.mode = mode;
+        if let Some(mut acl) = perm::access_acl(t, &i)? {
+            acl.chmod(mode);
+            t.set_xattr(ino, acl::ACCESS, &acl.encode())?;
+        }
     }
     if let Some(uid) = set.uid {
         i.attr.uid = uid;
@@ -439,7 +471,7 @@ pub(super) fn set_xattr(
         )));
     }
     let mut i = reach(t, c, ino)?;
-    check_xattr(c, &i.attr, name, true)?;
+    check_xattr(t, c, &i, name, true)?;
     let present = t.get_xattr(ino, name)?.is_some();
     match mode {
         XattrMode::Create if present => {
@@ -448,9 +480,58 @@ pub(super) fn set_xattr(
         XattrMode::Replace if !present => return Err(MetaError::NoAttribute(show(name))),
         _ => {}
     }
-    t.set_xattr(ino, name, value)?;
+    if name == acl::ACCESS || name == acl::DEFAULT {
+        set_acl(t, c, &mut i, name, value)?;
+    } else {
+        t.set_xattr(ino, name, value)?;
+    }
     i.attr.ctime = now;
     t.put_inode(&i)
+}
+
+/// Sets (an empty value: removes) an ACL, as Linux's `set_posix_acl` does: a default
+/// ACL only on a directory; an access ACL also sets the mode's permission bits (owner,
+/// mask, other) and, when it says no more than a mode does, is kept as the mode alone;
+/// the setgid bit goes when the caller is not in the file's group. `i` is stored by
+/// the caller.
+fn set_acl(t: &mut dyn Txn, c: &Caller, i: &mut Inode, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
+    if i.attr.kind == FileKind::Symlink {
+        return Err(MetaError::Unsupported(format!("{} on symlink {}: symlinks have no ACLs", show(name), i.attr.ino)));
+    }
+    if value.is_empty() {
+        return remove_acl(t, i, name).map(|_| ());
+    }
+    let acl = Acl::decode(value)?;
+    if name == acl::DEFAULT {
+        if i.attr.kind != FileKind::Dir {
+            return Err(MetaError::PermissionDenied(format!(
+                "inode {} is not a directory: only directories have a default ACL",
+                i.attr.ino
+            )));
+        }
+        i.acls.default = true;
+        return t.set_xattr(i.attr.ino, name, &acl.encode());
+    }
+    i.attr.mode = (i.attr.mode & !0o777) | acl.mode_bits();
+    if !perm::is_root(c) && !c.in_group(i.attr.gid) {
+        i.attr.mode &= !0o2000;
+    }
+    if acl.is_minimal() {
+        remove_acl(t, i, name)?;
+        return Ok(());
+    }
+    i.acls.access = true;
+    t.set_xattr(i.attr.ino, name, &acl.encode())
+}
+
+/// Drops an ACL and its mark (the mode stays as it is); whether there was one.
+pub(super) fn remove_acl(t: &mut dyn Txn, i: &mut Inode, name: &[u8]) -> Result<bool, MetaError> {
+    if name == acl::ACCESS {
+        i.acls.access = false;
+    } else {
+        i.acls.default = false;
+    }
+    t.delete_xattr(i.attr.ino, name)
 }
 
 /// Removes an inode with everything hanging off it, releasing its chunk references.

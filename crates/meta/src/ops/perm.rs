@@ -4,6 +4,7 @@
 //! `generic_permission`, `may_delete`, `setattr_prepare` and `xattr_permission`.
 
 use super::*;
+use crate::acl::{self, Acl};
 
 /// Read permission bit of a permission class.
 pub const MAY_READ: u32 = 4;
@@ -40,16 +41,41 @@ fn class_bits(c: &Caller, a: &Attr) -> u32 {
     }
 }
 
-/// Whether `c` has every permission in `want` (`MAY_*` bits) on `a`.
-pub fn permits(c: &Caller, a: &Attr, want: u32) -> bool {
-    is_root(c) || class_bits(c, a) & want == want
+/// The inode's access ACL, if it has one (`Inode::acls`).
+pub fn access_acl(t: &mut dyn Txn, i: &Inode) -> Result<Option<Acl>, MetaError> {
+    if !i.acls.access {
+        return Ok(None);
+    }
+    let value = t.get_xattr(i.attr.ino, acl::ACCESS)?.ok_or_else(|| {
+        MetaError::Corrupt(format!("inode {} is marked as having an access ACL but has none", i.attr.ino))
+    })?;
+    Acl::decode(&value).map(Some).map_err(|e| MetaError::Corrupt(format!("access ACL of inode {}: {e}", i.attr.ino)))
 }
 
-/// Refuses (EACCES) unless `c` has every permission in `want` on `a`.
-pub fn check(c: &Caller, a: &Attr, want: u32) -> Result<(), MetaError> {
-    if permits(c, a, want) {
+/// Whether `c` has every permission in `want` (`MAY_*` bits) on `i`, as Linux's
+/// `acl_permission_check` decides: the owner by the owner bits; anyone else by the
+/// access ACL where there is one and the mode's group class (its mask) is not empty,
+/// otherwise by the group or other bits.
+pub fn permits(t: &mut dyn Txn, c: &Caller, i: &Inode, want: u32) -> Result<bool, MetaError> {
+    let a = &i.attr;
+    if is_root(c) {
+        return Ok(true);
+    }
+    if c.uid != a.uid
+        && a.mode & 0o070 != 0
+        && let Some(acl) = access_acl(t, i)?
+    {
+        return Ok(acl.permits(c, a.gid, want));
+    }
+    Ok(class_bits(c, a) & want == want)
+}
+
+/// Refuses (EACCES) unless `c` has every permission in `want` on `i`.
+pub fn check(t: &mut dyn Txn, c: &Caller, i: &Inode, want: u32) -> Result<(), MetaError> {
+    if permits(t, c, i, want)? {
         return Ok(());
     }
+    let a = &i.attr;
     let what = [(MAY_READ, "read"), (MAY_WRITE, "write"), (MAY_EXEC, "search/execute")]
         .iter()
         .filter(|(bit, _)| want & bit != 0)
@@ -57,11 +83,12 @@ pub fn check(c: &Caller, a: &Attr, want: u32) -> Result<(), MetaError> {
         .collect::<Vec<_>>()
         .join("+");
     Err(MetaError::PermissionDenied(format!(
-        "uid {} may not {what} {} {} (mode {:o}, owner {}:{})",
+        "uid {} may not {what} {} {} (mode {:o}{}, owner {}:{})",
         c.uid,
         kind_name(a),
         a.ino,
         a.mode,
+        if i.acls.access { " and an ACL" } else { "" },
         a.uid,
         a.gid
     )))
@@ -104,7 +131,7 @@ fn walk_up(t: &mut dyn Txn, c: &Caller, mut dir: InodeId) -> Result<(), MetaErro
     for _ in 0..MAX_DEPTH {
         let d = t.get_inode(dir)?.filter(|d| d.attr.kind == FileKind::Dir);
         let d = d.ok_or_else(|| MetaError::NotFound(format!("directory {dir}")))?;
-        check(c, &d.attr, MAY_EXEC)?;
+        check(t, c, &d, MAY_EXEC)?;
         if dir == ROOT_INODE {
             return Ok(());
         }
@@ -117,12 +144,13 @@ fn walk_up(t: &mut dyn Txn, c: &Caller, mut dir: InodeId) -> Result<(), MetaErro
 /// and applied by the kernel of every honest client): only for a regular file without
 /// setuid or setgid-exec bits that the caller may read and write. Otherwise a user
 /// could pin a file its owner means to delete, or keep a setuid binary past its fix.
-pub fn check_hardlink(c: &Caller, a: &Attr) -> Result<(), MetaError> {
+pub fn check_hardlink(t: &mut dyn Txn, c: &Caller, i: &Inode) -> Result<(), MetaError> {
+    let a = &i.attr;
     if owns(c, a) {
         return Ok(());
     }
     let privileged = a.mode & S_ISUID != 0 || a.mode & (S_ISGID | 0o010) == S_ISGID | 0o010;
-    if a.kind != FileKind::File || privileged || !permits(c, a, MAY_READ | MAY_WRITE) {
+    if a.kind != FileKind::File || privileged || !permits(t, c, i, MAY_READ | MAY_WRITE)? {
         return Err(refuse(
             c,
             a,
@@ -134,8 +162,9 @@ pub fn check_hardlink(c: &Caller, a: &Attr) -> Result<(), MetaError> {
 
 /// Removing or replacing `victim` in directory `dir`: write and search on the
 /// directory, and in a sticky directory only the owner of either may do it (EPERM).
-pub fn check_delete(c: &Caller, dir: &Attr, victim: &Attr) -> Result<(), MetaError> {
-    check(c, dir, MAY_WRITE | MAY_EXEC)?;
+pub fn check_delete(t: &mut dyn Txn, c: &Caller, d: &Inode, victim: &Attr) -> Result<(), MetaError> {
+    check(t, c, d, MAY_WRITE | MAY_EXEC)?;
+    let dir = &d.attr;
     if dir.mode & S_ISVTX != 0 && !owns(c, dir) && c.uid != victim.uid {
         return Err(MetaError::NotPermitted(format!(
             "uid {} may not remove inode {} owned by {} from sticky directory {}",
@@ -166,13 +195,15 @@ fn refuse(c: &Caller, a: &Attr, what: &str) -> MetaError {
 /// setuid/setgid bits (the kernel does that on a write); explicit times by the owner,
 /// "now" by the owner or a writer.
 pub fn check_set_attr(
+    t: &mut dyn Txn,
     c: &Caller,
-    a: &Attr,
+    i: &Inode,
     set: &AttrChanges,
     open_for_writing: bool,
 ) -> Result<Option<u32>, MetaError> {
+    let a = &i.attr;
     if set.size.is_some() && !open_for_writing {
-        check(c, a, MAY_WRITE)?;
+        check(t, c, i, MAY_WRITE)?;
     }
     if let Some(uid) = set.uid
         && uid != a.uid
@@ -191,7 +222,7 @@ pub fn check_set_attr(
         Some(mode) => {
             let mode = mode & 0o7777;
             let only_clears_ids = mode | (S_ISUID | S_ISGID) == a.mode | (S_ISUID | S_ISGID) && mode & !a.mode == 0;
-            let writer_clearing_ids = only_clears_ids && permits(c, a, MAY_WRITE);
+            let writer_clearing_ids = only_clears_ids && permits(t, c, i, MAY_WRITE)?;
             if !(owns(c, a) || writer_clearing_ids) {
                 return Err(refuse(c, a, "change the mode"));
             }
@@ -205,40 +236,39 @@ pub fn check_set_attr(
             return Err(refuse(c, a, "set explicit times"));
         }
     } else if (set.atime.is_some() || set.mtime.is_some()) && !owns(c, a) {
-        check(c, a, MAY_WRITE)?;
+        check(t, c, i, MAY_WRITE)?;
     }
     Ok(mode)
 }
 
+/// Refuses an extended attribute access the rules of its namespace forbid
+/// (`xattr_rule`), or that needs a permission `c` lacks on `i`.
+pub fn check_xattr(t: &mut dyn Txn, c: &Caller, i: &Inode, name: &[u8], write: bool) -> Result<(), MetaError> {
+    match xattr_rule(c, &i.attr, name, write)? {
+        Some(want) => check(t, c, i, want),
+        None => Ok(()),
+    }
+}
+
 /// Extended attribute namespaces: `trusted.*` is root's alone (hidden from others),
-/// `security.*` is written only by root, `system.*` (ACLs) only by the owner, and
-/// `user.*` lives only on files and directories, needs read or write permission, and
-/// on a sticky directory is written only by its owner. Any other namespace is refused
-/// (EOPNOTSUPP), as Linux refuses it.
-pub fn check_xattr(c: &Caller, a: &Attr, name: &[u8], write: bool) -> Result<(), MetaError> {
+/// `security.*` is written only by root, the ACLs (`system.posix_acl_*`) only by the
+/// owner, and `user.*` lives only on files and directories, needs read or write
+/// permission (the `MAY_*` bit answered), and on a sticky directory is written only
+/// by its owner. Any other namespace is refused (EOPNOTSUPP), as Linux refuses it.
+pub fn xattr_rule(c: &Caller, a: &Attr, name: &[u8], write: bool) -> Result<Option<u32>, MetaError> {
     let absent = || MetaError::NoAttribute(show(name));
     if name.starts_with(b"trusted.") {
         return match (is_root(c), write) {
-            (true, _) => Ok(()),
+            (true, _) => Ok(None),
             (false, true) => Err(refuse(c, a, "write a trusted.* attribute")),
             (false, false) => Err(absent()),
         };
     }
     if name.starts_with(b"security.") {
-        return if write && !is_root(c) { Err(refuse(c, a, "write a security.* attribute")) } else { Ok(()) };
+        return if write && !is_root(c) { Err(refuse(c, a, "write a security.* attribute")) } else { Ok(None) };
     }
-    if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
-        // Stored but never evaluated, an ACL that denies would not deny: refused, as by
-        // a file system mounted without ACL support, until meta enforces them.
-        return if write {
-            Err(MetaError::Unsupported(format!(
-                "{} on inode {}: Locus does not enforce POSIX ACLs; permissions are the mode bits",
-                show(name),
-                a.ino
-            )))
-        } else {
-            Ok(())
-        };
+    if name == acl::ACCESS || name == acl::DEFAULT {
+        return if write && !owns(c, a) { Err(refuse(c, a, "change the ACL")) } else { Ok(None) };
     }
     if !name.starts_with(b"user.") {
         return Err(MetaError::Unsupported(format!(
@@ -252,7 +282,7 @@ pub fn check_xattr(c: &Caller, a: &Attr, name: &[u8], write: bool) -> Result<(),
     if a.kind == FileKind::Dir && a.mode & S_ISVTX != 0 && write && !owns(c, a) {
         return Err(refuse(c, a, "write a user.* attribute of a sticky directory"));
     }
-    check(c, a, if write { MAY_WRITE } else { MAY_READ })
+    Ok(Some(if write { MAY_WRITE } else { MAY_READ }))
 }
 
 /// A change of a file's data or ownership drops the privileges its mode grants, as
@@ -282,7 +312,7 @@ pub fn check_data_write(t: &mut dyn Txn, c: &Caller, session: SessionId, i: &Ino
         return Ok(());
     }
     check_reach(t, c, i)?;
-    check(c, &i.attr, MAY_WRITE)
+    check(t, c, i, MAY_WRITE)
 }
 
 /// Operations only meta's own nodes, and the superuser, may ask for (catalogue
@@ -322,15 +352,15 @@ mod tests {
             };
             for name in [&b"security.selinux"[..], b"system.posix_acl_access", b"trusted.x", b"user.x"] {
                 let refused = matches!(
-                    check_xattr(&stranger, &a, name, false),
-                    Err(MetaError::PermissionDenied(_) | MetaError::NotPermitted(_))
+                    xattr_rule(&stranger, &a, name, false),
+                    Ok(Some(_)) | Err(MetaError::PermissionDenied(_) | MetaError::NotPermitted(_))
                 );
                 if xattr_readable_by_all(name) {
                     assert!(!refused, "{} of a {kind:?}", show(name));
                 }
             }
             if kind == FileKind::File {
-                assert!(matches!(check_xattr(&stranger, &a, b"user.x", false), Err(MetaError::PermissionDenied(_))));
+                assert!(matches!(xattr_rule(&stranger, &a, b"user.x", false), Ok(Some(MAY_READ))));
             }
         }
     }
