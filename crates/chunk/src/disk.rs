@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
-use util::sync::lock;
+use util::sync::{lock, wait};
 
 /// Takes an exclusive, non-blocking `flock` on `file`. `Ok(false)` means another open
 /// file description (another process, or another store in this one) holds it.
@@ -295,7 +295,7 @@ impl GroupSync {
                 return Ok(());
             }
             if s.running {
-                s = self.finished.wait(s).unwrap_or_else(|e| e.into_inner());
+                s = wait(&self.finished, s);
                 continue;
             }
             // Lead a sync for everyone who has asked so far.

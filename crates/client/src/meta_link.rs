@@ -58,7 +58,7 @@ pub(crate) struct MetaLink {
     info: SessionInfo,
     /// This host's users' logins, sent with their requests (`logins`).
     logins: Option<crate::logins::Logins>,
-    /// Calls that may change a directory (`MetaRequestKind::may_change_a_directory`)
+    /// Calls that may change a directory (`RequestFacts::changes_dirs`)
     /// begun plus ended: unchanged between two readings means no such request began or
     /// ended in between (see `call_alone`).
     calls: AtomicU64,
@@ -124,7 +124,7 @@ impl MetaLink {
     pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
         // One line per round trip: `LOCUS_LOG=client::meta_link=trace` counts them.
         tracing::trace!(request = std::any::type_name::<M>().rsplit("::").next().unwrap_or_default(), "meta call");
-        let _ending = M::KIND.may_change_a_directory().then(|| {
+        let _ending = M::KIND.facts().changes_dirs.then(|| {
             self.calls.fetch_add(1, Ordering::SeqCst);
             Ending(&self.calls)
         });
@@ -155,7 +155,7 @@ impl MetaLink {
     /// or ended while it ran: then its answer reflects every change of a directory this
     /// client has had answered, and stays so while `unchanged_since` the returned mark.
     pub async fn call_alone<M: MetaMessage>(&self, msg: M) -> Result<(M::Response, Option<u64>)> {
-        let own = if M::KIND.may_change_a_directory() { 2 } else { 0 };
+        let own = if M::KIND.facts().changes_dirs { 2 } else { 0 };
         let before = self.calls.load(Ordering::SeqCst);
         let answer = self.call(msg).await?;
         let after = self.calls.load(Ordering::SeqCst);

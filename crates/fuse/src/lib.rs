@@ -396,25 +396,8 @@ impl LocusFs {
         reply: ReplyEntry,
         work: impl std::future::Future<Output = Result<Attr, VfsError>> + Send + 'static,
     ) {
-        let (ttl, forget) = (self.ttl, self.acl_forgetter());
-        self.run(req, op, reply, work, move |r, a| {
-            forget(&a);
-            r.entry(&ttl, &file_attr(&a), Generation(0))
-        });
-    }
-
-    /// Tells the kernel to forget the ACLs (and attributes, not the page cache) it
-    /// keeps of an inode whose ctime moved since this mount last answered for it
-    /// (`Vfs::ctime_moved`): they may have changed through another client.
-    fn acl_forgetter(&self) -> impl Fn(&Attr) + Send + 'static {
-        let (vfs, notifier) = (self.vfs.clone(), self.notifier.clone());
-        move |a: &Attr| {
-            if vfs.ctime_moved(a)
-                && let Some(n) = notifier.get()
-            {
-                let _ = n.inval_inode(INodeNo(a.ino), -1, 0);
-            }
-        }
+        let ttl = self.ttl;
+        self.run(req, op, reply, work, move |r, a| r.entry(&ttl, &file_attr(&a), Generation(0)));
     }
 
     fn empty(
@@ -478,14 +461,13 @@ impl Filesystem for LocusFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let (vfs, ttl, forget) = (self.vfs.clone(), self.ttl, self.acl_forgetter());
+        let (vfs, ttl) = (self.vfs.clone(), self.ttl);
         // A directory this client just changed: answered on this thread, as `flush`.
         if let Some(attr) = vfs.fresh_dir_attr(ino.0, ttl) {
             tracing::trace!(op = "getattr", inline = true, "fuse request");
             return reply.attr(&ttl, &file_attr(&attr));
         }
         self.run(req, "getattr", reply, async move { vfs.getattr(ino.0).await }, move |r, a| {
-            forget(&a);
             r.attr(&ttl, &file_attr(&a))
         });
     }

@@ -78,10 +78,13 @@ fn clean(field: &str) -> String {
     field.replace(['\t', '\n', '\r'], " ")
 }
 
-/// What an audited request does, in a line; `None` for requests that are not
-/// administrative actions.
+/// What an audited request does, in a line; `None` for requests the request table
+/// does not mark `audited`.
 pub fn action(req: &MetaRequest) -> Option<String> {
     use MetaRequest as R;
+    if !req.facts().audited {
+        return None;
+    }
     Some(match req {
         R::AdmitNode(m) => format!("admit node {}", m.node),
         R::RemoveNode(m) => format!("remove node {}", m.node),
@@ -93,50 +96,8 @@ pub fn action(req: &MetaRequest) -> Option<String> {
         },
         R::ForgetChunks(m) => format!("forget {} unreferenced chunks", m.ids.len()),
         R::Login(m) => format!("log in for {} s", m.lifetime_secs.min(proto::meta::MAX_LOGIN_SECS)),
-        R::Hello(_)
-        | R::Heartbeat(_)
-        | R::Goodbye(_)
-        | R::Lookup(_)
-        | R::GetAttr(_)
-        | R::SetAttr(_)
-        | R::Create(_)
-        | R::CreateOpen(_)
-        | R::Link(_)
-        | R::Unlink(_)
-        | R::Rmdir(_)
-        | R::Rename(_)
-        | R::ReadLink(_)
-        | R::ReadDir(_)
-        | R::GetXattr(_)
-        | R::SetXattr(_)
-        | R::ListXattr(_)
-        | R::RemoveXattr(_)
-        | R::StatFs(_)
-        | R::Open(_)
-        | R::Release(_)
-        | R::GetLock(_)
-        | R::SetLock(_)
-        | R::ReleaseLocks(_)
-        | R::CommitWrite(_)
-        | R::Fallocate(_)
-        | R::Compact(_)
-        | R::SyncAll(_)
-        | R::Extents(_)
-        | R::RegisterNode(_)
-        | R::JoinNode(_)
-        | R::UpdateLocations(_)
-        | R::ReportWorkers(_)
-        | R::ReportLag(_)
-        | R::UnderReplicated(_)
-        | R::Unreferenced(_)
-        | R::ListChunks(_)
-        | R::ListExtents(_)
-        | R::ListNodes(_)
-        | R::ChunkLocations(_)
-        | R::Revocations(_)
-        | R::Status(_)
-        | R::GetPolicy(_)
-        | R::ListPolicies(_) => return None,
+        // An audited request without wording of its own: its name.
+        other => other.name().to_string(),
     })
 }
 

@@ -13,7 +13,7 @@ use std::ops::RangeInclusive;
 /// The caller a request from `peer` acts as:
 /// - meta, node or admin certificate: the superuser, whatever caller it names: such a
 ///   certificate is never a user (nodes act for the cluster, admins administer; which
-///   requests each may make at all is `service::permitted_roles`);
+///   requests each may make at all is the request table's `RequestFacts::roles`, `proto::meta`);
 /// - client certificate: the claimed caller of the certificate's site, mapped by that
 ///   site's map, root squashed unless the site is trusted (`--no-root-squash`); a
 ///   request with no caller is the client host's root, squashed alike;

@@ -10,7 +10,7 @@ use crate::store::{Backend, ReadConn, Txn, WriteConn};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
-use util::sync::lock;
+use util::sync::{lock, wait};
 
 /// Most write operations put into one transaction.
 const MAX_BATCH: usize = 512;
@@ -90,7 +90,7 @@ impl Store {
                 if let Some(conn) = free.pop() {
                     break conn;
                 }
-                free = self.returned.wait(free).unwrap_or_else(|e| e.into_inner());
+                free = wait(&self.returned, free);
             }
         };
         let mut slot = None;

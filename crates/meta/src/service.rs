@@ -6,11 +6,11 @@ use crate::audit::AuditLog;
 use crate::engine::{self, Store};
 use crate::error::MetaError;
 use crate::identity::{Acting, Identities};
-use crate::ops::{self, Access, Ctx};
+use crate::ops::{self, Ctx};
 use bytes::Bytes;
 use net::ConnHandle;
+use proto::meta::{Access, Claim, Grants, MetaReply, MetaRequest, MetaResult};
 use proto::meta::{AuditEntry, MetaCall, MetaPush, PendingNode, PushAnswer, RevocationList, SessionInfo};
-use proto::meta::{MetaReply, MetaRequest, MetaResult};
 use proto::policy::ReplicationLag;
 use proto::types::{Caller, SessionId, WorkerStatus};
 use std::collections::HashMap;
@@ -328,55 +328,41 @@ impl MetaService {
         }
     }
 
-    /// What the peer's certificate lets it do: only a node may register, report
-    /// cached copies or its workers, and only as itself (its certificate's name is
-    /// its node id) at its own site; a session's site is its certificate's. Without
-    /// TLS (`--insecure-no-tls`) nothing is proven and everything passes.
+    /// What the peer's certificate lets it do: the roles the request table permits
+    /// (least privilege), and what the request claims of its peer (`Claim`): only a
+    /// node registers, reports cached copies, lag or its workers, and only as itself
+    /// (its certificate's name is its node id) at its own site; a session's site is
+    /// its certificate's. Without TLS (`--insecure-no-tls`) nothing is proven and
+    /// everything passes.
     fn check_identity(peer: &impl Origin, req: &MetaRequest) -> Result<(), MetaError> {
         let Some(who) = peer.identity() else { return Ok(()) };
-        let as_node = |id: &str, site: Option<&str>| {
-            if who.role != net::Role::Node {
-                return Err(MetaError::NotPermitted(format!(
-                    "{who} is not a node: only a node certificate may do this"
-                )));
-            }
-            if who.name != id {
+        let not_a_node =
+            || MetaError::NotPermitted(format!("{who} is not a node: only a node certificate may do this"));
+        match req.claim() {
+            Claim::None => {}
+            Claim::AnyNode if who.role != net::Role::Node => return Err(not_a_node()),
+            Claim::AnyNode => {}
+            Claim::Node { .. } if who.role != net::Role::Node => return Err(not_a_node()),
+            Claim::Node { id, .. } if who.name != id => {
                 return Err(MetaError::NotPermitted(format!("{who} may not act as node {id}")));
             }
-            match site {
-                Some(site) if site != who.site => {
-                    Err(MetaError::NotPermitted(format!("{who} may not register at site {site}")))
-                }
-                _ => Ok(()),
+            Claim::Node { site: Some(site), .. } if site != who.site => {
+                return Err(MetaError::NotPermitted(format!("{who} may not register at site {site}")));
             }
-        };
-        match req {
-            MetaRequest::RegisterNode(m) => as_node(&m.node.id, Some(&m.node.site)),
-            MetaRequest::UpdateLocations(m) => as_node(&m.node, None),
-            MetaRequest::ReportWorkers(_) => as_node(&who.name, None),
-            MetaRequest::ReportLag(m) => as_node(&m.node, None),
-            MetaRequest::JoinNode(m) => as_node(&m.node, None),
-            // Membership is an operator's decision: only an admin certificate admits,
-            // removes or mints join tokens (a node never decides on any node).
-            MetaRequest::AdmitNode(_) | MetaRequest::RemoveNode(_) | MetaRequest::MakeJoinToken(_)
-                if who.role != net::Role::Admin =>
-            {
-                Err(MetaError::NotPermitted(format!(
-                    "{who} may not admit or remove nodes: that takes an admin certificate (locus ca issue --role admin)"
-                )))
+            Claim::Node { .. } => {}
+            Claim::Site(site) if site != who.site => {
+                return Err(MetaError::NotPermitted(format!("{who} may not open a session at site {site}")));
             }
-            MetaRequest::Hello(m) if m.session.site != who.site => {
-                Err(MetaError::NotPermitted(format!("{who} may not open a session at site {}", m.session.site)))
-            }
-            _ => Ok(()),
-        }?;
-        let permitted = permitted_roles(req);
+            Claim::Site(_) => {}
+        }
+        let permitted = req.facts().roles;
         if !permitted.contains(&who.role) {
             let roles: Vec<&str> = permitted.iter().map(|r| r.as_str()).collect();
             return Err(MetaError::NotPermitted(format!(
-                "{who} may not ask {}: that takes a certificate of role {}",
+                "{who} may not ask {}: that takes a certificate of role {} (locus ca issue --role {})",
                 req.name(),
-                roles.join(" or ")
+                roles.join(" or "),
+                roles[0]
             )));
         }
         Ok(())
@@ -462,7 +448,7 @@ impl MetaService {
     ) -> Result<MetaReply, MetaError> {
         let oversees = peer.is_none_or(|p| p.role != net::Role::Client);
         let ctx = self.ctx().acting_for(caller, peer.map(|p| p.name.clone()), oversees);
-        match ops::access(&req) {
+        match req.facts().access {
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
                     ops::perm::check_privileged(&ctx.caller, "reporting workers")?;
@@ -817,7 +803,7 @@ impl MetaService {
         {
             self.readable_chunks(who, m);
         }
-        let grants = granted_caps(&req);
+        let grants = req.grants();
         let result = self.answer_as(peer.identity(), acting.caller.clone(), req).await.map(|reply| {
             let holder = peer.identity().map_or("", |i| i.name.as_str());
             self.with_caps(localize(reply, &acting, reads_acl), grants, holder, peer.identity())
@@ -863,69 +849,6 @@ impl MetaService {
     }
 }
 
-/// The certificate roles that may make a request (least privilege): users' file system
-/// requests come from clients (a mount or a library, acting for users); nodes do node
-/// work only and are never a user; admin certificates administer and read the
-/// namespace's metadata, but get file data only as a user would, with a client
-/// certificate. Meta's own role may do anything. No catch-all: a new request does not
-/// compile until it is placed here.
-fn permitted_roles(req: &MetaRequest) -> &'static [net::Role] {
-    use MetaRequest as R;
-    use net::Role::{Admin, Client, Meta, Node, User};
-    match req {
-        R::Hello(_)
-        | R::Heartbeat(_)
-        | R::Goodbye(_)
-        | R::SetAttr(_)
-        | R::Create(_)
-        | R::CreateOpen(_)
-        | R::Link(_)
-        | R::Unlink(_)
-        | R::Rmdir(_)
-        | R::Rename(_)
-        | R::ReadLink(_)
-        | R::GetXattr(_)
-        | R::SetXattr(_)
-        | R::ListXattr(_)
-        | R::RemoveXattr(_)
-        | R::Open(_)
-        | R::Release(_)
-        | R::GetLock(_)
-        | R::SetLock(_)
-        | R::ReleaseLocks(_)
-        | R::CommitWrite(_)
-        | R::Fallocate(_)
-        | R::Compact(_)
-        | R::SyncAll(_)
-        | R::Extents(_) => &[Client, Meta],
-        // Paths for `locus policy` and `status`: metadata, no data.
-        R::Lookup(_) | R::GetAttr(_) | R::ReadDir(_) | R::StatFs(_) => &[Client, Admin, Meta],
-        R::RegisterNode(_) | R::JoinNode(_) | R::UpdateLocations(_) | R::ReportWorkers(_) | R::ReportLag(_) => {
-            &[Node, Meta]
-        }
-        // A node's repair and reclaim workers, and `locus fsck` / `gc`.
-        R::UnderReplicated(_) | R::Unreferenced(_) | R::ForgetChunks(_) => &[Node, Admin, Meta],
-        R::AdmitNode(_)
-        | R::RemoveNode(_)
-        | R::MakeJoinToken(_)
-        | R::DrainNode(_)
-        | R::SetPolicy(_)
-        | R::ListChunks(_)
-        | R::ListExtents(_) => &[Admin, Meta],
-        // Where data lives and what protects it: every process needs these (a client's
-        // data path, a node's site link, every heartbeat's revocation list). `Status`
-        // shows a client only its own sessions.
-        R::ListNodes(_)
-        | R::ChunkLocations(_)
-        | R::Revocations(_)
-        | R::Status(_)
-        | R::GetPolicy(_)
-        | R::ListPolicies(_) => &[Client, Node, Admin, Meta],
-        // A person proves who they are with their own certificate; it asks nothing else.
-        R::Login(_) => &[User],
-    }
-}
-
 impl MetaService {
     /// `locus up` is meta, node and mount in one process with one node certificate: a
     /// peer proving this very process's node certificate is its node when it asks what
@@ -934,7 +857,7 @@ impl MetaService {
     /// request of the mount acts with, or `None` for every other request and peer.
     fn own_mount(&self, peer: Option<&net::PeerIdentity>, req: &MetaRequest) -> Option<&net::PeerIdentity> {
         let (me, as_client) = self.own_mount.as_ref()?;
-        (peer == Some(me) && !permitted_roles(req).contains(&net::Role::Node)).then_some(as_client)
+        (peer == Some(me) && !req.facts().roles.contains(&net::Role::Node)).then_some(as_client)
     }
 }
 
@@ -989,18 +912,6 @@ fn capability_key(secret: &[u8; 32]) -> proto::cap::CapKey {
     blake3::derive_key("locus 2026-11 chunk capability key", secret)
 }
 
-/// Which capabilities an answer to `req` carries (meta checked the permission
-/// behind each): reads for an open for reading or `Extents`, puts for an open for
-/// writing.
-fn granted_caps(req: &MetaRequest) -> (bool, bool) {
-    match req {
-        MetaRequest::Open(m) => (m.access.read, m.access.write),
-        MetaRequest::CreateOpen(m) => (m.access.read, m.access.write),
-        MetaRequest::Extents(_) => (true, false),
-        _ => (false, false),
-    }
-}
-
 impl MetaService {
     /// Adds the capabilities `grants` allows to an `Opened` answer, bound to `holder`
     /// (the peer's certificate name) and signed with this meta's epoch (a node that
@@ -1009,7 +920,7 @@ impl MetaService {
     fn with_caps(
         &self,
         mut reply: MetaReply,
-        (read, put): (bool, bool),
+        Grants { read, put }: Grants,
         holder: &str,
         peer: Option<&net::PeerIdentity>,
     ) -> MetaReply {
@@ -1083,6 +994,7 @@ mod tests {
             caps: ChunkCaps::default(),
             policy: Default::default(),
             parent: Some(attr.clone()),
+            created: true,
         };
         let MetaReply::Opened(o) = localize(MetaReply::Opened(opened), &at_b, false) else { unreachable!() };
         assert_eq!([shown(&o.attr), shown(o.parent.as_ref().unwrap())], [(5003, 7000); 2]);
@@ -1242,11 +1154,11 @@ mod tests {
         let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
         let ident = |role| net::PeerIdentity { name: "/CN=host.a".into(), role, site: "a".into() };
         let registered = || MetaReply::Registered(Registered { cluster_id: "c".into(), cap_key: None, epoch: 1 });
-        let key_for = |peer: Option<&net::PeerIdentity>| match service.with_caps(registered(), (false, false), "", peer)
-        {
-            MetaReply::Registered(r) => r.cap_key,
-            other => panic!("{other:?}"),
-        };
+        let key_for =
+            |peer: Option<&net::PeerIdentity>| match service.with_caps(registered(), Grants::default(), "", peer) {
+                MetaReply::Registered(r) => r.cap_key,
+                other => panic!("{other:?}"),
+            };
         assert_eq!(key_for(Some(&ident(net::Role::Client))), None, "a client never learns the key");
         let key = key_for(Some(&ident(net::Role::Node))).expect("a node learns the key");
         assert_eq!(key_for(None), Some(key));
@@ -1262,9 +1174,12 @@ mod tests {
             caps: ChunkCaps::default(),
             policy: Default::default(),
             parent: None,
+            created: false,
         });
         let now = proto::types::Timestamp::now().millis();
-        let MetaReply::Opened(read) = service.with_caps(opened.clone(), (true, false), "/CN=host.a", None) else {
+        let MetaReply::Opened(read) =
+            service.with_caps(opened.clone(), Grants { read: true, put: false }, "/CN=host.a", None)
+        else {
             panic!()
         };
         let first = read.caps.read.first();
@@ -1272,7 +1187,10 @@ mod tests {
         assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&chunk), first, now, 1), Ok(()));
         assert!(verify(&key, CapOp::Read, "/CN=host.b", Some(&chunk), first, now, 1).is_err());
         assert_eq!(read.caps.put, None, "no put capability without an open for writing");
-        let MetaReply::Opened(write) = service.with_caps(opened, (false, true), "/CN=host.a", None) else { panic!() };
+        let MetaReply::Opened(write) = service.with_caps(opened, Grants { read: false, put: true }, "/CN=host.a", None)
+        else {
+            panic!()
+        };
         assert!(write.caps.read.is_empty(), "no read capabilities without read permission");
         assert_eq!(verify(&key, CapOp::Write, "/CN=host.a", None, write.caps.put.as_ref(), now, 1), Ok(()));
     }

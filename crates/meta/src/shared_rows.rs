@@ -374,6 +374,8 @@ pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc
         Ok(())
     }
     let weak: Weak<SharedRows> = Arc::downgrade(shared);
+    // map-check: not a worker (a blocking thread waiting on a PostgreSQL connection of its
+    // own for notifications; it ends when its SharedRows is dropped)
     let spawned = std::thread::Builder::new().name("meta-row-listener".into()).spawn(move || {
         let mut config = postgres::Config::from(config);
         config.application_name("locus-meta-listener");

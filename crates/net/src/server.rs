@@ -284,6 +284,8 @@ pub async fn serve_as<S: Service>(
     tls: Option<Arc<Tls>>,
 ) -> Infallible {
     let buffered = Arc::new(Shared::new(limits.total_buffer_bytes.max(MAX_FRAME)));
+    // map-check: not a worker (the server's own trim timer; it holds the buffer count
+    // weakly and ends with the server, which has no Workers of its own)
     tokio::spawn(trim_after_peaks(Arc::downgrade(&buffered)));
     let server = Arc::new(Server { limits, conns: Mutex::default(), buffered, handshakes: Mutex::default(), tls });
     let mut backoff: Option<Duration> = None;

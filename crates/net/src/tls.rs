@@ -16,56 +16,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use util::sync::{lock, read, write};
 
-/// What a certificate says its holder is for: the service it may run or act as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Role {
-    /// The metadata service.
-    Meta,
-    /// A storage node.
-    Node,
-    /// A mount: may call services, never serve or register.
-    Client,
-    /// An operator's admin commands (status, fsck, gc, node admission): may list and
-    /// delete chunks at nodes and admit or remove nodes, never serve or register.
-    Admin,
-    /// A person's own certificate (a grid user certificate): `locus login` proves its
-    /// principal to meta with it and gets a token the person's mount acts with; it
-    /// asks nothing else, never serves, never mounts.
-    User,
-}
-
-impl Role {
-    /// The word used in certificates and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Meta => "meta",
-            Role::Node => "node",
-            Role::Client => "client",
-            Role::Admin => "admin",
-            Role::User => "user",
-        }
-    }
-}
-
-impl std::str::FromStr for Role {
-    type Err = TlsError;
-    fn from_str(s: &str) -> Result<Role, TlsError> {
-        match s {
-            "meta" => Ok(Role::Meta),
-            "node" => Ok(Role::Node),
-            "client" => Ok(Role::Client),
-            "admin" => Ok(Role::Admin),
-            "user" => Ok(Role::User),
-            other => Err(TlsError::Certificate(format!("unknown role {other:?} (meta, node, client, admin or user)"))),
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use proto::types::Role;
 
 /// What a peer's certificate proves about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,7 +89,7 @@ pub fn parse_role_uri(uri: &str) -> Option<Result<(Role, String), TlsError>> {
     let Some((role, site)) = rest.split_once('/') else { return Some(Err(bad())) };
     let role = match role.parse::<Role>() {
         Ok(r) => r,
-        Err(e) => return Some(Err(e)),
+        Err(e) => return Some(Err(TlsError::Certificate(e))),
     };
     let valid = !site.is_empty()
         && site.len() <= 64

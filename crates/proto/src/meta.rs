@@ -205,150 +205,6 @@ impl<M: MetaMessage> crate::Call for Envelope<M> {
     }
 }
 
-impl MetaRequestKind {
-    /// Whether the request may change any directory's attributes (its entries, times,
-    /// link count, mode, owner or xattrs). A client's copy of a directory's attributes
-    /// from an answer stays fresh while only requests that cannot are sent
-    /// (`client::Vfs::fresh_dir_attr`). When in doubt: true.
-    pub fn may_change_a_directory(self) -> bool {
-        use MetaRequestKind as K;
-        match self {
-            K::Heartbeat | K::Lookup | K::GetAttr | K::ReadLink | K::ReadDir | K::GetXattr | K::ListXattr => false,
-            K::StatFs | K::Extents | K::GetLock | K::ListNodes | K::ChunkLocations | K::ListChunks => false,
-            K::ListExtents | K::Unreferenced | K::Status | K::GetPolicy | K::ListPolicies => false,
-            K::UnderReplicated | K::Revocations | K::Login => false,
-            // An open record; the last release of an orphan removes a file no directory names.
-            K::Release => false,
-            K::Hello | K::Goodbye | K::SetAttr | K::Create | K::CreateOpen | K::Link | K::Unlink | K::Rmdir => true,
-            K::Rename | K::SetXattr | K::RemoveXattr | K::Open | K::CommitWrite | K::Fallocate | K::Compact => true,
-            K::SyncAll | K::SetLock | K::ReleaseLocks | K::RegisterNode | K::ForgetChunks | K::UpdateLocations => true,
-            K::SetPolicy | K::DrainNode | K::ReportLag | K::ReportWorkers | K::AdmitNode | K::RemoveNode => true,
-            K::MakeJoinToken | K::JoinNode => true,
-        }
-    }
-}
-
-impl MetaRequest {
-    /// The session a request says it acts for, if it names one. Meta holds it against
-    /// the session bound to the connection (see `net::Peer::session`).
-    pub fn claimed_session(&self) -> Option<SessionId> {
-        use MetaRequest as R;
-        match self {
-            R::Heartbeat(m) => Some(m.session),
-            R::Goodbye(m) => Some(m.session),
-            R::CreateOpen(m) => Some(m.session),
-            R::Open(m) => Some(m.session),
-            R::Release(m) => Some(m.session),
-            R::GetLock(m) => Some(m.session),
-            R::SetLock(m) => Some(m.session),
-            R::ReleaseLocks(m) => Some(m.session),
-            R::CommitWrite(m) => Some(m.session),
-            R::Fallocate(m) => Some(m.session),
-            R::Compact(m) => Some(m.session),
-            R::SetAttr(m) => m.session,
-            R::Hello(_)
-            | R::Lookup(_)
-            | R::GetAttr(_)
-            | R::Create(_)
-            | R::Link(_)
-            | R::Unlink(_)
-            | R::Rmdir(_)
-            | R::Rename(_)
-            | R::ReadLink(_)
-            | R::ReadDir(_)
-            | R::GetXattr(_)
-            | R::SetXattr(_)
-            | R::ListXattr(_)
-            | R::RemoveXattr(_)
-            | R::StatFs(_)
-            | R::Extents(_)
-            | R::SyncAll(_)
-            | R::RegisterNode(_)
-            | R::ListNodes(_)
-            | R::ChunkLocations(_)
-            | R::ListChunks(_)
-            | R::ListExtents(_)
-            | R::Unreferenced(_)
-            | R::ForgetChunks(_)
-            | R::UpdateLocations(_)
-            | R::Status(_)
-            | R::SetPolicy(_)
-            | R::GetPolicy(_)
-            | R::ListPolicies(_)
-            | R::UnderReplicated(_)
-            | R::DrainNode(_)
-            | R::ReportLag(_)
-            | R::ReportWorkers(_)
-            | R::Revocations(_)
-            | R::AdmitNode(_)
-            | R::RemoveNode(_)
-            | R::MakeJoinToken(_)
-            | R::JoinNode(_)
-            | R::Login(_) => None,
-        }
-    }
-
-    /// The chunks a client asks meta to bind to a file: each needs the storing node's
-    /// receipt (`cap::Receipt`), checked by meta before the request runs.
-    pub fn bound_chunks(&self) -> &[StoredChunk] {
-        use MetaRequest as R;
-        match self {
-            R::CommitWrite(m) => &m.chunks,
-            R::Compact(m) => &m.chunks,
-            // Nodes report copies they hold; only a node certificate may.
-            R::UpdateLocations(_)
-            | R::Heartbeat(_)
-            | R::Goodbye(_)
-            | R::CreateOpen(_)
-            | R::Open(_)
-            | R::Release(_)
-            | R::GetLock(_)
-            | R::SetLock(_)
-            | R::ReleaseLocks(_)
-            | R::Fallocate(_)
-            | R::SetAttr(_)
-            | R::Hello(_)
-            | R::Lookup(_)
-            | R::GetAttr(_)
-            | R::Create(_)
-            | R::Link(_)
-            | R::Unlink(_)
-            | R::Rmdir(_)
-            | R::Rename(_)
-            | R::ReadLink(_)
-            | R::ReadDir(_)
-            | R::GetXattr(_)
-            | R::SetXattr(_)
-            | R::ListXattr(_)
-            | R::RemoveXattr(_)
-            | R::StatFs(_)
-            | R::Extents(_)
-            | R::SyncAll(_)
-            | R::RegisterNode(_)
-            | R::ListNodes(_)
-            | R::ChunkLocations(_)
-            | R::ListChunks(_)
-            | R::ListExtents(_)
-            | R::Unreferenced(_)
-            | R::ForgetChunks(_)
-            | R::Status(_)
-            | R::SetPolicy(_)
-            | R::GetPolicy(_)
-            | R::ListPolicies(_)
-            | R::UnderReplicated(_)
-            | R::DrainNode(_)
-            | R::ReportLag(_)
-            | R::ReportWorkers(_)
-            | R::Revocations(_)
-            | R::AdmitNode(_)
-            | R::RemoveNode(_)
-            | R::MakeJoinToken(_)
-            | R::JoinNode(_)
-            | R::Login(_) => &[],
-        }
-    }
-}
-
 /// What meta asks of a client on the client's own connection (server push).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaPush {
@@ -387,10 +243,101 @@ impl<M: MetaMessage> crate::Call for M {
     }
 }
 
+/// How a request touches meta's store: the engine and service schedule it by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A read; `point` when it touches a few rows by key (it may run inline on an
+    /// async worker when the backend's reads are local).
+    Read { point: bool },
+    /// A write; a `durable` one is on disk before it is answered.
+    Write { durable: bool },
+    /// Answered by the service itself (worker reports kept in its memory, the
+    /// revocation list, logins).
+    Reports,
+}
+
+/// Which capabilities an answer carries (meta checked the permission behind each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grants {
+    /// Read capabilities for the chunks of the file's extents.
+    pub read: bool,
+    /// A put capability for new chunks.
+    pub put: bool,
+}
+
+/// Whom a request says its peer is, beyond its role: meta holds it against the peer's
+/// certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim<'a> {
+    None,
+    /// A node's own request: the certificate must be this node's (its name is the node
+    /// id), and at this site when one is named.
+    Node {
+        id: &'a str,
+        site: Option<&'a str>,
+    },
+    /// A node's own request that names no node: any node certificate.
+    AnyNode,
+    /// A session opened at this site: the certificate's site.
+    Site(&'a str),
+}
+
+/// What meta does with a request, stated once per request in the table below: no
+/// other code decides these by matching on requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts {
+    pub access: Access,
+    /// The certificate roles that may make it (least privilege).
+    pub roles: &'static [Role],
+    /// Whether it may change any directory's attributes (its entries, times, link
+    /// count, mode, owner or xattrs). A client's copy of a directory's attributes from
+    /// an answer stays fresh while only requests that cannot are sent
+    /// (`client::Vfs::fresh_dir_attr`).
+    pub changes_dirs: bool,
+    /// Whether it is an administrative action, written to meta's audit log.
+    pub audited: bool,
+}
+
 /// The one table of requests: each becomes a struct, a variant of `MetaRequest` and a
-/// `MetaMessage` with its answer type.
+/// `MetaMessage` with its answer type, and states its facts: `access` (`point_read`,
+/// `scan`, `write`, `durable` or `reports`), the `roles` that may make it, whether it
+/// `changes_dirs`, and where it is so: whether it is `audited`, the `session` it acts
+/// for (`required` or `optional`, its field `session`), the field of `chunks` it binds
+/// to a file (each needing a receipt), the capabilities it `grants` (`read`, or
+/// `by_access` its `access` field) and its `claim` on the peer's identity.
 macro_rules! meta_requests {
-    ($( $(#[$doc:meta])* $name:ident { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? } => $resp:ty; )*) => {
+    (@access point_read) => { Access::Read { point: true } };
+    (@access scan) => { Access::Read { point: false } };
+    (@access write) => { Access::Write { durable: false } };
+    (@access durable) => { Access::Write { durable: true } };
+    (@access reports) => { Access::Reports };
+    (@flag) => { false };
+    (@flag $b:literal) => { $b };
+    (@session $m:ident) => { None };
+    (@session $m:ident required) => { Some($m.session) };
+    (@session $m:ident optional) => { $m.session };
+    (@chunks $m:ident) => { &[] };
+    (@chunks $m:ident $f:ident) => { &$m.$f };
+    (@grants $m:ident) => { Grants::default() };
+    (@grants $m:ident read) => { Grants { read: true, put: false } };
+    (@grants $m:ident by_access) => { Grants { read: $m.access.read, put: $m.access.write } };
+    (@claim $m:ident) => { Claim::None };
+    (@claim $m:ident any_node) => { Claim::AnyNode };
+    (@claim $m:ident node($($id:ident).+)) => { Claim::Node { id: &$m.$($id).+, site: None } };
+    (@claim $m:ident node_at($($id:ident).+, $($site:ident).+)) => {
+        Claim::Node { id: &$m.$($id).+, site: Some(&$m.$($site).+) }
+    };
+    (@claim $m:ident site($($site:ident).+)) => { Claim::Site(&$m.$($site).+) };
+    ($( $(#[$doc:meta])* $name:ident { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? } => $resp:ty {
+        access: $access:ident,
+        roles: [$($role:ident),*],
+        changes_dirs: $dirs:literal
+        $(, audited: $audited:literal)?
+        $(, session: $session:ident)?
+        $(, chunks: $chunks:ident)?
+        $(, grants: $grants:ident)?
+        $(, claim: $($claim:tt)+)?
+    }; )*) => {
         $(
             $(#[$doc])*
             #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -414,6 +361,24 @@ macro_rules! meta_requests {
             $( $name, )*
         }
 
+        impl MetaRequestKind {
+            /// Every request, in the table's order.
+            pub const ALL: &[MetaRequestKind] = &[$( MetaRequestKind::$name, )*];
+
+            /// The request's facts, as the table states them.
+            pub fn facts(self) -> &'static RequestFacts {
+                use Role::*;
+                match self {
+                    $( MetaRequestKind::$name => &RequestFacts {
+                        access: meta_requests!(@access $access),
+                        roles: &[$($role),*],
+                        changes_dirs: $dirs,
+                        audited: meta_requests!(@flag $($audited)?),
+                    }, )*
+                }
+            }
+        }
+
         /// Every request to `locus meta` as it travels. Names (`name`) are single path
         /// components in raw bytes.
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -428,6 +393,52 @@ macro_rules! meta_requests {
                     $( MetaRequest::$name(_) => stringify!($name), )*
                 }
             }
+
+            /// Which request this is.
+            pub fn kind(&self) -> MetaRequestKind {
+                match self {
+                    $( MetaRequest::$name(_) => MetaRequestKind::$name, )*
+                }
+            }
+
+            /// The request's facts (`MetaRequestKind::facts`).
+            pub fn facts(&self) -> &'static RequestFacts {
+                self.kind().facts()
+            }
+
+            /// The session a request says it acts for, if it names one. Meta holds it
+            /// against the session bound to the connection (see `net::Peer::session`).
+            #[allow(unused_variables)]
+            pub fn claimed_session(&self) -> Option<SessionId> {
+                match self {
+                    $( MetaRequest::$name(m) => meta_requests!(@session m $($session)?), )*
+                }
+            }
+
+            /// The chunks a client asks meta to bind to a file: each needs the storing
+            /// node's receipt (`cap::Receipt`), checked by meta before the request runs.
+            #[allow(unused_variables)]
+            pub fn bound_chunks(&self) -> &[StoredChunk] {
+                match self {
+                    $( MetaRequest::$name(m) => meta_requests!(@chunks m $($chunks)?), )*
+                }
+            }
+
+            /// Which capabilities meta adds to the answer.
+            #[allow(unused_variables)]
+            pub fn grants(&self) -> Grants {
+                match self {
+                    $( MetaRequest::$name(m) => meta_requests!(@grants m $($grants)?), )*
+                }
+            }
+
+            /// Whom the request says its peer is (`Claim`).
+            #[allow(unused_variables)]
+            pub fn claim(&self) -> Claim<'_> {
+                match self {
+                    $( MetaRequest::$name(m) => meta_requests!(@claim m $($($claim)+)?), )*
+                }
+            }
         }
     };
 }
@@ -437,24 +448,24 @@ meta_requests! {
     Hello {
         protocol: u32,
         session: SessionInfo,
-    } => Welcome;
+    } => Welcome { access: write, roles: [Client, Meta], changes_dirs: true, claim: site(session.site) };
     /// Keeps a session (its locks and open files) alive.
     Heartbeat {
         session: SessionId,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: false, session: required };
     /// Ends a session, dropping its locks and open-file records.
     Goodbye {
         session: SessionId,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: true, session: required };
     /// The attributes of `name` in directory `parent`.
     Lookup {
         parent: InodeId,
         name: Vec<u8>,
-    } => Attr;
+    } => Attr { access: point_read, roles: [Client, Admin, Meta], changes_dirs: false };
     /// The attributes of an inode.
     GetAttr {
         ino: InodeId,
-    } => Attr;
+    } => Attr { access: point_read, roles: [Client, Admin, Meta], changes_dirs: false };
     /// chmod, chown, truncate, utimens: the fields of `set` that are `Some`.
     SetAttr {
         ino: InodeId,
@@ -462,7 +473,7 @@ meta_requests! {
         /// For a change through an open file (ftruncate): the session whose open for
         /// writing allows a truncation without write permission now.
         session: Option<SessionId>,
-    } => Attr;
+    } => Attr { access: write, roles: [Client, Meta], changes_dirs: true, session: optional };
     /// mknod/mkdir/symlink/create. With `exclusive` false an existing regular file is
     /// returned instead of `Exists`.
     Create {
@@ -475,7 +486,7 @@ meta_requests! {
         /// which then decides instead (as Linux does on a file system with ACLs).
         umask: u32,
         exclusive: bool,
-    } => Made;
+    } => Made { access: write, roles: [Client, Meta], changes_dirs: true };
     /// `Create` of a regular file that also records it as open by `session` (create and
     /// open in one request).
     CreateOpen {
@@ -483,25 +494,25 @@ meta_requests! {
         session: SessionId,
         /// Checked only when the file already exists (a new file's creator may write it).
         access: OpenAccess,
-    } => Opened;
+    } => Opened { access: write, roles: [Client, Meta], changes_dirs: true, session: required, grants: by_access };
     /// A new name for an existing inode (hard link).
     Link {
         ino: InodeId,
         new_parent: InodeId,
         new_name: Vec<u8>,
-    } => Attr;
+    } => Attr { access: write, roles: [Client, Meta], changes_dirs: true };
     /// Removes a non-directory name. An inode whose last link goes while a session
     /// has it open lives on as an orphan until `Release`.
     Unlink {
         parent: InodeId,
         name: Vec<u8>,
-    } => Unlinked;
+    } => Unlinked { access: write, roles: [Client, Meta], changes_dirs: true };
     /// Removes an empty directory; answers the parent directory's attributes as the
     /// removal left them (see `Unlinked::parent`).
     Rmdir {
         parent: InodeId,
         name: Vec<u8>,
-    } => Attr;
+    } => Attr { access: write, roles: [Client, Meta], changes_dirs: true };
     /// `rename(2)` in any of its modes.
     Rename {
         parent: InodeId,
@@ -509,40 +520,40 @@ meta_requests! {
         new_parent: InodeId,
         new_name: Vec<u8>,
         mode: RenameMode,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: true };
     /// A symlink's target.
     ReadLink {
         ino: InodeId,
-    } => Vec<u8>;
+    } => Vec<u8> { access: point_read, roles: [Client, Meta], changes_dirs: false };
     /// Entries with cookie greater than `after`, in cookie order, at most `limit`.
     ReadDir {
         ino: InodeId,
         after: u64,
         limit: u32,
-    } => Vec<DirEntry>;
+    } => Vec<DirEntry> { access: scan, roles: [Client, Admin, Meta], changes_dirs: false };
     /// One extended attribute's value.
     GetXattr {
         ino: InodeId,
         name: Vec<u8>,
-    } => Vec<u8>;
+    } => Vec<u8> { access: point_read, roles: [Client, Meta], changes_dirs: false };
     /// Sets an extended attribute (create or replace as `mode` says).
     SetXattr {
         ino: InodeId,
         name: Vec<u8>,
         value: Vec<u8>,
         mode: XattrMode,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: true };
     /// The names of an inode's extended attributes.
     ListXattr {
         ino: InodeId,
-    } => Vec<Vec<u8>>;
+    } => Vec<Vec<u8>> { access: point_read, roles: [Client, Meta], changes_dirs: false };
     /// Removes an extended attribute.
     RemoveXattr {
         ino: InodeId,
         name: Vec<u8>,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: true };
     /// Capacity, usage and inode count for `statfs(2)`.
-    StatFs {} => FsStats;
+    StatFs {} => FsStats { access: scan, roles: [Client, Admin, Meta], changes_dirs: false };
     /// Records that `session` has `ino` open and returns its attributes and extents
     /// (close-to-open: the open sees every close that finished before it).
     Open {
@@ -550,16 +561,16 @@ meta_requests! {
         session: SessionId,
         truncate: bool,
         access: OpenAccess,
-    } => Opened;
+    } => Opened { access: write, roles: [Client, Meta], changes_dirs: true, session: required, grants: by_access };
     /// Drops one open record; reclaims an orphan nobody has open any more.
     Release {
         ino: InodeId,
         session: SessionId,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: false, session: required };
     /// Current extents of a file (for readers that hold it open).
     Extents {
         ino: InodeId,
-    } => Opened;
+    } => Opened { access: scan, roles: [Client, Meta], changes_dirs: false, grants: read };
     /// Atomically maps the given extents into the file (later ones win), records where
     /// their chunks are stored, and raises the size to at least `min_size`.
     CommitWrite {
@@ -571,7 +582,7 @@ meta_requests! {
         chunks: Vec<StoredChunk>,
         min_size: u64,
         mtime: Timestamp,
-    } => Attr;
+    } => Attr { access: durable, roles: [Client, Meta], changes_dirs: true, session: required, chunks: chunks };
     /// `fallocate(2)` in one of the modes Locus supports.
     Fallocate {
         ino: InodeId,
@@ -579,7 +590,7 @@ meta_requests! {
         offset: u64,
         len: u64,
         mode: AllocateMode,
-    } => Attr;
+    } => Attr { access: durable, roles: [Client, Meta], changes_dirs: true, session: required };
     /// Swaps fragmented extents for ones holding the same bytes in fewer chunks; refused
     /// (`Stale`) if the file's `data_version` is no longer the one the compactor read.
     Compact {
@@ -588,25 +599,25 @@ meta_requests! {
         data_version: u64,
         extents: Vec<Extent>,
         chunks: Vec<StoredChunk>,
-    } => Attr;
+    } => Attr { access: durable, roles: [Client, Meta], changes_dirs: true, session: required, chunks: chunks };
     /// Makes every change acknowledged so far durable on meta's disk (fsync, fsyncdir).
-    SyncAll {} => ();
+    SyncAll {} => () { access: durable, roles: [Client, Meta], changes_dirs: true };
     /// F_GETLK: the first conflicting lock, if any.
     GetLock {
         session: SessionId,
         lock: LockRange,
-    } => Option<LockRange>;
+    } => Option<LockRange> { access: point_read, roles: [Client, Meta], changes_dirs: false, session: required };
     /// F_SETLK: `WouldBlock` on conflict (blocking callers retry).
     SetLock {
         session: SessionId,
         lock: LockRange,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: true, session: required };
     /// Drops every lock `owner` of `session` holds on `ino` (close).
     ReleaseLocks {
         session: SessionId,
         ino: InodeId,
         owner: u64,
-    } => ();
+    } => () { access: write, roles: [Client, Meta], changes_dirs: true, session: required };
     /// A node announces itself and its capacity; repeated as its heartbeat. Answered
     /// with `Registered`.
     RegisterNode {
@@ -614,9 +625,9 @@ meta_requests! {
         /// The cluster the node belongs to; `None` before its first registration
         /// (it then adopts the id meta answers with).
         cluster_id: Option<String>,
-    } => Registered;
+    } => Registered { access: write, roles: [Node, Meta], changes_dirs: true, claim: node_at(node.id, node.site) };
     /// Every registered node with its last report.
-    ListNodes {} => Vec<NodeInfo>;
+    ListNodes {} => Vec<NodeInfo> { access: scan, roles: [Client, Node, Admin, Meta], changes_dirs: false };
     /// Where these chunks are stored, for readers and fsck.
     ChunkLocations {
         ids: Vec<ChunkId>,
@@ -625,25 +636,25 @@ meta_requests! {
         /// and holders would tell anyone whether some file holds known content). Nodes
         /// and tools send none.
         caps: Vec<Option<crate::cap::Cap>>,
-    } => Vec<ChunkRecord>;
+    } => Vec<ChunkRecord> { access: scan, roles: [Client, Node, Admin, Meta], changes_dirs: false };
     /// Catalogue page after `after` (exclusive), for fsck and gc.
     ListChunks {
         after: Option<ChunkId>,
         limit: u32,
-    } => Vec<ChunkRecord>;
+    } => Vec<ChunkRecord> { access: scan, roles: [Admin, Meta], changes_dirs: false };
     /// Every extent, paged by (inode, offset), for fsck.
     ListExtents {
         after: Option<(InodeId, u64)>,
         limit: u32,
-    } => Vec<(InodeId, Extent)>;
+    } => Vec<(InodeId, Extent)> { access: scan, roles: [Admin, Meta], changes_dirs: false };
     /// Of these chunk ids, the ones no extent references (gc candidates).
     Unreferenced {
         ids: Vec<ChunkId>,
-    } => Garbage;
+    } => Garbage { access: scan, roles: [Node, Admin, Meta], changes_dirs: false };
     /// Removes catalogue entries of chunks gc deleted; refuses referenced ones.
     ForgetChunks {
         ids: Vec<ChunkId>,
-    } => ();
+    } => () { access: write, roles: [Node, Admin, Meta], changes_dirs: true, audited: true };
     /// A node now holds (`added`) or no longer holds (`removed`) copies of these chunks
     /// in its site cache, so other sites can find the nearest copy; cached copies are
     /// recorded as such and never count towards a policy, and `removed` takes only a
@@ -654,27 +665,27 @@ meta_requests! {
         node: NodeId,
         added: Vec<StoredChunk>,
         removed: Vec<ChunkId>,
-    } => ();
+    } => () { access: write, roles: [Node, Meta], changes_dirs: true, claim: node(node) };
     /// Everything `locus status` shows.
-    Status {} => ClusterStatus;
+    Status {} => ClusterStatus { access: scan, roles: [Client, Node, Admin, Meta], changes_dirs: false };
     /// Sets (`Some`) or clears (`None`) a directory's replication policy; answers the
     /// warnings an operator should see (a site with fewer nodes than copies).
     SetPolicy {
         ino: InodeId,
         policy: Option<Policy>,
-    } => Vec<String>;
+    } => Vec<String> { access: write, roles: [Admin, Meta], changes_dirs: true, audited: true };
     /// The policy that applies to an inode: its own, the nearest ancestor's, or the default.
     GetPolicy {
         ino: InodeId,
-    } => EffectivePolicy;
+    } => EffectivePolicy { access: scan, roles: [Client, Node, Admin, Meta], changes_dirs: false };
     /// Every directory that sets a policy, with its policy.
-    ListPolicies {} => Vec<(InodeId, Policy)>;
+    ListPolicies {} => Vec<(InodeId, Policy)> { access: scan, roles: [Client, Node, Admin, Meta], changes_dirs: false };
     /// Drains a node (or stops draining it): it takes no new chunks and its copies stop
     /// counting, so the repair workers copy them to other nodes.
     DrainNode {
         node: NodeId,
         drained: bool,
-    } => ();
+    } => () { access: write, roles: [Admin, Meta], changes_dirs: true, audited: true };
     /// Chunks whose live copies fall short of their policy, scanning the extents after
     /// `after` (a page of `limit` extents). With `node`, only the chunks that node is
     /// to repair: at each short site the first live holder there, and for a short
@@ -683,13 +694,13 @@ meta_requests! {
         node: Option<NodeId>,
         after: Option<(InodeId, u64)>,
         limit: u32,
-    } => ShortfallPage;
+    } => ShortfallPage { access: scan, roles: [Node, Admin, Meta], changes_dirs: false };
     /// The copies a node still owes other nodes, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status`.
     ReportLag {
         node: NodeId,
         lag: Vec<ReplicationLag>,
-    } => ();
+    } => () { access: reports, roles: [Node, Meta], changes_dirs: true, claim: node(node) };
     /// What a node's background workers are doing, sent with its heartbeat; meta keeps
     /// the latest report in memory for `locus status` (clients are asked instead, by a
     /// `MetaPush::Workers` on their own connection).
@@ -697,37 +708,37 @@ meta_requests! {
         /// The reporting process as status shows it, e.g. `node n1`.
         process: String,
         workers: Vec<WorkerStatus>,
-    } => ();
+    } => () { access: reports, roles: [Node, Meta], changes_dirs: true, claim: any_node };
     /// The certificates meta's revocation list names; nodes and clients ask with
     /// every heartbeat and drop connections of the peers it names.
-    Revocations {} => RevocationList;
+    Revocations {} => RevocationList { access: reports, roles: [Client, Node, Admin, Meta], changes_dirs: false };
     /// A person proves their principal with their own certificate (a `user` one) and
     /// gets a token saying who they are at their site (`locus login`).
     Login {
         /// Asked lifetime; meta grants at most `MAX_LOGIN_SECS`.
         lifetime_secs: u64,
-    } => crate::cap::UserToken;
+    } => crate::cap::UserToken { access: reports, roles: [User], changes_dirs: false, audited: true };
     /// Admits a node id (`locus node admit`): its registrations are accepted from now
     /// on, also after an earlier `RemoveNode`.
     AdmitNode {
         node: NodeId,
-    } => ();
+    } => () { access: durable, roles: [Admin], changes_dirs: true, audited: true };
     /// Removes a node (`locus node remove`, after its chunks were copied elsewhere):
     /// deletes its row and its chunk locations and refuses its future registrations.
     RemoveNode {
         node: NodeId,
-    } => ();
+    } => () { access: durable, roles: [Admin], changes_dirs: true, audited: true };
     /// Makes a single-use join token (`locus node token --ttl 1h`); meta keeps only its
     /// hash, until it is used or expires.
     MakeJoinToken {
         ttl_secs: u64,
-    } => JoinToken;
+    } => JoinToken { access: durable, roles: [Admin], changes_dirs: true, audited: true };
     /// A node not yet admitted spends a join token to admit itself (a removed node
     /// cannot: that takes `locus node admit`).
     JoinNode {
         node: NodeId,
         token: String,
-    } => ();
+    } => () { access: durable, roles: [Node, Meta], changes_dirs: true, claim: node(node) };
 }
 
 /// A join token as `locus node token` prints it once.
@@ -870,6 +881,10 @@ pub struct Opened {
     /// them, so a client can answer the kernel's GETATTR of the parent that follows a
     /// create without asking again (as `Unlinked::parent`). `None` from `Open`.
     pub parent: Option<Attr>,
+    /// `CreateOpen`'s answer: whether this request made the file (false when it found
+    /// an existing one, which it opened as `access` says; a new file's creator may
+    /// write it whatever its mode).
+    pub created: bool,
 }
 
 /// Capabilities meta hands out with an open: reading the file's chunks (one per
@@ -957,3 +972,38 @@ impl TryFrom<MetaReply> for () {
 
 /// The payload of every meta response frame.
 pub type MetaResult = Result<MetaReply, WireError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's facts hold together: every request has a role, a person's own
+    /// certificate logs in and asks nothing else, an audited request is an action (never
+    /// a plain read), and reads change no directory.
+    #[test]
+    fn the_request_table_is_consistent() {
+        assert_eq!(MetaRequestKind::ALL.len(), 51);
+        for kind in MetaRequestKind::ALL {
+            let f = kind.facts();
+            assert!(!f.roles.is_empty(), "{kind:?} has no role");
+            assert_eq!(f.roles.contains(&Role::User), *kind == MetaRequestKind::Login, "{kind:?}");
+            assert!(!(f.audited && matches!(f.access, Access::Read { .. })), "{kind:?} is audited but reads");
+            assert!(!(f.changes_dirs && matches!(f.access, Access::Read { .. })), "{kind:?} reads but changes dirs");
+        }
+    }
+
+    #[test]
+    fn fields_named_in_the_table_are_the_ones_read() {
+        let access = OpenAccess { read: true, write: false };
+        let open = MetaRequest::Open(Open { ino: 5, session: 7, truncate: false, access });
+        assert_eq!(open.claimed_session(), Some(7));
+        assert_eq!(open.grants(), Grants { read: true, put: false });
+        let set = AttrChanges::default();
+        assert_eq!(MetaRequest::SetAttr(SetAttr { ino: 5, set: set.clone(), session: None }).claimed_session(), None);
+        assert_eq!(MetaRequest::SetAttr(SetAttr { ino: 5, set, session: Some(3) }).claimed_session(), Some(3));
+        let lag = MetaRequest::ReportLag(ReportLag { node: "n1".into(), lag: Vec::new() });
+        assert_eq!(lag.claim(), Claim::Node { id: "n1", site: None });
+        assert_eq!(MetaRequest::Extents(Extents { ino: 5 }).grants(), Grants { read: true, put: false });
+        assert_eq!(MetaRequest::GetAttr(GetAttr { ino: 5 }).grants(), Grants::default());
+    }
+}

@@ -230,3 +230,56 @@ pub enum WorkerState {
     /// Finished or shut down; it will not run again.
     Stopped,
 }
+
+/// What a certificate says its holder is for: the service it may run or act as. A
+/// protocol fact (meta's table of requests says which roles may make each), proven by
+/// the peer's certificate (`net::tls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// The metadata service.
+    Meta,
+    /// A storage node.
+    Node,
+    /// A mount: may call services, never serve or register.
+    Client,
+    /// An operator's admin commands (status, fsck, gc, node admission): may list and
+    /// delete chunks at nodes and admit or remove nodes, never serve or register.
+    Admin,
+    /// A person's own certificate (a grid user certificate): `locus login` proves its
+    /// principal to meta with it and gets a token the person's mount acts with; it
+    /// asks nothing else, never serves, never mounts.
+    User,
+}
+
+impl Role {
+    /// The word used in certificates and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Meta => "meta",
+            Role::Node => "node",
+            Role::Client => "client",
+            Role::Admin => "admin",
+            Role::User => "user",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Role, String> {
+        match s {
+            "meta" => Ok(Role::Meta),
+            "node" => Ok(Role::Node),
+            "client" => Ok(Role::Client),
+            "admin" => Ok(Role::Admin),
+            "user" => Ok(Role::User),
+            other => Err(format!("unknown role {other:?} (meta, node, client, admin or user)")),
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

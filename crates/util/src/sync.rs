@@ -5,7 +5,7 @@
 //! panic hook; refusing every later request with a second panic would turn one bug
 //! into a dead service. So all code takes locks through these helpers.
 
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Locks `m`, recovering the guard if an earlier holder panicked.
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -20,6 +20,11 @@ pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// Write-locks `l`, recovering the guard if an earlier holder panicked.
 pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits on `c`, giving up `guard` meanwhile; recovers the guard if a holder panicked.
+pub fn wait<'a, T>(c: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    c.wait(guard).unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -38,5 +43,28 @@ mod tests {
         assert!(m.is_poisoned());
         *lock(&m) += 1;
         assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn a_wait_on_a_poisoned_lock_still_returns_its_guard() {
+        let pair = std::sync::Arc::new((Mutex::new(false), Condvar::new()));
+        let p = pair.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = p.0.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        // Held before the notifier starts, so it can only set the flag once `wait` lets go.
+        let mut ready = lock(&pair.0);
+        let p = pair.clone();
+        let notifier = std::thread::spawn(move || {
+            *lock(&p.0) = true;
+            p.1.notify_all();
+        });
+        while !*ready {
+            ready = wait(&pair.1, ready);
+        }
+        drop(ready);
+        notifier.join().unwrap();
     }
 }

@@ -154,8 +154,6 @@ pub struct Vfs {
     seen_versions: Mutex<HashMap<InodeId, u64>>,
     /// Extended attributes known to be absent, per inode (see `getxattr`).
     absent_xattrs: Mutex<HashMap<InodeId, xattr::KnownAbsent>>,
-    /// The ctime of each inode as last handed to the kernel (see `ctime_moved`).
-    seen_ctimes: Mutex<HashMap<InodeId, proto::types::Timestamp>>,
     /// The parent directory's attributes from the last unlink's or create's answer,
     /// for the kernel's GETATTR of that directory that follows (see `fresh_dir_attr`).
     changed_parent: Mutex<Option<namespace::FreshAttr>>,
@@ -212,7 +210,6 @@ impl Vfs {
             next_handle: AtomicU64::new(1),
             seen_versions: Mutex::default(),
             absent_xattrs: Mutex::default(),
-            seen_ctimes: Mutex::default(),
             changed_parent: Mutex::default(),
             compact_queue,
             workers,

@@ -71,7 +71,7 @@ impl Vfs {
             self.remember_parent(parent, mark, sent);
         }
         self.data.learn_caps(opened.attr.ino, &opened);
-        let (ino, existed) = (opened.attr.ino, opened.attr.size > 0);
+        let (ino, existed) = (opened.attr.ino, !opened.created);
         // Meta lets the creator of a new file write it; an existing one as `access` says.
         let granted = OpenAccess { read: opts.access.read, write: opts.access.write || !existed };
         // Meta read these attributes in the transaction that created (or opened) the file:

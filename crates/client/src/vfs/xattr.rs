@@ -59,26 +59,6 @@ impl Vfs {
         }
     }
 
-    /// Whether `attr`'s ctime moved since the last attributes of the inode handed out
-    /// through this call (and remembers the new one). The kernel keeps an inode's
-    /// ACLs until it is told to forget them, and forgets them by itself only for
-    /// changes made through it: a moved ctime may be an ACL (or another attribute)
-    /// set through another client, so this client forgets what it knew absent and the
-    /// mount tells the kernel to forget too. Bounded like `learn_absent`.
-    pub fn ctime_moved(&self, attr: &Attr) -> bool {
-        let moved = {
-            let mut seen = lock(&self.seen_ctimes);
-            if seen.len() > 100_000 {
-                seen.clear();
-            }
-            seen.insert(attr.ino, attr.ctime).is_some_and(|before| before != attr.ctime)
-        };
-        if moved {
-            self.forget_absent_xattrs(attr.ino);
-        }
-        moved
-    }
-
     pub(super) fn forget_absent_xattrs(&self, ino: InodeId) {
         lock(&self.absent_xattrs).remove(&ino);
     }

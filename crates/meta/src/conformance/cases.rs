@@ -172,6 +172,26 @@ pub fn root_and_create(b: &dyn Factory) {
         }),
     ));
     assert_eq!(again.ino, f.ino);
+    // A create-and-open says whether it made the file (an empty existing one too).
+    let session = hello(&s);
+    let create_open = |name: &str| {
+        let create = Create {
+            parent: ROOT_INODE,
+            name: name.into(),
+            node: NewNode::File,
+            mode: 0o644,
+            umask: 0,
+            exclusive: false,
+        };
+        match ok(&s, MetaRequest::CreateOpen(CreateOpen { create, session, access: OpenAccess::default() })) {
+            MetaReply::Opened(o) => (o.attr.ino, o.created),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(create_open("f"), (f.ino, false), "f exists, empty");
+    let (fresh, created) = create_open("fresh");
+    assert!(created && fresh != f.ino);
+    assert_eq!(create_open("fresh"), (fresh, false));
 
     let d = mk(&s, ROOT_INODE, "d", NewNode::Dir);
     assert_eq!((d.kind, d.nlink), (FileKind::Dir, 2));

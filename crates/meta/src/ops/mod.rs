@@ -90,70 +90,6 @@ impl Ctx {
     }
 }
 
-/// How a request touches the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// A read; `point` when it touches a few rows by key (it may run inline on an
-    /// async worker when the backend's reads are local).
-    Read {
-        point: bool,
-    },
-    Write {
-        durable: bool,
-    },
-    /// Answered by the service itself (worker reports kept in its memory, the
-    /// revocation list, logins).
-    Reports,
-}
-
-/// The one classification of every request (no catch-all: a new request does not
-/// compile until it is classified here); durable writes are on disk before they are
-/// answered.
-pub fn access(req: &MetaRequest) -> Access {
-    use MetaRequest as R;
-    match req {
-        R::Lookup(_) | R::GetAttr(_) | R::ReadLink(_) | R::GetXattr(_) | R::ListXattr(_) | R::GetLock(_) => {
-            Access::Read { point: true }
-        }
-        R::ReadDir(_)
-        | R::StatFs(_)
-        | R::Extents(_)
-        | R::ListNodes(_)
-        | R::ChunkLocations(_)
-        | R::ListChunks(_)
-        | R::ListExtents(_)
-        | R::Unreferenced(_)
-        | R::GetPolicy(_)
-        | R::ListPolicies(_)
-        | R::UnderReplicated(_)
-        | R::Status(_) => Access::Read { point: false },
-        R::ReportWorkers(_) | R::ReportLag(_) | R::Revocations(_) | R::Login(_) => Access::Reports,
-        R::CommitWrite(_) | R::Compact(_) | R::Fallocate(_) | R::SyncAll(_) => Access::Write { durable: true },
-        R::Hello(_)
-        | R::Heartbeat(_)
-        | R::Goodbye(_)
-        | R::SetAttr(_)
-        | R::Create(_)
-        | R::CreateOpen(_)
-        | R::Link(_)
-        | R::Unlink(_)
-        | R::Rmdir(_)
-        | R::Rename(_)
-        | R::SetXattr(_)
-        | R::RemoveXattr(_)
-        | R::Open(_)
-        | R::Release(_)
-        | R::SetLock(_)
-        | R::ReleaseLocks(_)
-        | R::RegisterNode(_)
-        | R::UpdateLocations(_)
-        | R::SetPolicy(_)
-        | R::DrainNode(_)
-        | R::ForgetChunks(_) => Access::Write { durable: false },
-        R::AdmitNode(_) | R::RemoveNode(_) | R::MakeJoinToken(_) | R::JoinNode(_) => Access::Write { durable: true },
-    }
-}
-
 /// Runs `handler` on `msg`; the compiler checks that it answers with the type the
 /// request declares (`MetaMessage::Response`).
 pub fn serve<M: MetaMessage>(
@@ -163,7 +99,7 @@ pub fn serve<M: MetaMessage>(
     handler(msg).map(Into::into)
 }
 
-/// Runs a read request (`Access::Read`).
+/// Runs a read request (`proto::meta::Access::Read`).
 pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
     use MetaRequest as R;
     match req {
@@ -209,7 +145,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
             let attr = i.attr;
             let policy = effective_policy(t, m.ino)?.policy;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
-            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: None })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: None, created: false })
         }),
         R::ListNodes(m) => serve(m, |_| nodes(t, ctx)),
         R::ChunkLocations(m) => serve(m, |m| {
@@ -310,7 +246,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             add_open(t, m.session, attr.ino, m.access.write || created)?;
             let extents = t.extents_overlapping(attr.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, attr.ino)?.policy;
-            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: Some(parent) })
+            Ok(Opened { attr, extents, caps: ChunkCaps::default(), policy, parent: Some(parent), created })
         }),
         R::Link(m) => serve(m, |m| link(t, &ctx.caller, now, m.ino, m.new_parent, &m.new_name)),
         R::Unlink(m) => serve(m, |m| unlink(t, &ctx.caller, now, m.parent, &m.name)),
@@ -353,7 +289,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             add_open(t, m.session, m.ino, m.access.write)?;
             let extents = t.extents_overlapping(m.ino, 0, u64::MAX)?;
             let policy = effective_policy(t, m.ino)?.policy;
-            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy, parent: None })
+            Ok(Opened { attr: i.attr, extents, caps: ChunkCaps::default(), policy, parent: None, created: false })
         }),
         R::Release(m) => serve(m, |m| release(t, m.session, m.ino)),
         R::SetLock(m) => serve(m, |m| {
