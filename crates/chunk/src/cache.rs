@@ -7,33 +7,68 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use util::sync::lock;
 
+/// The order in which chunks were last used, oldest first: the one LRU of Locus, for
+/// the chunks this cache holds in memory and the copies a node's site cache holds on
+/// disk (`node::site`).
+#[derive(Debug, Default)]
+pub struct LruOrder {
+    tick: u64,
+    by_id: HashMap<ChunkId, u64>,
+    by_tick: BTreeMap<u64, ChunkId>,
+}
+
+impl LruOrder {
+    /// Marks `id` used now (adding it if it is new).
+    pub fn touch(&mut self, id: ChunkId) {
+        self.tick += 1;
+        if let Some(old) = self.by_id.insert(id, self.tick) {
+            self.by_tick.remove(&old);
+        }
+        self.by_tick.insert(self.tick, id);
+    }
+
+    /// Forgets `id`; whether it was there.
+    pub fn remove(&mut self, id: &ChunkId) -> bool {
+        let Some(tick) = self.by_id.remove(id) else { return false };
+        self.by_tick.remove(&tick);
+        true
+    }
+
+    pub fn contains(&self, id: &ChunkId) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    /// Takes out the least recently used chunk.
+    pub fn pop_oldest(&mut self) -> Option<ChunkId> {
+        let (_, id) = self.by_tick.pop_first()?;
+        self.by_id.remove(&id);
+        Some(id)
+    }
+}
+
 /// Whole chunks by id, evicting the least recently used beyond `capacity` bytes.
 #[derive(Debug)]
 pub struct ChunkCache {
     capacity: usize,
-    inner: Mutex<Lru>,
+    inner: Mutex<Held>,
 }
 
 #[derive(Debug, Default)]
-struct Lru {
-    by_id: HashMap<ChunkId, (Bytes, u64)>,
-    by_tick: BTreeMap<u64, ChunkId>,
-    tick: u64,
+struct Held {
+    chunks: HashMap<ChunkId, Bytes>,
+    order: LruOrder,
     bytes: usize,
 }
 
 impl ChunkCache {
     pub fn new(capacity: usize) -> Self {
-        ChunkCache { capacity, inner: Mutex::new(Lru::default()) }
+        ChunkCache { capacity, inner: Mutex::new(Held::default()) }
     }
 
     pub fn get(&self, id: &ChunkId) -> Option<Bytes> {
-        let mut lru = lock(&self.inner);
-        lru.tick += 1;
-        let tick = lru.tick;
-        let (data, old) = lru.by_id.get_mut(id).map(|(d, t)| (d.clone(), std::mem::replace(t, tick)))?;
-        lru.by_tick.remove(&old);
-        lru.by_tick.insert(tick, *id);
+        let mut held = lock(&self.inner);
+        let data = held.chunks.get(id)?.clone();
+        held.order.touch(*id);
         Some(data)
     }
 
@@ -44,10 +79,10 @@ impl ChunkCache {
 
     /// Drops `id` (a chunk its reader is done with), freeing its bytes at once.
     pub fn remove(&self, id: &ChunkId) {
-        let mut lru = lock(&self.inner);
-        if let Some((data, tick)) = lru.by_id.remove(id) {
-            lru.bytes -= data.len();
-            lru.by_tick.remove(&tick);
+        let mut held = lock(&self.inner);
+        if let Some(data) = held.chunks.remove(id) {
+            held.bytes -= data.len();
+            held.order.remove(id);
         }
     }
 
@@ -55,20 +90,17 @@ impl ChunkCache {
         if data.len() > self.capacity {
             return;
         }
-        let mut lru = lock(&self.inner);
-        lru.tick += 1;
-        let tick = lru.tick;
+        let mut held = lock(&self.inner);
         let len = data.len();
-        if let Some((old, old_tick)) = lru.by_id.insert(id, (data, tick)) {
-            lru.bytes -= old.len();
-            lru.by_tick.remove(&old_tick);
+        if let Some(old) = held.chunks.insert(id, data) {
+            held.bytes -= old.len();
         }
-        lru.by_tick.insert(tick, id);
-        lru.bytes += len;
-        while lru.bytes > self.capacity {
-            let Some((_, victim)) = lru.by_tick.pop_first() else { break };
-            if let Some((d, _)) = lru.by_id.remove(&victim) {
-                lru.bytes -= d.len();
+        held.order.touch(id);
+        held.bytes += len;
+        while held.bytes > self.capacity {
+            let Some(victim) = held.order.pop_oldest() else { break };
+            if let Some(d) = held.chunks.remove(&victim) {
+                held.bytes -= d.len();
             }
         }
     }
@@ -77,6 +109,19 @@ impl ChunkCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_order_gives_back_the_least_recently_used_first() {
+        let (a, b, c) = (ChunkId([1; 32]), ChunkId([2; 32]), ChunkId([3; 32]));
+        let mut order = LruOrder::default();
+        for id in [a, b, c] {
+            order.touch(id);
+        }
+        order.touch(a);
+        assert!(order.remove(&b) && !order.remove(&b));
+        assert!(order.contains(&c) && !order.contains(&b));
+        assert_eq!((order.pop_oldest(), order.pop_oldest(), order.pop_oldest()), (Some(c), Some(a), None));
+    }
 
     #[test]
     fn a_removed_chunk_frees_its_bytes() {

@@ -20,11 +20,14 @@ struct Cluster {
     unreachable: Vec<(NodeInfo, String)>,
 }
 
+/// A connection to meta at `addr` for an admin command, or an error that names it.
+pub(crate) async fn connect_meta(addr: &str, timeout: Duration) -> anyhow::Result<RpcClient> {
+    RpcClient::connect(addr, 1, timeout).await.with_context(|| format!("meta at {addr} is unreachable"))
+}
+
 impl Cluster {
     async fn connect(meta_addr: &str) -> anyhow::Result<Cluster> {
-        let meta = RpcClient::connect(meta_addr, 1, Duration::from_secs(60))
-            .await
-            .with_context(|| format!("meta at {meta_addr} is unreachable"))?;
+        let meta = connect_meta(meta_addr, Duration::from_secs(60)).await?;
         let infos = meta_call(&meta, ListNodes {}).await?;
         let directory = NodeDirectory::new(Duration::from_secs(60), Box::new(|_| 1));
         directory.update(infos.clone());
@@ -116,9 +119,7 @@ fn print_lag(lag: &[(String, proto::policy::ReplicationLag)]) {
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let addr = crate::local::meta_addr(args.admin.meta.as_deref());
-    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
-        .await
-        .with_context(|| format!("meta at {addr} is unreachable"))?;
+    let meta = connect_meta(&addr, Duration::from_secs(30)).await?;
     let s = meta_call(&meta, Status {}).await?;
     if args.audit {
         println!("{:<24} {:<40} {:<22} {:<50} OUTCOME", "WHEN (UTC)", "WHO", "FROM", "WHAT");
@@ -321,9 +322,7 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
 pub async fn node_action(action: crate::cli::NodeAction) -> anyhow::Result<ExitCode> {
     use crate::cli::NodeAction as A;
     let addr = crate::local::meta_addr(action.meta());
-    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
-        .await
-        .with_context(|| format!("meta at {addr} is unreachable"))?;
+    let meta = connect_meta(&addr, Duration::from_secs(30)).await?;
     match action {
         A::Drain { id, undo, .. } => {
             meta_call(&meta, DrainNode { node: id.clone(), drained: !undo })
@@ -541,9 +540,7 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
 pub async fn login(args: LoginArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let meta = RpcClient::connect(&args.meta, 1, Duration::from_secs(30))
-        .await
-        .with_context(|| format!("meta at {} is unreachable", args.meta))?;
+    let meta = connect_meta(&args.meta, Duration::from_secs(30)).await?;
     let token = meta_call(&meta, Login { lifetime_secs: args.lifetime.as_secs() }).await?;
     // Who runs this: the owner of this process's own /proc entry.
     let me = std::fs::metadata("/proc/self").context("cannot tell which user runs this")?.uid();

@@ -51,9 +51,7 @@ pub async fn path_of(meta: &RpcClient, dir: InodeId) -> anyhow::Result<String> {
 
 pub async fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     let addr = crate::local::meta_addr(args.meta.as_deref());
-    let meta = RpcClient::connect(&addr, 1, Duration::from_secs(30))
-        .await
-        .with_context(|| format!("meta at {addr} is unreachable"))?;
+    let meta = crate::admin::connect_meta(&addr, Duration::from_secs(30)).await?;
     match args.command {
         PolicyCommand::Set { path, sites, copies, mode, rpo, clear } => {
             let ino = resolve(&meta, &path).await?;

@@ -7,7 +7,7 @@
 //! chunk share one fetch.
 
 use bytes::Bytes;
-use chunk::cache::ChunkCache;
+use chunk::cache::{ChunkCache, LruOrder};
 use chunk::{ChunkError, ChunkStore};
 use net::{NodeDirectory, RpcClient};
 use proto::error::{ErrorCode, WireError};
@@ -104,34 +104,6 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Least-recently-used order of the cached chunks.
-#[derive(Default)]
-struct Lru {
-    tick: u64,
-    by_id: HashMap<ChunkId, u64>,
-    by_tick: BTreeMap<u64, ChunkId>,
-}
-
-impl Lru {
-    fn touch(&mut self, id: ChunkId) {
-        self.tick += 1;
-        if let Some(old) = self.by_id.insert(id, self.tick) {
-            self.by_tick.remove(&old);
-        }
-        self.by_tick.insert(self.tick, id);
-    }
-
-    fn remove(&mut self, id: &ChunkId) {
-        if let Some(tick) = self.by_id.remove(id) {
-            self.by_tick.remove(&tick);
-        }
-    }
-
-    fn oldest(&self) -> Option<ChunkId> {
-        self.by_tick.values().next().copied()
-    }
-}
-
 /// Counters shown by `locus status` and the benchmarks.
 #[derive(Debug, Default)]
 pub struct WanStats {
@@ -151,7 +123,7 @@ pub struct SiteLink {
     /// Chunks fetched lately, in memory: served while their disk copy is being written
     /// and to the readers that follow right behind.
     recent: ChunkCache,
-    lru: Mutex<Lru>,
+    lru: Mutex<LruOrder>,
     /// Held while a copy is made room for and written, so that concurrent copies do
     /// not each find the same room and overrun the cap (the later put would fail).
     keeping: tokio::sync::Mutex<()>,
@@ -194,7 +166,7 @@ impl SiteLink {
         meta: Arc<crate::MetaClient>,
         cache: ChunkStore,
     ) -> Result<SiteLink, ChunkError> {
-        let mut lru = Lru::default();
+        let mut lru = LruOrder::default();
         let mut after = None;
         loop {
             let page = cache.list(after, 4096)?;
@@ -244,7 +216,7 @@ impl SiteLink {
     /// is reported: the replica's report makes the catalogue's row a replica, and a
     /// cached copy's removal never takes a replica's row.
     pub(crate) async fn uncache(&self, id: ChunkId) {
-        if !lock(&self.lru).by_id.contains_key(&id) {
+        if !lock(&self.lru).contains(&id) {
             return;
         }
         lock(&self.lru).remove(&id);
@@ -259,7 +231,7 @@ impl SiteLink {
     /// This node's whole site-cache copy of `id`, verified, if it has an intact one
     /// (asking the disk only for a chunk the cache lists).
     pub(crate) async fn cached_copy(&self, id: ChunkId) -> Result<Option<Bytes>, WireError> {
-        if self.recent.get(&id).is_none() && !lock(&self.lru).by_id.contains_key(&id) {
+        if self.recent.get(&id).is_none() && !lock(&self.lru).contains(&id) {
             return Ok(None);
         }
         self.cached(id, 0, u64::MAX).await
@@ -496,8 +468,7 @@ impl SiteLink {
     fn evict_down_to(&self, bytes: u64) {
         let mut evicted = Vec::new();
         while self.cache.stats().used_bytes > bytes {
-            let Some(victim) = lock(&self.lru).oldest() else { break };
-            lock(&self.lru).remove(&victim);
+            let Some(victim) = lock(&self.lru).pop_oldest() else { break };
             if let Err(e) = self.cache.delete(&[victim], Duration::ZERO) {
                 tracing::warn!(chunk = %victim, "cannot evict from the site cache: {e}");
                 break;
