@@ -10,7 +10,7 @@ use crate::store::{Backend, ReadConn, Txn, WriteConn};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
-use util::sync::{lock, wait};
+use util::sync::{lock, try_lock, wait};
 
 /// Most write operations put into one transaction.
 const MAX_BATCH: usize = 512;
@@ -119,7 +119,7 @@ impl Store {
     fn submit_write(&self, durable: bool, op: WriteOp, done: WriteDone) {
         lock(&self.queue).push(Job { durable, op, done });
         loop {
-            let Ok(mut conn) = self.writer.try_lock() else {
+            let Some(mut conn) = try_lock(&self.writer) else {
                 // The leader re-checks the queue after it lets go of the connection.
                 return;
             };

@@ -22,6 +22,17 @@ pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Locks `m` if nobody holds it, recovering the guard if an earlier holder panicked:
+/// `None` only while another holder has it. (`Mutex::try_lock` reports a poisoned lock
+/// as an error, which a caller taking errors for "busy" would wait on forever.)
+pub fn try_lock<T: ?Sized>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Waits on `c`, giving up `guard` meanwhile; recovers the guard if a holder panicked.
 pub fn wait<'a, T>(c: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     c.wait(guard).unwrap_or_else(|e| e.into_inner())
@@ -43,6 +54,21 @@ mod tests {
         assert!(m.is_poisoned());
         *lock(&m) += 1;
         assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn try_lock_takes_a_poisoned_lock_and_is_none_only_while_held() {
+        let m = std::sync::Arc::new(Mutex::new(1));
+        let p = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = p.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        assert!(m.try_lock().is_err(), "std reports the poisoned lock as an error");
+        let held = try_lock(&m).expect("a poisoned lock nobody holds is free");
+        assert_eq!(*held, 1);
+        assert!(try_lock(&m).is_none(), "held");
     }
 
     #[test]
