@@ -100,7 +100,7 @@ pub(super) fn create(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Call
     } else {
         caller.gid
     };
-    let default_acl = if p.acls.default && kind != FileKind::Symlink { stored_acl(t, &p, acl::DEFAULT)? } else { None };
+    let default_acl = if kind != FileKind::Symlink { perm::stored_acl(t, &p, acl::DEFAULT)? } else { None };
     let (access_acl, mode) = match &default_acl {
         Some(default) => default.inherit(mode),
         None if kind == FileKind::Symlink => (None, mode),
@@ -144,21 +144,6 @@ pub(super) fn create(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Call
     t.put_dentry(parent, &name, ino, cookie)?;
     let parent = touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
     Ok(Created { attr: new.attr, created: true, parent })
-}
-
-/// An ACL the inode is marked as having (`name` is `acl::ACCESS` or `acl::DEFAULT`).
-fn stored_acl(t: &mut dyn Txn, i: &Inode, name: &[u8]) -> Result<Option<Acl>, MetaError> {
-    if name == acl::ACCESS {
-        return perm::access_acl(t, i);
-    }
-    if !i.acls.default {
-        return Ok(None);
-    }
-    let ino = i.attr.ino;
-    let value = t
-        .get_xattr(ino, name)?
-        .ok_or_else(|| MetaError::Corrupt(format!("inode {ino} is marked as having a default ACL but has none")))?;
-    Acl::decode(&value).map(Some).map_err(|e| MetaError::Corrupt(format!("default ACL of inode {ino}: {e}")))
 }
 
 pub(super) fn link(
@@ -432,7 +417,7 @@ pub(super) fn set_attr(
     // and the access ACL's owner, mask and other entries follow it (`posix_acl_chmod`).
     if let Some(mode) = new_mode {
         i.attr.mode = mode;
-        if let Some(mut acl) = perm::access_acl(t, &i)? {
+        if let Some(mut acl) = perm::stored_acl(t, &i, acl::ACCESS)? {
             acl.chmod(mode);
             t.set_xattr(ino, acl::ACCESS, &acl.encode())?;
         }

@@ -41,15 +41,18 @@ fn class_bits(c: &Caller, a: &Attr) -> u32 {
     }
 }
 
-/// The inode's access ACL, if it has one (`Inode::acls`).
-pub fn access_acl(t: &mut dyn Txn, i: &Inode) -> Result<Option<Acl>, MetaError> {
-    if !i.acls.access {
+/// The inode's ACL `name` (`acl::ACCESS` or `acl::DEFAULT`), if its marks say it has
+/// one (`Inode::acls`); a marked ACL that is missing or does not decode is corruption.
+pub fn stored_acl(t: &mut dyn Txn, i: &Inode, name: &[u8]) -> Result<Option<Acl>, MetaError> {
+    let (marked, which) = if name == acl::ACCESS { (i.acls.access, "access") } else { (i.acls.default, "default") };
+    if !marked {
         return Ok(None);
     }
-    let value = t.get_xattr(i.attr.ino, acl::ACCESS)?.ok_or_else(|| {
-        MetaError::Corrupt(format!("inode {} is marked as having an access ACL but has none", i.attr.ino))
-    })?;
-    Acl::decode(&value).map(Some).map_err(|e| MetaError::Corrupt(format!("access ACL of inode {}: {e}", i.attr.ino)))
+    let ino = i.attr.ino;
+    let value = t
+        .get_xattr(ino, name)?
+        .ok_or_else(|| MetaError::Corrupt(format!("inode {ino} is marked as having a {which} ACL but has none")))?;
+    Acl::decode(&value).map(Some).map_err(|e| MetaError::Corrupt(format!("{which} ACL of inode {ino}: {e}")))
 }
 
 /// Whether `c` has every permission in `want` (`MAY_*` bits) on `i`, as Linux's
@@ -63,7 +66,7 @@ pub fn permits(t: &mut dyn Txn, c: &Caller, i: &Inode, want: u32) -> Result<bool
     }
     if c.uid != a.uid
         && a.mode & 0o070 != 0
-        && let Some(acl) = access_acl(t, i)?
+        && let Some(acl) = stored_acl(t, i, acl::ACCESS)?
     {
         return Ok(acl.permits(c, a.gid, want));
     }
