@@ -18,6 +18,11 @@
    `.expect(`, or a poisoned lock recovered by hand (`unwrap_or_else(|e| e.into_inner())`,
    `Err(e) => e.into_inner()`, any `PoisonError`), outside crates/util/src/sync.rs:
    locks and condition-variable waits go through `util::sync::{lock, read, write, wait}`.
+5. meta's backends keep to their rooms: outside test code, `meta::sqlite` and
+   `meta::postgres` name only the seam (`store`, `error`, `locks`), never each other or
+   the layers above; the seam names nothing else of meta; and only `engine` (which
+   opens a backend by URL) and `migrate` (which copies SQLite into PostgreSQL) name a
+   backend. A third backend is then one more room and one line in `open_store`.
 4. bench/results/README.md names every file and directory of bench/results/ (each as
    `name` or `name/`), so the index of the measurements stays whole.
 
@@ -246,6 +251,14 @@ LOCK = re.compile(
     r"|Err\s*\(\s*(\w+)\s*\)\s*=>\s*\2\s*\.\s*into_inner\s*\(\s*\)"
 )
 
+# What each room of meta may name (check 5); a room not listed may name anything but a
+# backend.
+META = root / "crates" / "meta" / "src"
+SEAM = {"store", "error", "locks"}
+BACKENDS = {"sqlite", "postgres"}
+MAY_NAME = {**{b: SEAM for b in BACKENDS}, **{s: SEAM for s in SEAM}}
+NAMES_BACKENDS = {"engine", "migrate"}
+
 # Declaration order matters: a `#[cfg(test)] mod x;` must be seen before x's file.
 sources = sorted(root.glob("crates/**/*.rs"), key=lambda p: (len(p.parts), str(p)))
 for path in sources:
@@ -294,6 +307,21 @@ for path in sources:
             if not in_test(m.start()):
                 line = line_of(m.start())
                 failures.append(f"{where(m.start())}: a lock taken by hand, not through util::sync: {raw[line - 1].strip()}")
+
+    if META in path.parents:
+        room = path.relative_to(META).parts[0].removesuffix(".rs")
+        for m in re.finditer(r"\bcrate::(\w+)", code):
+            named = m.group(1)
+            if in_test(m.start()) or named == room:
+                continue
+            allowed = MAY_NAME.get(room)
+            if (allowed is not None and named not in allowed) or (
+                named in BACKENDS and room not in NAMES_BACKENDS and allowed is None
+            ):
+                failures.append(
+                    f"{where(m.start())}: meta::{room} names meta::{named}: backends name only the seam "
+                    f"({', '.join(sorted(SEAM))}), and only {' and '.join(sorted(NAMES_BACKENDS))} name a backend"
+                )
 
 # --- 4. The index of bench/results/ ---------------------------------------------------
 

@@ -51,7 +51,7 @@ pub struct Store {
     returned: Condvar,
     local_reads: bool,
     local_writes: bool,
-    lease: Option<Arc<crate::postgres::PrimaryLease>>,
+    lease: Option<Arc<dyn crate::store::WriterLease>>,
     /// The epoch of the primary role this meta serves (`Backend::epoch`).
     epoch: u64,
     /// The newest epoch a node reported when it is newer than `epoch` (else 0): this
@@ -152,7 +152,7 @@ impl Store {
     }
 
     /// The writer's lease on the primary role, if it holds one (to be renewed).
-    pub fn primary_lease(&self) -> Option<Arc<crate::postgres::PrimaryLease>> {
+    pub fn primary_lease(&self) -> Option<Arc<dyn crate::store::WriterLease>> {
         self.lease.clone()
     }
 

@@ -34,20 +34,14 @@ pub enum MetaError {
     Stale(String),
     #[error("not supported: {0}")]
     Unsupported(String),
-    #[error("metadata database error: {0}")]
-    Db(#[from] rusqlite::Error),
-    #[error("PostgreSQL metadata database error: {}", pg_detail(.0))]
-    Postgres(postgres::Error),
-    /// A failure the server reported for a statement of a pipeline meta sent itself
-    /// (`pgwire::Driver::send_prepared`).
-    #[error("PostgreSQL metadata database error: {0}")]
-    PostgresServer(String),
-    /// Another transaction (e.g. another meta's) touched the same rows; the engine
-    /// runs the whole transaction again.
+    /// A backend's own failure, mapped by the backend (`sqlite`, `postgres`) with the
+    /// detail its driver gives; conflicts, fencing and timeouts map to their own variants.
+    #[error("{backend} metadata database error: {detail}")]
+    Database { backend: &'static str, detail: String },
     #[error("serialization conflict: {0}")]
     Conflict(String),
-    #[error("cannot connect to the PostgreSQL metadata database {url}: {source}")]
-    Connect { url: String, source: postgres::Error },
+    #[error("cannot connect to the metadata database {url}: {detail}")]
+    Connect { url: String, detail: String },
     #[error(
         "metadata database {path} has schema version {found}, newer than the {supported} this \
          binary understands; run a newer locus"
@@ -137,12 +131,9 @@ impl MetaError {
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
             MetaError::Stale(_) => ErrorCode::Stale,
             MetaError::Unsupported(_) => ErrorCode::Unsupported,
-            MetaError::Db(_)
-            | MetaError::Postgres(_)
-            | MetaError::PostgresServer(_)
-            | MetaError::Conflict(_)
-            | MetaError::Connect { .. }
-            | MetaError::Io { .. } => ErrorCode::Io,
+            MetaError::Database { .. } | MetaError::Conflict(_) | MetaError::Connect { .. } | MetaError::Io { .. } => {
+                ErrorCode::Io
+            }
             MetaError::NotFormatted { .. }
             | MetaError::InUse { .. }
             | MetaError::TargetNotEmpty { .. }
@@ -162,46 +153,10 @@ impl MetaError {
     }
 }
 
-/// A PostgreSQL error with the server's message (its `Display` alone says "db error").
-fn pg_detail(e: &postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
-        None => e.to_string(),
-    }
-}
-
 impl MetaError {
     /// A serialization conflict: the transaction is worth running again whole.
     pub fn is_conflict(&self) -> bool {
         matches!(self, MetaError::Conflict(_))
-    }
-}
-
-impl MetaError {
-    /// What a PostgreSQL error with SQLSTATE `code` means beyond a failure: its
-    /// serialization failure and deadlock (40001, 40P01), and a unique violation
-    /// (23505, which a concurrent insert of the same key raises instead of 40001 when
-    /// the transaction had not read the key), are conflicts to retry; a commit's epoch
-    /// check (LF001) is fencing.
-    fn from_sqlstate(code: &str, detail: impl FnOnce() -> String) -> Option<MetaError> {
-        match code {
-            "40001" | "40P01" | "23505" => Some(MetaError::Conflict(detail())),
-            c if c == crate::postgres::FENCED_SQLSTATE => Some(MetaError::Fenced(detail())),
-            c if c == crate::postgres::KEPT_ROW_STALE_SQLSTATE => Some(MetaError::Conflict(detail())),
-            _ => None,
-        }
-    }
-}
-
-impl From<postgres::Error> for MetaError {
-    fn from(e: postgres::Error) -> Self {
-        e.code().and_then(|c| MetaError::from_sqlstate(c.code(), || pg_detail(&e))).unwrap_or(MetaError::Postgres(e))
-    }
-}
-
-impl From<crate::pgwire::ServerError> for MetaError {
-    fn from(e: crate::pgwire::ServerError) -> Self {
-        MetaError::from_sqlstate(&e.code, || e.to_string()).unwrap_or_else(|| MetaError::PostgresServer(e.to_string()))
     }
 }
 

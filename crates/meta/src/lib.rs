@@ -12,10 +12,8 @@ mod identity;
 mod locks;
 mod migrate;
 mod ops;
-mod pgwire;
 mod postgres;
 mod service;
-mod shared_rows;
 mod sqlite;
 mod store;
 
@@ -27,6 +25,8 @@ pub use error::MetaError;
 pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_map};
 pub use locks::Held;
 pub use migrate::migrate;
-pub use postgres::{PrimaryLease, Promotion, promote};
+pub use postgres::{Promotion, promote};
 pub use service::{DEFAULT_DB_TIMEOUT, InProcessClient, MetaConfig, MetaService};
-pub use store::{Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn};
+pub use store::{
+    Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn, WriterLease,
+};

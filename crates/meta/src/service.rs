@@ -575,7 +575,7 @@ impl Worker for SessionExpiry {
 /// third of its duration. A renewal blocked on a cut-off primary or synchronous
 /// standby simply never returns in time, and the writes it guards are refused.
 struct LeaseRenewal {
-    lease: Arc<crate::postgres::PrimaryLease>,
+    lease: Arc<dyn crate::store::WriterLease>,
     renewed: u64,
 }
 
@@ -1183,7 +1183,7 @@ mod tests {
             panic!()
         };
         let first = read.caps.read.first();
-        assert_eq!(first.map(|c| c.epoch), Some(crate::store::SQLITE_EPOCH), "signed with meta's epoch");
+        assert_eq!(first.map(|c| c.epoch), Some(1), "signed with meta's epoch (a SQLite database's is always 1)");
         assert_eq!(verify(&key, CapOp::Read, "/CN=host.a", Some(&chunk), first, now, 1), Ok(()));
         assert!(verify(&key, CapOp::Read, "/CN=host.b", Some(&chunk), first, now, 1).is_err());
         assert_eq!(read.caps.put, None, "no put capability without an open for writing");

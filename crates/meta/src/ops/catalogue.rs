@@ -80,7 +80,7 @@ pub(super) fn remove(t: &mut dyn Txn, node: &str) -> Result<(), MetaError> {
 /// Makes a join token valid for `ttl_secs`: 128 random bits, of which meta keeps
 /// only the BLAKE3 hash.
 pub(super) fn make_join_token(t: &mut dyn Txn, ctx: &Ctx, ttl_secs: u64) -> Result<proto::meta::JoinToken, MetaError> {
-    let token = format!("locus-join-{}", crate::sqlite::random_hex()?);
+    let token = format!("locus-join-{}", crate::store::values::random_hex()?);
     let expires = ctx.now_ms.saturating_add(i64::try_from(ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
     t.put_join_token(blake3::hash(token.as_bytes()).as_bytes(), expires)?;
     Ok(proto::meta::JoinToken { token, ttl_secs })

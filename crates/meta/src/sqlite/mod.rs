@@ -6,198 +6,28 @@
 
 use crate::error::MetaError;
 use crate::locks::Held;
+use crate::store::values::{PolicyColumns, chunk_id, kind_code, kind_of, off, policy_of, secret_of};
 use crate::store::{
-    AclMarks, Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn,
-    split_mode_column,
+    Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn, split_mode_column,
 };
 use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
-use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp};
+use proto::types::{Attr, ChunkId, ChunkRecord, Extent, FileKind, InodeId, NodeInfo, SessionId, Timestamp};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// The schema version this binary writes and understands. The SQL is SQLite's
-/// dialect of a portable schema: `INTEGER PRIMARY KEY` (the rowid) and `WITHOUT ROWID`
-/// clustered tables map to plain `BIGINT` primary keys on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 10;
+mod schema;
+
+use schema::init_schema;
 
 /// Read connections; WAL lets them run alongside the writer.
 const READERS: usize = 4;
 
-/// The schema, kept to plain tables and types that PostgreSQL accepts as well
-/// (BLOB becomes BYTEA there).
-const SCHEMA: &str = "
-CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL) WITHOUT ROWID;
-CREATE TABLE inodes (
-    ino INTEGER PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
-    uid BIGINT NOT NULL, gid BIGINT NOT NULL, size BIGINT NOT NULL, nlink BIGINT NOT NULL,
-    rdev BIGINT NOT NULL, atime_s BIGINT NOT NULL, atime_ns INTEGER NOT NULL,
-    mtime_s BIGINT NOT NULL, mtime_ns INTEGER NOT NULL, ctime_s BIGINT NOT NULL,
-    ctime_ns INTEGER NOT NULL, data_version BIGINT NOT NULL, parent BIGINT NOT NULL,
-    target BLOB NOT NULL);
-CREATE INDEX inodes_orphaned ON inodes (ino) WHERE nlink = 0;
-CREATE TABLE dentries (
-    parent BIGINT NOT NULL, name BLOB NOT NULL, ino BIGINT NOT NULL, cookie BIGINT NOT NULL,
-    PRIMARY KEY (parent, name)) WITHOUT ROWID;
-CREATE UNIQUE INDEX dentries_by_cookie ON dentries (parent, cookie);
-CREATE TABLE extents (
-    ino BIGINT NOT NULL, file_offset BIGINT NOT NULL, len BIGINT NOT NULL,
-    chunk BLOB NOT NULL, chunk_offset BIGINT NOT NULL, PRIMARY KEY (ino, file_offset)) WITHOUT ROWID;
-CREATE TABLE chunks (id BLOB PRIMARY KEY, size BIGINT NOT NULL, refcount BIGINT NOT NULL) WITHOUT ROWID;
-CREATE TABLE chunk_nodes (chunk BLOB NOT NULL, node TEXT NOT NULL, PRIMARY KEY (chunk, node)) WITHOUT ROWID;
-CREATE TABLE xattrs (
-    ino BIGINT NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name)) WITHOUT ROWID;
-CREATE TABLE sessions (
-    id INTEGER PRIMARY KEY, site TEXT NOT NULL, host TEXT NOT NULL, pid BIGINT NOT NULL,
-    purpose TEXT NOT NULL, last_seen BIGINT NOT NULL);
-CREATE TABLE nodes (
-    id TEXT PRIMARY KEY, store_id TEXT NOT NULL, site TEXT NOT NULL, addr TEXT NOT NULL, capacity BIGINT NOT NULL,
-    used BIGINT NOT NULL, chunk_count BIGINT NOT NULL, cache_bytes BIGINT NOT NULL, last_seen BIGINT NOT NULL)
-    WITHOUT ROWID;
-CREATE TABLE site_rtts (
-    from_site TEXT NOT NULL, to_site TEXT NOT NULL, micros BIGINT NOT NULL, PRIMARY KEY (from_site, to_site))
-    WITHOUT ROWID;
-INSERT INTO counters (name, value) VALUES ('next_inode', 1), ('next_cookie', 0), ('next_session', 0), ('syncs', 0);
-CREATE TABLE cluster (id TEXT NOT NULL);
-";
-
-/// Open-file records and byte-range locks, kept in the database so that they survive
-/// a restart of meta (version 3).
-const OPENS_AND_LOCKS: &str = "
-CREATE TABLE opens (
-    session BIGINT NOT NULL, ino BIGINT NOT NULL, count BIGINT NOT NULL, writable BIGINT NOT NULL,
-    PRIMARY KEY (session, ino)) WITHOUT ROWID;
-CREATE INDEX opens_by_ino ON opens (ino);
-CREATE TABLE locks (
-    ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, range_start BIGINT NOT NULL,
-    range_end BIGINT NOT NULL, is_write BIGINT NOT NULL, pid BIGINT NOT NULL);
-CREATE INDEX locks_by_ino ON locks (ino);
-CREATE INDEX locks_by_session ON locks (session);
-";
-
-/// The replication tables: policies (directory inode -> policy; `sites` is a comma
-/// list) and the nodes being drained.
-const REPLICATION_TABLES: &str = "CREATE TABLE policies (
-    ino BIGINT PRIMARY KEY, sites TEXT NOT NULL, copies BIGINT NOT NULL, mode TEXT NOT NULL,
-    rpo_secs BIGINT NOT NULL) WITHOUT ROWID;
-CREATE TABLE drained_nodes (id TEXT PRIMARY KEY) WITHOUT ROWID;";
-
-/// Upgrades from each older schema version to the next one, in order: entry `i`
-/// turns version `i + 1` into `i + 2`. Each runs inside the opening transaction.
-const MIGRATIONS: &[Migration] = &[
-    adopt_into_a_cluster,
-    persist_opens_and_locks,
-    add_replication_policies,
-    add_principals,
-    add_node_admissions,
-    add_cluster_secret,
-    add_session_owners,
-    mark_cached_copies,
-    mark_acls_in_modes,
-];
-
-/// One schema upgrade step, run on the writer inside the opening transaction.
-type Migration = fn(&Connection) -> Result<(), MetaError>;
-
-/// Version 1 -> 2: a database written before clusters had an identity is adopted
-/// (it is this cluster's own database, not a foreign one) and given a new cluster id.
-fn adopt_into_a_cluster(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch("CREATE TABLE cluster (id TEXT NOT NULL)")?;
-    conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
-    Ok(())
-}
-
-/// Version 2 -> 3: open-file records and locks move from meta's memory into tables
-/// (empty: whatever a running meta held died with it before this upgrade).
-fn persist_opens_and_locks(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch(OPENS_AND_LOCKS)?;
-    Ok(())
-}
-
-/// Version 3 -> 4: directories may carry a replication policy; nodes may be drained.
-fn add_replication_policies(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch(REPLICATION_TABLES)?;
-    Ok(())
-}
-
-/// Version 4 -> 5: owners may be global principals (grid identities), numbered by
-/// their row in this table (see `identity`).
-fn add_principals(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch("CREATE TABLE principals (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")?;
-    Ok(())
-}
-
-/// Node admission (`locus node admit` / `remove`): a node id registers only once
-/// admitted (1); a removed one (0) is refused. Join tokens are kept as BLAKE3 hashes.
-const ADMISSION_TABLES: &str = "
-CREATE TABLE node_admissions (id TEXT PRIMARY KEY, admitted BIGINT NOT NULL) WITHOUT ROWID;
-CREATE TABLE join_tokens (hash BLOB PRIMARY KEY, expires BIGINT NOT NULL) WITHOUT ROWID;";
-
-/// Version 5 -> 6: registrations need an operator's admission (or a join token); the
-/// nodes a cluster already has are admitted, so an upgrade keeps them serving.
-fn add_node_admissions(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch(ADMISSION_TABLES)?;
-    conn.execute("INSERT INTO node_admissions (id, admitted) SELECT id, 1 FROM nodes", [])?;
-    Ok(())
-}
-
-/// Version 6 -> 7: a secret every meta over the database shares, so that a capability
-/// one meta signs is good at every node whichever meta they registered with.
-fn add_cluster_secret(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch("ALTER TABLE cluster ADD COLUMN secret BLOB")?;
-    conn.execute("UPDATE cluster SET secret = ?1", [random_bytes::<32>()?])?;
-    Ok(())
-}
-
-/// The stored cluster secret, which must be 32 bytes.
-pub(crate) fn secret_of(stored: Vec<u8>) -> Result<[u8; 32], MetaError> {
-    stored
-        .try_into()
-        .map_err(|v: Vec<u8>| MetaError::Corrupt(format!("the cluster secret has {} bytes, not 32", v.len())))
-}
-
-/// Version 7 -> 8: a session remembers the certificate it was opened with.
-fn add_session_owners(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch("ALTER TABLE sessions ADD COLUMN owner TEXT")?;
-    Ok(())
-}
-
-/// Version 8 -> 9: a chunk location records whether the node holds a replica (0) or
-/// only a site-cache copy (1), which no policy counts. Locations recorded before are
-/// taken as replicas, as they were counted then.
-fn mark_cached_copies(conn: &Connection) -> Result<(), MetaError> {
-    conn.execute_batch("ALTER TABLE chunk_nodes ADD COLUMN cached BIGINT NOT NULL DEFAULT 0")?;
-    Ok(())
-}
-
-/// Version 9 -> 10: the `mode` column may carry ACL marks above the permission bits
-/// (`store::AclMarks`). No row changes (none has an ACL yet); the version moves so that
-/// an older binary, which would read the marks as mode bits and ignore the ACLs,
-/// refuses the database.
-fn mark_acls_in_modes(_conn: &Connection) -> Result<(), MetaError> {
-    Ok(())
-}
-
-/// A random cluster id: 128 bits from the kernel, in hex.
-pub(crate) fn new_cluster_id() -> Result<String, MetaError> {
-    random_hex()
-}
-
-/// 128 random bits from the kernel, in hex (cluster ids, join tokens).
-pub(crate) fn random_hex() -> Result<String, MetaError> {
-    Ok(hex::encode(random_bytes::<16>()?))
-}
-
-/// `N` random bytes from the kernel (ids, tokens, the cluster secret).
-pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], MetaError> {
-    let mut bytes = [0u8; N];
-    File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| MetaError::Internal(format!("cannot read /dev/urandom: {e}")))?;
-    Ok(bytes)
-}
+/// The epoch of every SQLite database: one file, one writer, no failover, so it never
+/// changes (and equals a new PostgreSQL database's first, so a migrated namespace's
+/// nodes keep theirs).
+const EPOCH: u64 = 1;
 
 /// Distinct statements the store prepares; the per-connection cache must hold them all
 /// or statements are re-parsed on every use.
@@ -326,7 +156,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         local_reads: true,
         local_writes: true,
         lease: None,
-        epoch: crate::store::SQLITE_EPOCH,
+        epoch: EPOCH,
     })
 }
 
@@ -406,128 +236,6 @@ fn configure(conn: &Connection) -> Result<(), MetaError> {
 fn plan_once(conn: &Connection) -> Result<(), MetaError> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(())
-}
-
-/// Formats an empty database (`fresh`) or checks and upgrades an existing one, all in
-/// one transaction: a failed migration leaves the file as it was.
-fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<(), MetaError> {
-    w.begin(false)?;
-    let r = (|| {
-        if fresh {
-            return format(w);
-        }
-        let has_version: i64 = w.conn.query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'",
-            [],
-            |r| r.get(0),
-        )?;
-        if has_version == 0 {
-            return Err(MetaError::NotFormatted {
-                path: path.into(),
-                reason: "is not a Locus metadata database".into(),
-            });
-        }
-        let found: Option<i64> = w.conn.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?;
-        let found = found.ok_or_else(|| MetaError::SchemaUnknown { path: path.into(), found: 0 })?;
-        if found > SCHEMA_VERSION {
-            return Err(MetaError::SchemaTooNew { path: path.into(), found, supported: SCHEMA_VERSION });
-        }
-        if found < 1 {
-            return Err(MetaError::SchemaUnknown { path: path.into(), found });
-        }
-        for (from, migrate) in MIGRATIONS.iter().enumerate().skip(found as usize - 1) {
-            migrate(&w.conn)?;
-            tracing::info!(path, from = from + 1, to = from + 2, "upgraded the metadata schema");
-        }
-        w.conn.execute("UPDATE meta_version SET version = ?1", [SCHEMA_VERSION])?;
-        Ok(())
-    })();
-    match r {
-        Ok(()) => w.commit(),
-        Err(e) => {
-            let _ = w.rollback();
-            Err(e)
-        }
-    }
-}
-
-/// Creates the schema, the root directory and a new cluster id.
-fn format(w: &mut SqlConn) -> Result<(), MetaError> {
-    w.conn.execute_batch("CREATE TABLE meta_version (version BIGINT NOT NULL)")?;
-    w.conn.execute_batch(SCHEMA)?;
-    w.conn.execute_batch(OPENS_AND_LOCKS)?;
-    add_replication_policies(&w.conn)?;
-    add_principals(&w.conn)?;
-    add_node_admissions(&w.conn)?;
-    w.conn.execute("INSERT INTO meta_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
-    w.conn.execute("INSERT INTO cluster (id) VALUES (?1)", [new_cluster_id()?])?;
-    add_cluster_secret(&w.conn)?;
-    add_session_owners(&w.conn)?;
-    mark_cached_copies(&w.conn)?;
-    w.put_inode(&root_inode())
-}
-
-/// The root directory of a newly formatted namespace.
-pub(crate) fn root_inode() -> Inode {
-    let now = Timestamp::now();
-    Inode {
-        attr: Attr {
-            ino: ROOT_INODE,
-            kind: FileKind::Dir,
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-            size: 4096,
-            nlink: 2,
-            rdev: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            data_version: 0,
-        },
-        parent: ROOT_INODE,
-        target: Vec::new(),
-        acls: AclMarks::default(),
-    }
-}
-
-/// Offsets are stored as BIGINT; files never exceed `i64::MAX` (POSIX `off_t`).
-pub(crate) fn off(v: u64) -> i64 {
-    v.min(i64::MAX as u64) as i64
-}
-
-/// A file kind as stored in the `kind` column (the same codes on every backend).
-pub(crate) fn kind_code(k: FileKind) -> i64 {
-    match k {
-        FileKind::File => 1,
-        FileKind::Dir => 2,
-        FileKind::Symlink => 3,
-        FileKind::Fifo => 4,
-        FileKind::Socket => 5,
-        FileKind::CharDevice => 6,
-        FileKind::BlockDevice => 7,
-    }
-}
-
-/// The file kind stored as `code`, if it is one.
-pub(crate) fn kind_of(code: i64) -> Option<FileKind> {
-    Some(match code {
-        1 => FileKind::File,
-        2 => FileKind::Dir,
-        3 => FileKind::Symlink,
-        4 => FileKind::Fifo,
-        5 => FileKind::Socket,
-        6 => FileKind::CharDevice,
-        7 => FileKind::BlockDevice,
-        _ => return None,
-    })
-}
-
-/// A chunk id column's bytes back into a `ChunkId` (refused unless 32 bytes long).
-pub(crate) fn chunk_id(bytes: Vec<u8>) -> Result<ChunkId, MetaError> {
-    let arr: [u8; 32] =
-        bytes.try_into().map_err(|b: Vec<u8>| MetaError::Corrupt(format!("chunk id of {} bytes", b.len())))?;
-    Ok(ChunkId(arr))
 }
 
 /// The inode columns in `inode_row`'s order; a macro so that the statements can be
@@ -1143,24 +851,19 @@ impl Txn for SqlConn {
     }
 }
 
-/// A policy row's columns as stored: (sites, copies, mode, rpo_secs).
-pub(crate) type PolicyColumns = (String, i64, String, i64);
-
 fn policy_row(r: &Row<'_>) -> rusqlite::Result<PolicyColumns> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
 }
 
-pub(crate) fn policy_of((sites, copies, mode, rpo): PolicyColumns) -> Result<Policy, MetaError> {
-    Ok(Policy {
-        sites: sites.split(',').filter(|s| !s.is_empty()).map(String::from).collect(),
-        copies: copies as u32,
-        mode: mode.parse().map_err(MetaError::Corrupt)?,
-        rpo_secs: rpo as u64,
-    })
+impl From<rusqlite::Error> for MetaError {
+    fn from(e: rusqlite::Error) -> Self {
+        MetaError::Database { backend: "SQLite", detail: e.to_string() }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::schema::SCHEMA_VERSION;
     use super::*;
     use crate::conformance::test_config;
     use crate::service::{MetaConfig, MetaService};

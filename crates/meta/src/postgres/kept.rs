@@ -40,7 +40,6 @@
 //! replayed the floor before the read began (`StandbyReader`), and none while a
 //! notification's floor is still being asked (`unsettled`).
 
-use crate::postgres::{KEPT_ROWS_CHANNEL, KEPT_ROWS_LOCK};
 use crate::store::Inode;
 use proto::types::InodeId;
 use std::collections::{HashMap, HashSet};
@@ -146,7 +145,7 @@ impl SharedRows {
     pub(crate) fn new(standby: bool) -> Arc<SharedRows> {
         // Only told apart from other metas' names: a clock-derived name will do if
         // /dev/urandom cannot be read.
-        let me = crate::sqlite::random_hex().unwrap_or_else(|_| {
+        let me = crate::store::values::random_hex().unwrap_or_else(|_| {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             format!("{:x}", nanos as u64 ^ u64::from(std::process::id()))
         });
@@ -369,7 +368,7 @@ pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc
     fn settle(client: &mut postgres::Client, shared: &SharedRows) -> Result<(), postgres::Error> {
         if shared.standby && shared.unsettled.load(Ordering::SeqCst) {
             let at: String = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?.get(0);
-            shared.settle(crate::postgres::parse_lsn(&at).unwrap_or(u64::MAX));
+            shared.settle(super::standby::parse_lsn(&at).unwrap_or(u64::MAX));
         }
         Ok(())
     }
@@ -446,6 +445,16 @@ pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc
     }
 }
 
+/// The advisory lock of metas that keep rows (`sql::kept_rows_lock`).
+pub(crate) const KEPT_ROWS_LOCK: i64 = kept_rows_lock!();
+/// The channel their notifications go out on (`sql::kept_rows_channel`).
+pub(crate) const KEPT_ROWS_CHANNEL: &str = kept_rows_channel!();
+
+/// The SQLSTATE of a commit refused because a row its transaction took from the rows
+/// its meta keeps had changed (raised by `locus_expect`; see `PgConn::assume_entry`).
+/// It is a conflict: the transaction runs again, reading from the server.
+pub(crate) const KEPT_ROW_STALE_SQLSTATE: &str = "LK001";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,7 +468,7 @@ mod tests {
     }
 
     fn inode(ino: InodeId) -> Inode {
-        let mut row = crate::sqlite::root_inode();
+        let mut row = crate::store::values::root_inode();
         row.attr.ino = ino;
         row
     }

@@ -7,6 +7,7 @@
 //! trips themselves. Driven here, a request costs the round trip and nothing else, on
 //! whichever thread asks, async worker or not.
 
+use super::pg_detail;
 use crate::error::MetaError;
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
@@ -207,7 +208,7 @@ impl Wire {
             return Err(StartError::Io(io::Error::new(io::ErrorKind::TimedOut, why)));
         };
         let (client, connection) =
-            logged_in.map_err(|source| StartError::Pg(MetaError::Connect { url: shown.into(), source }))?;
+            logged_in.map_err(|e| StartError::Pg(MetaError::Connect { url: shown.into(), detail: pg_detail(&e) }))?;
         driver.connection = Some(connection);
         driver.started = true;
         Ok(Wire { client, driver })

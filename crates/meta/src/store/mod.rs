@@ -8,6 +8,8 @@ use proto::meta::{SessionInfo, StoredChunk};
 use proto::policy::Policy;
 use proto::types::{Attr, ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
 
+pub(crate) mod values;
+
 /// An inode row: the attributes plus what only meta needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inode {
@@ -318,16 +320,24 @@ pub struct Backend {
     pub local_writes: bool,
     /// The writer's lease on the primary role (PostgreSQL with `--lease-ms`), which
     /// the meta service renews.
-    pub lease: Option<std::sync::Arc<crate::postgres::PrimaryLease>>,
+    pub lease: Option<std::sync::Arc<dyn WriterLease>>,
     /// The epoch of the primary role this meta serves, read when it opened the
-    /// database (`SQLITE_EPOCH` for SQLite); told to nodes and put in capabilities.
+    /// database (always 1 for SQLite); told to nodes and put in capabilities.
     pub epoch: u64,
 }
 
-/// The epoch of every SQLite database: one file, one writer, no failover, so it never
-/// changes (and equals a new PostgreSQL database's first, so a migrated namespace's
-/// nodes keep theirs).
-pub const SQLITE_EPOCH: u64 = 1;
+/// A writer's lease on the primary role of its database: while it holds, the backend
+/// accepts writes; once a renewal has failed for the lease's whole duration, every
+/// write is refused (`MetaError::Fenced`). Behind a trait so that the engine and the
+/// service, which hold and renew it, never name the backend that grants it.
+pub trait WriterLease: Send + Sync {
+    /// The epoch of the primary role the lease belongs to.
+    fn epoch(&self) -> i64;
+    /// How long the lease lasts; the renewal worker runs at a third of it.
+    fn duration(&self) -> std::time::Duration;
+    /// Extends the lease (blocking); refused for good once the epoch moved on.
+    fn renew(&self) -> Result<(), MetaError>;
+}
 
 /// `Txn::drop_open` by reading the record and writing it back.
 pub fn drop_open_read<T: Txn + ?Sized>(t: &mut T, session: SessionId, ino: InodeId) -> Result<(), MetaError> {

@@ -1,0 +1,194 @@
+//! The PostgreSQL backend: one write connection and a few read connections to a
+//! PostgreSQL database (the shared `engine` group-commits on the writer and lends the
+//! readers to callers), each with its own cache of prepared statements.
+//!
+//! Isolation: writes run SERIALIZABLE, reads REPEATABLE READ READ ONLY (a snapshot;
+//! a read of one statement runs it alone, which is a snapshot too).
+//! The POSIX rules in `ops` were written for a single writer that sees a serial
+//! history (SQLite); SERIALIZABLE keeps that true when several metas write to one
+//! database, without adding row locks to every op: a create racing an rmdir, two
+//! creates of one name, or two renames through one directory all end with one
+//! transaction failing with a serialization conflict (40001), which the engine runs
+//! again whole (`MetaError::Conflict`). REPEATABLE READ with explicit `FOR UPDATE`
+//! locks would need every read-then-write in `ops` to lock, and would still miss
+//! predicates (an empty-directory check against a concurrent insert). Ids come from
+//! sequences, so two metas never contend on a counter row.
+//!
+//! Each connection is driven on the thread that waits for it (`wire`), so it may be
+//! used from anywhere, meta's async workers included: a server on this machine gets
+//! its point reads run inline there (`Backend::local_reads`); writes, and every read
+//! of a server elsewhere, run off the workers.
+
+#[macro_use]
+mod sql;
+mod codec;
+mod conn;
+mod kept;
+mod lease;
+mod rows;
+mod schema;
+mod seen;
+mod standby;
+#[cfg(test)]
+mod tests;
+mod txn;
+mod wire;
+
+pub use lease::{Promotion, promote};
+pub(crate) use schema::{connect_empty, create_tables};
+
+use crate::error::MetaError;
+use crate::store::values::secret_of;
+use crate::store::{Backend, ReadConn};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+use tokio_postgres::Config;
+
+use crate::store::WriterLease;
+use conn::{CONNECT_TIMEOUT, PgConn, connect, on_this_machine, shown};
+use kept::{KEPT_ROW_STALE_SQLSTATE, SharedRows};
+use lease::{FENCED_SQLSTATE, PrimaryLease};
+use schema::init_schema;
+use standby::StandbyReader;
+
+/// Read connections: each read holds one for its round trips to the server.
+const READERS: usize = 8;
+
+/// The writer's setup when its meta reads from the primary: commits are also
+/// acknowledged before their WAL is flushed (see `WriteConn::commit`).
+const WRITER_SETUP_ASYNC: &str = concat!("SET synchronous_commit TO off;\n", writer_setup!());
+
+/// Parses a `postgres://` URL and connects one client, for `open` and `migrate`.
+fn parse(url: &str) -> Result<(Config, String), MetaError> {
+    let mut config: Config = url.parse().map_err(|e: postgres::Error| MetaError::UnsupportedUrl {
+        url: url.into(),
+        reason: format!("not a PostgreSQL connection URL: {e}"),
+    })?;
+    config.connect_timeout(CONNECT_TIMEOUT).application_name("locus-meta");
+    let shown = shown(&config);
+    Ok((config, shown))
+}
+
+/// Opens the PostgreSQL database at `url` for the shared engine. Without `init` the
+/// database must already hold a Locus namespace; with it, an empty database (no
+/// tables) is formatted with a new cluster id. A database holding anything else is
+/// refused either way. With `standby` (a hot standby of `url`'s server, at this
+/// site), reads go there once it has replayed this meta's latest commit.
+/// With `lease` (a holder name and duration), the writer holds a lease on the
+/// primary role (`PrimaryLease`), taken here and renewed by the meta's `primary-lease`
+/// worker. Every request waits at most `answer_timeout` for the server's answer.
+pub fn open(
+    url: &str,
+    standby: Option<&str>,
+    init: bool,
+    lease: Option<(String, Duration)>,
+    answer_timeout: Duration,
+) -> Result<Backend, MetaError> {
+    let (config, shown) = parse(url)?;
+    let timeout = Some(answer_timeout);
+    let mut writer = connect(&config, &shown, timeout)?;
+    init_schema(&mut writer, &shown, init)?;
+    let row = writer.one("SELECT id, secret FROM cluster", &[])?;
+    let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
+    let epoch: i64 = writer.one("SELECT epoch FROM primary_epoch", &[])?.try_get(0)?;
+    let lease = match lease {
+        None => None,
+        Some((holder, duration)) => {
+            let lease = Arc::new(PrimaryLease {
+                holder,
+                epoch,
+                duration,
+                valid_until: Mutex::new(Instant::now()),
+                conn: Mutex::new(connect(&config, &shown, timeout)?),
+            });
+            lease.renew()?;
+            tracing::info!(epoch, ?duration, "holding a lease on the primary role");
+            writer.fence = Some(lease.clone());
+            Some(lease)
+        }
+    };
+    let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
+    // Every writer notifies the metas that keep rows of what it commits. The writer
+    // takes the lock (at the primary) below and, while another meta's commit holds
+    // it, again with a later write transaction; the listener listens at the primary.
+    let shared = SharedRows::new(standby.is_some());
+    writer.publish = Some(shared.clone());
+    let kept = |mut conn: PgConn| {
+        conn.cache = Some(shared.clone());
+        conn
+    };
+    match standby {
+        None => {
+            writer.setup = WRITER_SETUP_ASYNC;
+            for _ in 0..READERS {
+                readers.push(Box::new(kept(connect(&config, &shown, timeout)?)));
+            }
+        }
+        // Commits are flushed before they are answered: WAL reaches the standby only
+        // once flushed, and an unflushed commit would keep its writer's reads waiting.
+        Some(standby_url) => {
+            writer.setup = writer_setup!();
+            let committed = Arc::new(AtomicU64::new(0));
+            writer.committed = Some(committed.clone());
+            let (standby_config, standby_shown) = parse(standby_url)?;
+            for _ in 0..READERS {
+                readers.push(Box::new(StandbyReader {
+                    standby: kept(connect(&standby_config, &standby_shown, timeout)?),
+                    // Keeps nothing: rows newer than the standby's would mix with its
+                    // older ones in later reads there.
+                    primary: connect(&config, &shown, timeout)?,
+                    committed: committed.clone(),
+                    replayed: 0,
+                }));
+            }
+        }
+    }
+    writer.batch(writer.setup)?;
+    kept::listen(config.clone(), shown.clone(), &shared);
+    writer.take_kept_rows_lock()?;
+    Ok(Backend {
+        cluster_id,
+        cluster_secret,
+        writer: Box::new(writer),
+        readers,
+        local_reads: standby.is_none() && on_this_machine(&config),
+        local_writes: false,
+        lease: lease.map(|l| l as Arc<dyn WriterLease>),
+        epoch: epoch as u64,
+    })
+}
+
+/// A PostgreSQL error with the server's message (its `Display` alone says "db error").
+fn pg_detail(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// What a PostgreSQL error with SQLSTATE `code` means beyond a failure: its
+/// serialization failure and deadlock (40001, 40P01), and a unique violation (23505,
+/// which a concurrent insert of the same key raises instead of 40001 when the
+/// transaction had not read the key), are conflicts to retry, as is a kept row found
+/// stale (LK001); a commit's epoch check (LF001) is fencing.
+fn from_sqlstate(code: &str, detail: String) -> MetaError {
+    match code {
+        "40001" | "40P01" | "23505" | KEPT_ROW_STALE_SQLSTATE => MetaError::Conflict(detail),
+        FENCED_SQLSTATE => MetaError::Fenced(detail),
+        _ => MetaError::Database { backend: "PostgreSQL", detail },
+    }
+}
+
+impl From<postgres::Error> for MetaError {
+    fn from(e: postgres::Error) -> Self {
+        from_sqlstate(e.code().map_or("", |c| c.code()), pg_detail(&e))
+    }
+}
+
+impl From<wire::ServerError> for MetaError {
+    fn from(e: wire::ServerError) -> Self {
+        from_sqlstate(&e.code, e.to_string())
+    }
+}
