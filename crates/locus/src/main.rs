@@ -33,7 +33,7 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,locus=info,meta=info,node=info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log(&args.command))),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -50,6 +50,18 @@ fn main() -> std::process::ExitCode {
             eprintln!("locus: {}", report(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// What is logged unless `LOCUS_LOG` says otherwise: a service (`up`, `meta`, `node`,
+/// `mount`) tells what it does; a command a person runs and reads (`status`, `fsck`,
+/// `policy`, ...) prints its answer and only warnings beside it.
+fn default_log(command: &cli::Command) -> &'static str {
+    use cli::Command::*;
+    match command {
+        Meta(cli::MetaArgs { action: None, .. }) | Up(_) | Mount(_) => "warn,locus=info,meta=info,node=info",
+        Node(a) if a.action.is_none() => "warn,locus=info,meta=info,node=info",
+        Meta(_) | Node(_) | Status(_) | Fsck(_) | Gc(_) | Policy(_) | Ca(_) | Login(_) => "warn",
     }
 }
 

@@ -125,10 +125,13 @@ fn up_restarts_over_a_dead_mount_and_status_finds_it_without_flags() {
     assert_eq!(fs::read(env.mnt().join("kept")).unwrap(), b"before the crash");
 
     // No --meta: the address comes from the record `locus up` left in HOME.
-    let out = env.command().arg("status").stdin(Stdio::null()).output().unwrap();
+    let out = env.command().arg("status").env_remove("LOCUS_LOG").stdin(Stdio::null()).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(&format!("meta {}", env.meta)), "{stdout}");
+    // A command a person reads prints its answer, not the service's log lines.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("INFO"), "status logged beside its answer: {stderr}");
 
     signal(&up.child, libc::SIGINT);
     let status = testkit::exits_within(&mut up.child, Duration::from_secs(20), "locus up");

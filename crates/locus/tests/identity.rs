@@ -70,6 +70,7 @@ fn a_damaged_database_is_refused() {
             primary_lease: None,
             db_timeout: meta::DEFAULT_DB_TIMEOUT,
             audit_log: None,
+            root_policy: None,
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

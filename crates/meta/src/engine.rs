@@ -57,6 +57,8 @@ pub struct Store {
     /// The newest epoch a node reported when it is newer than `epoch` (else 0): this
     /// meta lost the primary role and refuses every write from then on.
     superseded: AtomicU64,
+    /// Opening formatted the database (`Backend::formatted`).
+    formatted: bool,
 }
 
 impl Store {
@@ -77,6 +79,7 @@ impl Store {
             lease: backend.lease,
             epoch: backend.epoch,
             superseded: AtomicU64::new(0),
+            formatted: backend.formatted,
         })
     }
 
@@ -154,6 +157,11 @@ impl Store {
     /// The writer's lease on the primary role, if it holds one (to be renewed).
     pub fn primary_lease(&self) -> Option<Arc<dyn crate::store::WriterLease>> {
         self.lease.clone()
+    }
+
+    /// Whether opening formatted the database: the cluster is new.
+    pub fn formatted(&self) -> bool {
+        self.formatted
     }
 
     /// The epoch of the primary role this meta serves (fixed when it opened the

@@ -46,6 +46,10 @@ pub struct MetaConfig {
     /// Where administrative actions are appended (`audit`); they are kept in memory
     /// for `locus status --audit` either way.
     pub audit_log: Option<std::path::PathBuf>,
+    /// The policy a new cluster's root directory starts with when this meta formats the
+    /// database (`None`: none, so the built-in default applies). `locus up` runs one
+    /// node, and the default's two copies would leave every chunk under-replicated.
+    pub root_policy: Option<proto::policy::Policy>,
 }
 
 /// `MetaConfig::db_timeout` unless told otherwise: far above any one request's work
@@ -93,6 +97,9 @@ impl MetaService {
         let audit = AuditLog::open(config.audit_log.as_deref())?;
         let store =
             engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init, lease, config.db_timeout)?;
+        if let (true, Some(policy)) = (store.formatted(), config.root_policy.clone()) {
+            engine::write(&store, true, move |t| t.put_policy(proto::types::ROOT_INODE, &policy))?;
+        }
         Ok(Self::build(Arc::new(store), config, audit))
     }
 
@@ -976,6 +983,31 @@ mod tests {
     use proto::meta::*;
     use proto::meta::{NewNode, SessionInfo};
     use proto::types::{Attr, Caller, ROOT_INODE};
+
+    /// `root_policy` is the root's policy from the moment the cluster is formatted, and
+    /// only then: reopening with another never overrides what an operator set since.
+    #[test]
+    fn a_root_policy_is_set_when_formatting_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = proto::policy::Policy { copies: 1, ..Default::default() };
+        let config = MetaConfig { root_policy: Some(one.clone()), ..test_config(dir.path().join("meta.db")) };
+        let root = |s: &Arc<MetaService>| match s.handle_blocking(MetaRequest::GetPolicy(GetPolicy { ino: ROOT_INODE }))
+        {
+            Ok(MetaReply::Policy(p)) => p,
+            other => panic!("GetPolicy answered {other:?}"),
+        };
+        let s = MetaService::open(&config).unwrap();
+        assert_eq!(root(&s), proto::policy::EffectivePolicy { policy: one.clone(), set_on: Some(ROOT_INODE) });
+        let three = proto::policy::Policy { copies: 3, ..Default::default() };
+        s.handle_blocking(MetaRequest::SetPolicy(SetPolicy { ino: ROOT_INODE, policy: Some(three.clone()) })).unwrap();
+        drop(s);
+        let s = MetaService::open(&config).unwrap();
+        assert_eq!(root(&s).policy, three, "reopening replaced the operator's policy");
+        drop(s);
+        let plain = tempfile::tempdir().unwrap();
+        let s = MetaService::open(&test_config(plain.path().join("meta.db"))).unwrap();
+        assert_eq!(root(&s).set_on, None, "no root_policy: the default applies, set nowhere");
+    }
 
     /// Every attribute an answer carries is shown in the caller's site numbering: a
     /// parent's attributes in an unlink's or create's answer too (the client answers

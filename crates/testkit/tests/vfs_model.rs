@@ -60,6 +60,7 @@ fn env() -> &'static Env {
                 primary_lease: None,
                 db_timeout: meta::DEFAULT_DB_TIMEOUT,
                 audit_log: None,
+                root_policy: None,
             };
             let service = meta::MetaService::open(&config).unwrap();
             // The clients are this process's own mount (its node certificate asking

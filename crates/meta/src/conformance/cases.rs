@@ -20,6 +20,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         primary_lease: None,
         db_timeout: crate::service::DEFAULT_DB_TIMEOUT,
         audit_log: None,
+        root_policy: None,
     }
 }
 

@@ -89,7 +89,7 @@ pub fn open(
     let (config, shown) = parse(url)?;
     let timeout = Some(answer_timeout);
     let mut writer = connect(&config, &shown, timeout)?;
-    init_schema(&mut writer, &shown, init)?;
+    let formatted = init_schema(&mut writer, &shown, init)?;
     let row = writer.one("SELECT id, secret FROM cluster", &[])?;
     let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
     let epoch: i64 = writer.one("SELECT epoch FROM primary_epoch", &[])?.try_get(0)?;
@@ -149,6 +149,7 @@ pub fn open(
     kept::listen(config.clone(), shown.clone(), &shared);
     writer.take_kept_rows_lock()?;
     Ok(Backend {
+        formatted,
         cluster_id,
         cluster_secret,
         writer: Box::new(writer),

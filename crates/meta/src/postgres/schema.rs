@@ -99,8 +99,9 @@ pub(super) fn mark_acls_in_modes(_: &mut PgConn) -> Result<(), MetaError> {
 }
 
 /// Formats an empty database (with `init`), or checks the schema version of a
-/// formatted one and upgrades an older one, in one transaction.
-pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(), MetaError> {
+/// formatted one and upgrades an older one, in one transaction. Answers whether it
+/// formatted.
+pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<bool, MetaError> {
     let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.into(), reason: reason.into() };
     w.batch(begin_write!())?;
     let r = (|| {
@@ -111,7 +112,7 @@ pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(),
             if !init {
                 return Err(not_formatted("is empty"));
             }
-            return format(w);
+            return format(w).map(|()| true);
         }
         let versioned: bool = w.one("SELECT to_regclass('meta_version') IS NOT NULL", &[])?.try_get(0)?;
         if !versioned {
@@ -133,10 +134,10 @@ pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<(),
         if found < SCHEMA_VERSION {
             w.exec("UPDATE meta_version SET version = $1", &[&SCHEMA_VERSION])?;
         }
-        Ok(())
+        Ok(false)
     })();
     match r {
-        Ok(()) => w.batch("COMMIT"),
+        Ok(formatted) => w.batch("COMMIT").map(|()| formatted),
         Err(e) => {
             let _ = w.batch("ROLLBACK");
             Err(e)

@@ -140,7 +140,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
     }
     let mut writer = SqlConn { conn, durable: false, _lock: Some(lock) };
     configure(&writer.conn)?;
-    init_schema(&mut writer, &shown, tables == 0)?;
+    let formatted = init_schema(&mut writer, &shown, tables == 0)?;
     let (cluster_id, secret): (String, Vec<u8>) =
         writer.conn.query_row("SELECT id, secret FROM cluster", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
     let cluster_secret = secret_of(secret)?;
@@ -149,6 +149,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         readers.push(Box::new(SqlConn { conn: open_reader(path)?, durable: false, _lock: None }));
     }
     Ok(Backend {
+        formatted,
         cluster_id,
         cluster_secret,
         writer: Box::new(writer),

@@ -161,12 +161,13 @@ pub(super) fn mark_acls_in_modes(_conn: &Connection) -> Result<(), MetaError> {
 }
 
 /// Formats an empty database (`fresh`) or checks and upgrades an existing one, all in
-/// one transaction: a failed migration leaves the file as it was.
-pub(super) fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<(), MetaError> {
+/// one transaction: a failed migration leaves the file as it was. Answers whether it
+/// formatted.
+pub(super) fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<bool, MetaError> {
     w.begin(false)?;
     let r = (|| {
         if fresh {
-            return format(w);
+            return format(w).map(|()| true);
         }
         let has_version: i64 = w.conn.query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'",
@@ -192,10 +193,10 @@ pub(super) fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<()
             tracing::info!(path, from = from + 1, to = from + 2, "upgraded the metadata schema");
         }
         w.conn.execute("UPDATE meta_version SET version = ?1", [SCHEMA_VERSION])?;
-        Ok(())
+        Ok(false)
     })();
     match r {
-        Ok(()) => w.commit(),
+        Ok(formatted) => w.commit().map(|()| formatted),
         Err(e) => {
             let _ = w.rollback();
             Err(e)

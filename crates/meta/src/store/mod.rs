@@ -324,6 +324,9 @@ pub struct Backend {
     /// The epoch of the primary role this meta serves, read when it opened the
     /// database (always 1 for SQLite); told to nodes and put in capabilities.
     pub epoch: u64,
+    /// This open formatted the database: the cluster is new (its first settings, such
+    /// as `MetaConfig::root_policy`, are made now and never again).
+    pub formatted: bool,
 }
 
 /// A writer's lease on the primary role of its database: while it holds, the backend
