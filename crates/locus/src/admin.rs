@@ -183,7 +183,10 @@ round trips between sites (measured by nodes):"
         }
     }
     println!("\nreplication policies:");
-    println!("  {:<40} {}", "/ (default)", proto::policy::Policy::default());
+    // The built-in default applies only where no directory up to the root sets one.
+    if !s.policies.iter().any(|(ino, _)| *ino == proto::types::ROOT_INODE) {
+        println!("  {:<40} {}", "/ (default)", proto::policy::Policy::default());
+    }
     for (ino, p) in &s.policies {
         let path = crate::policy::path_of(&meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})"));
         println!("  {path:<40} {p}");
@@ -305,10 +308,13 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("fsck: {extents} extents, {} referenced chunks, {verified} stored chunks verified", referenced.len());
-    report_under_replicated(&cluster.meta).await?;
-    if damage.is_empty() {
+    let short = report_under_replicated(&cluster.meta).await?;
+    if damage.is_empty() && short == 0 {
         println!("fsck: clean");
         Ok(ExitCode::SUCCESS)
+    } else if damage.is_empty() {
+        println!("fsck: degraded: nothing is damaged, but {short} chunks have fewer copies than their policy asks for");
+        Ok(ExitCode::from(FSCK_DEGRADED))
     } else {
         for d in &damage {
             println!("DAMAGE: {d}");
@@ -422,7 +428,12 @@ async fn sole_copies(meta: &RpcClient, id: &str) -> anyhow::Result<u64> {
 /// The third part of fsck: chunks whose live copies fall short of their policy,
 /// counted per policy and site (the repair workers restore them; a chunk with no
 /// copy at all is damage found above).
-async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<()> {
+/// fsck's exit code when nothing is damaged but chunks are short of copies (as Ceph's
+/// HEALTH_WARN): distinct from 0 (clean) and 1 (damage found, or fsck failed).
+const FSCK_DEGRADED: u8 = 3;
+
+/// Prints the chunks short of their policy, by policy and site; answers how many.
+async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<u64> {
     let mut per: std::collections::BTreeMap<(String, String), (u64, u64, Vec<ChunkId>)> = Default::default();
     let mut after = None;
     loop {
@@ -444,13 +455,14 @@ async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<()> {
     if per.is_empty() {
         println!("fsck: every chunk has the copies its policy asks for");
     }
+    let short = per.values().map(|(chunks, _, _)| chunks).sum();
     for ((policy, sites), (chunks, bytes, examples)) in per {
         println!(
             "UNDER-REPLICATED: {chunks} chunks ({}) short at {sites} under [{policy}], e.g. {examples:?}",
             human(bytes)
         );
     }
-    Ok(())
+    Ok(short)
 }
 
 /// gc refuses (without `--force`) when more than this share of the stored chunks, and

@@ -45,7 +45,9 @@ pub enum Command {
     Mount(MountArgs),
     /// Show nodes, capacity, chunks and sessions.
     Status(StatusArgs),
-    /// Check every chunk against its id and every extent against the catalogue.
+    /// Check every chunk against its id and every extent against the catalogue. Exits 0
+    /// when clean, 1 when something is damaged (or fsck failed), 3 when nothing is
+    /// damaged but chunks have fewer copies than their policy asks for (degraded).
     Fsck(AdminArgs),
     /// Delete chunks that no file references any more.
     Gc(GcArgs),

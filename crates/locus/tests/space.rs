@@ -15,6 +15,7 @@ fn a_full_store_recovers_once_files_are_deleted() {
     let mut c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 0);
     c.add_node_with("n0", "default", &["--capacity", "64M", "--reclaim-grace", "1s"]);
     c.wait_for_nodes(1);
+    c.set_root_copies(1);
     let m = c.mount();
     write_synced(&m.join("kept"), &pattern(1 << 20, 1)).unwrap();
     write_synced(&m.join("first"), &pattern(40 << 20, 2)).unwrap();

@@ -275,7 +275,19 @@ impl Cluster {
             cluster.add_node(&format!("node{i}"), "default");
         }
         cluster.wait_for_nodes(nodes);
+        if nodes == 1 {
+            // One node holds one copy (as under `locus up`): the default's two would
+            // leave every chunk short, and fsck would call the cluster degraded.
+            cluster.set_root_copies(1);
+        }
         cluster
+    }
+
+    /// Sets the root's policy to `copies` copies at the writer's site.
+    pub fn set_root_copies(&self, copies: u32) {
+        let copies = copies.to_string();
+        let out = self.locus(&["policy", "set", "/", "--copies", &copies, "--meta", &self.meta.addr]);
+        assert!(out.status.success(), "policy set / --copies {copies}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Arms fail points (`FAILPOINTS` syntax) in the processes this cluster starts from

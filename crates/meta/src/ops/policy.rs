@@ -67,11 +67,15 @@ pub(super) fn effective_policy(t: &mut dyn Txn, ino: InodeId) -> Result<Effectiv
     Err(MetaError::Corrupt(format!("parent chain of inode {ino} does not reach the root")))
 }
 
-/// Warnings for `locus status`: every policy (and the default) whose copies exceed
-/// the nodes of a site it covers.
+/// Warnings for `locus status`: every policy (and the default, unless the root sets
+/// its own and so the default applies nowhere) whose copies exceed the nodes of a site
+/// it covers.
 pub(super) fn policy_warnings(t: &mut dyn Txn, policies: &[(InodeId, Policy)]) -> Result<Vec<String>, MetaError> {
     let per_site = nodes_per_site(t)?;
-    let mut out = too_few_nodes(&Policy::default(), &per_site, "the default policy");
+    let mut out = Vec::new();
+    if !policies.iter().any(|(ino, _)| *ino == ROOT_INODE) {
+        out = too_few_nodes(&Policy::default(), &per_site, "the default policy");
+    }
     for (ino, p) in policies {
         out.extend(too_few_nodes(p, &per_site, &format!("the policy of inode {ino}")));
     }
