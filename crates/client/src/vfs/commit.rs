@@ -17,7 +17,7 @@ impl Vfs {
         let handle = self.handle(fh)?;
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
-        let committed = self.commit_locked(ino, &mut f).await.map(|_| ());
+        let committed = self.commit_reporting(ino, &mut f).await.map(|_| ());
         if let Some(owner) = lock_owner
             && f.lock_owners.remove(&owner)
         {
@@ -38,6 +38,7 @@ impl Vfs {
             && f.uploads.is_empty()
             && f.pending.is_empty()
             && !f.modified
+            && f.write_error.is_none()
             && lock_owner.is_none_or(|owner| !f.lock_owners.contains(&owner))
     }
 
@@ -46,14 +47,24 @@ impl Vfs {
         let handle = self.handle(fh)?;
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
-        if !self.commit_locked(ino, &mut f).await? {
+        if !self.commit_reporting(ino, &mut f).await? {
             self.sync_meta().await?;
         }
         Ok(())
     }
 
+    /// `commit_locked` at a sync point (fsync, flush): also reports, once, a write
+    /// failure another request met first (`FileInner::write_error`).
+    async fn commit_reporting(self: &Arc<Self>, ino: InodeId, f: &mut FileInner) -> Result<bool> {
+        let committed = self.commit_locked(ino, f).await;
+        let unreported = f.write_error.take();
+        let committed = committed?;
+        unreported.map_or(Ok(committed), Err)
+    }
+
     /// Cuts buffered data into chunks, waits for every upload and commits the pending
-    /// extents. Returns whether a commit (itself durable) was sent.
+    /// extents. Returns whether a commit (itself durable) was sent. A failed upload is
+    /// also kept for the next sync point (`FileInner::write_error`).
     pub(super) async fn commit_locked(self: &Arc<Self>, ino: InodeId, f: &mut FileInner) -> Result<bool> {
         for (off, bytes) in f.dirty.take_chunks(self.config.chunk_size, true) {
             self.start_upload(f, off, bytes).await;
@@ -77,7 +88,9 @@ impl Vfs {
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);
             }
-            return Err(VfsError::new(e.code, format!("writing inode {ino}: {}", e.context)));
+            let e = VfsError::new(e.code, format!("writing inode {ino}: {}", e.context));
+            f.write_error = Some(e.clone());
+            return Err(e);
         }
         if f.pending.is_empty() && !f.modified {
             return Ok(false);

@@ -110,6 +110,7 @@ impl Vfs {
                 opens: 1,
                 granted,
                 lock_owners: HashSet::new(),
+                write_error: None,
             }),
         });
         let raced = {
