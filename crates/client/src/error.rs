@@ -29,7 +29,7 @@ impl VfsError {
             InvalidArgument => libc::EINVAL,
             NameTooLong => libc::ENAMETOOLONG,
             NoSpace => libc::ENOSPC,
-            Io | Corrupt | Internal | Unreachable | NotReplicated => libc::EIO,
+            Io | Corrupt | Internal | Unreachable | NotReplicated | SessionUnknown => libc::EIO,
             Stale => libc::ESTALE,
             WouldBlock => libc::EAGAIN,
             NoAttribute => libc::ENODATA,

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use net::PushHandler;
 use net::RpcClient;
 use proto::error::ErrorCode;
-use proto::meta::{Envelope, Hello, MetaMessage, MetaPush, PushAnswer, SessionInfo};
+use proto::meta::{Envelope, Hello, MetaMessage, MetaPush, MetaRequestKind, PushAnswer, SessionInfo};
 use proto::types::{Caller, SessionId};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,6 +62,11 @@ pub(crate) struct MetaLink {
     /// begun plus ended: unchanged between two readings means no such request began or
     /// ended in between (see `call_alone`).
     calls: AtomicU64,
+    /// Held while a lost session is replaced (`reopen`): one new session, not one per
+    /// request that found the old one gone.
+    reopening: tokio::sync::Mutex<()>,
+    /// Sessions opened in place of lost ones.
+    reopened: AtomicU64,
 }
 
 /// Counts a call's end in `MetaLink::calls`, also when it fails or is dropped.
@@ -97,6 +102,8 @@ impl MetaLink {
             info,
             logins,
             calls: AtomicU64::new(0),
+            reopening: tokio::sync::Mutex::new(()),
+            reopened: AtomicU64::new(0),
         })
     }
 
@@ -120,8 +127,48 @@ impl MetaLink {
     }
 
     /// Sends one request, for the user the current task acts for (`acting_as`), and
-    /// returns its typed answer.
-    pub async fn call<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
+    /// returns its typed answer. A request in a session meta no longer knows (it expired
+    /// while meta was out of reach, e.g. across a failover) is sent again, once, in a
+    /// new session (`reopen`), instead of failing as if its file were missing.
+    pub async fn call<M: MetaMessage + Clone>(&self, mut msg: M) -> Result<M::Response> {
+        let Some(sent_in) = msg.session_mut().map(|s| *s).filter(|_| M::KIND != MetaRequestKind::Goodbye) else {
+            return self.call_once(msg).await;
+        };
+        let mut again = msg.clone();
+        match self.call_once(msg).await {
+            Err(e) if e.code == ErrorCode::SessionUnknown => {
+                self.reopen(sent_in).await?;
+                if let Some(session) = again.session_mut() {
+                    *session = self.session();
+                }
+                self.call_once(again).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// Opens a new session in place of `lost`, which meta no longer knows, unless
+    /// another request already did.
+    async fn reopen(&self, lost: SessionId) -> Result<()> {
+        let _one_at_a_time = self.reopening.lock().await;
+        if self.session() == lost {
+            tracing::warn!(
+                "session {lost} is unknown to meta (it expired while meta was out of reach); opening a new one: its \
+                 locks and open-file records were lost"
+            );
+            self.hello().await?;
+            self.reopened.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// How many times this client opened a new session in place of a lost one.
+    pub fn reopened(&self) -> u64 {
+        self.reopened.load(Ordering::Relaxed)
+    }
+
+    /// `call` without the second try in a new session.
+    async fn call_once<M: MetaMessage>(&self, msg: M) -> Result<M::Response> {
         // One line per round trip: `LOCUS_LOG=client::meta_link=trace` counts them.
         tracing::trace!(request = std::any::type_name::<M>().rsplit("::").next().unwrap_or_default(), "meta call");
         let _ending = M::KIND.facts().changes_dirs.then(|| {
@@ -154,7 +201,7 @@ impl MetaLink {
     /// `call`, and whether no other request to meta that may change a directory began
     /// or ended while it ran: then its answer reflects every change of a directory this
     /// client has had answered, and stays so while `unchanged_since` the returned mark.
-    pub async fn call_alone<M: MetaMessage>(&self, msg: M) -> Result<(M::Response, Option<u64>)> {
+    pub async fn call_alone<M: MetaMessage + Clone>(&self, msg: M) -> Result<(M::Response, Option<u64>)> {
         let own = if M::KIND.facts().changes_dirs { 2 } else { 0 };
         let before = self.calls.load(Ordering::SeqCst);
         let answer = self.call(msg).await?;

@@ -1,10 +1,10 @@
 //! The client's `session` worker: heartbeats keep the session (its locks and open
-//! files) alive at meta, reopen it if meta forgot it, and refresh the node list.
+//! files) alive at meta (a heartbeat in a session meta forgot opens a new one, as any
+//! request does: `MetaLink::call`), and refresh the node list.
 
 use crate::data::DataPath;
 use crate::error::VfsError;
 use crate::meta_link::MetaLink;
-use proto::error::ErrorCode;
 use proto::meta::{Heartbeat, Revocations};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,6 @@ pub(crate) struct SessionKeeper {
     pub meta: Arc<MetaLink>,
     pub data: Arc<DataPath>,
     pub period: Duration,
-    pub reopened: u64,
 }
 
 impl Worker for SessionKeeper {
@@ -29,21 +28,15 @@ impl Worker for SessionKeeper {
         format!(
             "session {}, reopened {} times, {} bytes of chunks in memory",
             self.meta.session(),
-            self.reopened,
+            self.meta.reopened(),
             self.data.cached_bytes()
         )
     }
 
     async fn work(&mut self) -> Result<Step, VfsError> {
         let session = self.meta.session();
-        match self.meta.call(Heartbeat { session }).await {
-            Err(e) if e.code == ErrorCode::NotFound => {
-                tracing::warn!("session {session} expired at meta; opening a new one (locks were lost)");
-                self.period = self.meta.hello().await?;
-                self.reopened += 1;
-            }
-            Err(e) => return Err(VfsError::new(e.code, format!("heartbeat: {}", e.context))),
-            Ok(_) => {}
+        if let Err(e) = self.meta.call(Heartbeat { session }).await {
+            return Err(VfsError::new(e.code, format!("heartbeat: {}", e.context)));
         }
         // The revocation list meta distributes: connections of revoked peers go.
         if let Ok(list) = self.meta.call(Revocations {}).await {

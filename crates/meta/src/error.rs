@@ -105,6 +105,8 @@ pub enum MetaError {
     /// it refuses writes so that none is accepted the new primary does not have.
     #[error("fenced: {0}")]
     Fenced(String),
+    #[error("session {0} is unknown (expired or never opened): say Hello again")]
+    SessionUnknown(proto::types::SessionId),
     #[error("identity map {path}:{line}: {msg}")]
     IdentityMap { path: String, line: usize, msg: String },
     #[error("corrupt metadata row: {0}")]
@@ -147,6 +149,7 @@ impl MetaError {
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::Fenced(_) => ErrorCode::ReadOnly,
+            MetaError::SessionUnknown(_) => ErrorCode::SessionUnknown,
             MetaError::TimedOut { .. } => ErrorCode::TimedOut,
             MetaError::Internal(_) => ErrorCode::Internal,
         }

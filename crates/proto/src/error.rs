@@ -42,6 +42,11 @@ pub enum ErrorCode {
     /// The metadata service lost the primary role (failover fencing): writes are
     /// refused there (EROFS).
     ReadOnly,
+    /// The session a request names is unknown to meta (it expired while the client
+    /// could not reach meta, e.g. across a failover): the client opens a new one and
+    /// sends the request again. Not `NotFound`, which the kernel would show as ENOENT
+    /// for a file that exists.
+    SessionUnknown,
 }
 
 /// The error half of every RPC reply.

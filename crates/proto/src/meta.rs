@@ -225,6 +225,10 @@ pub trait MetaMessage: Into<MetaRequest> {
     type Response: Into<MetaReply> + TryFrom<MetaReply, Error = MetaReply>;
     /// Which request this is (for what a caller decides before sending it).
     const KIND: MetaRequestKind;
+    /// The session the request acts in (`None` for requests without one), so that a
+    /// caller whose session meta forgot (`ErrorCode::SessionUnknown`) can put the new
+    /// one in and send the request again.
+    fn session_mut(&mut self) -> Option<&mut SessionId>;
 }
 
 impl<M: MetaMessage> crate::Call for M {
@@ -316,6 +320,9 @@ macro_rules! meta_requests {
     (@session $m:ident) => { None };
     (@session $m:ident required) => { Some($m.session) };
     (@session $m:ident optional) => { $m.session };
+    (@session_mut $m:ident) => { None };
+    (@session_mut $m:ident required) => { Some(&mut $m.session) };
+    (@session_mut $m:ident optional) => { $m.session.as_mut() };
     (@chunks $m:ident) => { &[] };
     (@chunks $m:ident $f:ident) => { &$m.$f };
     (@grants $m:ident) => { Grants::default() };
@@ -352,6 +359,10 @@ macro_rules! meta_requests {
             impl MetaMessage for $name {
                 type Response = $resp;
                 const KIND: MetaRequestKind = MetaRequestKind::$name;
+                fn session_mut(&mut self) -> Option<&mut SessionId> {
+                    let _m = self;
+                    meta_requests!(@session_mut _m $($session)?)
+                }
             }
         )*
 

@@ -195,7 +195,7 @@ impl Vfs {
         ));
         data.refresh_nodes().await?;
         let workers = Arc::new(Workers::default());
-        workers.spawn(SessionKeeper { meta: meta.clone(), data: data.clone(), period, reopened: 0 });
+        workers.spawn(SessionKeeper { meta: meta.clone(), data: data.clone(), period });
         meta.report_workers(Arc::downgrade(&workers));
         let (compactor, compact_queue) = Compactor::new(meta.clone(), data.clone(), config.chunk_size);
         workers.spawn(compactor);

@@ -360,7 +360,7 @@ pub fn unlink_orphan_release(b: &dyn Factory) {
         other => panic!("expected Opened, got {other:?}"),
     }
     assert_eq!(unlinked(&s, ROOT_INODE, "c"), (c.ino, true));
-    assert_eq!(err(&s, create_open("i", true, session + 1000)), ErrorCode::NotFound);
+    assert_eq!(err(&s, create_open("i", true, session + 1000)), ErrorCode::SessionUnknown);
     assert_eq!(lookup(&s, ROOT_INODE, "i"), Err(ErrorCode::NotFound), "a refused create leaves no file");
 
     // Not open: gone at once, with its xattrs and chunk references.
@@ -932,7 +932,7 @@ pub fn sessions(b: &dyn Factory) {
         other => panic!("expected Status, got {other:?}"),
     }
     ok(&s, MetaRequest::Goodbye(Goodbye { session: a }));
-    assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: a })), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: a })), ErrorCode::SessionUnknown);
     ok(&s, MetaRequest::Heartbeat(Heartbeat { session: b2 }));
 }
 
@@ -967,7 +967,7 @@ pub fn session_expiry(b: &dyn Factory) {
     // The orphan went with the expired sessions' opens, so there is nothing left to lock.
     let relock = MetaRequest::SetLock(SetLock { session: fresh, lock: lock(f.ino, 1, 0, 99, LockKind::Write) });
     assert_eq!(err(&s, relock), ErrorCode::NotFound);
-    assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: old })), ErrorCode::NotFound);
+    assert_eq!(err(&s, MetaRequest::Heartbeat(Heartbeat { session: old })), ErrorCode::SessionUnknown);
     assert_eq!(err(&s, MetaRequest::GetAttr(GetAttr { ino: f.ino })), ErrorCode::NotFound, "the orphan is reclaimed");
     assert_eq!(refcount(&s, 5), Some(0));
 }

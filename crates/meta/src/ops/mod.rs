@@ -393,7 +393,7 @@ fn show(name: &[u8]) -> String {
 }
 
 fn unknown_session(session: SessionId) -> MetaError {
-    MetaError::NotFound(format!("session {session} (expired or unknown; say Hello again)"))
+    MetaError::SessionUnknown(session)
 }
 
 fn check_name(name: &[u8]) -> Result<(), MetaError> {
