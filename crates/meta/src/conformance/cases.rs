@@ -710,7 +710,7 @@ pub fn open_truncate_and_sync(b: &dyn Factory) {
             &s,
             MetaRequest::Open(Open { ino: f.ino, session: 999_999, truncate: false, access: OpenAccess::default() })
         ),
-        ErrorCode::NotFound
+        ErrorCode::SessionUnknown
     );
     assert_eq!(
         err(&s, MetaRequest::Open(Open { ino: 9999, session, truncate: false, access: OpenAccess::default() })),

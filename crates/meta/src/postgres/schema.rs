@@ -98,10 +98,27 @@ pub(super) fn mark_acls_in_modes(_: &mut PgConn) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// The advisory lock a meta holds (for its session) while it checks, formats or
+/// upgrades the schema: a second meta opening the same database meanwhile waits for
+/// the first's transaction instead of finding it empty and refusing it (or formatting it
+/// a second time).
+const SCHEMA_LOCK: i64 = 7483620003;
+
+/// `init_schema_locked` under `SCHEMA_LOCK`, taken before the transaction begins so
+/// that its snapshot shows what the previous holder committed.
+pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<bool, MetaError> {
+    w.exec("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])?;
+    let done = init_schema_locked(w, shown, init);
+    let unlocked = w.exec("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK]);
+    let formatted = done?;
+    unlocked?;
+    Ok(formatted)
+}
+
 /// Formats an empty database (with `init`), or checks the schema version of a
 /// formatted one and upgrades an older one, in one transaction. Answers whether it
 /// formatted.
-pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<bool, MetaError> {
+fn init_schema_locked(w: &mut PgConn, shown: &str, init: bool) -> Result<bool, MetaError> {
     let not_formatted = |reason: &str| MetaError::NotFormatted { path: shown.into(), reason: reason.into() };
     w.batch(begin_write!())?;
     let r = (|| {

@@ -46,6 +46,27 @@ fn an_empty_or_foreign_database_is_refused_with_a_reason() {
     assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
 }
 
+/// Metas started together on a new, empty database: one formats it and the others
+/// wait for it and open what it made (before, another found it half made, or formatted
+/// it a second time, and refused to start).
+#[test]
+fn metas_starting_together_on_an_empty_database_format_it_once() {
+    let server = testkit::postgres::shared();
+    let url = server.create_database();
+    let opening: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                open(&url, None, true, None, DEFAULT_DB_TIMEOUT).map(|b| (b.cluster_id, b.formatted))
+            })
+        })
+        .collect();
+    let opened: Vec<(String, bool)> =
+        opening.into_iter().map(|t| t.join().unwrap().unwrap_or_else(|e| panic!("a meta refused: {e}"))).collect();
+    assert_eq!(opened.iter().filter(|(_, formatted)| *formatted).count(), 1, "{opened:?}");
+    assert!(opened.iter().all(|(id, _)| *id == opened[0].0), "one cluster: {opened:?}");
+}
+
 #[test]
 fn reopen_keeps_the_cluster_id_and_a_newer_schema_is_refused() {
     let server = testkit::postgres::shared();
