@@ -924,3 +924,36 @@ fn a_directory_just_changed_is_answered_from_the_change() {
         assert_eq!((fresh.nlink, &fresh), (2, &vfs.getattr(dir.ino).await.unwrap()));
     });
 }
+
+/// A request in a session meta forgot (it expired while the client was out of reach, as
+/// across a failover) is sent again in a new session, instead of failing as if the file
+/// were missing (ENOENT, before).
+#[test]
+fn a_session_meta_forgot_is_replaced_by_the_next_request() {
+    let env = env();
+    env.rt.block_on(async {
+        let purpose = "a forgotten session";
+        let config =
+            ClientConfig { meta_addr: env.meta_addr.clone(), purpose: purpose.into(), ..ClientConfig::default() };
+        let vfs = connect_with(config).await;
+        let attr = vfs.create(ROOT_INODE, b"forgotten-session", NewNode::File, 0o644, 0, true).await.unwrap();
+        let meta = net::RpcClient::connect(&env.meta_addr, 1, Duration::from_secs(10)).await.unwrap();
+        let before = sessions_for(&meta, purpose).await;
+        assert_eq!(before.len(), 1, "{before:?}");
+        meta.ask(proto::meta::Goodbye { session: before[0] }).await.unwrap().unwrap();
+
+        let (fh, _) = vfs.open(attr.ino, read_write()).await.expect("an open in a forgotten session");
+        vfs.write(fh, 0, b"written in the new session").await.unwrap();
+        vfs.fsync(fh).await.unwrap();
+        vfs.release(fh).await.unwrap();
+        let after = sessions_for(&meta, purpose).await;
+        assert!(after.len() == 1 && after != before, "one new session: {before:?} then {after:?}");
+        vfs.shutdown().await;
+    });
+}
+
+/// The sessions meta has for clients of `purpose`.
+async fn sessions_for(meta: &net::RpcClient, purpose: &str) -> Vec<u64> {
+    let status = meta.ask(proto::meta::Status {}).await.unwrap().unwrap();
+    status.sessions.into_iter().filter(|(_, info, _)| info.purpose == purpose).map(|(id, ..)| id).collect()
+}
