@@ -44,14 +44,21 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(args)) {
+    let code = match rt.block_on(run(args)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("locus: {}", report(&e));
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    // Blocking work still under way (a database call waiting on a hung server, up to
+    // --db-timeout) must not hold the exit: nothing of it was acknowledged to anyone.
+    rt.shutdown_timeout(EXIT_GRACE);
+    code
 }
+
+/// How long a process that was told to stop waits for its blocking work to finish.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What is logged unless `LOCUS_LOG` says otherwise: a service (`up`, `meta`, `node`,
 /// `mount`) tells what it does; a command a person runs and reads (`status`, `fsck`,

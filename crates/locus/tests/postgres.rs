@@ -199,6 +199,32 @@ fn meta_reading_from_a_hot_standby_serves_a_mount() {
     fsck_clean(&c);
 }
 
+/// A meta told to stop while a write waits on a hung database (every process of the
+/// server stopped) exits within seconds, not after the write's --db-timeout (30 s): an
+/// operator replacing it, or a failover waiting for it, is not held up.
+#[test]
+fn meta_stops_promptly_while_its_database_hangs() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let server = PgServer::start();
+    let mut c = Cluster::start_on_db(bin(), 1, &server.create_database());
+    let m = c.mount();
+    fs::write(m.join("before"), b"written before the hang").unwrap();
+    server.pause();
+    let mut waiting = std::process::Command::new("touch").arg(m.join("during")).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: kill(2) on a child process this test started.
+    assert_eq!(unsafe { libc::kill(c.meta.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let stopping = std::time::Instant::now();
+    testkit::exits_within(&mut c.meta.child, std::time::Duration::from_secs(10), "meta with a hung database");
+    println!("meta exited {:?} after SIGTERM", stopping.elapsed());
+    server.resume();
+    let _ = waiting.kill();
+    let _ = waiting.wait();
+}
+
 /// One attempted write of the drill's workload: file name, when it ended
 /// (CLOCK_MONOTONIC, ns), its data once acknowledged or the errno it failed with.
 type Attempt = (String, u64, Result<Vec<u8>, i32>);
