@@ -301,14 +301,26 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
+    // Copies the catalogue lists on a reachable node that does not hold them intact: the
+    // chunk is short of a copy (degraded) while another is intact, lost (damage) if none is.
+    let mut missing = 0u64;
     for (id, (_, nodes)) in &referenced {
         let reachable: Vec<&String> = nodes.iter().filter(|n| cluster.nodes.iter().any(|(i, _)| &i.id == *n)).collect();
-        if !reachable.is_empty() && !reachable.iter().any(|n| present.contains(&((*n).clone(), *id))) {
+        let intact = |n: &&String| present.contains(&((*n).clone(), *id));
+        if reachable.is_empty() {
+            continue;
+        }
+        if !reachable.iter().any(intact) {
             damage.push(format!("chunk {id} is referenced but no intact copy is on {nodes:?}"));
+            continue;
+        }
+        for n in reachable.iter().filter(|n| !intact(n)) {
+            println!("MISSING COPY: chunk {id} is catalogued on node {n}, which holds no intact copy of it");
+            missing += 1;
         }
     }
     println!("fsck: {extents} extents, {} referenced chunks, {verified} stored chunks verified", referenced.len());
-    let short = report_under_replicated(&cluster.meta).await?;
+    let short = report_under_replicated(&cluster.meta).await? + missing;
     if damage.is_empty() && short == 0 {
         println!("fsck: clean");
         Ok(ExitCode::SUCCESS)

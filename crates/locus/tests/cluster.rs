@@ -169,9 +169,22 @@ fn a_corrupt_chunk_is_never_served() {
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
     assert_eq!(fs::read(fresh.join("bystander")).unwrap(), b"unaffected");
     let out = c.locus(&["fsck", "--meta", &c.meta.addr]);
-    assert!(!out.status.success(), "fsck must fail on a corrupt chunk");
+    assert_eq!(out.status.code(), Some(1), "fsck must fail on a corrupt chunk");
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(report.contains("corrupt"), "fsck report does not name the damage: {report}");
+}
+
+/// A copy missing with another intact: fsck says degraded and exits 3, neither clean
+/// (0) nor damaged (1), as Ceph's HEALTH_WARN.
+#[test]
+fn fsck_calls_a_missing_copy_degraded() {
+    let Some(mut c) = cluster(2) else { return };
+    fs::write(c.mount().join("two copies"), b"held by both nodes").unwrap();
+    fs::remove_file(only_file(&c.node_dir("node1").join("chunks"))).unwrap();
+    let out = c.locus(&["fsck", "--meta", &c.meta.addr]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{report}");
+    assert!(report.contains("MISSING COPY") && report.contains("fsck: degraded"), "{report}");
 }
 
 fn only_file(dir: &Path) -> PathBuf {

@@ -147,15 +147,11 @@ fn a_sync_write_survives_the_loss_of_every_process_of_the_writing_site() {
     let at_b = c.mount_at("b");
     assert!(fs::read(at_b.join("d/f")).unwrap() == data, "every fsynced byte is readable at b");
 
-    // Once a0 counts as gone, fsck reports every chunk short at site a: degraded, not
-    // clean (exit 3), and not damaged (that is exit 1).
+    // Once a0 counts as gone, fsck reports every chunk short at site a.
     std::thread::sleep(Duration::from_secs(proto::policy::NODE_GONE_SECS + 1));
-    let out = c.locus(&["fsck", "--meta", &c.meta.addr]);
-    let fsck = text(&out);
+    let fsck = text(&c.locus(&["fsck", "--meta", &c.meta.addr]));
     let short = format!("UNDER-REPLICATED: {} chunks (10.0 MiB) short at a under [sites a,b copies 2", stored.len());
     assert!(fsck.contains(&short), "{fsck}");
-    assert_eq!(out.status.code(), Some(3), "{fsck}");
-    assert!(fsck.contains("fsck: degraded"), "{fsck}");
 }
 
 /// The WAN's settings with `loss_pct` % loss each way (100: the sites are cut apart).
