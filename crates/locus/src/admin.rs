@@ -52,6 +52,35 @@ async fn node_call(node: &RpcClient, req: NodeRequest) -> anyhow::Result<NodeRep
     Ok(res?)
 }
 
+/// How long `status` waits for a node to tell its figures now.
+const LIVE_STATS_WAIT: Duration = Duration::from_secs(1);
+
+/// Each node's figures asked of it now (heartbeats bring them to meta only every few
+/// seconds, so a file just written would not show yet); a node that does not answer
+/// within `LIVE_STATS_WAIT` is left out.
+async fn live_stats(nodes: &[NodeInfo]) -> HashMap<String, proto::node::NodeStats> {
+    let directory = Arc::new(NodeDirectory::new(LIVE_STATS_WAIT, Box::new(|_| 1)));
+    directory.update(nodes.to_vec());
+    let mut asking = tokio::task::JoinSet::new();
+    for id in nodes.iter().map(|n| n.id.clone()) {
+        let directory = directory.clone();
+        asking.spawn(tokio::time::timeout(LIVE_STATS_WAIT, async move {
+            let client = directory.client(&id).await.ok()?;
+            match node_call(&client, NodeRequest::Stats).await {
+                Ok(NodeReply::Stats(stats)) => Some((id, stats)),
+                _ => None,
+            }
+        }));
+    }
+    let mut live = HashMap::new();
+    while let Some(answer) = asking.join_next().await {
+        if let Ok(Ok(Some((id, stats)))) = answer {
+            live.insert(id, stats);
+        }
+    }
+    live
+}
+
 /// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm`.
 fn utc(ms: i64) -> String {
     match time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000) {
@@ -144,17 +173,25 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         "ID", "SITE", "ADDRESS", "USED", "FREE", "CHUNKS", "SITE CACHE", "SEEN"
     );
     let (mut cap, mut used) = (0, 0);
+    let live = live_stats(&s.nodes).await;
+    let mut reported = false;
     for n in &s.nodes {
+        // What the node says now; else what it said at its last heartbeat (marked).
+        let (node_used, chunks, mark) = match live.get(&n.id) {
+            Some(l) => (l.used_bytes, l.chunk_count, ' '),
+            None => (n.used_bytes, n.chunk_count, '*'),
+        };
+        reported |= mark == '*';
         cap += n.capacity_bytes;
-        used += n.used_bytes;
+        used += node_used;
         println!(
-            "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>12} {:>5}s",
+            "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9}{mark}{:>12} {:>5}s",
             n.id,
             n.site,
             n.addr,
-            human(n.used_bytes),
-            human(n.capacity_bytes.saturating_sub(n.used_bytes)),
-            n.chunk_count,
+            human(node_used),
+            human(n.capacity_bytes.saturating_sub(node_used)),
+            chunks,
             human(n.cache_bytes),
             n.last_seen_secs
         );
@@ -163,6 +200,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("  total: {} used of {}", human(used), human(cap));
+    if reported {
+        println!("  * as of the node's last heartbeat: it did not answer now");
+    }
     if !s.pending.is_empty() {
         println!("\npending admission (`locus node admit ID` lets one join):");
         for p in &s.pending {

@@ -124,11 +124,17 @@ fn up_restarts_over_a_dead_mount_and_status_finds_it_without_flags() {
     assert!(env.log_text().contains("cleared a dead mount"), "{}", env.log_text());
     assert_eq!(fs::read(env.mnt().join("kept")).unwrap(), b"before the crash");
 
+    // A file just written shows in the node's row at once (asked of the node, not
+    // waiting for its next heartbeat to meta).
+    fs::write(env.mnt().join("fresh"), b"one more chunk").unwrap();
     // No --meta: the address comes from the record `locus up` left in HOME.
     let out = env.command().arg("status").env_remove("LOCUS_LOG").stdin(Stdio::null()).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(&format!("meta {}", env.meta)), "{stdout}");
+    let row: Vec<&str> =
+        stdout.lines().find(|l| l.starts_with("  local ")).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row.get(7), Some(&"2"), "the node holds two chunks, now: {stdout}");
     // A command a person reads prints its answer, not the service's log lines.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("INFO"), "status logged beside its answer: {stderr}");
