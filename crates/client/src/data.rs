@@ -15,7 +15,7 @@ use net::{NodeDirectory, Role};
 use proto::cap::Cap;
 use proto::error::ErrorCode;
 use proto::meta::{ChunkLocations, Extents, ListNodes, Open, OpenAccess, Opened, Release, StoredChunk};
-use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::node::{Get, NodeMessage, Put};
 use proto::placement::rendezvous;
 use proto::policy::{Policy, Replicate};
 use proto::types::{ChunkId, InodeId, NodeInfo};
@@ -139,11 +139,10 @@ impl DataPath {
         Ok(())
     }
 
-    async fn node_call(&self, node: &str, req: &NodeRequest, bulk: Bytes) -> Result<(NodeReply, Bytes)> {
+    async fn node_call<M: NodeMessage>(&self, node: &str, req: M, bulk: M::Bulk) -> Result<M::Response> {
         let client =
             self.nodes.client(node).await.map_err(|e| VfsError::new(ErrorCode::Io, format!("node {node}: {e}")))?;
-        let (res, bulk): (NodeResult, Bytes) = client.call_bulk(req, bulk).await?;
-        Ok((res?, bulk))
+        Ok(client.send_node(req, bulk).await??)
     }
 
     /// Site nodes in placement order for `chunk`.
@@ -193,13 +192,11 @@ impl DataPath {
             let node = &nodes[i];
             let cap = *lock(&self.put_cap);
             let epoch = cap.map_or(0, |c| c.epoch);
-            let put = NodeRequest::Put { id, cap, epoch, replicate: replicate.clone() };
-            match self.node_call(node, &put, data.clone()).await {
-                Ok((NodeReply::Stored { nodes, receipt }, _)) if !nodes.is_empty() => {
-                    return Ok(StoredChunk { id, size: data.len() as u64, nodes, receipt });
-                }
-                Ok(_) => {
-                    return Ok(StoredChunk { id, size: data.len() as u64, nodes: vec![node.clone()], receipt: None });
+            let put = Put { id, cap, epoch, replicate: replicate.clone() };
+            match self.node_call(node, put, data.clone()).await {
+                Ok(stored) => {
+                    let receipt = stored.receipt;
+                    return Ok(StoredChunk { id, size: data.len() as u64, nodes: stored.holders(node), receipt });
                 }
                 Err(e) if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) && !refreshed => {
                     // Expired, signed by a meta that restarted since, or (ReadOnly) of an
@@ -319,9 +316,9 @@ impl DataPath {
             let node = candidates[i].clone();
             i += 1;
             let cap = lock(&self.read_caps).get(&id).copied();
-            let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false, cap: cap.map(|c| c.0) };
-            match self.node_call(&node, &get, Bytes::new()).await {
-                Ok((NodeReply::Data, data)) => {
+            let get = Get { id, offset: 0, len: u64::MAX, local_only: false, cap: cap.map(|c| c.0) };
+            match self.node_call(&node, get, ()).await {
+                Ok(data) => {
                     if !self.vouches(&node).await && ChunkId::of(&data) != id {
                         tracing::error!(chunk = %id, %node, "chunk failed its hash check in transit");
                         last = VfsError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} is corrupt"));
@@ -332,7 +329,6 @@ impl DataPath {
                     tracing::trace!(chunk = %id, %node, ms = started.elapsed().as_millis() as u64, "fetched");
                     return Ok(data);
                 }
-                Ok((other, _)) => last = VfsError::new(ErrorCode::Internal, format!("Get answered {other:?}")),
                 Err(e)
                     if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly)
                         && !refreshed

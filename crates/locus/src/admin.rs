@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use net::{NodeDirectory, RpcClient};
 use proto::meta::*;
-use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::node::{Delete, List, NodeMessage, Verify};
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
@@ -47,9 +47,8 @@ async fn meta_call<M: MetaMessage>(meta: &RpcClient, msg: M) -> anyhow::Result<M
     Ok(meta.ask(msg).await??)
 }
 
-async fn node_call(node: &RpcClient, req: NodeRequest) -> anyhow::Result<NodeReply> {
-    let res: NodeResult = node.call(&req).await?;
-    Ok(res?)
+async fn node_call<M: NodeMessage<Bulk = ()>>(node: &RpcClient, req: M) -> anyhow::Result<M::Response> {
+    Ok(node.call_node(req).await??)
 }
 
 /// How long `status` waits for a node to tell its figures now.
@@ -316,14 +315,10 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
     for (info, node) in &cluster.nodes {
         let mut after = None;
         loop {
-            let NodeReply::Ids(ids) = node_call(node, NodeRequest::List { after, limit: 256 }).await? else {
-                bail!("node {} answered List with something else", info.id);
-            };
+            let ids = node_call(node, List { after, limit: 256 }).await?;
             let Some(last) = ids.last().copied() else { break };
             after = Some(last);
-            let NodeReply::Ids(bad) = node_call(node, NodeRequest::Verify { ids: ids.clone() }).await? else {
-                bail!("node {} answered Verify with something else", info.id);
-            };
+            let bad = node_call(node, Verify { ids: ids.clone() }).await?;
             let bad: HashSet<ChunkId> = bad.into_iter().collect();
             for id in &ids {
                 if bad.contains(id) {
@@ -538,13 +533,11 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     // The oldest epoch of the primary role among meta's answers: every delete states
     // it, so a node that has seen a newer one refuses (meta lost the role meanwhile).
     let mut epoch = u64::MAX;
-    for (info, node) in &cluster.nodes {
+    for (_, node) in &cluster.nodes {
         let mut found = Vec::new();
         let mut after = None;
         loop {
-            let NodeReply::Ids(ids) = node_call(node, NodeRequest::List { after, limit: PAGE }).await? else {
-                bail!("node {} answered List with something else", info.id);
-            };
+            let ids = node_call(node, List { after, limit: PAGE }).await?;
             let Some(last) = ids.last().copied() else { break };
             after = Some(last);
             scanned += ids.len() as u64;
@@ -583,13 +576,10 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let mut deleted = 0u64;
     for ((info, node), ids) in cluster.nodes.iter().zip(garbage) {
         for page in ids.chunks(PAGE as usize) {
-            let req = NodeRequest::Delete { ids: page.to_vec(), min_age_secs: age, epoch };
-            let NodeReply::Count(n) = node_call(node, req)
+            let req = Delete { ids: page.to_vec(), min_age_secs: age, epoch };
+            let n = node_call(node, req)
                 .await
-                .with_context(|| format!("node {} refused to delete chunks meta found unreferenced", info.id))?
-            else {
-                bail!("node {} answered Delete with something else", info.id);
-            };
+                .with_context(|| format!("node {} refused to delete chunks meta found unreferenced", info.id))?;
             deleted += n;
             meta_call(&cluster.meta, ForgetChunks { ids: page.to_vec() }).await?;
         }

@@ -7,7 +7,7 @@
 use proto::cap::Receipt;
 use proto::error::ErrorCode;
 use proto::meta::*;
-use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::node::{Get, List, NodeMessage, Put, Stored};
 use proto::policy::Replicate;
 use proto::types::{Caller, ChunkId, Extent, ROOT_INODE, SessionId, Timestamp};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -70,10 +70,9 @@ impl Raw {
         self.rt.block_on(self.rpc.ask(req)).unwrap()
     }
 
-    /// A request to a node, with `data` as the bulk bytes.
-    fn node(&self, req: NodeRequest, data: Vec<u8>) -> (NodeResult, Vec<u8>) {
-        let (reply, bulk) = self.rt.block_on(self.rpc.call_bulk(&req, bytes::Bytes::from(data))).unwrap();
-        (reply, bulk.to_vec())
+    /// A request to a node, with its bulk bytes (`()` for none).
+    fn node<M: NodeMessage>(&self, req: M, bulk: M::Bulk) -> Result<M::Response, proto::error::WireError> {
+        self.rt.block_on(self.rpc.send_node(req, bulk)).unwrap()
     }
 
     fn hello(&self) -> SessionId {
@@ -404,25 +403,21 @@ fn one_valid_client_certificate_reaches_nothing_it_may_not() {
     let node = Raw::connect_as(&c, "client", "attacker", &c.nodes[0].addr);
     let mine_data = b"mallory's own bytes".to_vec();
     let own = ChunkId::of(&mine_data);
-    let put = NodeRequest::Put {
-        id: own,
-        cap: opened.caps.put,
-        epoch: 0,
-        replicate: Replicate::for_writer(&opened.policy, "default"),
-    };
-    let (stored, _) = node.node(put, mine_data.clone());
-    let Ok(NodeReply::Stored { nodes, receipt: Some(receipt) }) = stored else { panic!("{stored:?}") };
+    let put =
+        Put { id: own, cap: opened.caps.put, epoch: 0, replicate: Replicate::for_writer(&opened.policy, "default") };
+    let stored = node.node(put, bytes::Bytes::from(mine_data.clone()));
+    let Ok(Stored { nodes, receipt: Some(receipt) }) = stored else { panic!("{stored:?}") };
     // A receipt is bound to what the node stored: not transferable to the victim's chunk.
     let stolen = StoredChunk { id: victim, size: 6, nodes: nodes.clone(), receipt: Some(receipt) };
     assert_eq!(raw.ask(&mallory, commit(vec![stolen], victim, 6)).err(), Some(ErrorCode::PermissionDenied));
     let honest = StoredChunk { id: own, size: mine_data.len() as u64, nodes, receipt: Some(receipt) };
     raw.ask(&mallory, commit(vec![honest], own, mine_data.len() as u64)).unwrap();
     let again = raw.ask(&mallory, Open { ino: x, session, truncate: false, access: read }).unwrap();
-    let get = |id, cap| NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: false, cap };
-    let (got, bytes) = node.node(get(own, again.caps.read.first().copied()), Vec::new());
-    assert_eq!((got, bytes), (Ok(NodeReply::Data), mine_data));
+    let get = |id, cap| Get { id, offset: 0, len: u64::MAX, local_only: false, cap };
+    let got = node.node(get(own, again.caps.read.first().copied()), ());
+    assert_eq!(got.map(|bytes| bytes.to_vec()), Ok(mine_data));
     // Its read capability is for its own chunk, not alice's, at the node and at meta.
-    let (got, _) = node.node(get(victim, again.caps.read.first().copied()), Vec::new());
+    let got = node.node(get(victim, again.caps.read.first().copied()), ());
     assert_eq!(got.unwrap_err().code, ErrorCode::PermissionDenied);
     let cap = again.caps.read.first().copied();
     let located = raw.ask(&mallory, ChunkLocations { ids: vec![own, victim], caps: vec![cap, cap] }).unwrap();
@@ -433,9 +428,8 @@ fn one_valid_client_certificate_reaches_nothing_it_may_not() {
     let w = raw.ask(&mallory, Open { ino: suid, session, truncate: false, access: rw }).unwrap();
     let data = b"rewritten".to_vec();
     let id = ChunkId::of(&data);
-    let put =
-        NodeRequest::Put { id, cap: w.caps.put, epoch: 0, replicate: Replicate::for_writer(&w.policy, "default") };
-    let Ok(NodeReply::Stored { nodes, receipt }) = node.node(put, data.clone()).0 else { panic!("put refused") };
+    let put = Put { id, cap: w.caps.put, epoch: 0, replicate: Replicate::for_writer(&w.policy, "default") };
+    let Ok(Stored { nodes, receipt }) = node.node(put, bytes::Bytes::from(data.clone())) else { panic!("put refused") };
     let chunk = StoredChunk { id, size: data.len() as u64, nodes, receipt };
     let write = CommitWrite {
         ino: suid,
@@ -482,10 +476,10 @@ fn certificates_do_only_their_roles_work_and_admin_actions_are_audited() {
     // At the node: an admin lists and verifies, but gets no data without a capability.
     let chunk = ChunkId::of(b"s3cret");
     let at_node = Raw::connect_as(&c, "admin", "admin", &c.nodes[0].addr);
-    let (list, _) = at_node.node(NodeRequest::List { after: None, limit: 10 }, Vec::new());
-    assert!(matches!(list, Ok(NodeReply::Ids(ids)) if ids.contains(&chunk)));
-    let get = NodeRequest::Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap: None };
-    assert_eq!(at_node.node(get, Vec::new()).0.unwrap_err().code, ErrorCode::PermissionDenied);
+    let list = at_node.node(List { after: None, limit: 10 }, ());
+    assert!(matches!(list, Ok(ids) if ids.contains(&chunk)));
+    let get = Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap: None };
+    assert_eq!(at_node.node(get, ()).unwrap_err().code, ErrorCode::PermissionDenied);
 
     // A plain client sees its own sessions only, no pending nodes, no audit.
     let client = Raw::connect(&c);

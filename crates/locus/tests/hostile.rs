@@ -266,7 +266,7 @@ fn running_out_of_file_descriptors_does_not_stop_serving() {
     assert!(c.nodes[0].child.try_wait().unwrap().is_none(), "the node exited");
     let mut node = connect(&c.nodes[0].addr, &tls).unwrap();
     node.sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let pong: proto::node::NodeResult = rpc(&mut node, &proto::node::NodeRequest::Ping);
+    let pong: proto::node::NodeResult = rpc(&mut node, &proto::node::NodeRequest::Ping(proto::node::Ping {}));
     assert!(pong.is_ok(), "{pong:?}");
     let status = c.locus(&["status", "--meta", &c.meta.addr]);
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));

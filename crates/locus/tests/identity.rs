@@ -148,9 +148,8 @@ fn gc_refuses_to_empty_the_nodes_and_dry_run_deletes_nothing() {
         for i in 0..120u32 {
             let data = format!("stray chunk {i}").into_bytes();
             let id = proto::types::ChunkId::of(&data);
-            let req = proto::node::NodeRequest::Put { id, cap: None, epoch: 1, replicate: Default::default() };
-            let (r, _): (proto::node::NodeResult, _) = node.call_bulk(&req, bytes::Bytes::from(data)).await.unwrap();
-            r.unwrap();
+            let req = proto::node::Put { id, cap: None, epoch: 1, replicate: Default::default() };
+            node.call_node_bulk(req, bytes::Bytes::from(data)).await.unwrap().unwrap();
         }
     });
     let stored = || std::fs::read_dir(c.node_dir("node0").join("chunks")).unwrap().count();

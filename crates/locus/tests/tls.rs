@@ -213,8 +213,9 @@ fn an_eavesdropper_sees_neither_names_nor_data() {
 /// deleting at all; a node's certificate (replication, repair, site fetches) may.
 #[test]
 fn a_client_certificate_gets_no_chunk_without_a_capability_and_cannot_administer_a_node() {
+    use bytes::Bytes;
     use proto::error::ErrorCode;
-    use proto::node::{NodeReply, NodeRequest, NodeResult};
+    use proto::node::{Delete, Get, Has, List, NodeMessage, Put};
     let c = Cluster::start(bin(), 1);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let connect = |role: &str, name: &str| {
@@ -223,37 +224,41 @@ fn a_client_certificate_gets_no_chunk_without_a_capability_and_cannot_administer
         let connect = net::RpcClient::connect_as(&c.nodes[0].addr, 1, Duration::from_secs(10), Some(tls.into()));
         rt.block_on(connect).unwrap()
     };
-    let ask = |rpc: &net::RpcClient, req: &NodeRequest, bulk: Vec<u8>| -> NodeResult {
-        rt.block_on(rpc.call_bulk::<_, NodeResult>(req, bytes::Bytes::from(bulk))).unwrap().0
-    };
+    fn ask<M: NodeMessage + Clone>(
+        rt: &tokio::runtime::Runtime,
+        rpc: &net::RpcClient,
+        req: &M,
+        bulk: M::Bulk,
+    ) -> Result<M::Response, proto::error::WireError> {
+        rt.block_on(rpc.send_node(req.clone(), bulk)).unwrap()
+    }
     let data = b"a chunk whose hash the thief knows".to_vec();
     let id = proto::types::ChunkId::of(&data);
-    let get = NodeRequest::Get { id, offset: 0, len: u64::MAX, local_only: true, cap: None };
+    let get = Get { id, offset: 0, len: u64::MAX, local_only: true, cap: None };
 
     let peer = connect("node", "peer");
-    let put = NodeRequest::Put { id, cap: None, epoch: 1, replicate: Default::default() };
-    ask(&peer, &put, data.clone()).expect("a node's certificate puts without a capability");
-    assert!(ask(&peer, &get, Vec::new()).is_ok(), "a node's certificate gets without a capability");
+    let put = Put { id, cap: None, epoch: 1, replicate: Default::default() };
+    ask(&rt, &peer, &put, Bytes::from(data.clone())).expect("a node's certificate puts without a capability");
+    assert!(ask(&rt, &peer, &get, ()).is_ok(), "a node's certificate gets without a capability");
 
     let thief = connect("client", "thief");
     // Until the node has meta's key it refuses every client request as Busy.
     let deadline = Instant::now() + Duration::from_secs(20);
     let refused = loop {
-        let e = ask(&thief, &get, Vec::new()).expect_err("a get without a capability was served");
+        let e = ask(&rt, &thief, &get, ()).expect_err("a get without a capability was served");
         if e.code != ErrorCode::Busy || Instant::now() > deadline {
             break e;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(refused.code, ErrorCode::PermissionDenied, "{refused}");
-    assert_eq!(ask(&thief, &put, b"forged".to_vec()).unwrap_err().code, ErrorCode::PermissionDenied);
-    let list = NodeRequest::List { after: None, limit: 100 };
-    assert_eq!(ask(&thief, &list, Vec::new()).unwrap_err().code, ErrorCode::NotPermitted);
-    let delete = NodeRequest::Delete { ids: vec![id], min_age_secs: 0, epoch: 1 };
-    assert_eq!(ask(&thief, &delete, Vec::new()).unwrap_err().code, ErrorCode::NotPermitted);
+    assert_eq!(ask(&rt, &thief, &put, Bytes::from_static(b"forged")).unwrap_err().code, ErrorCode::PermissionDenied);
+    let list = List { after: None, limit: 100 };
+    assert_eq!(ask(&rt, &thief, &list, ()).unwrap_err().code, ErrorCode::NotPermitted);
+    let delete = Delete { ids: vec![id], min_age_secs: 0, epoch: 1 };
+    assert_eq!(ask(&rt, &thief, &delete, ()).unwrap_err().code, ErrorCode::NotPermitted);
     // The chunk is still there for those allowed.
-    let has = ask(&peer, &NodeRequest::Has { ids: vec![id] }, Vec::new()).unwrap();
-    assert!(matches!(&has, NodeReply::Flags(f) if f == &[true]), "{has:?}");
+    assert_eq!(ask(&rt, &peer, &Has { ids: vec![id] }, ()), Ok(vec![true]));
 }
 
 /// `locus ca revoke` takes a name as the certificate has it (grid DNs have capitals):

@@ -9,6 +9,7 @@ use crate::{MAX_FRAME, NetError, PeerIdentity, tune};
 use bytes::Bytes;
 use proto::error::WireError;
 use proto::frame;
+use proto::node::{Bulk, NodeMessage, NodeRequest, NodeResult};
 use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
 use std::sync::Arc;
@@ -209,6 +210,37 @@ impl RpcClient {
     pub async fn ask<C: proto::Call>(&self, req: C) -> Result<Result<C::Output, WireError>, NetError> {
         let answer: C::Answer = self.call(&req.into_wire()).await?;
         Ok(C::output(answer))
+    }
+
+    /// Sends a node request that carries no bulk bytes and returns its typed answer
+    /// (a `Get`'s is the chunk's bytes): the outer error is the transport's, the inner
+    /// one the node's refusal or an answer of another kind.
+    pub async fn call_node<M: NodeMessage<Bulk = ()>>(
+        &self,
+        req: M,
+    ) -> Result<Result<M::Response, WireError>, NetError> {
+        self.send_node(req, ()).await
+    }
+
+    /// Like `call_node`, for a request that carries bulk bytes (a `Put`'s chunk).
+    pub async fn call_node_bulk<M: NodeMessage<Bulk = Bytes>>(
+        &self,
+        req: M,
+        bulk: Bytes,
+    ) -> Result<Result<M::Response, WireError>, NetError> {
+        self.send_node(req, bulk).await
+    }
+
+    /// Either of the two, for callers generic over the request (bulk `()` for one that
+    /// carries none).
+    pub async fn send_node<M: NodeMessage>(
+        &self,
+        req: M,
+        bulk: M::Bulk,
+    ) -> Result<Result<M::Response, WireError>, NetError> {
+        let req: NodeRequest = req.into();
+        let (answer, bulk): (NodeResult, Bytes) = self.call_bulk(&req, bulk.into_bytes()).await?;
+        Ok(M::response(answer, bulk))
     }
 
     /// Like `call`, with bulk bytes (chunk data) sent after the request and returned

@@ -12,9 +12,9 @@
 //! (the operator disabled it) every peer is otherwise trusted, as before.
 
 use net::{PeerIdentity, Role};
-use proto::cap::{CapError, CapKey, CapOp, verify};
+use proto::cap::{CapError, CapKey, verify};
 use proto::error::{ErrorCode, WireError};
-use proto::node::NodeRequest;
+use proto::node::{CapCheck, NodeRequest};
 use std::sync::RwLock;
 
 /// The capability key meta handed out at the last registration.
@@ -35,7 +35,8 @@ impl CapKeyCell {
 
 /// Allows or refuses `req` from `peer` at `now_ms`, at a node that has seen epoch
 /// `seen` of the primary role (one MAC check for a client's get or put, an integer
-/// comparison for a put or delete, nothing else on the hot path).
+/// comparison for a put or delete, nothing else on the hot path). Who may make a
+/// request, and with which capability, is the request table's (`proto::node`).
 pub fn authorize(
     peer: Option<&PeerIdentity>,
     req: &NodeRequest,
@@ -43,43 +44,40 @@ pub fn authorize(
     now_ms: i64,
     seen: u64,
 ) -> Result<(), WireError> {
-    match peer {
-        Some(client) if client.role == Role::Client => authorize_client(client, req, key, now_ms, seen)?,
-        // An operator's certificate lists, verifies and deletes chunks (fsck, gc), but
-        // gets or puts file data only with meta's capability, as any user.
-        Some(admin)
-            if admin.role == Role::Admin && matches!(req, NodeRequest::Get { .. } | NodeRequest::Put { .. }) =>
-        {
-            authorize_client(admin, req, key, now_ms, seen)?
+    if let Some(peer) = peer.filter(|p| !req.facts().roles.contains(&p.role)) {
+        match (peer.role, req.capability()) {
+            // A client gets and puts chunks with meta's capability; so does an
+            // operator's certificate, which lists, verifies and deletes chunks (fsck,
+            // gc) but gets or puts file data only as any user.
+            (Role::Client | Role::Admin, Some(check)) => check_capability(peer, check, key, now_ms, seen)?,
+            (Role::Client, None) => {
+                return Err(WireError::new(
+                    ErrorCode::NotPermitted,
+                    format!("{} (a client certificate) may not list, probe, verify, delete or count chunks", peer.name),
+                ));
+            }
+            // Another node fetches, probes and stores chunks (site caches, replication,
+            // repair), and pings; listing, verifying, deleting and counting a node's
+            // chunks is an operator's (fsck, gc) with an admin certificate.
+            (Role::Node, _) => {
+                return Err(WireError::new(
+                    ErrorCode::NotPermitted,
+                    format!(
+                        "{peer} (a node certificate) may not list, verify, delete or count another node's chunks: that takes an admin certificate"
+                    ),
+                ));
+            }
+            // A person's certificate logs in at meta; it has nothing to ask a node.
+            (Role::User, _) => {
+                return Err(WireError::new(
+                    ErrorCode::NotPermitted,
+                    format!("{peer} is a user certificate: it logs in at meta (locus login) and asks nodes nothing"),
+                ));
+            }
+            (Role::Admin | Role::Meta, _) => {
+                return Err(WireError::new(ErrorCode::NotPermitted, format!("{peer} may not ask {}", req.name())));
+            }
         }
-        // Another node fetches, probes and stores chunks (site caches, replication,
-        // repair), and pings; listing, verifying, deleting and counting a node's chunks
-        // is an operator's (fsck, gc) with an admin certificate.
-        Some(node)
-            if node.role == Role::Node
-                && matches!(
-                    req,
-                    NodeRequest::List { .. }
-                        | NodeRequest::Verify { .. }
-                        | NodeRequest::Delete { .. }
-                        | NodeRequest::Stats
-                ) =>
-        {
-            return Err(WireError::new(
-                ErrorCode::NotPermitted,
-                format!(
-                    "{node} (a node certificate) may not list, verify, delete or count another node's chunks: that takes an admin certificate"
-                ),
-            ));
-        }
-        // A person's certificate logs in at meta; it has nothing to ask a node.
-        Some(user) if user.role == Role::User => {
-            return Err(WireError::new(
-                ErrorCode::NotPermitted,
-                format!("{user} is a user certificate: it logs in at meta (locus login) and asks nodes nothing"),
-            ));
-        }
-        _ => {}
     }
     match req.epoch() {
         Some(stated) if stated < seen => Err(WireError::new(
@@ -87,36 +85,23 @@ pub fn authorize(
             format!(
                 "{} refused: it acts under epoch {stated} of the primary role, but this node has seen epoch {seen}: \
                  the meta it follows lost the primary role",
-                if matches!(req, NodeRequest::Delete { .. }) { "delete" } else { "put" }
+                req.name().to_lowercase()
             ),
         )),
         _ => Ok(()),
     }
 }
 
-/// A client's request: only gets and puts, each with meta's capability.
-fn authorize_client(
+/// A client's (or admin's) get or put: meta's capability for it, bound to the peer's
+/// certificate name.
+fn check_capability(
     peer: &PeerIdentity,
-    req: &NodeRequest,
+    check: CapCheck<'_>,
     key: &CapKeyCell,
     now_ms: i64,
     seen: u64,
 ) -> Result<(), WireError> {
-    let (op, chunk, cap) = match req {
-        NodeRequest::Get { id, cap, .. } => (CapOp::Read, Some(id), cap.as_ref()),
-        NodeRequest::Put { cap, .. } => (CapOp::Write, None, cap.as_ref()),
-        NodeRequest::Ping => return Ok(()),
-        NodeRequest::Has { .. }
-        | NodeRequest::List { .. }
-        | NodeRequest::Verify { .. }
-        | NodeRequest::Delete { .. }
-        | NodeRequest::Stats => {
-            return Err(WireError::new(
-                ErrorCode::NotPermitted,
-                format!("{} (a client certificate) may not list, probe, verify, delete or count chunks", peer.name),
-            ));
-        }
-    };
+    let CapCheck { op, chunk, cap } = check;
     let Some(key) = key.get() else {
         return Err(WireError::new(ErrorCode::Busy, "this node has no capability key from meta yet"));
     };
@@ -132,7 +117,8 @@ fn authorize_client(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::cap::{CAP_LIFETIME_MS, sign};
+    use proto::cap::{CAP_LIFETIME_MS, CapOp, sign};
+    use proto::node::{Delete, Get, Has, List, Put, Stats, Verify};
     use proto::types::ChunkId;
 
     fn id(name: &str, role: Role) -> PeerIdentity {
@@ -145,7 +131,7 @@ mod tests {
         let cell = CapKeyCell::default();
         let chunk = ChunkId([4; 32]);
         let alice = id("/CN=client.a", Role::Client);
-        let get = |cap| NodeRequest::Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap };
+        let get = |cap| NodeRequest::Get(Get { id: chunk, offset: 0, len: u64::MAX, local_only: false, cap });
         let now = 1_000_000;
         let read = sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + CAP_LIFETIME_MS, 1);
         // No key from meta yet: nothing a client asks is served.
@@ -158,25 +144,26 @@ mod tests {
         assert_eq!(code(&alice, &get(None), now), ErrorCode::PermissionDenied);
         assert_eq!(code(&id("/CN=client.b", Role::Client), &get(Some(read)), now), ErrorCode::PermissionDenied);
         assert_eq!(code(&alice, &get(Some(read)), now + CAP_LIFETIME_MS + 1), ErrorCode::PermissionDenied);
-        let other = NodeRequest::Get { id: ChunkId([5; 32]), offset: 0, len: 1, local_only: false, cap: Some(read) };
+        let other =
+            NodeRequest::Get(Get { id: ChunkId([5; 32]), offset: 0, len: 1, local_only: false, cap: Some(read) });
         assert_eq!(code(&alice, &other, now), ErrorCode::PermissionDenied, "a capability names its chunk");
         // Puts need the write capability, not a read one.
-        let put = |cap| NodeRequest::Put { id: chunk, cap, epoch: 1, replicate: Default::default() };
+        let put = |cap| NodeRequest::Put(Put { id: chunk, cap, epoch: 1, replicate: Default::default() });
         assert_eq!(code(&alice, &put(Some(read)), now), ErrorCode::PermissionDenied);
         let write = sign(&key, CapOp::Write, &alice.name, None, now + 1, 1);
         assert_eq!(authorize(Some(&alice), &put(Some(write)), &cell, now, 1), Ok(()));
         // Listing, probing, deleting and stats are for nodes and meta only.
         for req in [
-            NodeRequest::List { after: None, limit: 10 },
-            NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0, epoch: 1 },
-            NodeRequest::Has { ids: vec![chunk] },
-            NodeRequest::Verify { ids: vec![chunk] },
-            NodeRequest::Stats,
+            NodeRequest::List(List { after: None, limit: 10 }),
+            NodeRequest::Delete(Delete { ids: vec![chunk], min_age_secs: 0, epoch: 1 }),
+            NodeRequest::Has(Has { ids: vec![chunk] }),
+            NodeRequest::Verify(Verify { ids: vec![chunk] }),
+            NodeRequest::Stats(Stats {}),
         ] {
             assert_eq!(code(&alice, &req, now), ErrorCode::NotPermitted, "{req:?}");
             assert_eq!(authorize(Some(&id("admin", Role::Admin)), &req, &cell, now, 1), Ok(()));
             let by_node = authorize(Some(&id("/CN=node.a", Role::Node)), &req, &cell, now, 1);
-            let probe = matches!(req, NodeRequest::Has { .. });
+            let probe = matches!(req, NodeRequest::Has(Has { .. }));
             assert_eq!(
                 by_node.map_err(|e| e.code),
                 if probe { Ok(()) } else { Err(ErrorCode::NotPermitted) },
@@ -187,7 +174,9 @@ mod tests {
         // An admin certificate administers the store but reads and writes data only
         // with a capability, as a client.
         let admin = id("admin", Role::Admin);
-        for req in [NodeRequest::List { after: None, limit: 10 }, NodeRequest::Verify { ids: vec![chunk] }] {
+        for req in
+            [NodeRequest::List(List { after: None, limit: 10 }), NodeRequest::Verify(Verify { ids: vec![chunk] })]
+        {
             assert_eq!(authorize(Some(&admin), &req, &cell, now, 1), Ok(()));
         }
         assert_eq!(code(&admin, &get(None), now), ErrorCode::PermissionDenied);
@@ -209,18 +198,22 @@ mod tests {
         let chunk = ChunkId([4; 32]);
         let alice = id("/CN=client.a", Role::Client);
         let now = 1_000_000;
-        let put = |epoch| NodeRequest::Put {
-            id: chunk,
-            cap: Some(sign(&key, CapOp::Write, &alice.name, None, now + 1, epoch)),
-            epoch,
-            replicate: Default::default(),
+        let put = |epoch| {
+            NodeRequest::Put(Put {
+                id: chunk,
+                cap: Some(sign(&key, CapOp::Write, &alice.name, None, now + 1, epoch)),
+                epoch,
+                replicate: Default::default(),
+            })
         };
-        let get = |epoch| NodeRequest::Get {
-            id: chunk,
-            offset: 0,
-            len: 1,
-            local_only: false,
-            cap: Some(sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + 1, epoch)),
+        let get = |epoch| {
+            NodeRequest::Get(Get {
+                id: chunk,
+                offset: 0,
+                len: 1,
+                local_only: false,
+                cap: Some(sign(&key, CapOp::Read, &alice.name, Some(&chunk), now + 1, epoch)),
+            })
         };
         for req in [put(1), get(1)] {
             let refused = authorize(Some(&alice), &req, &cell, now, 2).unwrap_err();
@@ -232,7 +225,7 @@ mod tests {
         }
         // A client that states a current epoch beside an old capability is still refused.
         let mut dressed_up = put(1);
-        if let NodeRequest::Put { epoch, .. } = &mut dressed_up {
+        if let NodeRequest::Put(Put { epoch, .. }) = &mut dressed_up {
             *epoch = 2;
         }
         assert_eq!(authorize(Some(&alice), &dressed_up, &cell, now, 2).unwrap_err().code, ErrorCode::ReadOnly);
@@ -246,8 +239,8 @@ mod tests {
         let cell = CapKeyCell::default();
         let chunk = ChunkId([4; 32]);
         let (node, admin) = (id("/CN=node.b", Role::Node), id("admin", Role::Admin));
-        let put = |epoch| NodeRequest::Put { id: chunk, cap: None, epoch, replicate: Default::default() };
-        let delete = |epoch| NodeRequest::Delete { ids: vec![chunk], min_age_secs: 0, epoch };
+        let put = |epoch| NodeRequest::Put(Put { id: chunk, cap: None, epoch, replicate: Default::default() });
+        let delete = |epoch| NodeRequest::Delete(Delete { ids: vec![chunk], min_age_secs: 0, epoch });
         type Make<'a> = &'a dyn Fn(u64) -> NodeRequest;
         let cases: [(Option<&PeerIdentity>, Make); 4] =
             [(Some(&node), &put), (Some(&admin), &delete), (None, &put), (None, &delete)];
@@ -258,7 +251,7 @@ mod tests {
             for epoch in [2, 3] {
                 assert_eq!(authorize(from, &req(epoch), &cell, 0, 2), Ok(()), "{:?}", req(epoch));
             }
-            let has = NodeRequest::Has { ids: vec![chunk] };
+            let has = NodeRequest::Has(Has { ids: vec![chunk] });
             assert_eq!(authorize(from, &has, &cell, 0, 2), Ok(()));
         }
     }

@@ -29,7 +29,9 @@ use chunk::{ChunkError, ChunkStore};
 use net::{NetError, RpcClient, Service};
 use proto::error::{ErrorCode, WireError};
 use proto::meta::{Envelope, JoinNode, MetaMessage, RegisterNode, Registered, ReportLag, ReportWorkers, Revocations};
-use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::node::{
+    Delete, Get, Has, List, NodeRequest, NodeResult, NodeServer, NodeStats, Ping, Put, ServeNode, Stats, Stored, Verify,
+};
 use proto::types::{ChunkId, NodeInfo};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -272,10 +274,11 @@ impl Service for NodeService {
     type Request = NodeRequest;
     type Reply = NodeResult;
 
-    /// Every request is first authorized on the peer's certificate (`authz`).
+    /// Every request is first authorized on the peer's certificate (`authz`), then
+    /// answered by the handler of its type.
     async fn handle(self: Arc<Self>, peer: net::Peer, req: NodeRequest, bulk: Bytes) -> (NodeResult, Bytes) {
-        let now = proto::types::Timestamp::now().millis();
-        if let Err(e) = authz::authorize(peer.identity(), &req, &self.cap_key, now, self.epoch.get()) {
+        let now_ms = proto::types::Timestamp::now().millis();
+        if let Err(e) = authz::authorize(peer.identity(), &req, &self.cap_key, now_ms, self.epoch.get()) {
             tracing::warn!(peer = %peer.addr(), "refused: {e}");
             return (Err(e), Bytes::new());
         }
@@ -287,48 +290,93 @@ impl Service for NodeService {
         {
             tracing::warn!("cannot keep the newer epoch {theirs} of the primary role: {e}");
         }
-        let reply = match req {
-            NodeRequest::Put { id, replicate, .. } => match &self.replicator {
-                Some(r) => {
-                    let size = bulk.len() as u64;
-                    r.put(id, bulk, replicate).await.map(|nodes| {
-                        let receipt = self.receipt(peer.identity(), &id, size, &nodes, now);
-                        NodeReply::Stored { nodes, receipt }
-                    })
-                }
-                None => self.blocking(move |s| s.put(&id, &bulk)).await.map(|()| NodeReply::Done),
-            },
-            NodeRequest::Get { id, offset, len, local_only, .. } => {
-                let local = self.stored_range(id, offset, len).await;
-                let answer = match (local, &self.site) {
-                    // Another node fetching for its site gets this node's cached copy
-                    // too, but never makes it fetch further.
-                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound && local_only => {
-                        site.cached(id, offset, len).await.and_then(|cached| cached.ok_or(e))
-                    }
-                    (Err(e), Some(site)) if e.code == ErrorCode::NotFound => site.get(id, offset, len).await,
-                    (local, _) => local,
-                };
-                return match answer {
-                    Ok(data) if local_only && !data.is_empty() => (Ok(NodeReply::Data), corrupted_in_transit(data)),
-                    Ok(data) => (Ok(NodeReply::Data), data),
-                    Err(e) => (Err(e), Bytes::new()),
-                };
+        req.dispatch(&*self, &Asked { peer, now_ms }, bulk).await
+    }
+}
+
+/// What a request's handler knows beside it: who asked, and when.
+pub struct Asked {
+    peer: net::Peer,
+    now_ms: i64,
+}
+
+impl NodeServer for NodeService {
+    type Context = Asked;
+}
+
+impl ServeNode<Put> for NodeService {
+    async fn serve(&self, asked: &Asked, req: Put, bulk: Bytes) -> Result<Stored, WireError> {
+        let Put { id, replicate, .. } = req;
+        match &self.replicator {
+            Some(r) => {
+                let size = bulk.len() as u64;
+                let nodes = r.put(id, bulk, replicate).await?;
+                let receipt = self.receipt(asked.peer.identity(), &id, size, &nodes, asked.now_ms);
+                Ok(Stored { nodes, receipt })
             }
-            NodeRequest::Ping => Ok(NodeReply::Done),
-            NodeRequest::Has { ids } => self.has(ids).await.map(NodeReply::Flags),
-            NodeRequest::List { after, limit } => {
-                let limit = limit.min(MAX_LIST) as usize;
-                self.blocking(move |s| s.list(after, limit)).await.map(NodeReply::Ids)
+            None => {
+                self.blocking(move |s| s.put(&id, &bulk)).await?;
+                Ok(Stored { nodes: Vec::new(), receipt: None })
             }
-            NodeRequest::Verify { ids } => self.blocking(move |s| Ok(s.verify(&ids))).await.map(NodeReply::Ids),
-            NodeRequest::Delete { ids, min_age_secs, .. } => {
-                let min_age = Duration::from_secs(min_age_secs);
-                self.blocking(move |s| s.delete(&ids, min_age)).await.map(NodeReply::Count)
+        }
+    }
+}
+
+impl ServeNode<Get> for NodeService {
+    async fn serve(&self, _: &Asked, req: Get, (): ()) -> Result<Bytes, WireError> {
+        let Get { id, offset, len, local_only, .. } = req;
+        let local = self.stored_range(id, offset, len).await;
+        let answer = match (local, &self.site) {
+            // Another node fetching for its site gets this node's cached copy too, but
+            // never makes it fetch further.
+            (Err(e), Some(site)) if e.code == ErrorCode::NotFound && local_only => {
+                site.cached(id, offset, len).await.and_then(|cached| cached.ok_or(e))
             }
-            NodeRequest::Stats => Ok(NodeReply::Stats(self.store.stats())),
+            (Err(e), Some(site)) if e.code == ErrorCode::NotFound => site.get(id, offset, len).await,
+            (local, _) => local,
         };
-        (reply, Bytes::new())
+        match answer {
+            Ok(data) if local_only && !data.is_empty() => Ok(corrupted_in_transit(data)),
+            answer => answer,
+        }
+    }
+}
+
+impl ServeNode<Has> for NodeService {
+    async fn serve(&self, _: &Asked, req: Has, (): ()) -> Result<Vec<bool>, WireError> {
+        self.has(req.ids).await
+    }
+}
+
+impl ServeNode<List> for NodeService {
+    async fn serve(&self, _: &Asked, req: List, (): ()) -> Result<Vec<ChunkId>, WireError> {
+        let (after, limit) = (req.after, req.limit.min(MAX_LIST) as usize);
+        self.blocking(move |s| s.list(after, limit)).await
+    }
+}
+
+impl ServeNode<Verify> for NodeService {
+    async fn serve(&self, _: &Asked, req: Verify, (): ()) -> Result<Vec<ChunkId>, WireError> {
+        self.blocking(move |s| Ok(s.verify(&req.ids))).await
+    }
+}
+
+impl ServeNode<Delete> for NodeService {
+    async fn serve(&self, _: &Asked, req: Delete, (): ()) -> Result<u64, WireError> {
+        let min_age = Duration::from_secs(req.min_age_secs);
+        self.blocking(move |s| s.delete(&req.ids, min_age)).await
+    }
+}
+
+impl ServeNode<Stats> for NodeService {
+    async fn serve(&self, _: &Asked, _: Stats, (): ()) -> Result<NodeStats, WireError> {
+        Ok(self.store.stats())
+    }
+}
+
+impl ServeNode<Ping> for NodeService {
+    async fn serve(&self, _: &Asked, _: Ping, (): ()) -> Result<(), WireError> {
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use chunk::{ChunkError, ChunkStore};
 use futures_util::future::join_all;
 use proto::error::{ErrorCode, WireError};
-use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::node::{Has, Put};
 use proto::placement::rendezvous;
 use proto::policy::ReplicationLag;
 use proto::policy::{Replicate, ReplicationMode};
@@ -304,23 +304,16 @@ impl Replicator {
             .await
             .map_err(|e| WireError::new(ErrorCode::Unreachable, format!("node {node}: {e}")))?;
         let transport = |e: net::NetError| WireError::new(ErrorCode::Unreachable, format!("node {node}: {e}"));
-        let (has, _) = client
-            .call_bulk::<_, NodeResult>(&NodeRequest::Has { ids: vec![id] }, Bytes::new())
-            .await
-            .map_err(transport)?;
-        if matches!(has?, NodeReply::Flags(f) if f == [true]) {
+        if client.call_node(Has { ids: vec![id] }).await.map_err(transport)?? == [true] {
             self.stats.already_there.fetch_add(1, Ordering::Relaxed);
             return Ok(vec![node.to_string()]);
         }
         // Node to node: this node's certificate is its authority (no capability).
-        let put = NodeRequest::Put { id, cap: None, epoch: self.link.epoch(), replicate: ask.clone() };
+        let put = Put { id, cap: None, epoch: self.link.epoch(), replicate: ask.clone() };
         self.stats.shipped_chunks.fetch_add(1, Ordering::Relaxed);
         self.stats.shipped_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-        let (reply, _) = client.call_bulk::<_, NodeResult>(&put, data.clone()).await.map_err(transport)?;
-        match reply? {
-            NodeReply::Stored { nodes, .. } => Ok(nodes),
-            _ => Ok(vec![node.to_string()]),
-        }
+        let stored = client.call_node_bulk(put, data.clone()).await.map_err(transport)??;
+        Ok(stored.holders(node))
     }
 
     fn enqueue(&self, job: Job) {

@@ -5,7 +5,7 @@ use chunk::ChunkStore;
 use net::RpcClient;
 use node::NodeService;
 use proto::error::{ErrorCode, WireError};
-use proto::node::{NodeReply, NodeRequest, NodeResult, NodeStats};
+use proto::node::{Delete, Get, Has, List, NodeMessage, NodeStats, Put, Stats, Stored, Verify};
 use proto::types::ChunkId;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,48 +30,35 @@ async fn start(capacity: u64) -> Node {
 }
 
 impl Node {
-    async fn call(&self, req: NodeRequest) -> NodeResult {
-        self.client.call::<_, NodeResult>(&req).await.unwrap()
+    async fn call<M: NodeMessage<Bulk = ()>>(&self, req: M) -> Result<M::Response, WireError> {
+        self.client.call_node(req).await.unwrap()
     }
 
     /// Sends `data` as the request's bulk bytes (Put).
-    async fn send(&self, id: ChunkId, data: Vec<u8>) -> NodeResult {
+    async fn send(&self, id: ChunkId, data: Vec<u8>) -> Result<Stored, WireError> {
         self.send_at(id, data, 0).await
     }
 
     /// As `send`, stating primary-role `epoch`.
-    async fn send_at(&self, id: ChunkId, data: Vec<u8>, epoch: u64) -> NodeResult {
-        self.client
-            .call_bulk::<_, NodeResult>(
-                &NodeRequest::Put { id, cap: None, epoch, replicate: Default::default() },
-                Bytes::from(data),
-            )
-            .await
-            .unwrap()
-            .0
+    async fn send_at(&self, id: ChunkId, data: Vec<u8>, epoch: u64) -> Result<Stored, WireError> {
+        let put = Put { id, cap: None, epoch, replicate: Default::default() };
+        self.client.call_node_bulk(put, Bytes::from(data)).await.unwrap()
     }
 
     /// A Get, with the bytes that came back as bulk.
     async fn fetch(&self, id: ChunkId, offset: u64, len: u64) -> Result<Vec<u8>, WireError> {
-        let req = NodeRequest::Get { id, offset, len, local_only: false, cap: None };
-        let (reply, bulk) = self.client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await.unwrap();
-        reply.map(|r| {
-            assert_eq!(r, NodeReply::Data);
-            bulk.to_vec()
-        })
+        let got = self.call(Get { id, offset, len, local_only: false, cap: None }).await;
+        got.map(|bytes| bytes.to_vec())
     }
 
     async fn put(&self, data: &[u8]) -> ChunkId {
         let id = ChunkId::of(data);
-        assert_eq!(self.send(id, data.to_vec()).await, Ok(NodeReply::Done));
+        assert_eq!(self.send(id, data.to_vec()).await, Ok(ALONE));
         id
     }
 
     async fn stats(&self) -> NodeStats {
-        match self.call(NodeRequest::Stats).await {
-            Ok(NodeReply::Stats(s)) => s,
-            other => panic!("unexpected {other:?}"),
-        }
+        self.call(Stats {}).await.unwrap()
     }
 
     fn chunk_path(&self, id: &ChunkId) -> PathBuf {
@@ -80,7 +67,10 @@ impl Node {
     }
 }
 
-fn code(r: NodeResult) -> ErrorCode {
+/// A put's answer from a node that replicates nothing: it alone holds the chunk.
+const ALONE: Stored = Stored { nodes: Vec::new(), receipt: None };
+
+fn code<T: std::fmt::Debug>(r: Result<T, WireError>) -> ErrorCode {
     match r {
         Err(WireError { code, .. }) => code,
         Ok(reply) => panic!("expected an error, got {reply:?}"),
@@ -101,13 +91,13 @@ async fn put_get_has_list_stats() {
     assert_eq!(n.fetch(id, 1001, 1).await.unwrap_err().code, ErrorCode::InvalidArgument);
     let missing = ChunkId::of(b"missing");
     assert_eq!(
-        code(n.call(NodeRequest::Get { id: missing, offset: 0, len: 1, local_only: false, cap: None }).await),
+        code(n.call(Get { id: missing, offset: 0, len: 1, local_only: false, cap: None }).await),
         ErrorCode::NotFound
     );
 
     assert_eq!(code(n.send(missing, b"not it".to_vec()).await), ErrorCode::InvalidArgument);
 
-    assert_eq!(n.call(NodeRequest::Has { ids: vec![missing, id] }).await, Ok(NodeReply::Flags(vec![false, true])));
+    assert_eq!(n.call(Has { ids: vec![missing, id] }).await, Ok(vec![false, true]));
 
     let mut ids = vec![id];
     for i in 0..20u32 {
@@ -117,9 +107,7 @@ async fn put_get_has_list_stats() {
     let mut seen = Vec::new();
     let mut after = None;
     loop {
-        let Ok(NodeReply::Ids(page)) = n.call(NodeRequest::List { after, limit: 6 }).await else {
-            panic!("list failed");
-        };
+        let page = n.call(List { after, limit: 6 }).await.expect("list failed");
         if page.is_empty() {
             break;
         }
@@ -142,7 +130,7 @@ async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
     bytes[0] ^= 0x80;
     std::fs::write(&path, bytes).unwrap();
 
-    let err = n.call(NodeRequest::Get { id: bad, offset: 0, len: 4, local_only: false, cap: None }).await.unwrap_err();
+    let err = n.call(Get { id: bad, offset: 0, len: 4, local_only: false, cap: None }).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Corrupt);
     assert!(err.message.contains(&bad.to_hex()), "{}", err.message);
     // Same client, same connections: still answering.
@@ -150,13 +138,10 @@ async fn corrupt_chunk_is_refused_and_connection_stays_usable() {
     assert_eq!(n.stats().await.corrupt_reads, 1);
 
     let missing = ChunkId::of(b"never stored");
-    assert_eq!(
-        n.call(NodeRequest::Verify { ids: vec![good, bad, missing] }).await,
-        Ok(NodeReply::Ids(vec![bad, missing]))
-    );
+    assert_eq!(n.call(Verify { ids: vec![good, bad, missing] }).await, Ok(vec![bad, missing]));
     // A fresh put of the right bytes repairs it.
     n.put(b"some bytes that will rot").await;
-    assert_eq!(n.call(NodeRequest::Verify { ids: vec![good, bad] }).await, Ok(NodeReply::Ids(vec![])));
+    assert_eq!(n.call(Verify { ids: vec![good, bad] }).await, Ok(vec![]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,11 +149,11 @@ async fn delete_honours_min_age() {
     let n = start(1 << 20).await;
     let a = n.put(b"chunk a").await;
     let b = n.put(b"chunk b").await;
-    let del = |ids: Vec<ChunkId>, min_age_secs| NodeRequest::Delete { ids, min_age_secs, epoch: 0 };
-    assert_eq!(n.call(del(vec![a, b], 3600)).await, Ok(NodeReply::Count(0)));
-    assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(1)));
-    assert_eq!(n.call(del(vec![a], 0)).await, Ok(NodeReply::Count(0)));
-    assert_eq!(n.call(NodeRequest::Has { ids: vec![a, b] }).await, Ok(NodeReply::Flags(vec![false, true])));
+    let del = |ids: Vec<ChunkId>, min_age_secs| Delete { ids, min_age_secs, epoch: 0 };
+    assert_eq!(n.call(del(vec![a, b], 3600)).await, Ok(0));
+    assert_eq!(n.call(del(vec![a], 0)).await, Ok(1));
+    assert_eq!(n.call(del(vec![a], 0)).await, Ok(0));
+    assert_eq!(n.call(Has { ids: vec![a, b] }).await, Ok(vec![false, true]));
     let s = n.stats().await;
     assert_eq!((s.used_bytes, s.chunk_count), (7, 1));
 }
@@ -186,12 +171,12 @@ async fn a_newer_epoch_is_passed_on_and_older_work_refused() {
     assert_eq!(refused.code, ErrorCode::ReadOnly, "{refused}");
     assert!(refused.message.contains("acts under epoch 1 of the primary role, but this node has seen epoch 2"));
     let old = ChunkId::of(b"old");
-    let delete = |epoch| NodeRequest::Delete { ids: vec![old], min_age_secs: 0, epoch };
+    let delete = |epoch| Delete { ids: vec![old], min_age_secs: 0, epoch };
     assert_eq!(n.call(delete(1)).await.unwrap_err().code, ErrorCode::ReadOnly);
-    let has = NodeRequest::Has { ids: vec![old, ChunkId::of(b"stale")] };
-    assert_eq!(n.call(has.clone()).await, Ok(NodeReply::Flags(vec![true, false])), "nothing changed");
+    let has = Has { ids: vec![old, ChunkId::of(b"stale")] };
+    assert_eq!(n.call(has.clone()).await, Ok(vec![true, false]), "nothing changed");
     assert_eq!(n.fetch(old, 0, 3).await.unwrap(), b"old", "reads state no epoch");
-    assert_eq!(n.call(delete(2)).await, Ok(NodeReply::Count(1)));
+    assert_eq!(n.call(delete(2)).await, Ok(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,7 +201,7 @@ async fn concurrent_puts_of_one_chunk_count_once() {
         })
         .collect();
     for c in calls {
-        assert_eq!(c.await.unwrap(), Ok(NodeReply::Done));
+        assert_eq!(c.await.unwrap(), Ok(ALONE));
     }
     let s = n.stats().await;
     assert_eq!((s.used_bytes, s.chunk_count), (4096, 1));

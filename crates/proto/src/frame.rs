@@ -147,7 +147,12 @@ mod tests {
             }),
         ];
         let mut out: Vec<Vec<u8>> = reqs.iter().map(|r| encode(FrameKind::Request, 1, r, 0).unwrap()).collect();
-        let put = NodeRequest::Put { id: ChunkId([2; 32]), cap: None, epoch: 1, replicate: Default::default() };
+        let put = NodeRequest::Put(crate::node::Put {
+            id: ChunkId([2; 32]),
+            cap: None,
+            epoch: 1,
+            replicate: Default::default(),
+        });
         out.push(encode(FrameKind::Request, 2, &put, 100).unwrap());
         out
     }

@@ -350,12 +350,6 @@ macro_rules! meta_requests {
             #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
             pub struct $name { $( $(#[$fdoc])* pub $field: $ty, )* }
 
-            impl From<$name> for MetaRequest {
-                fn from(r: $name) -> Self {
-                    MetaRequest::$name(r)
-                }
-            }
-
             impl MetaMessage for $name {
                 type Response = $resp;
                 const KIND: MetaRequestKind = MetaRequestKind::$name;
@@ -366,16 +360,17 @@ macro_rules! meta_requests {
             }
         )*
 
-        /// Which request a `MetaMessage` is, without its fields.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum MetaRequestKind {
-            $( $name, )*
+        request_enum! {
+            /// Every request to `locus meta` as it travels. Names (`name`) are single path
+            /// components in raw bytes.
+            MetaRequest,
+            /// Which request a `MetaMessage` is, without its fields.
+            MetaRequestKind,
+            RequestFacts;
+            $( $(#[$doc])* $name, )*
         }
 
         impl MetaRequestKind {
-            /// Every request, in the table's order.
-            pub const ALL: &[MetaRequestKind] = &[$( MetaRequestKind::$name, )*];
-
             /// The request's facts, as the table states them.
             pub fn facts(self) -> &'static RequestFacts {
                 use Role::*;
@@ -390,33 +385,7 @@ macro_rules! meta_requests {
             }
         }
 
-        /// Every request to `locus meta` as it travels. Names (`name`) are single path
-        /// components in raw bytes.
-        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-        pub enum MetaRequest {
-            $( $(#[$doc])* $name($name), )*
-        }
-
         impl MetaRequest {
-            /// The request's name, for messages and logs.
-            pub fn name(&self) -> &'static str {
-                match self {
-                    $( MetaRequest::$name(_) => stringify!($name), )*
-                }
-            }
-
-            /// Which request this is.
-            pub fn kind(&self) -> MetaRequestKind {
-                match self {
-                    $( MetaRequest::$name(_) => MetaRequestKind::$name, )*
-                }
-            }
-
-            /// The request's facts (`MetaRequestKind::facts`).
-            pub fn facts(&self) -> &'static RequestFacts {
-                self.kind().facts()
-            }
-
             /// The session a request says it acts for, if it names one. Meta holds it
             /// against the session bound to the connection (see `net::Peer::session`).
             #[allow(unused_variables)]
@@ -907,39 +876,10 @@ pub struct ChunkCaps {
     pub put: Option<crate::cap::Cap>,
 }
 
-/// Every answer type as one enum on the wire, each variant convertible to and from its
-/// type (a variant per distinct answer type).
-macro_rules! meta_replies {
-    ($( $(#[$doc:meta])* $variant:ident($ty:ty), )*) => {
-        /// Successful answers from meta; `MetaMessage::Response` says which one a request gets.
-        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-        pub enum MetaReply {
-            /// The request was carried out; nothing to return.
-            Done,
-            $( $(#[$doc])* $variant($ty), )*
-        }
-
-        $(
-            impl From<$ty> for MetaReply {
-                fn from(v: $ty) -> Self {
-                    MetaReply::$variant(v)
-                }
-            }
-
-            impl TryFrom<MetaReply> for $ty {
-                type Error = MetaReply;
-                fn try_from(r: MetaReply) -> Result<Self, MetaReply> {
-                    match r {
-                        MetaReply::$variant(v) => Ok(v),
-                        other => Err(other),
-                    }
-                }
-            }
-        )*
-    };
-}
-
-meta_replies! {
+reply_enum! {
+    /// Successful answers from meta; `MetaMessage::Response` says which one a request gets.
+    MetaReply;
+    ;
     Welcome(Welcome),
     Registered(Registered),
     Attr(Attr),
@@ -963,22 +903,6 @@ meta_replies! {
     Revoked(RevocationList),
     Token(JoinToken),
     Login(crate::cap::UserToken),
-}
-
-impl From<()> for MetaReply {
-    fn from((): ()) -> Self {
-        MetaReply::Done
-    }
-}
-
-impl TryFrom<MetaReply> for () {
-    type Error = MetaReply;
-    fn try_from(r: MetaReply) -> Result<(), MetaReply> {
-        match r {
-            MetaReply::Done => Ok(()),
-            other => Err(other),
-        }
-    }
 }
 
 /// The payload of every meta response frame.

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use net::RpcClient;
 use proto::error::{ErrorCode, WireError};
 use proto::meta::ChunkLocations;
-use proto::node::{NodeReply, NodeRequest, NodeResult};
+use proto::node::Get;
 use proto::types::ChunkId;
 use std::sync::Arc;
 use std::time::Instant;
@@ -147,20 +147,17 @@ impl SiteLink {
             .into_iter()
             .map(|(offset, len)| {
                 let client = client.clone();
-                let req = NodeRequest::Get { id, offset, len, local_only: true, cap: None };
-                tokio::spawn(async move { client.call_bulk::<_, NodeResult>(&req, Bytes::new()).await })
+                let req = Get { id, offset, len, local_only: true, cap: None };
+                tokio::spawn(async move { client.call_node(req).await })
             })
             .collect();
         let mut received = Vec::with_capacity(parts.len());
         for part in parts {
-            let (reply, bytes) = part
+            let bytes = part
                 .await
                 .map_err(|e| WireError::new(ErrorCode::Internal, format!("fetch task failed: {e}")))?
-                .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))?;
-            match reply? {
-                NodeReply::Data => received.push(bytes),
-                other => return Err(WireError::new(ErrorCode::Internal, format!("Get answered {other:?}"))),
-            }
+                .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))??;
+            received.push(bytes);
         }
         // When each fetch of a read's start ended (`LOCUS_LOG=node::site=trace`).
         tracing::trace!(chunk = %id, fetching, stripes = received.len(), ms = started.elapsed().as_millis() as u64, "fetched");

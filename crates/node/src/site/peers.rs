@@ -6,7 +6,7 @@ use super::SiteLink;
 use super::config::auto_connections;
 use net::RpcClient;
 use proto::meta::ListNodes;
-use proto::node::{NodeRequest, NodeResult};
+use proto::node::Ping;
 use proto::placement::rendezvous;
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{BTreeMap, HashMap};
@@ -76,8 +76,7 @@ impl SiteLink {
         for node in others {
             let Ok(client) = self.peers.client(&node.id).await else { continue };
             let started = Instant::now();
-            let answered =
-                tokio::time::timeout(Duration::from_secs(5), client.call::<_, NodeResult>(&NodeRequest::Ping)).await;
+            let answered = tokio::time::timeout(Duration::from_secs(5), client.call_node(Ping {})).await;
             if !matches!(answered, Ok(Ok(Ok(_)))) {
                 continue;
             }
