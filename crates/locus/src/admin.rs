@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use net::{NodeDirectory, RpcClient};
 use proto::meta::*;
-use proto::node::{Delete, List, NodeMessage, Verify};
+use proto::node::{Delete, List, NodeMessage, Stats, Verify};
 use proto::types::{ChunkId, NodeInfo};
 use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
@@ -65,10 +65,7 @@ async fn live_stats(nodes: &[NodeInfo]) -> HashMap<String, proto::node::NodeStat
         let directory = directory.clone();
         asking.spawn(tokio::time::timeout(LIVE_STATS_WAIT, async move {
             let client = directory.client(&id).await.ok()?;
-            match node_call(&client, NodeRequest::Stats).await {
-                Ok(NodeReply::Stats(stats)) => Some((id, stats)),
-                _ => None,
-            }
+            node_call(&client, Stats {}).await.ok().map(|stats| (id, stats))
         }));
     }
     let mut live = HashMap::new();
