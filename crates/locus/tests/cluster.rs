@@ -238,3 +238,19 @@ fn meta_pushes_to_a_busy_mount_and_the_mount_answers() {
     writer.join().unwrap();
     assert!(during > 5, "the mount was not under load while meta pushed ({during} files written)");
 }
+
+/// A node started while its meta is down waits for it and registers once it is back
+/// (it exited at once with "meta ... unreachable", before: issue 38).
+#[test]
+fn a_node_started_before_its_meta_waits_for_it() {
+    let Some(mut c) = cluster(0) else { return };
+    c.admit("node0");
+    let _ = c.meta.child.kill();
+    let _ = c.meta.child.wait();
+    c.add_pending_node("node0", "default", &[]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let node = &mut c.nodes[0].child;
+    assert!(node.try_wait().unwrap().is_none(), "the node exited while its meta was down");
+    c.restart_meta();
+    c.wait_for_nodes(1);
+}

@@ -413,9 +413,7 @@ pub async fn run_on(store: Arc<ChunkStore>, mut config: NodeConfig, listener: Tc
     let cache = open_store(&config, true).await?;
 
     let epoch = Arc::new(Epoch::load(&config.data_dir)?);
-    let rpc = RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT)
-        .await
-        .map_err(|source| NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source })?;
+    let rpc = connect_meta(&config).await?;
     let meta = Arc::new(MetaClient { rpc, epoch: epoch.clone() });
     let site =
         Arc::new(SiteLink::open(config.id.clone(), config.site.clone(), config.wan.clone(), meta.clone(), cache)?);
@@ -499,6 +497,28 @@ pub async fn run_on(store: Arc<ChunkStore>, mut config: NodeConfig, listener: Tc
 /// node serves nothing and meta lists it only as pending, so it gets no chunks. A meta
 /// of an older epoch than the node has seen (it lost the primary role) is waited out
 /// the same way: it may be restarted at the new primary.
+/// Connects to meta, waiting while nothing answers at its address (a node may start
+/// before its meta, or while meta restarts): said once per change of reason, tried
+/// again every heartbeat. A meta that answers but refuses (TLS, identity) is an error.
+async fn connect_meta(config: &NodeConfig) -> Result<RpcClient, NodeError> {
+    let mut last = String::new();
+    loop {
+        match RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT).await {
+            Ok(rpc) => return Ok(rpc),
+            Err(source @ (NetError::Connect { .. } | NetError::Timeout { .. })) => {
+                let said = source.to_string();
+                if said != last {
+                    tracing::warn!(meta = %config.meta_addr, "meta unreachable ({said}); waiting for it, asking again \
+                        every {:?}", config.heartbeat);
+                    last = said;
+                }
+                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+            }
+            Err(source) => return Err(NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source }),
+        }
+    }
+}
+
 async fn wait_for_admission(
     meta: &MetaClient,
     config: &NodeConfig,
@@ -532,8 +552,8 @@ async fn wait_for_admission(
                 }
                 tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
             }
-            Err(stale @ NodeError::StaleMeta { .. }) => {
-                let said = stale.to_string();
+            Err(waiting @ (NodeError::StaleMeta { .. } | NodeError::MetaUnreachable { .. })) => {
+                let said = waiting.to_string();
                 if said != last {
                     tracing::warn!("{said}; asking again every {:?}", config.heartbeat);
                     last = said;
