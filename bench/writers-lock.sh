@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Single-site cost of the writers' fairness lock (crates/meta/src/postgres.rs,
+# Single-site cost of the writers' fairness lock (crates/meta/src/postgres/,
 # `writers_lock`): every PostgreSQL write transaction of meta sends
 # `SELECT pg_advisory_xact_lock_shared(K)` in the round trip of its first statement.
 # pgbench on a server of its own (initdb in a scratch directory, loopback), one client,
