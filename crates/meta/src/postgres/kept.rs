@@ -61,27 +61,27 @@ const HOLDER_CHECK: Duration = Duration::from_secs(1);
 const MAX_PAYLOAD: usize = 7000;
 
 /// An entry's key: its directory and its name.
-pub(crate) type EntryKey = (InodeId, Vec<u8>);
+pub(super) type EntryKey = (InodeId, Vec<u8>);
 
 /// What one write transaction changed: each key with its committed row (`None`:
 /// deleted, or not known well enough to keep).
 #[derive(Default)]
-pub(crate) struct Written {
-    pub(crate) inodes: HashMap<InodeId, Option<Inode>>,
-    pub(crate) entries: HashMap<EntryKey, Option<InodeId>>,
+pub(super) struct Written {
+    pub(super) inodes: HashMap<InodeId, Option<Inode>>,
+    pub(super) entries: HashMap<EntryKey, Option<InodeId>>,
     /// Inodes of `inodes` known to have no extended attributes when committed.
-    pub(crate) bare: HashSet<InodeId>,
+    pub(super) bare: HashSet<InodeId>,
 }
 
 impl Written {
     /// No inode or entry was changed: nothing to notify.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.inodes.is_empty() && self.entries.is_empty()
     }
 
     /// Keeps the keys but forgets the rows (an op rolled back to its savepoint: what
     /// it wrote is not what commits, so those keys are only dropped from the cache).
-    pub(crate) fn distrust(&mut self) {
+    pub(super) fn distrust(&mut self) {
         self.inodes.values_mut().for_each(|v| *v = None);
         self.entries.values_mut().for_each(|v| *v = None);
         self.bare.clear();
@@ -89,7 +89,7 @@ impl Written {
 
     /// The notifications that name every key: `<sender> i<ino> e<parent>:<hex name> ...`,
     /// split to fit PostgreSQL's payload limit.
-    pub(crate) fn payloads(&self, sender: &str) -> Vec<String> {
+    pub(super) fn payloads(&self, sender: &str) -> Vec<String> {
         let keys = self
             .inodes
             .keys()
@@ -118,7 +118,7 @@ struct Rows {
 }
 
 /// The rows every connection of one meta shares (see the module's comment).
-pub(crate) struct SharedRows {
+pub(super) struct SharedRows {
     rows: Mutex<Rows>,
     /// Bumped by every change applied.
     generation: AtomicU64,
@@ -142,7 +142,7 @@ pub(crate) struct SharedRows {
 impl SharedRows {
     /// Shared rows for a meta (`standby`: one that reads at a hot standby); it keeps
     /// rows only once its writer holds the lock and `listen` has connected.
-    pub(crate) fn new(standby: bool) -> Arc<SharedRows> {
+    pub(super) fn new(standby: bool) -> Arc<SharedRows> {
         // Only told apart from other metas' names: a clock-derived name will do if
         // /dev/urandom cannot be read.
         let me = crate::store::values::random_hex().unwrap_or_else(|_| {
@@ -166,14 +166,14 @@ impl SharedRows {
     }
 
     /// The writer should take the lock (it does not hold it).
-    pub(crate) fn wants_lock(&self) -> bool {
+    pub(super) fn wants_lock(&self) -> bool {
         self.holder.load(Ordering::Acquire) == 0
     }
 
     /// The writer's session `pid` now holds the lock (0: its session ended, or it never
     /// got it), taken when the primary's WAL was at `at`: commits that did not notify
     /// this meta are behind it. Everything kept is dropped either way.
-    pub(crate) fn set_holder(&self, pid: i32, at: u64) {
+    pub(super) fn set_holder(&self, pid: i32, at: u64) {
         self.floor.fetch_max(at, Ordering::SeqCst);
         self.reset(|| self.holder.store(pid, Ordering::Release));
     }
@@ -181,7 +181,7 @@ impl SharedRows {
     /// How far a standby must have replayed for rows read there to be kept (`None`:
     /// not known yet). Ask it after `generation`: a change applied in between makes
     /// the read keep nothing anyway.
-    pub(crate) fn floor(&self) -> Option<u64> {
+    pub(super) fn floor(&self) -> Option<u64> {
         (!self.unsettled.load(Ordering::SeqCst)).then(|| self.floor.load(Ordering::SeqCst))
     }
 
@@ -193,23 +193,23 @@ impl SharedRows {
     }
 
     /// This meta's sender name in notifications.
-    pub(crate) fn me(&self) -> &str {
+    pub(super) fn me(&self) -> &str {
         &self.me
     }
 
     /// Where a read begins: pass it to `keep`.
-    pub(crate) fn generation(&self) -> u64 {
+    pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
-    pub(crate) fn inode(&self, ino: InodeId) -> Option<Inode> {
+    pub(super) fn inode(&self, ino: InodeId) -> Option<Inode> {
         if !self.live() {
             return None;
         }
         lock(&self.rows).inodes.get(&ino).cloned()
     }
 
-    pub(crate) fn entry(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
+    pub(super) fn entry(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
         if !self.live() {
             return None;
         }
@@ -217,14 +217,14 @@ impl SharedRows {
     }
 
     /// The inode is known to have no extended attributes.
-    pub(crate) fn bare(&self, ino: InodeId) -> bool {
+    pub(super) fn bare(&self, ino: InodeId) -> bool {
         self.live() && lock(&self.rows).bare.contains(&ino)
     }
 
     /// Keeps rows a read found, and the inodes it found `bare` of extended attributes,
     /// unless a change was applied since it began at `generation` (the read may then
     /// hold rows the change replaced).
-    pub(crate) fn keep<'a>(
+    pub(super) fn keep<'a>(
         &self,
         generation: u64,
         inodes: impl Iterator<Item = (&'a InodeId, &'a Inode)>,
@@ -252,7 +252,7 @@ impl SharedRows {
 
     /// Applies a committed write: its rows replace what was kept, deleted or
     /// distrusted ones are dropped.
-    pub(crate) fn committed(&self, written: &Written) {
+    pub(super) fn committed(&self, written: &Written) {
         let mut rows = lock(&self.rows);
         self.generation.fetch_add(1, Ordering::AcqRel);
         let keep = self.live();
@@ -275,7 +275,7 @@ impl SharedRows {
     }
 
     /// Drops the keys a write whose outcome is unknown touched.
-    pub(crate) fn forget(&self, written: &Written) {
+    pub(super) fn forget(&self, written: &Written) {
         let mut rows = lock(&self.rows);
         self.generation.fetch_add(1, Ordering::AcqRel);
         for ino in written.inodes.keys() {
@@ -361,7 +361,7 @@ impl SharedRows {
 /// lives (a thread of its own), and checks every second that its meta's writer session
 /// still holds the lock. Rows are kept only while it is connected; when the connection
 /// fails it drops every row and connects again a second later.
-pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc<SharedRows>) {
+pub(super) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc<SharedRows>) {
     use postgres::fallible_iterator::FallibleIterator;
     /// At a standby, asks the primary for the floor of what was heard (its WAL position
     /// now is at or past every commit notified or committed before the LISTEN).
@@ -446,14 +446,14 @@ pub(crate) fn listen(config: tokio_postgres::Config, shown: String, shared: &Arc
 }
 
 /// The advisory lock of metas that keep rows (`sql::kept_rows_lock`).
-pub(crate) const KEPT_ROWS_LOCK: i64 = kept_rows_lock!();
+pub(super) const KEPT_ROWS_LOCK: i64 = kept_rows_lock!();
 /// The channel their notifications go out on (`sql::kept_rows_channel`).
-pub(crate) const KEPT_ROWS_CHANNEL: &str = kept_rows_channel!();
+pub(super) const KEPT_ROWS_CHANNEL: &str = kept_rows_channel!();
 
 /// The SQLSTATE of a commit refused because a row its transaction took from the rows
 /// its meta keeps had changed (raised by `locus_expect`; see `PgConn::assume_entry`).
 /// It is a conflict: the transaction runs again, reading from the server.
-pub(crate) const KEPT_ROW_STALE_SQLSTATE: &str = "LK001";
+pub(super) const KEPT_ROW_STALE_SQLSTATE: &str = "LK001";
 
 #[cfg(test)]
 mod tests {

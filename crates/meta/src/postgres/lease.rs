@@ -14,7 +14,7 @@ use crate::store::WriterLease;
 
 /// The SQLSTATE of a commit refused because the epoch changed (class LF: Locus fencing;
 /// raised by the schema's `locus_fence`).
-pub(crate) const FENCED_SQLSTATE: &str = "LF001";
+pub(super) const FENCED_SQLSTATE: &str = "LF001";
 
 /// This meta's lease on the primary role: while it holds one, its writes are accepted;
 /// once it could not renew it for its whole duration (the primary unreachable, or

@@ -16,7 +16,7 @@ pub(super) const SCHEMA_VERSION: i64 = 10;
 
 /// The schema of SQLite's backend in PostgreSQL's types (BIGINT for every integer, BYTEA
 /// for blobs), with sequences for the ids.
-pub(crate) const SCHEMA: &str = "
+pub(super) const SCHEMA: &str = "
 CREATE TABLE meta_version (version BIGINT NOT NULL);
 CREATE TABLE cluster (id TEXT NOT NULL, secret BYTEA);
 CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);

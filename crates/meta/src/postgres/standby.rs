@@ -47,7 +47,7 @@ impl PgConn {
 }
 
 /// A WAL position as PostgreSQL prints it (`16/B374D848`).
-pub(crate) fn parse_lsn(text: &str) -> Option<u64> {
+pub(super) fn parse_lsn(text: &str) -> Option<u64> {
     let (hi, lo) = text.split_once('/')?;
     Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
 }

@@ -142,15 +142,15 @@ impl Wake for Flag {
 }
 
 /// A client and its connection, driven by whoever waits for an answer.
-pub(crate) struct Wire {
+pub(super) struct Wire {
     /// The handle statements are sent through. Declared before `driver`: dropped
     /// first, it queues the Terminate message the driver's drop then sends.
-    pub(crate) client: Client,
-    pub(crate) driver: Driver,
+    pub(super) client: Client,
+    pub(super) driver: Driver,
 }
 
 /// The connection's half of a `Wire`.
-pub(crate) struct Driver {
+pub(super) struct Driver {
     /// The connection's future; `None` once it ended (the server closed it).
     connection: Option<Connection<Socket, NoTlsStream>>,
     /// Logged in: from then on no connection means it ended.
@@ -170,7 +170,7 @@ pub(crate) struct Driver {
 
 impl Wire {
     /// Connects to the first of `config`'s hosts that answers and logs in.
-    pub(crate) fn connect(config: &Config, shown: &str) -> Result<Wire, MetaError> {
+    pub(super) fn connect(config: &Config, shown: &str) -> Result<Wire, MetaError> {
         let io_err = |source: io::Error| MetaError::Io {
             what: format!("cannot connect to the PostgreSQL metadata database {shown}"),
             source,
@@ -181,7 +181,7 @@ impl Wire {
 
     /// Asks the server, over a connection of its own, to cancel what this one is
     /// running; gives up after `timeout`.
-    pub(crate) fn cancel(&self, config: &Config, timeout: Duration) -> io::Result<()> {
+    pub(super) fn cancel(&self, config: &Config, timeout: Duration) -> io::Result<()> {
         let deadline = Instant::now() + timeout;
         let stream = open_stream(config)?;
         let (socket, mut driver) = Socket::new(stream)?;
@@ -215,7 +215,7 @@ impl Wire {
     }
 
     /// Whether the server closed the connection (seen by an earlier request).
-    pub(crate) fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.driver.connection.is_none() || self.client.is_closed()
     }
 }
@@ -225,7 +225,7 @@ impl Driver {
     /// connection and waiting for the socket in between; gives up (`None`) once the
     /// instant `until` answers has passed (never without one). `until` is asked again
     /// after every wake-up, so it may move later meanwhile.
-    pub(crate) fn block_on_until<T>(
+    pub(super) fn block_on_until<T>(
         &mut self,
         fut: impl Future<Output = T>,
         until: Option<&dyn Fn() -> Instant>,
@@ -269,20 +269,20 @@ impl Driver {
 
 /// One statement of a pipeline sent by `Driver::send_prepared`: prepared on the
 /// connection, with its parameters.
-pub(crate) struct Step<'a> {
-    pub(crate) sql: &'static str,
+pub(super) struct Step<'a> {
+    pub(super) sql: &'static str,
     /// Its parameters' types (as tokio-postgres prepared it).
-    pub(crate) types: &'a [Type],
-    pub(crate) params: Vec<&'a (dyn ToSql + Sync)>,
+    pub(super) types: &'a [Type],
+    pub(super) params: Vec<&'a (dyn ToSql + Sync)>,
 }
 
 /// A statement's failure as the server reported it.
 #[derive(Debug)]
-pub(crate) struct ServerError {
-    pub(crate) severity: String,
+pub(super) struct ServerError {
+    pub(super) severity: String,
     /// The SQLSTATE.
-    pub(crate) code: String,
-    pub(crate) message: String,
+    pub(super) code: String,
+    pub(super) message: String,
 }
 
 impl std::fmt::Display for ServerError {
@@ -320,7 +320,7 @@ impl Driver {
     /// a session that does not LISTEN (parameter changes are reported just before a
     /// ReadyForQuery), so what arrives here is the answer to these steps alone. A
     /// failure of the socket or of the protocol leaves the connection closed.
-    pub(crate) fn send_prepared(
+    pub(super) fn send_prepared(
         &mut self,
         steps: &[Step<'_>],
         until: Option<&dyn Fn() -> Instant>,
@@ -477,7 +477,7 @@ fn encode_step(name: &str, step: &Step<'_>, out: &mut BytesMut) -> io::Result<()
     frontend::execute("", 0, out)
 }
 
-pub(crate) fn waiting(source: io::Error) -> MetaError {
+pub(super) fn waiting(source: io::Error) -> MetaError {
     MetaError::Io { what: "waiting for the PostgreSQL server".into(), source }
 }
 
