@@ -492,33 +492,43 @@ pub async fn run_on(store: Arc<ChunkStore>, mut config: NodeConfig, listener: Tc
     match net::serve(listener, Arc::new(service)).await {}
 }
 
-/// Registers with meta; while meta refuses for want of an operator's admission
-/// (`locus node admit`), logs its refusal and asks again every heartbeat. Until then the
-/// node serves nothing and meta lists it only as pending, so it gets no chunks. A meta
-/// of an older epoch than the node has seen (it lost the primary role) is waited out
-/// the same way: it may be restarted at the new primary.
+/// Waiting for meta: says why once per change of reason, then sleeps a heartbeat.
+struct Patience<'a> {
+    config: &'a NodeConfig,
+    last: String,
+}
+
+impl Patience<'_> {
+    async fn again(&mut self, why: String) {
+        if why != self.last {
+            tracing::warn!(meta = %self.config.meta_addr, "{why}; asking again every {:?}", self.config.heartbeat);
+            self.last = why;
+        }
+        tokio::time::sleep(self.config.heartbeat.max(Duration::from_millis(100))).await;
+    }
+}
+
 /// Connects to meta, waiting while nothing answers at its address (a node may start
-/// before its meta, or while meta restarts): said once per change of reason, tried
-/// again every heartbeat. A meta that answers but refuses (TLS, identity) is an error.
+/// before its meta, or while meta restarts). A meta that answers but refuses (TLS,
+/// identity) is an error.
 async fn connect_meta(config: &NodeConfig) -> Result<RpcClient, NodeError> {
-    let mut last = String::new();
+    let mut patience = Patience { config, last: String::new() };
     loop {
         match RpcClient::connect(&config.meta_addr, 1, META_TIMEOUT).await {
             Ok(rpc) => return Ok(rpc),
             Err(source @ (NetError::Connect { .. } | NetError::Timeout { .. })) => {
-                let said = source.to_string();
-                if said != last {
-                    tracing::warn!(meta = %config.meta_addr, "meta unreachable ({said}); waiting for it, asking again \
-                        every {:?}", config.heartbeat);
-                    last = said;
-                }
-                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+                patience.again(format!("meta unreachable ({source}); waiting for it")).await;
             }
             Err(source) => return Err(NodeError::MetaUnreachable { addr: config.meta_addr.clone(), source }),
         }
     }
 }
 
+/// Registers with meta; while meta refuses for want of an operator's admission
+/// (`locus node admit`), logs its refusal and asks again every heartbeat. Until then the
+/// node serves nothing and meta lists it only as pending, so it gets no chunks. A meta
+/// of an older epoch than the node has seen (it lost the primary role) is waited out
+/// the same way: it may be restarted at the new primary.
 async fn wait_for_admission(
     meta: &MetaClient,
     config: &NodeConfig,
@@ -527,7 +537,7 @@ async fn wait_for_admission(
     store: &ChunkStore,
     site: &SiteLink,
 ) -> Result<(), NodeError> {
-    let mut last = String::new();
+    let mut patience = Patience { config, last: String::new() };
     let mut token = config.join_token.clone();
     loop {
         match register(meta, config, membership, cap_key, store, site, Vec::new()).await {
@@ -545,20 +555,10 @@ async fn wait_for_admission(
             Err(NodeError::Refused { source, .. })
                 if matches!(source.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) =>
             {
-                if source.message != last {
-                    tracing::warn!(meta = %config.meta_addr, "meta refuses this node: {}; asking again every {:?}",
-                        source.message, config.heartbeat);
-                    last = source.message;
-                }
-                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+                patience.again(format!("meta refuses this node: {}", source.message)).await;
             }
             Err(waiting @ (NodeError::StaleMeta { .. } | NodeError::MetaUnreachable { .. })) => {
-                let said = waiting.to_string();
-                if said != last {
-                    tracing::warn!("{said}; asking again every {:?}", config.heartbeat);
-                    last = said;
-                }
-                tokio::time::sleep(config.heartbeat.max(Duration::from_millis(100))).await;
+                patience.again(waiting.to_string()).await;
             }
             other => return other,
         }
