@@ -469,14 +469,13 @@ async fn sole_copies(meta: &RpcClient, id: &str) -> anyhow::Result<u64> {
     }
 }
 
-/// The third part of fsck: chunks whose live copies fall short of their policy,
-/// counted per policy and site (the repair workers restore them; a chunk with no
-/// copy at all is damage found above).
 /// fsck's exit code when nothing is damaged but chunks are short of copies (as Ceph's
 /// HEALTH_WARN): distinct from 0 (clean) and 1 (damage found, or fsck failed).
 const FSCK_DEGRADED: u8 = 3;
 
-/// Prints the chunks short of their policy, by policy and site; answers how many.
+/// The third part of fsck: chunks whose live copies fall short of their policy,
+/// counted per policy and site (the repair workers restore them; a chunk with no
+/// copy at all is damage found above); answers how many.
 async fn report_under_replicated(meta: &RpcClient) -> anyhow::Result<u64> {
     let mut per: std::collections::BTreeMap<(String, String), (u64, u64, Vec<ChunkId>)> = Default::default();
     let mut after = None;
