@@ -181,9 +181,9 @@ fn up_refuses_a_data_directory_that_lost_its_database() {
     let (data, mnt) = (dir.path().join("data"), dir.path().join("mnt"));
     std::fs::create_dir_all(data.join("chunks")).unwrap();
     std::fs::create_dir_all(&mnt).unwrap();
-    let (meta, node) = (testkit::free_addr(), testkit::free_addr());
     let (mnt_arg, data_arg) = (mnt.to_str().unwrap(), data.to_str().unwrap());
-    let o = locus(&["up", mnt_arg, "--data-dir", data_arg, "--meta-listen", &meta, "--node-listen", &node]);
+    let any = "127.0.0.1:0";
+    let o = locus(&["up", mnt_arg, "--data-dir", data_arg, "--meta-listen", any, "--node-listen", any]);
     assert!(!o.status.success(), "up started a new namespace next to old chunks");
     let err = stderr(&o);
     assert!(err.contains("meta.db does not exist") && err.contains("--init"), "{err}");
@@ -203,31 +203,46 @@ fn up_scratch() -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::Pat
     Some((dir, data, mnt))
 }
 
-/// Runs `locus up` with meta at `meta` until it has mounted (bounded), returning the child.
-fn up(mnt: &Path, data: &Path, meta: &str) -> std::process::Child {
-    use std::io::BufRead;
+/// Runs `locus up` until it has mounted (bounded), returning the child and the address
+/// its meta listens on. Its ports are picked by the OS at bind: a port found free
+/// beforehand can be taken by another test's connection before `up` binds it.
+fn up(mnt: &Path, data: &Path) -> (std::process::Child, String) {
+    use std::io::{BufRead, Read};
     let mut child = Command::new(bin())
         .args(["up", mnt.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
-        .args(["--meta-listen", meta, "--node-listen", &testkit::free_addr()])
+        .args(["--meta-listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut meta = None;
         for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("locus: meta ") {
+                meta = rest.split(',').next().map(str::to_string);
+            }
             if line.starts_with("locus mounted on") {
-                let _ = tx.send(());
+                let _ = tx.send(meta.take());
             }
         }
     });
-    if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
-        let _ = child.kill();
-        panic!("locus up did not mount within 30 s");
+    match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+        Ok(Some(meta)) => {
+            // Drained so that a chatty child never blocks on a full pipe.
+            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            (child, meta)
+        }
+        outcome => {
+            let _ = child.kill();
+            let mut said = String::new();
+            let _ = stderr.read_to_string(&mut said);
+            panic!("locus up did not mount within 30 s (or did not say its meta address: {outcome:?}): {said}");
+        }
     }
-    child
 }
 
 /// Stops `locus up` as Ctrl-C would and waits for it (bounded by its own unmount).
@@ -241,11 +256,11 @@ fn stop(mut child: std::process::Child, mnt: &Path) {
 #[test]
 fn up_formats_a_new_data_directory_once_and_reuses_it() {
     let Some((_dir, data, mnt)) = up_scratch() else { return };
-    let first = up(&mnt, &data, &testkit::free_addr());
+    let (first, _) = up(&mnt, &data);
     std::fs::write(mnt.join("kept"), b"still here").unwrap();
     let cluster = recorded_cluster(&data.join("chunks"));
     stop(first, &mnt);
-    let second = up(&mnt, &data, &testkit::free_addr());
+    let (second, _) = up(&mnt, &data);
     let content = std::fs::read(mnt.join("kept"));
     stop(second, &mnt);
     assert_eq!(content.unwrap(), b"still here", "the second start used the same namespace");
@@ -259,8 +274,7 @@ fn up_formats_a_new_data_directory_once_and_reuses_it() {
 #[test]
 fn up_serves_the_mount_through_meta_in_its_process() {
     let Some((_dir, data, mnt)) = up_scratch() else { return };
-    let meta = testkit::free_addr();
-    let child = up(&mnt, &data, &meta);
+    let (child, meta) = up(&mnt, &data);
     std::fs::create_dir(mnt.join("d")).unwrap();
     std::fs::write(mnt.join("d/a"), b"through meta in this process").unwrap();
     std::fs::rename(mnt.join("d/a"), mnt.join("d/b")).unwrap();
