@@ -6,10 +6,13 @@
 # `--read-db` B's standby) and a node. Every PostgreSQL server and locus process runs inside
 # its site's namespace and listens on the site's address.
 #
-# Three configurations, measured side by side in one run, workload by workload:
+# Four configurations, measured side by side in one run, workload by workload:
 #   single  a mount at A through A's meta (the single-site baseline)
 #   before  a mount at B through A's meta (every metadata operation crosses the WAN)
-#   after   a mount at B through B's meta, which reads from B's standby
+#   after   a mount at B through B's meta, which reads from B's standby and writes to A's
+#           primary statement by statement
+#   forward a mount at B through a second meta at B (F), which reads from B's standby and
+#           forwards each write to A's meta (`--forward-writes-to`, issue 35 part 4)
 # and, beside them, JuiceFS (bench/juicefs-build.sh) on the same PostgreSQL primary (a
 # database of its own, `juicefs format --storage file`, the same tree created at A):
 #   jfs-single  a JuiceFS mount at A
@@ -19,6 +22,8 @@
 # 0 ms before the WAN delay is set:
 #   ls -lR  `ls -lR` of the directories (output counted: it must list every file)
 #   stat    os.stat of every file by its path (python3 loop, no directory listing)
+#   create  CR_FILES empty files created (O_CREAT|O_EXCL, close) in a new directory, then
+#           each unlinked (python3 loop)
 #   postmark  Debian's postmark 1.53 (PM_FILES files of 500..10000 bytes, PM_TX
 #           transactions, seed 42) in a directory of its own per configuration
 # `before` and `jfs-b` run ls -lR and stat on the first BEFORE_DIRS directories only (every file
@@ -32,7 +37,8 @@
 # TLS: on (the default; a CA and a certificate per process, as bench/replication.sh).
 #
 # Usage (as root):  bench/meta-site-b.sh
-# Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 ROUNDS=1 SKIP_BUILD=0
+# Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 CR_FILES=100 ROUNDS=1
+#   SKIP_BUILD=0
 #   JUICEFS=1 (0: Locus only)
 #   WORK=/tmp/locus-msb PREFIX=lmsb- OUT=bench/results/meta-site-b.md
 set -Eeuo pipefail
@@ -45,6 +51,7 @@ FILES=$((DIRS * PER_DIR))
 BEFORE_DIRS=${BEFORE_DIRS:-10}
 PM_FILES=${PM_FILES:-30}
 PM_TX=${PM_TX:-60}
+CR_FILES=${CR_FILES:-100}
 ROUNDS=${ROUNDS:-1}
 JUICEFS=${JUICEFS:-1}
 SKIP_BUILD=${SKIP_BUILD:-0}
@@ -58,6 +65,7 @@ IPA=10.99.0.1
 IPB=10.99.0.2
 META_A=$IPA:7070
 META_B=$IPB:7070
+META_F=$IPB:7071
 PGPORT=5432
 DB=locus
 # shellcheck source=bench/lib.sh
@@ -67,7 +75,7 @@ command -v postmark >/dev/null || die "postmark not installed (apt-get install p
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || die "PostgreSQL not found: apt-get install postgresql"
 
-CONFIGS=(single after before)
+CONFIGS=(single after forward before)
 if [[ $JUICEFS == 1 ]]; then
     juicefs_bin
     CONFIGS+=(jfs-single jfs-b)
@@ -111,7 +119,7 @@ LOG=$WORK/logs
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
 
 TLS_DIR=$WORK/tls
-bench_pki "meta meta-a a" "meta meta-b b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
+bench_pki "meta meta-a a" "meta meta-b b" "meta meta-f b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
     "admin admin a"
 
 set_rtt() { # ms
@@ -159,6 +167,10 @@ ip netns exec "$NSB" "$LOCUS" meta --listen "$META_B" --db "$PRIMARY" --read-db 
     --no-root-squash a --no-root-squash b $(tls meta-b) >"$LOG/meta-b.out" 2>"$LOG/meta-b.err" &
 PIDS+=($!)
 wait_line "$LOG/meta-b.out" listening 60 "meta B"
+ip netns exec "$NSB" "$LOCUS" meta --listen "$META_F" --db "$PRIMARY" --read-db "$STANDBY" --forward-writes-to "$META_A" \
+    --no-root-squash a --no-root-squash b $(tls meta-f) >"$LOG/meta-f.out" 2>"$LOG/meta-f.err" &
+PIDS+=($!)
+wait_line "$LOG/meta-f.out" listening 60 "meta F"
 ip netns exec "$NSA" "$LOCUS" node --listen "$IPA:7101" --meta "$META_A" --data-dir "$WORK/node-a" --id node-a \
     --site a $(tls node-a) >"$LOG/node-a.out" 2>"$LOG/node-a.err" &
 PIDS+=($!)
@@ -248,7 +260,7 @@ print(f"{best * 1000:.1f}")' "$IPA" "$PGPORT")
 say "WAN at $RTT_MS ms (TCP connect B->A: $PING ms)"
 
 site_of() { case $1 in single | jfs-single) echo a ;; *) echo b ;; esac; }
-meta_of() { case $1 in after) echo "$META_B" ;; *) echo "$META_A" ;; esac; }
+meta_of() { case $1 in after) echo "$META_B" ;; forward) echo "$META_F" ;; *) echo "$META_A" ;; esac; }
 dirs_of() { case $1 in before | jfs-b) echo "$BEFORE_DIRS" ;; *) echo "$DIRS" ;; esac; }
 work() { # config workload -> RESULT = seconds (and checks the result)
     local config=$1 workload=$2 t0 t1 n dirs
@@ -278,6 +290,19 @@ for i in range(dirs):
 EOF
         t1=$(now)
         ;;
+    create)
+        t0=$(now)
+        python3 - "$MNT/cr-$config-$ROUND" "$CR_FILES" <<'EOF'
+import os, sys
+top, n = sys.argv[1], int(sys.argv[2])
+os.mkdir(top)
+for i in range(n):
+    os.close(os.open(f"{top}/f{i:04d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+for i in range(n):
+    os.unlink(f"{top}/f{i:04d}")
+EOF
+        t1=$(now)
+        ;;
     postmark)
         printf 'set location %s\nset number %s\nset transactions %s\nset size 500 10000\nset seed 42\nrun\nquit\n' \
             "$MNT/pm-$config" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
@@ -293,7 +318,8 @@ EOF
 declare -A SECS
 LOADS=()
 for r in $(seq 1 "$ROUNDS"); do
-    for workload in ls stat postmark; do
+    ROUND=$r
+    for workload in ls stat create postmark; do
         for config in "${CONFIGS[@]}"; do
             [[ $workload == postmark && $r -gt 1 ]] && continue # postmark's directories are not reusable
             work "$config" "$workload"
@@ -304,16 +330,16 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
+label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; create) echo "create+unlink ($CR_FILES files)" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
 for_all_files() { # round workload config: its seconds, scaled to all DIRS directories if it ran on fewer
     local secs=${SECS[$1,$2,$3]}
-    if [[ $2 == postmark ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.1f}')"; fi
+    if [[ $2 == postmark || $2 == create ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.1f}')"; fi
 }
 each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and workload measured
     local r workload
     for r in $(seq 1 "$ROUNDS"); do
-        for workload in ls stat postmark; do
+        for workload in ls stat create postmark; do
             [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
             "$1" "$r" "$workload"
         done
@@ -333,15 +359,17 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
     echo
     echo "- single: mount at A through A's meta (single-site baseline), all $FILES files"
     echo "- after: mount at B through B's meta, reading from B's standby (writes still go to A's primary), all $FILES files"
+    echo "- forward: mount at B through meta F at B, reading from B's standby and forwarding each write to A's meta"
+    echo "  (\`--forward-writes-to\`), all $FILES files"
     echo "- before: mount at B through A's meta (every metadata operation crosses the WAN); ls -lR and stat on the"
     echo "  first $BEFORE_DIRS directories ($((BEFORE_DIRS * PER_DIR)) files), also given scaled to $FILES files"
     echo
-    echo "| round | workload | single s | after s | before s (measured) | before s (for $FILES files) | after / single | before / single |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|"
+    echo "| round | workload | single s | after s | forward s | before s (measured) | before s (for $FILES files) | after / single | forward / single | before / single | forward / after |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     locus_row() { # round workload
-        local a=${SECS[$1,$2,single]} b=${SECS[$1,$2,after]} c=${SECS[$1,$2,before]} full
+        local a=${SECS[$1,$2,single]} b=${SECS[$1,$2,after]} f=${SECS[$1,$2,forward]} c=${SECS[$1,$2,before]} full
         full=$(for_all_files "$1" "$2" before)
-        echo "| $1 | $(label "$2") | $a | $b | $c | $full | $(ratio "$b" "$a") | $(ratio "$full" "$a") |"
+        echo "| $1 | $(label "$2") | $a | $b | $f | $c | $full | $(ratio "$b" "$a") | $(ratio "$f" "$a") | $(ratio "$full" "$a") | $(ratio "$f" "$b") |"
     }
     each_row locus_row
     if [[ $JUICEFS == 1 ]]; then
@@ -350,12 +378,12 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
         echo "mount at A; jfs-b a mount at B (its metadata client talks to A's primary across the WAN; ls -lR and"
         echo "stat on the first $BEFORE_DIRS directories, also given scaled to $FILES files)."
         echo
-        echo "| round | workload | jfs-single s | jfs-b s (measured) | jfs-b s (for $FILES files) | jfs-b / jfs-single | Locus after / jfs-b |"
+        echo "| round | workload | jfs-single s | jfs-b s (measured) | jfs-b s (for $FILES files) | jfs-b / jfs-single | Locus forward / jfs-b |"
         echo "|---|---|---:|---:|---:|---:|---:|"
         jfs_row() { # round workload
             local a=${SECS[$1,$2,jfs-single]} c=${SECS[$1,$2,jfs-b]} full
             full=$(for_all_files "$1" "$2" jfs-b)
-            echo "| $1 | $(label "$2") | $a | $c | $full | $(ratio "$full" "$a") | $(ratio "${SECS[$1,$2,after]}" "$full") |"
+            echo "| $1 | $(label "$2") | $a | $c | $full | $(ratio "$full" "$a") | $(ratio "${SECS[$1,$2,forward]}" "$full") |"
         }
         each_row jfs_row
     fi

@@ -163,6 +163,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         s.chunks,
         human(s.chunk_bytes)
     );
+    if let Some((to, n)) = &s.forwarding {
+        println!("writes forwarded to the meta at {to} (the primary's site): {n} since this meta started");
+    }
     println!("\nnodes:");
     println!(
         "  {:<16} {:<10} {:<22} {:>12} {:>12} {:>9} {:>12} {:>6}",

@@ -229,6 +229,12 @@ pub struct MetaArgs {
     /// it has replayed this meta's latest commit (else, after 50 ms, to the primary).
     #[arg(long)]
     pub read_db: Option<String>,
+    /// With --read-db, at a site away from the primary: the address of the meta at
+    /// the primary's site (`host:port`). Every write is forwarded to it as one request,
+    /// one round trip across the WAN instead of several statements against the primary,
+    /// and is read back here at the standby once it has replayed the commit.
+    #[arg(long, requires = "read_db", value_name = "HOST:PORT")]
+    pub forward_writes_to: Option<String>,
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,

@@ -71,6 +71,7 @@ fn a_damaged_database_is_refused() {
             db_timeout: meta::DEFAULT_DB_TIMEOUT,
             audit_log: None,
             root_policy: None,
+            forward_writes_to: None,
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

@@ -328,6 +328,27 @@ fn drill_wan(loss_pct: f64) -> LinkProfile {
     LinkProfile { delay: std::time::Duration::from_millis(10), loss_pct, ..LinkProfile::default() }
 }
 
+/// Two sites joined by the emulator (`drill_wan`): a PostgreSQL primary with a fresh
+/// database at WAN site `a`, an asynchronous hot standby of it at site `b`.
+struct Sites {
+    link: WanLink,
+    primary: PgServer,
+    url: String,
+    standby: PgServer,
+    standby_url: String,
+}
+
+fn primary_and_standby(prefix: &str, a: usize, b: usize) -> Sites {
+    let link = WanLink::start(prefix, 2, &drill_wan(0.0))
+        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
+    let primary = PgServer::start_in(link.site_ns(a), WanLink::addr_of(a));
+    let url = primary.create_database();
+    let db_name = url.rsplit('/').next().unwrap().to_string();
+    let standby = primary.start_standby_in(link.site_ns(b), WanLink::addr_of(b));
+    let standby_url = standby.url(&db_name);
+    Sites { link, primary, url, standby, standby_url }
+}
+
 /// The failover drill (issue 9, part 5) on real processes in network namespaces: sites
 /// A and B joined by the `locus-wan` emulator (20 ms RTT). A: the primary PostgreSQL,
 /// a meta over it, node a0, a mount; B: a synchronous streaming standby, a meta reading
@@ -354,20 +375,14 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     // Site B is WAN site 0 (the cluster's first meta, which keeps its port across the
     // failover, runs there), site A is WAN site 1.
     let (b, a) = (0, 1);
-    let link = WanLink::start("lwt-pgfail-", 2, &drill_wan(0.0))
-        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
-    let primary = PgServer::start_in(link.site_ns(a), WanLink::addr_of(a));
-    let url = primary.create_database();
-    let db_name = url.rsplit('/').next().unwrap().to_string();
-    let standby = primary.start_standby_in(link.site_ns(b), WanLink::addr_of(b));
+    let Sites { link, primary, url, standby: _standby, standby_url } = primary_and_standby("lwt-pgfail-", a, b);
     primary.sql("postgres", "ALTER SYSTEM SET synchronous_standby_names = '*'");
     primary.sql("postgres", "SELECT pg_reload_conf()");
-    let standby_url = standby.url(&db_name);
     let lease = LEASE_MS.to_string();
     let meta_flags = ["--read-db", standby_url.as_str(), "--primary-lease-ms", lease.as_str()];
     let mut c = Cluster::start_in_sites_on_db(bin(), &link, &["b", "a"], Some(&url), &meta_flags);
     let meta_b = c.meta.addr.clone();
-    let meta_a = c.add_meta_at("a", &url, &["--read-db"]);
+    let meta_a = c.add_meta_at("a", &url, &["--read-db"], &[]);
     let sync_timeout: &[&str] = &["--sync-timeout", "3s"];
     c.add_node_with("a0", "a", sync_timeout);
     c.add_node_with("b0", "b", sync_timeout);
@@ -447,7 +462,7 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     let _ = c.other_metas[0].child.kill();
     let _ = c.other_metas[0].child.wait();
     link.set(&drill_wan(0.0)).unwrap();
-    c.add_meta_at("a", &standby_url, &["--read-db"]);
+    c.add_meta_at("a", &standby_url, &["--read-db"], &[]);
     c.wait_for_nodes(2);
     policy(&c, "a,b");
     let fsck = c.locus(&["fsck", "--meta", &meta_b]);
@@ -627,4 +642,99 @@ fn nodes_refuse_work_for_a_meta_of_an_older_epoch() {
     let node_log = fs::read_to_string(c.path().join("n0-at-a.log")).unwrap_or_default();
     assert!(node_log.contains("meta refuses this node"), "n0 waits for a meta of the new primary: {node_log}");
     assert_eq!(epoch_seen(), "2");
+}
+
+/// Forwarded writes (issue 35, part 4): sites A and B joined by the emulator (20 ms
+/// RTT); A holds the primary and a meta over it, B an asynchronous hot standby and a
+/// meta reading from it that forwards every write to A's meta
+/// (`--forward-writes-to`). A mount at B creates, writes, renames, links, chmods and
+/// removes, and reads each change back at once through B's standby (read-your-writes);
+/// errors come back as A's meta said them (EEXIST, ENOTEMPTY); `locus status` at B
+/// counts the forwarded writes; a fresh mount at A sees the same tree. With A's meta
+/// stopped, a write at B fails with EIO after a bounded wait while stat and listing go
+/// on; once A's meta is back, writes at B work again.
+#[test]
+fn a_meta_away_from_the_primary_forwards_its_writes() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::time::{Duration, Instant};
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns` and ethtool");
+        return;
+    }
+    let (a, b) = (0, 1);
+    let Sites { link, primary: _primary, url, standby: _standby, standby_url } = primary_and_standby("lwt-fwd-", a, b);
+    let mut c = Cluster::start_in_sites_on_db(bin(), &link, &["a", "b"], Some(&url), &[]);
+    let meta_a = c.meta.addr.clone();
+    let flags = ["--read-db", &standby_url, "--forward-writes-to", &meta_a, "--db-timeout", "5s"];
+    let meta_b = c.add_meta_at("b", &url, &[], &flags);
+    c.add_node("a0", "a");
+    c.add_node("b0", "b");
+    c.wait_for_nodes(2);
+    c.set_root_copies(1);
+    let at_b = c.mount_through(&meta_b, "b", &[]);
+
+    // Each change read back at once, through B's meta and its standby.
+    let d = at_b.join("d");
+    fs::create_dir(&d).unwrap();
+    let mut expected: Vec<String> = Vec::new();
+    for i in 0..12 {
+        let name = format!("f{i}");
+        fs::write(d.join(&name), format!("content {i}")).unwrap();
+        assert_eq!(fs::read_to_string(d.join(&name)).unwrap(), format!("content {i}"), "{name} read back");
+        expected.push(name);
+    }
+    fs::rename(d.join("f0"), d.join("renamed")).unwrap();
+    assert!(!d.join("f0").exists() && d.join("renamed").exists(), "the rename is seen at once");
+    expected[0] = "renamed".into();
+    fs::hard_link(d.join("f1"), d.join("link")).unwrap();
+    assert_eq!(fs::metadata(d.join("f1")).unwrap().nlink(), 2, "the link count is seen at once");
+    expected.push("link".into());
+    fs::set_permissions(d.join("f2"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(d.join("f2")).unwrap().permissions().mode() & 0o777, 0o600, "the chmod is seen");
+    fs::remove_file(d.join("f3")).unwrap();
+    assert!(!d.join("f3").exists(), "the unlink is seen at once");
+    expected.retain(|n| n != "f3");
+    expected.sort();
+    let listed = |dir: &Path| {
+        let mut names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listed(&d), expected);
+    // Refusals come back as A's meta gave them.
+    let exists = fs::OpenOptions::new().write(true).create_new(true).open(d.join("f4")).unwrap_err();
+    assert_eq!(exists.raw_os_error(), Some(libc::EEXIST), "{exists}");
+    let not_empty = fs::remove_dir(&d).unwrap_err();
+    assert_eq!(not_empty.raw_os_error(), Some(libc::ENOTEMPTY), "{not_empty}");
+
+    let status = c.locus(&["status", "--meta", &meta_b]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    let forwarded: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("writes forwarded to the meta at {meta_a} (the primary's site): ")))
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("status at B does not show forwarding: {text}"));
+    assert!(forwarded >= 20, "only {forwarded} writes forwarded: {text}");
+
+    // A sees B's tree.
+    let at_a = c.mount_through(&meta_a, "a", &[]);
+    assert_eq!(listed(&at_a.join("d")), expected);
+    assert_eq!(fs::read_to_string(at_a.join("d/renamed")).unwrap(), "content 0");
+
+    // A's meta stopped: writes at B fail within a bound, reads go on.
+    let _ = c.meta.child.kill();
+    let _ = c.meta.child.wait();
+    let started = Instant::now();
+    let refused = fs::create_dir(d.join("while-a-is-down")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EIO), "{refused}");
+    assert!(started.elapsed() < Duration::from_secs(30), "the refusal took {:?}", started.elapsed());
+    // Opening a file records it (a write); looking goes on.
+    assert_eq!(fs::metadata(d.join("f5")).unwrap().len(), 9, "stat goes on at B");
+    assert_eq!(listed(&d), expected, "listing goes on at B");
+    c.restart_meta();
+    wait_until("a write at B after A's meta restarted", Duration::from_secs(20), || {
+        fs::create_dir(d.join("after-restart")).is_ok()
+    });
+    assert!(d.join("after-restart").is_dir());
 }

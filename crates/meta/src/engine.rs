@@ -59,6 +59,7 @@ pub struct Store {
     superseded: AtomicU64,
     /// Opening formatted the database (`Backend::formatted`).
     formatted: bool,
+    positions: Option<Arc<dyn crate::store::CommitPositions>>,
 }
 
 impl Store {
@@ -80,7 +81,22 @@ impl Store {
             epoch: backend.epoch,
             superseded: AtomicU64::new(0),
             formatted: backend.formatted,
+            positions: backend.positions,
         })
+    }
+
+    /// Where this meta's latest durable commit is in the primary's log (0 for a
+    /// backend without one), to answer a `Forward` with.
+    pub fn commit_position(&self) -> u64 {
+        self.positions.as_ref().map_or(0, |p| p.latest())
+    }
+
+    /// Another meta committed a write for this meta's clients at `position` in the
+    /// primary's log (`CommitPositions::committed_elsewhere`).
+    pub fn committed_elsewhere(&self, position: u64) {
+        if let Some(positions) = &self.positions {
+            positions.committed_elsewhere(position);
+        }
     }
 
     /// Runs `f` on a consistent snapshot, on the calling thread, with a free read

@@ -109,6 +109,12 @@ pub enum MetaError {
     SessionUnknown(proto::types::SessionId),
     #[error("identity map {path}:{line}: {msg}")]
     IdentityMap { path: String, line: usize, msg: String },
+    /// The meta a write was forwarded to refused it; its error as it said it.
+    #[error("{}", .0.message)]
+    Remote(proto::error::WireError),
+    /// The meta writes are forwarded to could not be reached (or did not answer).
+    #[error("the meta at the primary's site ({peer}), which this meta forwards writes to, did not answer: {detail}")]
+    Unreachable { peer: String, detail: String },
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     #[error("internal error: {0}")]
@@ -152,6 +158,8 @@ impl MetaError {
             MetaError::SessionUnknown(_) => ErrorCode::SessionUnknown,
             MetaError::TimedOut { .. } => ErrorCode::TimedOut,
             MetaError::Internal(_) => ErrorCode::Internal,
+            MetaError::Remote(e) => e.code,
+            MetaError::Unreachable { .. } => ErrorCode::Unreachable,
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct MetaConfig {
     /// database (`None`: none, so the built-in default applies). `locus up` runs one
     /// node, and the default's two copies would leave every chunk under-replicated.
     pub root_policy: Option<proto::policy::Policy>,
+    /// The meta at the primary's site (`host:port`), for a meta at another site: every
+    /// write is forwarded to it as one request (one round trip across the WAN, where
+    /// running it against the primary from here costs several), and read back here at
+    /// the standby once it has replayed the commit.
+    pub forward_writes_to: Option<String>,
 }
 
 /// `MetaConfig::db_timeout` unless told otherwise: far above any one request's work
@@ -88,6 +93,45 @@ pub struct MetaService {
     /// Under `locus up`: this process's node certificate, and the client identity its
     /// mount acts with (`own_mount`).
     own_mount: Option<(net::PeerIdentity, net::PeerIdentity)>,
+    /// Where writes go instead of this meta's own writer (`MetaConfig::forward_writes_to`).
+    forwarding: Option<Forwarding>,
+}
+
+/// The link to the meta at the primary's site that this meta forwards writes to.
+struct Forwarding {
+    addr: String,
+    /// Opened on the first write (that meta may start after this one); it reconnects
+    /// by itself after a failure.
+    link: tokio::sync::OnceCell<net::RpcClient>,
+    /// How long a forwarded write may take: the database's own bound and a margin.
+    timeout: Duration,
+    /// Writes forwarded so far, for `locus status`.
+    forwarded: std::sync::atomic::AtomicU64,
+}
+
+/// Connections to the meta that writes are forwarded to.
+const FORWARD_CONNECTIONS: usize = 2;
+
+impl Forwarding {
+    /// Runs `req` at the meta at the primary's site for whom `ctx` acts for, and makes
+    /// this meta's reads wait for its commit.
+    async fn write(&self, store: &Store, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
+        let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
+        let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
+        let link = self
+            .link
+            .get_or_try_init(|| net::RpcClient::connect(&self.addr, FORWARD_CONNECTIONS, self.timeout))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let forward =
+            proto::meta::Forward { caller: ctx.caller, certificate: ctx.certificate, oversees: ctx.oversees, request };
+        let answer = link.ask(forward).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)?;
+        let reply = proto::frame::decode(&answer.reply)
+            .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
+        store.committed_elsewhere(answer.position);
+        self.forwarded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(reply)
+    }
 }
 
 impl MetaService {
@@ -129,6 +173,12 @@ impl MetaService {
             revoked: Mutex::default(),
             pending: Mutex::default(),
             audit,
+            forwarding: config.forward_writes_to.clone().map(|addr| Forwarding {
+                addr,
+                link: tokio::sync::OnceCell::new(),
+                timeout: config.db_timeout + Duration::from_secs(5),
+                forwarded: Default::default(),
+            }),
         })
     }
 
@@ -455,6 +505,9 @@ impl MetaService {
     ) -> Result<MetaReply, MetaError> {
         let oversees = peer.is_none_or(|p| p.role != net::Role::Client);
         let ctx = self.ctx().acting_for(caller, peer.map(|p| p.name.clone()), oversees);
+        if let MetaRequest::Forward(forward) = req {
+            return self.answer_forward(forward).await.map(Into::into);
+        }
         match req.facts().access {
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {
@@ -479,6 +532,10 @@ impl MetaService {
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
                         status.lag = self.lag_reports();
+                        status.forwarding = self
+                            .forwarding
+                            .as_ref()
+                            .map(|f| (f.addr.clone(), f.forwarded.load(std::sync::atomic::Ordering::Relaxed)));
                         if oversees {
                             status.pending = self.pending_nodes();
                             status.audit = self.audit.recent();
@@ -493,14 +550,40 @@ impl MetaService {
                     MetaRequest::Goodbye(m) => Some(m.session),
                     _ => None,
                 };
-                let reply =
-                    engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone())).await?;
+                let reply = match &self.forwarding {
+                    Some(forwarding) => forwarding.write(&self.store, ctx, req).await?,
+                    None => {
+                        engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone()))
+                            .await?
+                    }
+                };
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
                 }
                 Ok(reply)
             }
         }
+    }
+}
+
+impl MetaService {
+    /// Commits a write another meta forwarded (its checks of the client were made
+    /// there), flushed so that it reaches that meta's standby, and answers where it is
+    /// in the log. It runs here whatever this meta's own `forwarding`: a forward never
+    /// travels on.
+    async fn answer_forward(&self, forward: proto::meta::Forward) -> Result<proto::meta::Forwarded, MetaError> {
+        let req: MetaRequest = proto::frame::decode(&forward.request)
+            .map_err(|e| MetaError::InvalidArgument(format!("a forwarded request that does not decode: {e}")))?;
+        if !matches!(req.facts().access, Access::Write { .. }) || matches!(req, MetaRequest::Forward(_)) {
+            return Err(MetaError::InvalidArgument(format!(
+                "only a write is forwarded, and only once: not {:?}",
+                req.kind()
+            )));
+        }
+        let ctx = self.ctx().acting_for(forward.caller, forward.certificate, forward.oversees);
+        let reply = engine::write_async(self.store.clone(), true, move |t| ops::write(t, &ctx, req.clone())).await?;
+        let reply = proto::frame::encode_payload(&reply).map_err(|e| MetaError::Internal(e.to_string()))?;
+        Ok(proto::meta::Forwarded { reply, position: self.store.commit_position() })
     }
 }
 
@@ -1035,6 +1118,37 @@ mod tests {
         assert_eq!(shown(&u.parent), (5003, 7000));
         let MetaReply::Attr(a) = localize(MetaReply::Attr(attr), &at_b, false) else { unreachable!() };
         assert_eq!(shown(&a), (5003, 7000));
+    }
+
+    /// A `Forward` carries one write, decoded once: a forward inside it, a read, or bytes
+    /// that are no request are refused and change nothing; a write is committed and
+    /// answered encoded (SQLite has no log position: 0).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forward_carries_one_write_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
+        let forward = |request: Vec<u8>| proto::meta::Forward {
+            caller: Caller::ROOT,
+            certificate: None,
+            oversees: true,
+            request,
+        };
+        let encoded = |req: &MetaRequest| proto::frame::encode_payload(req).unwrap();
+        let nested = MetaRequest::Forward(forward(encoded(&create(ROOT_INODE, "inner".into()))));
+        let read = MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE });
+        for refused in [encoded(&nested), encoded(&read), vec![0xff, 0xff, 0xff]] {
+            let answer = service.answer_forward(forward(refused)).await;
+            assert!(matches!(answer, Err(MetaError::InvalidArgument(_))), "{answer:?}");
+        }
+        let lookup = |name: &str| {
+            service.answer(Caller::ROOT, None, MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: name.into() }))
+        };
+        assert!(lookup("inner").await.is_err(), "a nested forward ran");
+        let answer = service.answer_forward(forward(encoded(&create(ROOT_INODE, "f".into())))).await.unwrap();
+        let reply: MetaReply = proto::frame::decode(&answer.reply).unwrap();
+        assert!(matches!(reply, MetaReply::Made(_)), "{reply:?}");
+        assert_eq!(answer.position, 0);
+        assert!(lookup("f").await.is_ok());
     }
 
     fn create(parent: u64, name: String) -> MetaRequest {

@@ -93,6 +93,16 @@ pub fn encode<T: Serialize>(kind: FrameKind, request_id: u64, msg: &T, bulk_len:
     Ok(out)
 }
 
+/// A message encoded alone, to travel inside another (meta's `Forward`); `decode`
+/// reads it back.
+pub fn encode_payload<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let out = postcard::to_stdvec(msg)?;
+    match u32::try_from(out.len()) {
+        Ok(len) if len <= MAX_PAYLOAD => Ok(out),
+        _ => Err(FrameError::TooLarge(u32::MAX)),
+    }
+}
+
 /// Decodes a payload; trailing bytes are an error.
 pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
     let (msg, rest) = postcard::take_from_bytes(payload)?;

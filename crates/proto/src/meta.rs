@@ -719,6 +719,22 @@ meta_requests! {
         node: NodeId,
         token: String,
     } => () { access: durable, roles: [Node, Meta], changes_dirs: true, claim: node(node) };
+    /// A write that a meta at another site forwards to the meta at the primary's site
+    /// (`locus meta --forward-writes-to`): committed there in one round trip instead of
+    /// statement by statement across the WAN, and answered with where the commit is in
+    /// the primary's log, so that the forwarding meta's clients read their own writes at
+    /// its standby. The request travels encoded (`frame::encode_payload`), so that a
+    /// forward cannot nest another.
+    Forward {
+        /// Whom the write acts for, as the forwarding meta resolved it.
+        caller: Caller,
+        /// The name the client's certificate proved (a session remembers its owner).
+        certificate: Option<String>,
+        /// Whether the client may see the whole cluster (anyone but a client certificate).
+        oversees: bool,
+        /// The `MetaRequest`, encoded.
+        request: Vec<u8>,
+    } => Forwarded { access: durable, roles: [Meta], changes_dirs: true };
 }
 
 /// A join token as `locus node token` prints it once.
@@ -759,6 +775,9 @@ pub struct ClusterStatus {
     pub pending: Vec<PendingNode>,
     /// The latest administrative actions, oldest first (empty for a client).
     pub audit: Vec<AuditEntry>,
+    /// Where this meta forwards writes (`locus meta --forward-writes-to`) and how many
+    /// it has forwarded since it started.
+    pub forwarding: Option<(String, u64)>,
 }
 
 /// One administrative action as meta's audit log keeps it.
@@ -837,6 +856,16 @@ pub struct Made {
     pub parent: Attr,
 }
 
+/// `Forward`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forwarded {
+    /// The forwarded request's `MetaReply`, encoded.
+    pub reply: Vec<u8>,
+    /// Where in the primary's log the write was committed (flushed): the forwarding
+    /// meta reads at its standby once it has replayed that far.
+    pub position: u64,
+}
+
 /// `Unlink`'s answer: the inode and whether it lives on as an orphan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unlinked {
@@ -903,6 +932,7 @@ reply_enum! {
     Revoked(RevocationList),
     Token(JoinToken),
     Login(crate::cap::UserToken),
+    Forwarded(Forwarded),
 }
 
 /// The payload of every meta response frame.

@@ -427,13 +427,15 @@ impl Cluster {
     }
 
     /// Like `add_meta_without`, with the new meta at `site` (in its namespace, on its
-    /// address) and its `--db` at `db_url` (e.g. the PostgreSQL server of that site).
-    pub fn add_meta_at(&mut self, site: &str, db_url: &str, dropped: &[&str]) -> String {
+    /// address), its `--db` at `db_url` (e.g. the PostgreSQL server of that site) and
+    /// `extra` flags.
+    pub fn add_meta_at(&mut self, site: &str, db_url: &str, dropped: &[&str], extra: &[&str]) -> String {
         let (ns, ip) = self.place(site);
         let mut args = without_flags(&self.meta.args, dropped);
         if let Some(i) = args.iter().position(|a| a == "--db") {
             args[i + 1] = db_url.to_string();
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         self.spawn_meta(ns, &ip, args)
     }
 

@@ -685,6 +685,7 @@ impl Env {
                 db_timeout: meta::DEFAULT_DB_TIMEOUT,
                 audit_log: None,
                 root_policy: None,
+                forward_writes_to: None,
             };
             let service = meta::MetaService::open(&config).unwrap();
             // The clients are this process's own mount (its node certificate asking

@@ -21,6 +21,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         db_timeout: crate::service::DEFAULT_DB_TIMEOUT,
         audit_log: None,
         root_policy: None,
+        forward_writes_to: None,
     }
 }
 

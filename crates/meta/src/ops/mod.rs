@@ -199,6 +199,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 lag: Vec::new(),
                 pending: Vec::new(),
                 audit: Vec::new(),
+                forwarding: None,
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),

@@ -47,9 +47,13 @@ pub(crate) struct PgConn {
     pub(super) begun: bool,
     /// The open write transaction must be on disk when its commit returns.
     pub(super) durable: bool,
-    /// The writer of a meta that reads from a hot standby publishes each commit's
-    /// WAL position here (`StandbyReader` waits for the standby to replay it).
+    /// The writer publishes the WAL position of each flushed commit here: every commit
+    /// of a meta that reads from a hot standby (`StandbyReader` waits for the standby
+    /// to replay it), else each durable one (a `Forward` answers it).
     pub(super) committed: Option<Arc<AtomicU64>>,
+    /// Every commit is flushed before it is answered (the writer of a meta reading
+    /// from a hot standby, whose reads wait for their writes' WAL to get there).
+    pub(super) flushes_every_commit: bool,
     /// A savepoint was released but the RELEASE not sent yet: it goes with the next
     /// SAVEPOINT (COMMIT and ROLLBACK make it moot), saving a round trip per op.
     pub(super) release_pending: bool,
@@ -375,6 +379,7 @@ pub(super) fn connect(config: &Config, shown: &str, answer_timeout: Option<Durat
         shown: shown.into(),
         setup: "",
         committed: None,
+        flushes_every_commit: false,
         statements: HashMap::new(),
         begun: false,
         durable: false,

@@ -287,6 +287,13 @@ impl SharedRows {
         }
     }
 
+    /// Drops everything kept, and keeps rows read at a standby again only once it has
+    /// replayed `position` (another meta committed a write there for this meta).
+    pub(super) fn committed_elsewhere(&self, position: u64) {
+        self.floor.fetch_max(position, Ordering::SeqCst);
+        self.reset(|| {});
+    }
+
     /// Drops everything, changing whether rows are kept with `change` under the rows'
     /// lock (a read that began before keeps nothing: the generation moved).
     fn reset(&self, change: impl FnOnce()) {

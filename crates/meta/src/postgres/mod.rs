@@ -39,10 +39,10 @@ pub(crate) use schema::{connect_empty, create_tables};
 
 use crate::error::MetaError;
 use crate::store::values::secret_of;
-use crate::store::{Backend, ReadConn};
+use crate::store::{Backend, CommitPositions, ReadConn};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_postgres::Config;
 
@@ -115,6 +115,9 @@ pub fn open(
     // it, again with a later write transaction; the listener listens at the primary.
     let shared = SharedRows::new(standby.is_some());
     writer.publish = Some(shared.clone());
+    let committed = Arc::new(AtomicU64::new(0));
+    writer.committed = Some(committed.clone());
+    let positions = Arc::new(Positions { committed: committed.clone(), rows: shared.clone() });
     let kept = |mut conn: PgConn| {
         conn.cache = Some(shared.clone());
         conn
@@ -130,8 +133,7 @@ pub fn open(
         // once flushed, and an unflushed commit would keep its writer's reads waiting.
         Some(standby_url) => {
             writer.setup = writer_setup!();
-            let committed = Arc::new(AtomicU64::new(0));
-            writer.committed = Some(committed.clone());
+            writer.flushes_every_commit = true;
             let (standby_config, standby_shown) = parse(standby_url)?;
             for _ in 0..READERS {
                 readers.push(Box::new(StandbyReader {
@@ -158,7 +160,27 @@ pub fn open(
         local_writes: false,
         lease: lease.map(|l| l as Arc<dyn WriterLease>),
         epoch: epoch as u64,
+        positions: Some(positions),
     })
+}
+
+/// This meta's place in the primary's log (`store::CommitPositions`): what its writer
+/// published, raised by writes other metas committed for it.
+struct Positions {
+    committed: Arc<AtomicU64>,
+    rows: Arc<SharedRows>,
+}
+
+impl CommitPositions for Positions {
+    fn latest(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    fn committed_elsewhere(&self, position: u64) {
+        // In this order: a read that finds the rows dropped also finds the position.
+        self.committed.fetch_max(position, Ordering::AcqRel);
+        self.rows.committed_elsewhere(position);
+    }
 }
 
 /// A PostgreSQL error with the server's message (its `Display` alone says "db error").

@@ -262,7 +262,8 @@ impl WriteConn for PgConn {
     /// The writer's session commits with `synchronous_commit=off` (set in `open`): a
     /// plain write is acknowledged before its WAL record is flushed (as SQLite's
     /// synchronous=NORMAL), lost only if the server's machine fails, never torn. A
-    /// durable one turns it on for its own commit, which also flushes every earlier one.
+    /// durable one turns it on for its own commit, which also flushes every earlier one,
+    /// and publishes where the commit is in the log (`committed`).
     /// What the transaction changed is notified to other metas in the commit's round
     /// trip, and replaces the rows this meta keeps once the commit is answered (or is
     /// dropped from them if the commit's outcome is unknown).
@@ -271,16 +272,14 @@ impl WriteConn for PgConn {
             self.written = Written::default();
             return Err(refused);
         }
-        let committed = if let Some(committed) = self.committed.clone() {
-            self.durable = false;
-            self.commit_reporting_lsn(&committed)
-        } else {
-            let end: &[&'static str] = if std::mem::take(&mut self.durable) {
-                &["SET LOCAL synchronous_commit TO on", "COMMIT", begin_write!()]
-            } else {
-                &["COMMIT", begin_write!()]
-            };
-            self.end(end)
+        let durable = std::mem::take(&mut self.durable);
+        let committed = match self.committed.clone() {
+            // Every commit is flushed (a meta reading at a standby), or this durable one
+            // is: where it is in the log goes to whoever waits for it (`Forward`).
+            Some(committed) if self.flushes_every_commit || durable => {
+                self.commit_reporting_lsn(&committed, durable && !self.flushes_every_commit)
+            }
+            _ => self.end(&["COMMIT", begin_write!()]),
         };
         if let Some(publish) = &self.publish {
             let written = std::mem::take(&mut self.written);

@@ -158,6 +158,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         local_writes: true,
         lease: None,
         epoch: EPOCH,
+        positions: None,
     })
 }
 

@@ -327,6 +327,21 @@ pub struct Backend {
     /// This open formatted the database: the cluster is new (its first settings, such
     /// as `MetaConfig::root_policy`, are made now and never again).
     pub formatted: bool,
+    /// Where commits are in the primary's log, for a backend whose metas may read at a
+    /// hot standby (PostgreSQL); `None` where every meta reads what it wrote (SQLite).
+    pub positions: Option<std::sync::Arc<dyn CommitPositions>>,
+}
+
+/// Read-your-writes across metas over one primary: a meta that forwards a write to
+/// the meta at the primary's site (`MetaRequest::Forward`) learns where it was
+/// committed in the primary's log, and its own reads must not answer from before it.
+pub trait CommitPositions: Send + Sync {
+    /// The log position of this meta's latest flushed commit (every durable commit
+    /// publishes it).
+    fn latest(&self) -> u64;
+    /// Another meta committed a write for this meta's clients at `position`: reads
+    /// wait for it (at a standby), and nothing kept from before is answered.
+    fn committed_elsewhere(&self, position: u64);
 }
 
 /// A writer's lease on the primary role of its database: while it holds, the backend
