@@ -216,6 +216,11 @@ impl Vfs {
         }))
     }
 
+    /// How long answers may be reused without asking meta (`ClientConfig::attr_ttl`).
+    pub fn attr_ttl(&self) -> Duration {
+        self.config.attr_ttl
+    }
+
     /// Stops the workers and ends the session at meta, dropping its locks (best effort).
     pub async fn shutdown(&self) {
         self.workers.stop(Duration::from_secs(5)).await;
