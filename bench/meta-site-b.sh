@@ -24,6 +24,8 @@
 #   stat    os.stat of every file by its path (python3 loop, no directory listing)
 #   create  CR_FILES empty files created (O_CREAT|O_EXCL, close) in a new directory, then
 #           each unlinked (python3 loop)
+#   busy    `create` at B (after and forward only) while a writer at A, through A's meta,
+#           creates and unlinks files flat out: the share of its solo rate B keeps
 #   postmark  Debian's postmark 1.53 (PM_FILES files of 500..10000 bytes, PM_TX
 #           transactions, seed 42) in a directory of its own per configuration
 # `before` and `jfs-b` run ls -lR and stat on the first BEFORE_DIRS directories only (every file
@@ -38,7 +40,7 @@
 #
 # Usage (as root):  bench/meta-site-b.sh
 # Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 CR_FILES=100 ROUNDS=1
-#   SKIP_BUILD=0
+#   WORKLOADS="ls stat create busy postmark" SKIP_BUILD=0
 #   JUICEFS=1 (0: Locus only)
 #   WORK=/tmp/locus-msb PREFIX=lmsb- OUT=bench/results/meta-site-b.md
 set -Eeuo pipefail
@@ -52,6 +54,7 @@ BEFORE_DIRS=${BEFORE_DIRS:-10}
 PM_FILES=${PM_FILES:-30}
 PM_TX=${PM_TX:-60}
 CR_FILES=${CR_FILES:-100}
+WORKLOADS=${WORKLOADS:-ls stat create busy postmark}
 ROUNDS=${ROUNDS:-1}
 JUICEFS=${JUICEFS:-1}
 SKIP_BUILD=${SKIP_BUILD:-0}
@@ -210,6 +213,32 @@ unmount() {
     MOUNT_PID="" MNT=""
 }
 now() { date +%s.%N; }
+busy_start() { # a mount at A and a writer in it creating and unlinking flat out, until busy_stop
+    mount_at a "$META_A"
+    BUSY_MNT=$MNT BUSY_PID=$MOUNT_PID
+    rm -f "$WORK/busy.stop"
+    python3 - "$BUSY_MNT/busy-$NMOUNT" "$WORK/busy.stop" "$WORK/busy.rate" <<'EOF' &
+import os, sys, time
+top, stop, rate = sys.argv[1:4]
+os.mkdir(top)
+n, t0 = 0, time.monotonic()
+while not os.path.exists(stop) and n < 1_000_000:
+    p = f"{top}/f{n % 100}"
+    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+    os.unlink(p)
+    n += 1
+open(rate, "w").write(f"{2 * n / (time.monotonic() - t0):.0f}")
+EOF
+    BUSY_WRITER=$!
+    sleep 2 # A writes flat out before B starts
+}
+busy_stop() { # -> BUSY_RATE: A's writer's operations per second
+    touch "$WORK/busy.stop"
+    wait "$BUSY_WRITER"
+    BUSY_RATE=$(cat "$WORK/busy.rate")
+    MNT=$BUSY_MNT MOUNT_PID=$BUSY_PID
+    unmount
+}
 
 make_tree() { # the tree and postmark's directories in the mount at $MNT; prints the seconds taken
     local t0
@@ -265,6 +294,7 @@ dirs_of() { case $1 in before | jfs-b) echo "$BEFORE_DIRS" ;; *) echo "$DIRS" ;;
 work() { # config workload -> RESULT = seconds (and checks the result)
     local config=$1 workload=$2 t0 t1 n dirs
     dirs=$(dirs_of "$config")
+    [[ $workload == busy ]] && busy_start
     case $config in
     jfs-*) jfs_mount_at "$(site_of "$config")" ;;
     *) mount_at "$(site_of "$config")" "$(meta_of "$config")" ;;
@@ -290,9 +320,9 @@ for i in range(dirs):
 EOF
         t1=$(now)
         ;;
-    create)
+    create | busy)
         t0=$(now)
-        python3 - "$MNT/cr-$config-$ROUND" "$CR_FILES" <<'EOF'
+        python3 - "$MNT/cr-$config-$workload-$ROUND" "$CR_FILES" <<'EOF'
 import os, sys
 top, n = sys.argv[1], int(sys.argv[2])
 os.mkdir(top)
@@ -312,18 +342,21 @@ EOF
         ;;
     esac
     unmount
+    [[ $workload == busy ]] && busy_stop
     RESULT=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
 }
 
-declare -A SECS
+declare -A SECS BUSY
 LOADS=()
 for r in $(seq 1 "$ROUNDS"); do
     ROUND=$r
-    for workload in ls stat create postmark; do
+    for workload in $WORKLOADS; do
         for config in "${CONFIGS[@]}"; do
             [[ $workload == postmark && $r -gt 1 ]] && continue # postmark's directories are not reusable
+            [[ $workload == busy && $config != after && $config != forward ]] && continue
             work "$config" "$workload"
             SECS[$r,$workload,$config]=$RESULT
+            [[ $workload == busy ]] && BUSY[$r,$config]=$BUSY_RATE
             say "round $r $workload $config: $RESULT s"
         done
         LOADS+=("$(cut -d' ' -f1-3 /proc/loadavg)")
@@ -339,14 +372,15 @@ for_all_files() { # round workload config: its seconds, scaled to all DIRS direc
 each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and workload measured
     local r workload
     for r in $(seq 1 "$ROUNDS"); do
-        for workload in ls stat create postmark; do
+        for workload in $WORKLOADS; do
+            [[ $workload == busy ]] && continue
             [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
             "$1" "$r" "$workload"
         done
     done
 }
 {
-    echo "# Metadata at site B over a ${RTT_MS} ms WAN (issue 9, part 4)"
+    echo "# Metadata at site B over a ${RTT_MS} ms WAN (issue 9 part 4, issue 35 part 4)"
     echo
     echo "bench/meta-site-b.sh, release build of $(git -C "$ROOT" rev-parse --short HEAD), $(date -u +%Y-%m-%d)," \
         "$(nproc) cores (shared machine; load average at the start of each workload: ${LOADS[*]})."
@@ -387,12 +421,29 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
         }
         each_row jfs_row
     fi
-    echo
-    echo "postmark's own report per configuration (transactions per second):"
-    echo
-    for config in "${CONFIGS[@]}"; do
-        echo "- $config: $(grep -m1 'seconds of transactions' "$LOG/postmark-$config.out" | sed 's/^[[:space:]]*//')"
-    done
+    if [[ " $WORKLOADS " == *" busy "* ]]; then
+        echo
+        echo "Fairness: B's create+unlink of $CR_FILES files alone (\`create\` above) and while a writer at A, through A's"
+        echo "meta, creates and unlinks files flat out (its operations per second during B's run beside)."
+        echo
+        echo "| round | config | B alone s | B beside A s | B keeps (alone / beside) | A's writer ops/s |"
+        echo "|---|---|---:|---:|---:|---:|"
+        for r in $(seq 1 "$ROUNDS"); do
+            for config in after forward; do
+                [[ -n ${SECS[$r,busy,$config]:-} && -n ${SECS[$r,create,$config]:-} ]] || continue
+                echo "| $r | $config | ${SECS[$r,create,$config]} | ${SECS[$r,busy,$config]} |" \
+                    "$(python3 -c "print(f'{100 * ${SECS[$r,create,$config]} / ${SECS[$r,busy,$config]}:.0f} %')") | ${BUSY[$r,$config]} |"
+            done
+        done
+        echo
+    fi
+    if [[ " $WORKLOADS " == *" postmark "* ]]; then
+        echo "postmark's own report per configuration (transactions per second):"
+        echo
+        for config in "${CONFIGS[@]}"; do
+            echo "- $config: $(grep -m1 'seconds of transactions' "$LOG/postmark-$config.out" | sed 's/^[[:space:]]*//')"
+        done
+    fi
 } >"$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 cat "$OUT"

@@ -60,6 +60,27 @@ pub enum Command {
     /// Prove who you are with your own (user) certificate, so that this host's mount
     /// acts for you at a site whose users must log in (`locus meta --user-auth`).
     Login(LoginArgs),
+    /// Measure creates, stats, unlinks and a sequential read through the client
+    /// library (no mount), as a program that links Locus sees them.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Meta's address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub meta: String,
+    #[arg(long, default_value = "default")]
+    pub site: String,
+    /// Empty files created, stated and unlinked, in a new directory of the root.
+    #[arg(long, default_value_t = 10_000)]
+    pub files: usize,
+    /// Operations in flight at once (tasks sharing one client).
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// Also read this file from start to end (a path in the namespace), in 8 MiB reads.
+    #[arg(long)]
+    pub read: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -617,7 +638,7 @@ pub fn config_flags(text: &str, command: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc"];
+const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc", "bench"];
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 //! three embedded with `up`) and the commands people run against it.
 
 mod admin;
+mod bench;
 mod cli;
 mod local;
 mod pki;
@@ -68,7 +69,7 @@ fn default_log(command: &cli::Command) -> &'static str {
     match command {
         Meta(cli::MetaArgs { action: None, .. }) | Up(_) | Mount(_) => "warn,locus=info,meta=info,node=info",
         Node(a) if a.action.is_none() => "warn,locus=info,meta=info,node=info",
-        Meta(_) | Node(_) | Status(_) | Fsck(_) | Gc(_) | Policy(_) | Ca(_) | Login(_) => "warn",
+        Meta(_) | Node(_) | Status(_) | Fsck(_) | Gc(_) | Policy(_) | Ca(_) | Login(_) | Bench(_) => "warn",
     }
 }
 
@@ -119,6 +120,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Policy(a) => policy::run(a).await,
         Ca(c) => pki::command(c),
         Login(a) => admin::login(a).await,
+        Bench(a) => bench::run(a).await,
     }
 }
 
@@ -145,6 +147,7 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
         }),
         Mount(_) => Some(Own("locus mount")),
         Login(_) => Some(Own("locus login")),
+        Bench(_) => Some(Own("locus bench")),
         Status(a) => Some(Operator("locus status", a.admin.meta.as_deref())),
         Fsck(a) => Some(Operator("locus fsck", a.meta.as_deref())),
         Gc(a) => Some(Operator("locus gc", a.meta.as_deref())),

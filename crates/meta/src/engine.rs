@@ -92,10 +92,11 @@ impl Store {
     }
 
     /// Another meta committed a write for this meta's clients at `position` in the
-    /// primary's log (`CommitPositions::committed_elsewhere`).
-    pub fn committed_elsewhere(&self, position: u64) {
+    /// primary's log, which may have changed inodes or entries (`namespace`): see
+    /// `CommitPositions::committed_elsewhere`.
+    pub fn committed_elsewhere(&self, position: u64, namespace: bool) {
         if let Some(positions) = &self.positions {
-            positions.committed_elsewhere(position);
+            positions.committed_elsewhere(position, namespace);
         }
     }
 

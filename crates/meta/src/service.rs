@@ -118,6 +118,9 @@ impl Forwarding {
     async fn write(&self, store: &Store, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
         let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
         let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
+        // A heartbeat writes its session's row alone: every client's, every couple of
+        // seconds, would otherwise drop every row this meta keeps.
+        let namespace = !matches!(req, MetaRequest::Heartbeat(_));
         let link = self
             .link
             .get_or_try_init(|| net::RpcClient::connect(&self.addr, FORWARD_CONNECTIONS, self.timeout))
@@ -128,7 +131,7 @@ impl Forwarding {
         let answer = link.ask(forward).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)?;
         let reply = proto::frame::decode(&answer.reply)
             .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
-        store.committed_elsewhere(answer.position);
+        store.committed_elsewhere(answer.position, namespace);
         self.forwarded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(reply)
     }

@@ -947,7 +947,9 @@ mod tests {
     /// a plain read), and reads change no directory.
     #[test]
     fn the_request_table_is_consistent() {
-        assert_eq!(MetaRequestKind::ALL.len(), 51);
+        assert_eq!(MetaRequestKind::ALL.len(), 52);
+        // A forward acts for any user: only a meta certificate may send one.
+        assert_eq!(MetaRequestKind::Forward.facts().roles, &[Role::Meta]);
         for kind in MetaRequestKind::ALL {
             let f = kind.facts();
             assert!(!f.roles.is_empty(), "{kind:?} has no role");

@@ -176,10 +176,12 @@ impl CommitPositions for Positions {
         self.committed.load(Ordering::Acquire)
     }
 
-    fn committed_elsewhere(&self, position: u64) {
+    fn committed_elsewhere(&self, position: u64, namespace: bool) {
         // In this order: a read that finds the rows dropped also finds the position.
         self.committed.fetch_max(position, Ordering::AcqRel);
-        self.rows.committed_elsewhere(position);
+        if namespace {
+            self.rows.committed_elsewhere(position);
+        }
     }
 }
 

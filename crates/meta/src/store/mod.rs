@@ -340,8 +340,9 @@ pub trait CommitPositions: Send + Sync {
     /// publishes it).
     fn latest(&self) -> u64;
     /// Another meta committed a write for this meta's clients at `position`: reads
-    /// wait for it (at a standby), and nothing kept from before is answered.
-    fn committed_elsewhere(&self, position: u64);
+    /// wait for it (at a standby), and, if it may have changed inodes or entries
+    /// (`namespace`), nothing kept from before is answered.
+    fn committed_elsewhere(&self, position: u64, namespace: bool);
 }
 
 /// A writer's lease on the primary role of its database: while it holds, the backend
