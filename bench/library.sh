@@ -3,14 +3,17 @@
 # (SQLite meta, one node and its mount in one process, TLS on): FILES empty files created
 # (O_CREAT|O_EXCL, close), stated and unlinked, THREADS at a time, and a sequential read
 # of a READ_MB file, through
-#   mount    the FUSE mount (python3, THREADS processes each doing its share)
+#   mount    a FUSE mount in a process of its own (`locus mount`, a client of the cluster
+#            like the other two; python3, THREADS processes each doing its share)
 #   library  the Rust client library (`locus bench`: THREADS tasks on one client, in a
 #            process of its own)
 #   python   the `locus` Python package (THREADS threads on one locus.Client; each call
 #            releases the GIL)
-# The file read is written through the library (so no page cache holds it); the mount
+# The file read (distinct random blocks: repeated ones would be one chunk, read from the
+# client's cache) is written through the library, so no page cache holds it; the mount
 # reads it after POSIX_FADV_DONTNEED on it, in 8 MiB reads; the library and the Python
-# package each from a process of their own (their chunk caches start empty).
+# package each from a process of their own (their chunk caches start empty). `locus up`'s
+# own mount is not measured: it reads the node's store in its process, without TLS.
 #
 # Usage (as root):  bench/library.sh
 # Environment: FILES=10000 THREADS=8 READ_MB=1024 ROUNDS=2 SKIP_BUILD=0
@@ -42,8 +45,11 @@ fi
 PY=$VENV/bin/python
 
 UP_PID=""
+MOUNT_PID=""
 cleanup() {
+    [[ -n $MOUNT_PID ]] && kill -INT "$MOUNT_PID" 2>/dev/null && wait "$MOUNT_PID" 2>/dev/null
     [[ -n $UP_PID ]] && kill -INT "$UP_PID" 2>/dev/null && wait "$UP_PID" 2>/dev/null
+    umount -l "$WORK/client-mnt" 2>/dev/null || true
     umount -l "$WORK/mnt" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -57,7 +63,12 @@ META=$(sed -n 's/^locus: meta \([^,]*\),.*/\1/p' "$WORK/up.out")
 TLS_DIR=$WORK/data/tls
 "$LOCUS" ca issue --dir "$TLS_DIR" --role client --name bench --site default >/dev/null
 export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/bench.pem LOCUS_KEY=$TLS_DIR/bench.key LOCUS_META=$META
-say "locus up: meta $META, mount $WORK/mnt"
+MNT=$WORK/client-mnt
+mkdir -p "$MNT"
+"$LOCUS" mount "$MNT" --meta "$META" --site default >"$WORK/mount.out" 2>"$WORK/mount.err" &
+MOUNT_PID=$!
+wait_line "$WORK/mount.out" "mounted on" 60 "locus mount" "$MOUNT_PID"
+say "locus up: meta $META; measured mount $MNT"
 
 # The mount's share of each op in THREADS processes; prints "create s", "stat s", "unlink s".
 mount_ops() { # dir
@@ -120,15 +131,14 @@ say "a $READ_MB MiB file written through the library"
 import os, sys
 import locus
 c = locus.connect()
-block = os.urandom(8 << 20)
 with c.open("/big", "wb") as f:
     for _ in range(int(sys.argv[1]) // 8):
-        f.write(block)
+        f.write(os.urandom(8 << 20))
 c.close()
 PYEOF
 
 read_mount() { # -> seconds
-    "$PY" - "$WORK/mnt/big" <<'PYEOF'
+    "$PY" - "$MNT/big" <<'PYEOF'
 import os, sys, time
 fd = os.open(sys.argv[1], os.O_RDONLY)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -160,7 +170,7 @@ declare -A SECS
 for r in $(seq 1 "$ROUNDS"); do
     for way in mount library python; do
         case $way in
-        mount) out=$(mount_ops "$WORK/mnt/m$r") ;;
+        mount) out=$(mount_ops "$MNT/m$r") ;;
         library) out=$(library_ops) ;;
         python) out=$(python_ops "/p$r") ;;
         esac
@@ -171,14 +181,14 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 rate() { python3 -c "print(f'{$1 / $2:.0f}')"; }
-ratio() { python3 -c "print(f'{$2 / $1:.2f}x')"; } # seconds a, seconds b -> rate b / rate a
+ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; } # seconds a, seconds b -> rate b / rate a
 {
     echo "# The client library without a mount (issue 39)"
     echo
     echo "bench/library.sh, release build of $(git -C "$ROOT" rev-parse --short HEAD), $(date -u +%Y-%m-%d), $(nproc) cores"
-    echo "(shared machine; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)). \`locus up\` (SQLite meta, one node,"
-    echo "the mount, one process; TLS on). $FILES empty files, $THREADS at a time: mount = python3 with $THREADS processes"
-    echo "on the FUSE mount; library = \`locus bench\` ($THREADS tasks, one client, a process of its own); python = the"
+    echo "(shared machine; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)). \`locus up\` (SQLite meta and one node"
+    echo "in one process; TLS on). $FILES empty files, $THREADS at a time: mount = python3 with $THREADS processes"
+    echo "on a \`locus mount\` of its own; library = \`locus bench\` ($THREADS tasks, one client, a process of its own); python = the"
     echo "\`locus\` package ($THREADS threads, one client). Read: a $READ_MB MiB file written through the library, read"
     echo "in 8 MiB reads (the mount after POSIX_FADV_DONTNEED; the others from a fresh process)."
     echo

@@ -232,8 +232,8 @@ impl File {
     #[pyo3(signature = (size = -1))]
     fn read<'py>(&self, py: Python<'py>, size: i64) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = self.with(py, async |f| match usize::try_from(size) {
-            Ok(n) => f.read(n).await.map(|b| b.to_vec()),
-            Err(_) => f.read_to_end().await,
+            Ok(n) => f.read(n).await,
+            Err(_) => f.read_to_end().await.map(bytes::Bytes::from),
         })?;
         Ok(PyBytes::new(py, &bytes))
     }
