@@ -126,8 +126,13 @@ impl Forwarding {
             .get_or_try_init(|| net::RpcClient::connect(&self.addr, FORWARD_CONNECTIONS, self.timeout))
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        let forward =
-            proto::meta::Forward { caller: ctx.caller, certificate: ctx.certificate, oversees: ctx.oversees, request };
+        let forward = proto::meta::Forward {
+            cluster: ctx.cluster_id.to_string(),
+            caller: ctx.caller,
+            certificate: ctx.certificate,
+            oversees: ctx.oversees,
+            request,
+        };
         let answer = link.ask(forward).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)?;
         let reply = proto::frame::decode(&answer.reply)
             .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
@@ -575,6 +580,13 @@ impl MetaService {
     /// in the log. It runs here whatever this meta's own `forwarding`: a forward never
     /// travels on.
     async fn answer_forward(&self, forward: proto::meta::Forward) -> Result<proto::meta::Forwarded, MetaError> {
+        if forward.cluster != *self.cluster_id {
+            return Err(MetaError::WrongCluster(format!(
+                "a write forwarded from a meta of cluster {} reached the meta of cluster {}: check \
+                 --forward-writes-to",
+                forward.cluster, self.cluster_id
+            )));
+        }
         let req: MetaRequest = proto::frame::decode(&forward.request)
             .map_err(|e| MetaError::InvalidArgument(format!("a forwarded request that does not decode: {e}")))?;
         if !matches!(req.facts().access, Access::Write { .. }) || matches!(req, MetaRequest::Forward(_)) {
@@ -1123,14 +1135,17 @@ mod tests {
         assert_eq!(shown(&a), (5003, 7000));
     }
 
-    /// A `Forward` carries one write, decoded once: a forward inside it, a read, or bytes
-    /// that are no request are refused and change nothing; a write is committed and
-    /// answered encoded (SQLite has no log position: 0).
+    /// A `Forward` carries one write, decoded once: a forward inside it, a read, bytes
+    /// that are no request, or a forward from a meta of another cluster are refused and
+    /// change nothing; a write is committed and answered encoded (SQLite has no log
+    /// position: 0).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_forward_carries_one_write_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
         let service = MetaService::open(&test_config(dir.path().join("meta.db"))).unwrap();
+        let cluster = service.cluster_id().to_string();
         let forward = |request: Vec<u8>| proto::meta::Forward {
+            cluster: cluster.clone(),
             caller: Caller::ROOT,
             certificate: None,
             oversees: true,
@@ -1147,6 +1162,13 @@ mod tests {
             service.answer(Caller::ROOT, None, MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: name.into() }))
         };
         assert!(lookup("inner").await.is_err(), "a nested forward ran");
+        let elsewhere = proto::meta::Forward {
+            cluster: "another".into(),
+            ..forward(encoded(&create(ROOT_INODE, "elsewhere".into())))
+        };
+        let answer = service.answer_forward(elsewhere).await;
+        assert!(matches!(answer, Err(MetaError::WrongCluster(_))), "{answer:?}");
+        assert!(lookup("elsewhere").await.is_err(), "a forward from another cluster ran");
         let answer = service.answer_forward(forward(encoded(&create(ROOT_INODE, "f".into())))).await.unwrap();
         let reply: MetaReply = proto::frame::decode(&answer.reply).unwrap();
         assert!(matches!(reply, MetaReply::Made(_)), "{reply:?}");

@@ -726,6 +726,9 @@ meta_requests! {
     /// its standby. The request travels encoded (`frame::encode_payload`), so that a
     /// forward cannot nest another.
     Forward {
+        /// The cluster the forwarding meta serves: a meta of another one (an operator's
+        /// wrong address) refuses, rather than writing into its own namespace.
+        cluster: String,
         /// Whom the write acts for, as the forwarding meta resolved it.
         caller: Caller,
         /// The name the client's certificate proved (a session remembers its owner).
