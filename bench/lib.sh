@@ -17,6 +17,9 @@ pg_bin() {
     ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
 }
 
+# $1 / $2, printed as `1.23x`.
+ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
+
 # A TCP port free on 127.0.0.1 right now.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 

@@ -181,7 +181,6 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 rate() { python3 -c "print(f'{$1 / $2:.0f}')"; }
-ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; } # seconds a, seconds b -> rate b / rate a
 {
     echo "# The client library without a mount (issue 39)"
     echo

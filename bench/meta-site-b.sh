@@ -364,7 +364,6 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; create) echo "create+unlink ($CR_FILES files)" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
-ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
 for_all_files() { # round workload config: its seconds, scaled to all DIRS directories if it ran on fewer
     local secs=${SECS[$1,$2,$3]}
     if [[ $2 == postmark || $2 == create ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.1f}')"; fi

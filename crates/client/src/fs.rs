@@ -260,14 +260,8 @@ impl Client {
                 let (parent, name) = must_split(path)?;
                 let dir = self.dir(&parent).await?;
                 if how.create {
-                    let (attr, fh) =
-                        self.vfs.create_open(dir, name.as_bytes(), mode, umask(), how.exclusive, opts).await?;
-                    // An existing file is opened as it is: O_TRUNC applies to it too.
-                    if how.truncate && attr.size > 0 {
-                        let set = AttrChanges { size: Some(0), ..AttrChanges::default() };
-                        return Ok((self.vfs.setattr(attr.ino, set, true).await?, fh));
-                    }
-                    return Ok((attr, fh));
+                    // An existing file is opened, and truncated under O_TRUNC, by `create_open`.
+                    return self.vfs.create_open(dir, name.as_bytes(), mode, umask(), how.exclusive, opts).await;
                 }
                 let attr = self.vfs.lookup(dir, name.as_bytes()).await?;
                 match attr.kind {

@@ -511,11 +511,12 @@ impl MetaService {
         peer: Option<&net::PeerIdentity>,
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
-        let oversees = peer.is_none_or(|p| p.role != net::Role::Client);
-        let ctx = self.ctx().acting_for(caller, peer.map(|p| p.name.clone()), oversees);
+        // A forward names whom it acts for itself.
         if let MetaRequest::Forward(forward) = req {
             return self.answer_forward(forward).await.map(Into::into);
         }
+        let oversees = peer.is_none_or(|p| p.role != net::Role::Client);
+        let ctx = self.ctx().acting_for(caller, peer.map(|p| p.name.clone()), oversees);
         match req.facts().access {
             Access::Reports => match req {
                 MetaRequest::ReportWorkers(m) => ops::serve(m, |m| {

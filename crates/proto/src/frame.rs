@@ -97,10 +97,11 @@ pub fn encode<T: Serialize>(kind: FrameKind, request_id: u64, msg: &T, bulk_len:
 /// reads it back.
 pub fn encode_payload<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let out = postcard::to_stdvec(msg)?;
-    match u32::try_from(out.len()) {
-        Ok(len) if len <= MAX_PAYLOAD => Ok(out),
-        _ => Err(FrameError::TooLarge(u32::MAX)),
+    let len = u32::try_from(out.len()).unwrap_or(u32::MAX);
+    if len > MAX_PAYLOAD {
+        return Err(FrameError::TooLarge(len));
     }
+    Ok(out)
 }
 
 /// Decodes a payload; trailing bytes are an error.
