@@ -53,6 +53,19 @@ start_announced() { # name prefix tries args...
     echo "$name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1
 }
 
+# A fresh `locus up` in $WORK (mounted on $WORK/mnt, data in $WORK/data, ports the OS
+# picks; LOCUS set): sets UP_PID, META (its address) and TLS_DIR (its CA directory).
+start_up() {
+    rm -rf "$WORK"
+    mkdir -p "$WORK/mnt"
+    "$LOCUS" up "$WORK/mnt" --data-dir "$WORK/data" --meta-listen 127.0.0.1:0 --node-listen 127.0.0.1:0 \
+        >"$WORK/up.out" 2>"$WORK/up.err" &
+    UP_PID=$!
+    wait_line "$WORK/up.out" "mounted on" 60 "locus up" "$UP_PID"
+    META=$(sed -n 's/^locus: meta \([^,]*\),.*/\1/p' "$WORK/up.out")
+    TLS_DIR=$WORK/data/tls
+}
+
 # Mutual TLS for one run: a CA in TLS_DIR and a certificate per "role name site" argument;
 # admin commands (policy, status, fsck) use the one named admin through LOCUS_CA/CERT/KEY.
 bench_pki() {

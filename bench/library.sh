@@ -53,14 +53,7 @@ cleanup() {
     umount -l "$WORK/mnt" 2>/dev/null || true
 }
 trap cleanup EXIT
-rm -rf "$WORK"
-mkdir -p "$WORK/mnt"
-"$LOCUS" up "$WORK/mnt" --data-dir "$WORK/data" --meta-listen 127.0.0.1:0 --node-listen 127.0.0.1:0 \
-    >"$WORK/up.out" 2>"$WORK/up.err" &
-UP_PID=$!
-wait_line "$WORK/up.out" "mounted on" 60 "locus up" "$UP_PID"
-META=$(sed -n 's/^locus: meta \([^,]*\),.*/\1/p' "$WORK/up.out")
-TLS_DIR=$WORK/data/tls
+start_up
 "$LOCUS" ca issue --dir "$TLS_DIR" --role client --name bench --site default >/dev/null
 export LOCUS_CA=$TLS_DIR/ca.pem LOCUS_CERT=$TLS_DIR/bench.pem LOCUS_KEY=$TLS_DIR/bench.key LOCUS_META=$META
 MNT=$WORK/client-mnt

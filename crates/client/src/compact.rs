@@ -141,7 +141,7 @@ pub(crate) async fn compact(
     for (start, pieces) in &runs {
         let mut bytes = Vec::new();
         for e in pieces {
-            let chunk = data.chunk(e.chunk).await?;
+            let chunk = data.chunk(e.chunk, ino).await?;
             let from = e.chunk_offset as usize;
             let piece = chunk.get(from..from + e.len as usize).ok_or_else(|| {
                 VfsError::new(ErrorCode::Corrupt, format!("extent of inode {ino} beyond the end of chunk {}", e.chunk))

@@ -241,14 +241,17 @@ impl DataPath {
         self.cache.remove(id);
     }
 
-    pub async fn chunk(&self, id: ChunkId) -> Result<ChunkData> {
+    /// Chunk `id` of file `ino` (whose extents meta is asked for again when a node
+    /// wants a read capability this client lacks: one of its own writes since it
+    /// opened the file, say, gone from the cache).
+    pub async fn chunk(&self, id: ChunkId, ino: InodeId) -> Result<ChunkData> {
         if let Some((data, _)) = lock(&self.uploading).get(&id) {
             return Ok(data.clone());
         }
         if let Some(data) = self.cache.get(&id) {
             return Ok(data);
         }
-        self.fetches.run(id, || self.fetch_chunk(id)).await
+        self.fetches.run(id, || self.fetch_chunk(id, ino)).await
     }
 
     /// The chunk from the store of the node in this process, verified by that store as
@@ -280,7 +283,7 @@ impl DataPath {
         client.server_identity().await.is_some_and(|p| p.role == Role::Node && p.site == self.site)
     }
 
-    async fn fetch_chunk(&self, id: ChunkId) -> Result<ChunkData> {
+    async fn fetch_chunk(&self, id: ChunkId, ino: InodeId) -> Result<ChunkData> {
         if let Some(data) = self.read_local(id).await {
             self.cache.insert(id, data.clone());
             return Ok(data);
@@ -329,16 +332,13 @@ impl DataPath {
                     tracing::trace!(chunk = %id, %node, ms = started.elapsed().as_millis() as u64, "fetched");
                     return Ok(data);
                 }
-                Err(e)
-                    if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly)
-                        && !refreshed
-                        && cap.is_some() =>
-                {
-                    // Expired, signed by a meta that restarted since, or of an older
-                    // epoch than the node's: ask again, retry.
+                Err(e) if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) && !refreshed => {
+                    // Expired, signed by a meta that restarted since, of an older epoch
+                    // than the node's, or never had (a chunk this client wrote after it
+                    // opened the file): ask again, retry.
                     refreshed = true;
                     tracing::debug!(chunk = %id, %node, "read capability refused, asking meta again: {e}");
-                    self.refresh_caps(cap.map_or(0, |c| c.1), false).await?;
+                    self.refresh_caps(cap.map_or(ino, |c| c.1), false).await?;
                     i -= 1;
                 }
                 Err(e) if e.code == ErrorCode::ReadOnly => {

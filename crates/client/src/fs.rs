@@ -13,7 +13,7 @@ use crate::error::VfsError;
 use crate::vfs::{ClientConfig, FileHandle, OpenOptions, Vfs};
 use bytes::Bytes;
 use proto::error::ErrorCode;
-use proto::meta::{AttrChanges, NewNode, OpenAccess, RenameMode, XattrMode};
+use proto::meta::{AllocateMode, AttrChanges, LockKind, LockRange, NewNode, OpenAccess, RenameMode, XattrMode};
 use proto::types::{Attr, Caller, FileKind, InodeId, ROOT_INODE};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -401,18 +401,56 @@ impl OpenFile {
         if self.append {
             self.pos = self.size().await?;
         }
+        let done = self.write_at(self.pos, data).await?;
+        self.pos += done as u64;
+        Ok(done)
+    }
+
+    /// Writes all of `data` at `offset`, leaving the position alone (`pwrite`): tasks
+    /// sharing one open file (a block device's queue) write through it at once.
+    pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize> {
         let fh = self.handle()?;
         let mut done = 0;
         while done < data.len() {
             let part = &data[done..data.len().min(done + MAX_READ as usize)];
-            let n = crate::acting_as(self.caller.clone(), self.vfs.write(fh, self.pos, part)).await? as usize;
+            let at = offset + done as u64;
+            let n = crate::acting_as(self.caller.clone(), self.vfs.write(fh, at, part)).await? as usize;
             if n == 0 {
                 return Err(VfsError::new(ErrorCode::Io, "a write wrote nothing"));
             }
             done += n;
-            self.pos += n as u64;
         }
         Ok(done)
+    }
+
+    /// `fallocate(2)`: punches holes, zeroes or extends a range (after committing what
+    /// was written, so the range's earlier writes cannot land after it).
+    pub async fn allocate(&self, offset: u64, len: u64, mode: AllocateMode) -> Result<()> {
+        let fh = self.handle()?;
+        crate::acting_as(self.caller.clone(), self.vfs.fallocate(fh, offset, len, mode)).await
+    }
+
+    /// Takes a lock on the whole file for this open file (as `fcntl(F_SETLK)` over every
+    /// byte: shared for readers, exclusive for a writer), held at meta and so seen at
+    /// every site; fails with `WouldBlock` while another holds a conflicting one. A
+    /// client that dies loses it when its session expires; `close` lets it go.
+    pub async fn lock_whole(&self, exclusive: bool) -> Result<()> {
+        let fh = self.handle()?;
+        let kind = if exclusive { LockKind::Write } else { LockKind::Read };
+        let lock = LockRange {
+            ino: self.ino,
+            owner: self.lock_owner(),
+            start: 0,
+            end: u64::MAX,
+            kind,
+            pid: std::process::id(),
+        };
+        crate::acting_as(self.caller.clone(), self.vfs.setlk(fh, lock, false)).await
+    }
+
+    /// The lock owner of this open file: its handle (unique within the client).
+    fn lock_owner(&self) -> u64 {
+        self.fh.unwrap_or_default()
     }
 
     /// Moves the position (`std::io::SeekFrom`); returns the new one.
@@ -452,10 +490,11 @@ impl OpenFile {
     /// Commits what was written (other clients' opens see it from then on) and lets
     /// the file go; a second close does nothing.
     pub async fn close(&mut self) -> Result<()> {
+        let owner = self.lock_owner();
         let Some(fh) = self.fh.take() else { return Ok(()) };
         let vfs = self.vfs.clone();
         crate::acting_as(self.caller.clone(), async move {
-            let flushed = vfs.flush(fh, None).await;
+            let flushed = vfs.flush(fh, Some(owner)).await;
             let released = vfs.release(fh).await;
             flushed.and(released)
         })
@@ -469,7 +508,7 @@ impl Drop for OpenFile {
         let (Some(fh), Some(runtime)) = (self.fh.take(), self.runtime.take()) else { return };
         let (vfs, caller) = (self.vfs.clone(), self.caller.clone());
         runtime.spawn(crate::acting_as(caller, async move {
-            if let Err(e) = vfs.flush(fh, None).await.and(vfs.release(fh).await) {
+            if let Err(e) = vfs.flush(fh, Some(fh)).await.and(vfs.release(fh).await) {
                 tracing::warn!("closing a file dropped open failed: {e}");
             }
         }));

@@ -63,6 +63,74 @@ pub enum Command {
     /// Measure creates, stats, unlinks and a sequential read through the client
     /// library (no mount), as a program that links Locus sees them.
     Bench(BenchArgs),
+    /// Serve files of the namespace as network block devices (NBD), over TLS with the
+    /// process's certificate.
+    Nbd(NbdArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NbdArgs {
+    /// Where NBD clients connect (10809 is NBD's port).
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub listen: String,
+    /// NAME=PATH[,size=SIZE][,ro]: serves the file PATH of the namespace as export NAME
+    /// (repeatable); `size=` creates the file or grows it to SIZE, `ro` serves it
+    /// read-only.
+    #[arg(long = "export", required = true, value_parser = parse_export, value_name = "NAME=PATH[,size=SIZE][,ro]")]
+    pub exports: Vec<ExportSpec>,
+    /// Serve plain NBD, without TLS: anybody who reaches the port reads and writes the
+    /// exports, so it is refused unless --listen is a loopback address.
+    #[arg(long)]
+    pub plain: bool,
+    /// Let other servers, at this site or another, serve the same files at once. By
+    /// default each export holds a lock on its file (shared when read-only) that every
+    /// other `locus nbd` sees and waits for: two writers would corrupt the file system
+    /// inside the device.
+    #[arg(long)]
+    pub shared: bool,
+    /// Longest wait for an export's lock (a server killed moments ago holds it until
+    /// its session expires), e.g. 60s.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub lock_wait: std::time::Duration,
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub meta: String,
+    #[arg(long, default_value = "default")]
+    pub site: String,
+    #[command(flatten)]
+    pub tuning: ClientTuning,
+}
+
+/// One `--export` of `locus nbd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSpec {
+    pub name: String,
+    /// A path in the namespace.
+    pub path: String,
+    /// Create the file, or grow it, to this many bytes.
+    pub size: Option<u64>,
+    pub read_only: bool,
+}
+
+/// `NAME=PATH[,size=SIZE][,ro]`.
+pub fn parse_export(s: &str) -> Result<ExportSpec, String> {
+    let (name, rest) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=PATH[,size=SIZE][,ro]"))?;
+    let mut parts = rest.split(',');
+    let path = parts.next().unwrap_or_default().to_string();
+    if name.is_empty() || name.len() > 4096 || path.is_empty() {
+        return Err(format!("{s:?}: an export needs a name (at most 4096 bytes) and a path"));
+    }
+    let mut spec = ExportSpec { name: name.to_string(), path, size: None, read_only: false };
+    for option in parts {
+        match option.split_once('=') {
+            Some(("size", size)) => spec.size = Some(parse_size(size)?).filter(|n| *n > 0),
+            None if option == "ro" => spec.read_only = true,
+            _ => return Err(format!("{s:?}: unknown export option {option:?} (size=SIZE or ro)")),
+        }
+    }
+    if spec.size.is_some() && spec.read_only {
+        return Err(format!("{s:?}: size= makes or grows the file, which a read-only export cannot"));
+    }
+    Ok(spec)
 }
 
 #[derive(Args, Debug)]
@@ -167,6 +235,10 @@ pub struct IssueArgs {
     /// Days the certificate is valid (0: it expires now, for tests of expiry).
     #[arg(long, default_value_t = 365)]
     pub days: u64,
+    /// A DNS name or IP address the holder serves at (repeatable): lets it serve
+    /// clients that check host names, such as `locus nbd`'s.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
     /// Where to write NAME.pem and NAME.key [default: --dir].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -638,7 +710,7 @@ pub fn config_flags(text: &str, command: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc", "bench"];
+const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc", "bench", "nbd"];
 
 #[cfg(test)]
 mod tests {
@@ -655,6 +727,19 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert_eq!(parse_site_count("b=16"), Ok(("b".to_string(), 16)));
         assert!(parse_site_count("b=0").is_err() && parse_site_count("16").is_err());
+    }
+
+    #[test]
+    fn exports() {
+        let spec = parse_export("vm1=/disks/vm1.img,size=10G").unwrap();
+        assert_eq!(
+            spec,
+            ExportSpec { name: "vm1".into(), path: "/disks/vm1.img".into(), size: Some(10 << 30), read_only: false }
+        );
+        assert!(parse_export("vm1=/a,ro").unwrap().read_only);
+        for bad in ["vm1", "=/a", "vm1=", "vm1=/a,size=5X", "vm1=/a,rw", "vm1=/a,ro,size=1G"] {
+            assert!(parse_export(bad).is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

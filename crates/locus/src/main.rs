@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod block;
 mod cli;
 mod local;
 mod pki;
@@ -68,6 +69,8 @@ fn default_log(command: &cli::Command) -> &'static str {
     use cli::Command::*;
     match command {
         Meta(cli::MetaArgs { action: None, .. }) | Up(_) | Mount(_) => "warn,locus=info,meta=info,node=info",
+        // GnuTLS clients (qemu, libnbd) send an IP address as SNI, which rustls warns of.
+        Nbd(_) => "warn,rustls=error,locus=info",
         Node(a) if a.action.is_none() => "warn,locus=info,meta=info,node=info",
         Meta(_) | Node(_) | Status(_) | Fsck(_) | Gc(_) | Policy(_) | Ca(_) | Login(_) | Bench(_) => "warn",
     }
@@ -121,6 +124,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Ca(c) => pki::command(c),
         Login(a) => admin::login(a).await,
         Bench(a) => bench::run(a).await,
+        Nbd(a) => block::serve(a).await,
     }
 }
 
@@ -148,6 +152,7 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
         Mount(_) => Some(Own("locus mount")),
         Login(_) => Some(Own("locus login")),
         Bench(_) => Some(Own("locus bench")),
+        Nbd(_) => Some(Own("locus nbd")),
         Status(a) => Some(Operator("locus status", a.admin.meta.as_deref())),
         Fsck(a) => Some(Operator("locus fsck", a.meta.as_deref())),
         Gc(a) => Some(Operator("locus gc", a.meta.as_deref())),

@@ -70,7 +70,7 @@ fn issue(args: &IssueArgs) -> anyhow::Result<(PathBuf, PathBuf)> {
         _ => (args.dir.join(CA_CERT), args.dir.join(CA_KEY)),
     };
     let ca = Ca::load(&cert, &key).with_context(|| format!("cannot use the CA {}", cert.display()))?;
-    let issued = ca.issue(args.role, &args.name, &args.site, args.days)?;
+    let issued = ca.issue_for_hosts(args.role, &args.name, &args.site, args.days, &args.hosts)?;
     let out = args.out.clone().unwrap_or_else(|| args.dir.clone());
     Ok(issued.write(&out, &args.name)?)
 }

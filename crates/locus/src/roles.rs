@@ -15,7 +15,7 @@ async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
 }
 
 /// Binds `addr`; when the address is taken, the error names the `flag` that changes it.
-async fn bind_flag(addr: &str, what: &str, flag: Option<&str>) -> anyhow::Result<TcpListener> {
+pub(crate) async fn bind_flag(addr: &str, what: &str, flag: Option<&str>) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| match flag {
         Some(flag) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow!(
             "{what} cannot listen on {addr}: the port is taken (another `locus up`?); choose another address with {flag}"
@@ -199,7 +199,12 @@ fn prepare_logins(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the logins directory {} to its users", dir.display()))
 }
 
-fn client_config(meta_addr: String, site: String, purpose: String, t: &ClientTuning) -> client::ClientConfig {
+pub(crate) fn client_config(
+    meta_addr: String,
+    site: String,
+    purpose: String,
+    t: &ClientTuning,
+) -> client::ClientConfig {
     client::ClientConfig {
         meta_addr,
         site,
@@ -448,20 +453,20 @@ async fn wait_for_node(
 /// SIGINT and SIGTERM, caught from the moment this is created: a signal that arrives
 /// before the first wait (say, right after "mounted" is printed) is not lost and does
 /// not kill the process.
-struct StopSignals {
+pub(crate) struct StopSignals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
-    fn new() -> anyhow::Result<StopSignals> {
+    pub(crate) fn new() -> anyhow::Result<StopSignals> {
         use tokio::signal::unix::{SignalKind, signal};
         let int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
         let term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
         Ok(StopSignals { int, term })
     }
 
-    async fn recv(&mut self) {
+    pub(crate) async fn recv(&mut self) {
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}

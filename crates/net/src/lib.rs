@@ -17,7 +17,7 @@ pub use directory::{NodeDirectory, PoolSize};
 pub use server::{ConnHandle, Peer, Service, serve, serve_as, serve_with};
 pub use tls::{
     PeerIdentity, ROLE_URI_PREFIX, Role, Security, Tls, TlsError, certificate_name, own_identity, parse_role_uri,
-    revocation_covers, role_uri, secure, set_revoked,
+    revocation_covers, role_uri, secure, server_config, set_revoked,
 };
 
 use proto::error::ErrorCode;

@@ -109,7 +109,9 @@ impl Ca {
 
     /// Issues a certificate for `name` with `role` at `site`, valid from `not_before`
     /// for `valid_for`. Every role may authenticate as a TLS client; meta and nodes
-    /// also as servers.
+    /// also as servers, and so may a holder given `hosts` (DNS names or IP addresses,
+    /// which clients that check host names, such as NBD's, compare with the address
+    /// they dialled).
     pub fn issue_between(
         &self,
         role: Role,
@@ -117,6 +119,7 @@ impl Ca {
         site: &str,
         not_before: SystemTime,
         valid_for: Duration,
+        hosts: &[String],
     ) -> Result<Issued, TlsError> {
         let uri = role_uri(role, site);
         if crate::tls::parse_role_uri(&uri).is_some_and(|r| r.is_err()) {
@@ -132,10 +135,18 @@ impl Ca {
         params.distinguished_name = dn;
         let uri = uri.try_into().map_err(|e| TlsError::Certificate(format!("role URI: {e}")))?;
         params.subject_alt_names = vec![SanType::URI(uri)];
+        for host in hosts {
+            params.subject_alt_names.push(match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName(
+                    host.clone().try_into().map_err(|e| TlsError::Certificate(format!("host name {host:?}: {e}")))?,
+                ),
+            });
+        }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = match role {
-            Role::Client | Role::Admin | Role::User => vec![ExtendedKeyUsagePurpose::ClientAuth],
-            Role::Meta | Role::Node => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+            Role::Client | Role::Admin | Role::User if hosts.is_empty() => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            _ => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         };
         params.not_before = time_at(not_before);
         params.not_after = time_at(not_before + valid_for);
@@ -148,8 +159,20 @@ impl Ca {
 
     /// Issues a certificate valid from an hour ago for `days` days.
     pub fn issue(&self, role: Role, name: &str, site: &str, days: u64) -> Result<Issued, TlsError> {
+        self.issue_for_hosts(role, name, site, days, &[])
+    }
+
+    /// `issue`, also naming the `hosts` the holder serves at (`issue_between`).
+    pub fn issue_for_hosts(
+        &self,
+        role: Role,
+        name: &str,
+        site: &str,
+        days: u64,
+        hosts: &[String],
+    ) -> Result<Issued, TlsError> {
         let start = SystemTime::now() - Duration::from_secs(3600);
-        self.issue_between(role, name, site, start, Duration::from_secs(days * 86400 + 3600))
+        self.issue_between(role, name, site, start, Duration::from_secs(days * 86400 + 3600), hosts)
     }
 }
 

@@ -364,6 +364,13 @@ pub fn own_identity() -> Option<PeerIdentity> {
     current().map(|tls| tls.identity().clone())
 }
 
+/// The serving side's rustls configuration (this process's certificate shown, the
+/// peer's verified against the cluster CA), for adapters that serve another protocol
+/// with the cluster's certificates (NBD's STARTTLS); `None` without TLS.
+pub fn server_config() -> Option<Arc<rustls::ServerConfig>> {
+    current().map(|tls| tls.server.clone())
+}
+
 /// Whether this process was told to run without TLS.
 pub(crate) fn insecure() -> bool {
     matches!(SECURITY.get(), Some(Security::Insecure))
@@ -710,7 +717,7 @@ mod tests {
         let ca = Ca::create("test").unwrap();
         let addr = server(Some(tls_of(&ca, Role::Node, "n1", "a"))).await;
         let day = Duration::from_secs(86400);
-        let old = ca.issue_between(Role::Client, "old", "a", SystemTime::now() - 3 * day, day).unwrap();
+        let old = ca.issue_between(Role::Client, "old", "a", SystemTime::now() - 3 * day, day, &[]).unwrap();
         let tls = Tls::from_pem(ca.cert_pem().as_bytes(), old.cert_pem.as_bytes(), old.key_pem.as_bytes()).unwrap();
         let e = refused(&addr, Some(Arc::new(tls))).await;
         assert!(matches!(e, NetError::Refused { .. } | NetError::Disconnected { .. }), "{e}");

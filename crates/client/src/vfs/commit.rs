@@ -66,8 +66,8 @@ impl Vfs {
     /// extents. Returns whether a commit (itself durable) was sent. A failed upload is
     /// also kept for the next sync point (`FileInner::write_error`).
     pub(super) async fn commit_locked(self: &Arc<Self>, ino: InodeId, f: &mut FileInner) -> Result<bool> {
-        for (off, bytes) in f.dirty.take_chunks(self.config.chunk_size, true) {
-            self.start_upload(f, off, bytes).await;
+        for pieces in f.dirty.take_packed(self.config.chunk_size, true) {
+            self.start_upload(f, pieces).await;
         }
         let mut chunks = Vec::new();
         let mut failure = None;

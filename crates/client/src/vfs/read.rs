@@ -13,6 +13,7 @@ impl Vfs {
     /// Reads up to `size` bytes at `offset` (fewer at the end of the file).
     pub async fn read(self: &Arc<Self>, fh: FileHandle, offset: u64, size: u32) -> Result<Bytes> {
         let handle = self.handle(fh)?;
+        let ino = handle.file.ino;
         let (segments, end, ahead) = {
             let f = handle.file.inner.lock().await;
             let end = (offset + size as u64).min(f.attr.size);
@@ -77,7 +78,7 @@ impl Vfs {
                     // its chunk would only bring back what drop-behind let go.
                     let passed = e.file_offset + e.len + vfs.config.chunk_size;
                     if handle.last_read_end.load(Ordering::Relaxed) <= passed {
-                        let _ = vfs.data.chunk(e.chunk).await;
+                        let _ = vfs.data.chunk(e.chunk, ino).await;
                     }
                 });
             }
@@ -86,7 +87,7 @@ impl Vfs {
         let mut pieces = Vec::with_capacity(segments.len());
         for seg in segments {
             if let Segment::Data(e) = seg {
-                let chunk = self.data.chunk(e.chunk).await?;
+                let chunk = self.data.chunk(e.chunk, ino).await?;
                 let from = e.chunk_offset as usize;
                 let to = from + e.len as usize;
                 if to > chunk.len() {

@@ -19,20 +19,30 @@ impl Vfs {
         f.attr.ctime = now;
         f.modified = true;
         let flush_all = f.dirty.bytes() > self.config.max_dirty_bytes;
-        for (off, bytes) in f.dirty.take_chunks(self.config.chunk_size, flush_all) {
-            self.start_upload(&mut f, off, bytes).await;
+        for pieces in f.dirty.take_packed(self.config.chunk_size, flush_all) {
+            self.start_upload(&mut f, pieces).await;
         }
         Ok(data.len() as u32)
     }
 
-    /// Hashes a piece of written data into a chunk, maps it into the file's view and
-    /// stores it on a node in the background.
-    pub(super) async fn start_upload(self: &Arc<Self>, f: &mut FileInner, offset: u64, bytes: Vec<u8>) {
+    /// Hashes pieces of written data (file offset, bytes) into one chunk, maps each
+    /// into the file's view as an extent of it and stores the chunk on a node in the
+    /// background.
+    pub(super) async fn start_upload(self: &Arc<Self>, f: &mut FileInner, mut pieces: Vec<(u64, Vec<u8>)>) {
         let permit = self.upload_slots.clone().acquire_owned().await.expect("semaphore open");
+        let placed: Vec<(u64, u64)> = pieces.iter().map(|(offset, b)| (*offset, b.len() as u64)).collect();
+        let bytes = match pieces.len() {
+            1 => pieces.pop().expect("one piece").1,
+            _ => pieces.into_iter().flat_map(|(_, b)| b).collect(),
+        };
         let id = ChunkId::of(&bytes);
-        let extent = Extent { file_offset: offset, len: bytes.len() as u64, chunk: id, chunk_offset: 0 };
-        f.extents.insert(extent);
-        f.pending.push(extent);
+        let mut chunk_offset = 0;
+        for (file_offset, len) in placed {
+            let extent = Extent { file_offset, len, chunk: id, chunk_offset };
+            f.extents.insert(extent);
+            f.pending.push(extent);
+            chunk_offset += len;
+        }
         let data = Bytes::from(bytes);
         self.data.begin_upload(id, &data);
         let (vfs, ino) = (self.clone(), f.attr.ino);

@@ -1,0 +1,343 @@
+//! `locus nbd` against NBD clients nobody here wrote (libnbd's nbdinfo and nbdcopy,
+//! qemu-io, e2fsck on what came back), and against a client that breaks the protocol
+//! on purpose. Every server is a real process of a real cluster, over TLS unless a test
+//! is about plain loopback serving.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+use testkit::{Cluster, Proc, spawn_command};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_locus"))
+}
+
+/// Runs an outside tool; it must exist (`.ci/setup` installs qemu-utils and libnbd-bin).
+fn tool(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program} (qemu-utils, libnbd-bin and e2fsprogs are needed): {e}"))
+}
+
+fn ok(program: &str, args: &[&str]) -> String {
+    let out = tool(program, args);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{program} {}: {text}", args.join(" "));
+    text
+}
+
+/// The server's certificate names 127.0.0.1, as NBD clients check the host they dial;
+/// the NBD client's is an ordinary user certificate of the cluster, laid out in the
+/// directory form libnbd and qemu read (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`).
+fn certificates(c: &Cluster) -> (Vec<String>, PathBuf) {
+    let tls = c.tls_dir();
+    let issue = |role: &str, name: &str, host: &[&str]| {
+        let mut args = vec!["ca", "issue", "--role", role, "--name", name, "--site", "default"];
+        args.extend(host);
+        let out = Command::new(bin()).args(&args).arg("--dir").arg(&tls).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    if !tls.join("nbd.pem").exists() {
+        issue("client", "nbd", &["--host", "127.0.0.1"]);
+        issue("user", "nbd-user", &[]);
+    }
+    let client_dir = c.path().join("nbd-client-tls");
+    std::fs::create_dir_all(&client_dir).unwrap();
+    for (from, to) in
+        [("ca.pem", "ca-cert.pem"), ("nbd-user.pem", "client-cert.pem"), ("nbd-user.key", "client-key.pem")]
+    {
+        std::fs::copy(tls.join(from), client_dir.join(to)).unwrap();
+    }
+    let flag = |f: &str, p: PathBuf| [f.to_string(), p.display().to_string()];
+    let server =
+        [flag("--ca", tls.join("ca.pem")), flag("--cert", tls.join("nbd.pem")), flag("--key", tls.join("nbd.key"))]
+            .concat();
+    (server, client_dir)
+}
+
+/// A `locus nbd` process, killed when dropped (a failing test leaves none behind).
+struct Server(Proc);
+
+impl std::ops::Deref for Server {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.0
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+/// Starts `locus nbd` on a port the OS picks; its `addr` is `127.0.0.1:PORT`.
+fn start_nbd(c: &Cluster, log: &str, exports: &[&str], extra: &[&str]) -> Server {
+    let mut cmd = Command::new(bin());
+    cmd.args(["nbd", "--listen", "127.0.0.1:0", "--meta", &c.meta.addr, "--cache", "64M"]);
+    for e in exports {
+        cmd.args(["--export", e]);
+    }
+    if extra.contains(&"--plain") {
+        cmd.args(c.cert("client", "nbd-plain", "default"));
+    } else {
+        cmd.args(certificates(c).0);
+    }
+    cmd.args(extra).env("LOCUS_LOG", "warn,nbd=debug,client=debug");
+    let mut proc = spawn_command(cmd, "locus nbd listening on", &c.path().join(log));
+    proc.addr = proc.addr.split_whitespace().next().unwrap().to_string();
+    Server(proc)
+}
+
+fn nbds(c: &Cluster, server: &Server, export: &str) -> String {
+    format!("nbds://{}/{export}?tls-certificates={}", server.addr, certificates(c).1.display())
+}
+
+fn kill(server: Server) {
+    drop(server);
+}
+
+#[test]
+fn an_ext4_image_written_over_tls_survives_a_kill_of_the_server_after_flush() {
+    let mut c = Cluster::start(bin(), 2);
+    let mnt = c.mount();
+    // An ext4 file system with files in it, made from a directory (no loop device).
+    let tree = c.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    for i in 0..50 {
+        std::fs::write(tree.join("sub").join(format!("f{i}")), testkit::pattern(10_000 + i * 997, i as u64)).unwrap();
+    }
+    let image = c.path().join("local.img");
+    let image = image.to_str().unwrap();
+    ok("mkfs.ext4", &["-q", "-F", "-d", tree.to_str().unwrap(), image, "64M"]);
+
+    std::fs::create_dir(mnt.join("vm")).unwrap();
+    let server = start_nbd(&c, "nbd0.log", &["disk=/vm/disk.img,size=64M"], &[]);
+    let info = ok("nbdinfo", &[&nbds(&c, &server, "disk")]);
+    assert!(info.contains("export-size: 67108864") && info.contains("can_multi_conn: true"), "{info}");
+    // A client that will not start TLS sees nothing.
+    let plain = tool("nbdinfo", &[&format!("nbd://{}/disk", server.addr)]);
+    assert!(!plain.status.success(), "a plain client was served by a TLS server");
+
+    ok("nbdcopy", &["--flush", image, &nbds(&c, &server, "disk")]);
+    // The moment the flush is acknowledged the server dies, as a crash would.
+    kill(server);
+    // The file is the device, visible through the mount as soon as it is committed.
+    assert_eq!(std::fs::metadata(mnt.join("vm/disk.img")).unwrap().len(), 64 << 20);
+
+    // A new server waits out the dead one's lock (its session expires) and serves what
+    // was flushed, whole.
+    let server = start_nbd(&c, "nbd1.log", &["disk=/vm/disk.img"], &["--lock-wait", "30s"]);
+    let back = c.path().join("back.img");
+    ok("nbdcopy", &[&nbds(&c, &server, "disk"), back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == std::fs::read(image).unwrap(), "the device differs from the image");
+    ok("e2fsck", &["-f", "-n", back.to_str().unwrap()]);
+    let file = tool("debugfs", &["-R", "cat /sub/f7", back.to_str().unwrap()]);
+    assert!(file.stdout == testkit::pattern(10_000 + 7 * 997, 7), "a file inside the image differs");
+    kill(server);
+}
+
+#[test]
+fn qemu_io_patterns_trim_and_zeroes_verify_and_the_lock_keeps_a_second_writer_out() {
+    let c = Cluster::start(bin(), 2);
+    let server = start_nbd(&c, "nbd0.log", &["disk=/disk.img,size=128M", "ro=/disk.img,ro"], &["--plain", "--shared"]);
+    let uri = format!("nbd://{}/disk", server.addr);
+    let io = |cmds: &[&str]| {
+        let mut args = vec!["-f", "raw"];
+        for c in cmds {
+            args.extend(["-c", c]);
+        }
+        args.push(&uri);
+        let out = ok("qemu-io", &args);
+        assert!(!out.contains("fail") && !out.contains("Pattern verification"), "{out}");
+        out
+    };
+    // Unaligned, overlapping and chunk-crossing writes, then each read back.
+    io(&[
+        "write -P 0x11 0 1M",
+        "write -P 0x22 4095 8193",
+        "aio_write -P 0x33 3M 64k",
+        "aio_write -P 0x44 5M 4k",
+        "aio_flush",
+        "write -P 0x55 4194300 8",
+        "flush",
+    ]);
+    io(&[
+        "read -P 0x11 0 4095",
+        "read -P 0x22 4095 8193",
+        "read -P 0x11 12288 1036288",
+        "read -P 0x33 3M 64k",
+        "read -P 0x44 5M 4k",
+        "read -P 0x55 4194300 8",
+        "read -P 0 4194308 4k",
+    ]);
+    // More than the server's chunk cache (64 MiB) written while the file stays open: its
+    // own chunks, gone from the cache, are read back from the nodes (with capabilities
+    // meta gives for chunks written since the open).
+    io(&["write -P 0x77 32M 80M", "flush"]);
+    io(&["read -P 0x11 0 4095", "read -P 0x77 32M 1M", "read -P 0x77 111M 1M"]);
+    // TRIM and WRITE_ZEROES read back as zeros; FUA writes are acknowledged.
+    io(&["discard 3M 32k", "write -z 5M 4k", "write -f -P 0x66 8M 4k"]);
+    io(&["read -P 0 3M 32k", "read -P 0x33 3178496 32k", "read -P 0 5M 4k", "read -P 0x66 8M 4k"]);
+    // A read-only export refuses writes with EPERM.
+    let ro = tool("qemu-io", &["-f", "raw", "-c", "write -P 1 0 4k", &format!("nbd://{}/ro", server.addr)]);
+    let text = format!("{}{}", String::from_utf8_lossy(&ro.stdout), String::from_utf8_lossy(&ro.stderr));
+    assert!(text.contains("ermission") || text.contains("read-only") || text.contains("read only"), "{text}");
+    kill(server);
+
+    // One writer per file: a second server of it (from another host: the lock is held at
+    // meta, for every site) waits for the first one's lock and gives up with a clear error.
+    let first = start_nbd(&c, "nbd1.log", &["disk=/disk.img"], &["--plain"]);
+    let mut second = Command::new(bin());
+    second.args(["nbd", "--plain", "--listen", "127.0.0.1:0", "--meta", &c.meta.addr]);
+    second.args(["--export", "disk=/disk.img", "--lock-wait", "1s"]).args(c.cert("client", "nbd-second", "default"));
+    let out = second.stdin(Stdio::null()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("served by another `locus nbd`"), "{stderr}");
+    // Plain NBD is refused off loopback, and a device is never shrunk by serving it.
+    for (args, expected) in [
+        (vec!["--listen", "0.0.0.0:0", "--export", "x=/x,size=1M"], "allowed only on a loopback"),
+        (vec!["--listen", "127.0.0.1:0", "--export", "x=/disk.img,size=1M", "--shared"], "never shrinks"),
+    ] {
+        let mut cmd = Command::new(bin());
+        cmd.args(["nbd", "--plain", "--meta", &c.meta.addr]).args(&args).args(c.cert(
+            "client",
+            "nbd-second",
+            "default",
+        ));
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    kill(first);
+}
+
+/// A client speaking the protocol by hand.
+struct Raw(TcpStream);
+
+impl Raw {
+    /// Connects and reads the greeting; sends `client_flags`.
+    fn connect(addr: &str, client_flags: u32) -> Raw {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut greeting = [0u8; 18];
+        s.read_exact(&mut greeting).unwrap();
+        assert_eq!(&greeting[..8], b"NBDMAGIC");
+        s.write_all(&client_flags.to_be_bytes()).unwrap();
+        Raw(s)
+    }
+
+    fn option(&mut self, option: u32, data: &[u8]) {
+        let mut out = b"IHAVEOPT".to_vec();
+        out.extend_from_slice(&option.to_be_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(data);
+        self.0.write_all(&out).unwrap();
+    }
+
+    /// The next option reply: its type and data.
+    fn option_reply(&mut self) -> (u32, Vec<u8>) {
+        let mut head = [0u8; 20];
+        self.0.read_exact(&mut head).unwrap();
+        let kind = u32::from_be_bytes(head[12..16].try_into().unwrap());
+        let mut data = vec![0u8; u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize];
+        self.0.read_exact(&mut data).unwrap();
+        (kind, data)
+    }
+
+    fn go(&mut self, name: &str) {
+        let mut data = (name.len() as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(name.as_bytes());
+        data.extend_from_slice(&0u16.to_be_bytes());
+        self.option(7, &data);
+        loop {
+            let (kind, _) = self.option_reply();
+            match kind {
+                3 => continue,
+                1 => return,
+                other => panic!("GO answered {other:#x}"),
+            }
+        }
+    }
+
+    fn request(&mut self, command: u16, offset: u64, length: u32, data: &[u8]) -> u32 {
+        let req = nbd::wire::Request { flags: 0, command: nbd_command(command), cookie: 9, offset, length };
+        self.0.write_all(&req.encode()).unwrap();
+        self.0.write_all(data).unwrap();
+        let mut reply = [0u8; 16];
+        self.0.read_exact(&mut reply).unwrap();
+        assert_eq!(u64::from_be_bytes(reply[8..16].try_into().unwrap()), 9, "the reply's cookie");
+        u32::from_be_bytes(reply[4..8].try_into().unwrap())
+    }
+
+    /// Whether the server has closed the connection (reads end, within the timeout).
+    fn closed(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(self.0.read(&mut buf), Ok(0) | Err(_))
+    }
+}
+
+fn nbd_command(t: u16) -> nbd::wire::Command {
+    use nbd::wire::Command::*;
+    match t {
+        0 => Read,
+        1 => Write,
+        other => Other(other),
+    }
+}
+
+#[test]
+fn a_client_that_breaks_the_protocol_gets_errors_and_the_server_serves_on() {
+    let c = Cluster::start(bin(), 2);
+    let server = start_nbd(&c, "nbd0.log", &["disk=/disk.img,size=1M"], &["--plain"]);
+    let addr = server.addr.as_str();
+
+    // Not the fixed newstyle handshake: closed.
+    assert!(Raw::connect(addr, 0).closed());
+    // An option longer than any the protocol has: closed before it is read.
+    let mut raw = Raw::connect(addr, 3);
+    raw.0.write_all(b"IHAVEOPT").unwrap();
+    raw.0.write_all(&[0, 0, 0, 7, 0xff, 0xff, 0xff, 0xff]).unwrap();
+    assert!(raw.closed());
+    // Options the server does not know, unknown exports and malformed INFO get errors,
+    // and the haggling goes on.
+    let mut raw = Raw::connect(addr, 3);
+    raw.option(99, b"");
+    assert_eq!(raw.option_reply().0, (1 << 31) | 1, "unknown option: ERR_UNSUP");
+    raw.option(7, &[0, 0, 0, 4, b'n', b'o', b'p', b'e', 0, 0]);
+    assert_eq!(raw.option_reply().0, (1 << 31) | 6, "unknown export: ERR_UNKNOWN");
+    raw.option(6, &[0xff, 0xff, 0xff, 0xff]);
+    assert_eq!(raw.option_reply().0, (1 << 31) | 3, "malformed INFO: ERR_INVALID");
+    raw.option(3, b"");
+    let (kind, data) = raw.option_reply();
+    assert_eq!((kind, &data[4..8]), (2, &b"disk"[..]), "LIST names the export");
+    assert_eq!(raw.option_reply().0, 1);
+    raw.go("disk");
+    // Out of range: EINVAL for a read, ENOSPC for a write; unknown commands EINVAL.
+    assert_eq!(raw.request(0, (1 << 20) - 10, 11, &[]), 22);
+    assert_eq!(raw.request(1, u64::MAX - 2, 4, &[1, 2, 3, 4]), 28);
+    assert_eq!(raw.request(42, 0, 0, &[]), 22);
+    assert_eq!(raw.request(1, 0, 4, b"good"), 0);
+    // A write longer than the largest block, and a request with a wrong magic: closed.
+    let req =
+        nbd::wire::Request { flags: 0, command: nbd::wire::Command::Write, cookie: 1, offset: 0, length: u32::MAX };
+    raw.0.write_all(&req.encode()).unwrap();
+    assert!(raw.closed());
+    let mut raw = Raw::connect(addr, 3);
+    raw.go("disk");
+    raw.0.write_all(&[0x55; 28]).unwrap();
+    assert!(raw.closed());
+
+    // Through it all the server kept serving, and kept the good write.
+    let out = ok("qemu-io", &["-f", "raw", "-c", "read -P 0 4 1020", &format!("nbd://{addr}/disk")]);
+    assert!(!out.contains("fail"), "{out}");
+    let back = c.path().join("head");
+    ok("nbdcopy", &[&format!("nbd://{addr}/disk"), back.to_str().unwrap()]);
+    assert_eq!(&std::fs::read(&back).unwrap()[..4], b"good");
+    kill(server);
+}
