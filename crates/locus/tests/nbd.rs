@@ -1,13 +1,15 @@
 //! `locus nbd` against NBD clients nobody here wrote (libnbd's nbdinfo and nbdcopy,
 //! qemu-io, e2fsck on what came back), and against a client that breaks the protocol
 //! on purpose. Every server is a real process of a real cluster, over TLS unless a test
-//! is about plain loopback serving.
+//! is about plain loopback serving; the cross-site test puts each site in a network
+//! namespace joined by the `locus-wan` emulator.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
+use testkit::netns::{self, LinkProfile, WanLink};
 use testkit::{Cluster, Proc, spawn_command};
 
 fn bin() -> &'static Path {
@@ -30,33 +32,37 @@ fn ok(program: &str, args: &[&str]) -> String {
     text
 }
 
-/// The server's certificate names 127.0.0.1, as NBD clients check the host they dial;
-/// the NBD client's is an ordinary user certificate of the cluster, laid out in the
-/// directory form libnbd and qemu read (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`).
-fn certificates(c: &Cluster) -> (Vec<String>, PathBuf) {
+/// The `--ca --cert --key` flags of a server at `site` and the directory of its NBD
+/// clients' certificates. The server's certificate names the address clients dial (NBD
+/// clients check it); the clients' is an ordinary user certificate of the cluster, laid
+/// out as libnbd and qemu read it (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`).
+fn certificates_at(c: &Cluster, site: &str) -> (Vec<String>, PathBuf) {
     let tls = c.tls_dir();
+    let host = c.place(site).1;
     let issue = |role: &str, name: &str, host: &[&str]| {
-        let mut args = vec!["ca", "issue", "--role", role, "--name", name, "--site", "default"];
+        let mut args = vec!["ca", "issue", "--role", role, "--name", name, "--site", site];
         args.extend(host);
         let out = Command::new(bin()).args(&args).arg("--dir").arg(&tls).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
-    if !tls.join("nbd.pem").exists() {
-        issue("client", "nbd", &["--host", "127.0.0.1"]);
-        issue("user", "nbd-user", &[]);
+    let (server, user) = (format!("nbd-{site}"), format!("nbd-user-{site}"));
+    if !tls.join(format!("{server}.pem")).exists() {
+        issue("client", &server, &["--host", &host]);
+        issue("user", &user, &[]);
     }
-    let client_dir = c.path().join("nbd-client-tls");
+    let client_dir = c.path().join(format!("nbd-client-tls-{site}"));
     std::fs::create_dir_all(&client_dir).unwrap();
-    for (from, to) in
-        [("ca.pem", "ca-cert.pem"), ("nbd-user.pem", "client-cert.pem"), ("nbd-user.key", "client-key.pem")]
-    {
+    let files = [
+        ("ca.pem".to_string(), "ca-cert.pem"),
+        (format!("{user}.pem"), "client-cert.pem"),
+        (format!("{user}.key"), "client-key.pem"),
+    ];
+    for (from, to) in files {
         std::fs::copy(tls.join(from), client_dir.join(to)).unwrap();
     }
     let flag = |f: &str, p: PathBuf| [f.to_string(), p.display().to_string()];
-    let server =
-        [flag("--ca", tls.join("ca.pem")), flag("--cert", tls.join("nbd.pem")), flag("--key", tls.join("nbd.key"))]
-            .concat();
-    (server, client_dir)
+    let (cert, key) = (tls.join(format!("{server}.pem")), tls.join(format!("{server}.key")));
+    ([flag("--ca", tls.join("ca.pem")), flag("--cert", cert), flag("--key", key)].concat(), client_dir)
 }
 
 /// A `locus nbd` process, killed when dropped (a failing test leaves none behind).
@@ -76,17 +82,35 @@ impl Drop for Server {
     }
 }
 
+/// A command run in `site`'s network namespace (as is, at a loopback site).
+fn at_site(c: &Cluster, site: &str, program: &Path) -> Command {
+    match c.place(site).0 {
+        Some(ns) => {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/run/netns/{ns}")).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
 /// Starts `locus nbd` on a port the OS picks; its `addr` is `127.0.0.1:PORT`.
 fn start_nbd(c: &Cluster, log: &str, exports: &[&str], extra: &[&str]) -> Server {
-    let mut cmd = Command::new(bin());
-    cmd.args(["nbd", "--listen", "127.0.0.1:0", "--meta", &c.meta.addr, "--cache", "64M"]);
+    start_nbd_at(c, "default", log, exports, extra)
+}
+
+/// Starts `locus nbd` at `site` (in its namespace, on its address) on a port the OS picks.
+fn start_nbd_at(c: &Cluster, site: &str, log: &str, exports: &[&str], extra: &[&str]) -> Server {
+    let mut cmd = at_site(c, site, bin());
+    let listen = format!("{}:0", c.place(site).1);
+    cmd.args(["nbd", "--listen", &listen, "--meta", &c.meta.addr, "--cache", "64M", "--site", site]);
     for e in exports {
         cmd.args(["--export", e]);
     }
     if extra.contains(&"--plain") {
-        cmd.args(c.cert("client", "nbd-plain", "default"));
+        cmd.args(c.cert("client", "nbd-plain", site));
     } else {
-        cmd.args(certificates(c).0);
+        cmd.args(certificates_at(c, site).0);
     }
     cmd.args(extra).env("LOCUS_LOG", "warn,nbd=debug,client=debug");
     let mut proc = spawn_command(cmd, "locus nbd listening on", &c.path().join(log));
@@ -95,7 +119,33 @@ fn start_nbd(c: &Cluster, log: &str, exports: &[&str], extra: &[&str]) -> Server
 }
 
 fn nbds(c: &Cluster, server: &Server, export: &str) -> String {
-    format!("nbds://{}/{export}?tls-certificates={}", server.addr, certificates(c).1.display())
+    nbds_at(c, "default", server, export)
+}
+
+fn nbds_at(c: &Cluster, site: &str, server: &Server, export: &str) -> String {
+    format!("nbds://{}/{export}?tls-certificates={}", server.addr, certificates_at(c, site).1.display())
+}
+
+/// An ext4 image of `size` with 50 files in it (made from a directory: no loop device);
+/// returns its path and the tree it was made from.
+fn ext4_image(c: &Cluster, size: &str) -> (String, PathBuf) {
+    let tree = c.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    for i in 0..50 {
+        std::fs::write(tree.join("sub").join(format!("f{i}")), testkit::pattern(10_000 + i * 997, i as u64)).unwrap();
+    }
+    let image = c.path().join("local.img").display().to_string();
+    ok("mkfs.ext4", &["-q", "-F", "-d", tree.to_str().unwrap(), &image, size]);
+    (image, tree)
+}
+
+/// The image back from a device is the image sent, a clean ext4, and a file in it reads
+/// back whole.
+fn check_image(back: &Path, image: &str) {
+    assert!(std::fs::read(back).unwrap() == std::fs::read(image).unwrap(), "the device differs from the image");
+    ok("e2fsck", &["-f", "-n", back.to_str().unwrap()]);
+    let file = tool("debugfs", &["-R", "cat /sub/f7", back.to_str().unwrap()]);
+    assert!(file.stdout == testkit::pattern(10_000 + 7 * 997, 7), "a file inside the image differs");
 }
 
 fn kill(server: Server) {
@@ -106,15 +156,8 @@ fn kill(server: Server) {
 fn an_ext4_image_written_over_tls_survives_a_kill_of_the_server_after_flush() {
     let mut c = Cluster::start(bin(), 2);
     let mnt = c.mount();
-    // An ext4 file system with files in it, made from a directory (no loop device).
-    let tree = c.path().join("tree");
-    std::fs::create_dir_all(tree.join("sub")).unwrap();
-    for i in 0..50 {
-        std::fs::write(tree.join("sub").join(format!("f{i}")), testkit::pattern(10_000 + i * 997, i as u64)).unwrap();
-    }
-    let image = c.path().join("local.img");
-    let image = image.to_str().unwrap();
-    ok("mkfs.ext4", &["-q", "-F", "-d", tree.to_str().unwrap(), image, "64M"]);
+    let (image, _) = ext4_image(&c, "64M");
+    let image = image.as_str();
 
     std::fs::create_dir(mnt.join("vm")).unwrap();
     let server = start_nbd(&c, "nbd0.log", &["disk=/vm/disk.img,size=64M"], &[]);
@@ -135,10 +178,51 @@ fn an_ext4_image_written_over_tls_survives_a_kill_of_the_server_after_flush() {
     let server = start_nbd(&c, "nbd1.log", &["disk=/vm/disk.img"], &["--lock-wait", "30s"]);
     let back = c.path().join("back.img");
     ok("nbdcopy", &[&nbds(&c, &server, "disk"), back.to_str().unwrap()]);
-    assert!(std::fs::read(&back).unwrap() == std::fs::read(image).unwrap(), "the device differs from the image");
-    ok("e2fsck", &["-f", "-n", back.to_str().unwrap()]);
-    let file = tool("debugfs", &["-R", "cat /sub/f7", back.to_str().unwrap()]);
-    assert!(file.stdout == testkit::pattern(10_000 + 7 * 997, 7), "a file inside the image differs");
+    check_image(&back, image);
+    kill(server);
+}
+
+/// Runs an NBD client tool in `site`'s namespace; it must succeed.
+fn ok_at(c: &Cluster, site: &str, program: &str, args: &[&str]) {
+    let out = at_site(c, site, Path::new(program)).args(args).stdin(Stdio::null()).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{program} {} at {site}: {text}", args.join(" "));
+}
+
+#[test]
+fn a_flushed_device_under_a_sync_policy_is_served_whole_at_the_other_site_after_the_first_is_lost() {
+    if !netns::available() || !netns::have_ethtool() || !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns` and ethtool");
+        return;
+    }
+    // Sites m (meta), a and b, 10 ms apart; one node at a, one at b.
+    let profile = LinkProfile { delay: Duration::from_millis(5), ..LinkProfile::default() };
+    let link = WanLink::start("lwt-nbd-", 3, &profile)
+        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
+    let mut c = Cluster::start_in_sites(bin(), &link, &["m", "a", "b"]);
+    c.add_node("a0", "a");
+    c.add_node("b0", "b");
+    c.wait_for_nodes(2);
+    let at_a = c.mount_at("a");
+    std::fs::create_dir(at_a.join("vm")).unwrap();
+    let set =
+        c.locus(&["policy", "set", "/vm", "--sites", "a,b", "--copies", "1", "--mode", "sync", "--meta", &c.meta.addr]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let (image, _) = ext4_image(&c, "32M");
+
+    // Written at a through NBD and flushed: under `sync a,b` the FLUSH returns once
+    // every chunk is durable at both sites.
+    let server = start_nbd_at(&c, "a", "nbd-a.log", &["disk=/vm/disk.img,size=32M"], &[]);
+    ok_at(&c, "a", "nbdcopy", &["--flush", &image, &nbds_at(&c, "a", &server, "disk")]);
+    // Site a is lost: its server, mount and node killed as a crash would.
+    kill(server);
+    c.kill_site("a");
+    // Site b serves the device (once the dead server's lock expires with its session),
+    // whole, from b's own node.
+    let server = start_nbd_at(&c, "b", "nbd-b.log", &["disk=/vm/disk.img"], &["--lock-wait", "30s"]);
+    let back = c.path().join("back.img");
+    ok_at(&c, "b", "nbdcopy", &[&nbds_at(&c, "b", &server, "disk"), back.to_str().unwrap()]);
+    check_image(&back, &image);
     kill(server);
 }
 

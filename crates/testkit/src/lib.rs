@@ -364,8 +364,9 @@ impl Cluster {
         self.nodes.push(spawn_and_wait(&self.bin, ns.as_deref(), &args, "locus node listening on", &log, armed));
     }
 
-    /// The namespace (`None`: loopback) and listen address of processes at `site`.
-    fn place(&self, site: &str) -> (Option<String>, String) {
+    /// The namespace (`None`: loopback) and listen address of processes at `site`
+    /// (for a test that starts a process of its own there, under `nsenter --net`).
+    pub fn place(&self, site: &str) -> (Option<String>, String) {
         match self.sites_ns.iter().find(|(s, _, _)| s == site) {
             Some((_, ns, ip)) => (Some(ns.clone()), ip.clone()),
             None => (None, "127.0.0.1".into()),
