@@ -282,6 +282,7 @@ impl Client {
             ino: attr.ino,
             pos: 0,
             append: how.append,
+            access: opts.access,
             runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
@@ -347,6 +348,7 @@ pub struct OpenFile {
     ino: InodeId,
     pos: u64,
     append: bool,
+    access: OpenAccess,
     /// Where a file dropped unclosed is released.
     runtime: Option<tokio::runtime::Handle>,
 }
@@ -354,6 +356,24 @@ pub struct OpenFile {
 impl OpenFile {
     fn handle(&self) -> Result<FileHandle> {
         self.fh.ok_or_else(|| VfsError::new(ErrorCode::InvalidArgument, "the file is closed"))
+    }
+
+    /// Another open file of the same file, with the same access and a position and
+    /// read-ahead of its own: a second stream through the file (one per NBD connection).
+    /// Writes buffered through either are the file's, committed by a sync of either.
+    pub async fn reopen(&self) -> Result<OpenFile> {
+        let opts = OpenOptions { truncate: false, access: self.access };
+        let (fh, _) = crate::acting_as(self.caller.clone(), self.vfs.open(self.ino, opts)).await?;
+        Ok(OpenFile {
+            vfs: self.vfs.clone(),
+            caller: self.caller.clone(),
+            fh: Some(fh),
+            ino: self.ino,
+            pos: 0,
+            append: self.append,
+            access: self.access,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        })
     }
 
     /// Reads up to `len` bytes at the position and moves it past them (empty at the end).

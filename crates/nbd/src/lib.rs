@@ -3,10 +3,12 @@
 //! a block device gets the file path's site-local data, replication policies, chunk
 //! store and durability. Like `fuse`, it translates and holds no file-system logic.
 //!
-//! Every connection to an export shares the export's one open file: a FLUSH on any
-//! connection commits what every connection wrote, which is what `NBD_FLAG_CAN_MULTI_CONN`
-//! promises. Writes are buffered like a disk's volatile cache until a FLUSH or a FUA
-//! write, which commit them under the file's replication policy.
+//! Every connection reads and writes through an open file of its own (its own read-ahead
+//! for its own stream), reopened from the export's: the writes of all of them are the
+//! file's, so a FLUSH on any connection commits what every connection wrote, which is
+//! what `NBD_FLAG_CAN_MULTI_CONN` promises. Writes are buffered like a disk's volatile
+//! cache until a FLUSH or a FUA write, which commit them under the file's replication
+//! policy.
 
 pub mod wire;
 
@@ -57,7 +59,8 @@ pub struct Export {
     pub name: String,
     /// Shown by export listings (`nbdinfo --list`): the file's path.
     pub description: String,
-    /// The file, opened for reading (and writing unless `read_only`).
+    /// The file, opened for reading (and writing unless `read_only`); it holds the
+    /// export's lock, and each connection reopens it.
     pub file: OpenFile,
     /// The device's size, fixed while it is served.
     pub size: u64,
@@ -75,8 +78,14 @@ impl Export {
         flags
     }
 
-    /// Runs one command; `Some` bytes for a READ.
-    async fn execute(&self, req: &Request, data: Option<Vec<u8>>) -> std::result::Result<Option<Bytes>, (u32, String)> {
+    /// Runs one command through `file` (the connection's open file of the export);
+    /// `Some` bytes for a READ.
+    async fn execute(
+        &self,
+        file: &OpenFile,
+        req: &Request,
+        data: Option<Vec<u8>>,
+    ) -> std::result::Result<Option<Bytes>, (u32, String)> {
         let fua = req.flags & CMD_FLAG_FUA != 0;
         let writes = matches!(req.command, Command::Write | Command::Trim | Command::WriteZeroes);
         if writes && self.read_only {
@@ -96,7 +105,7 @@ impl Export {
                 if req.length > MAX_PAYLOAD {
                     return Err((EOVERFLOW, format!("a read of {} bytes (at most {MAX_PAYLOAD})", req.length)));
                 }
-                let bytes = self.file.read_at(req.offset, req.length as usize).await.map_err(failed)?;
+                let bytes = file.read_at(req.offset, req.length as usize).await.map_err(failed)?;
                 if bytes.len() == req.length as usize {
                     return Ok(Some(bytes));
                 }
@@ -106,19 +115,19 @@ impl Export {
                 return Ok(Some(Bytes::from(padded)));
             }
             Command::Write => {
-                self.file.write_at(req.offset, &data.unwrap_or_default()).await.map_err(failed)?;
+                file.write_at(req.offset, &data.unwrap_or_default()).await.map_err(failed)?;
             }
             Command::Trim | Command::WriteZeroes if req.length > 0 => {
                 let (offset, len) = (req.offset, u64::from(req.length));
-                self.file.allocate(offset, len, AllocateMode::PunchHole).await.map_err(failed)?;
+                file.allocate(offset, len, AllocateMode::PunchHole).await.map_err(failed)?;
             }
             Command::Trim | Command::WriteZeroes => {}
-            Command::Flush => return self.file.fsync().await.map(|()| None).map_err(failed),
+            Command::Flush => return file.fsync().await.map(|()| None).map_err(failed),
             Command::Disconnect => {}
             Command::Other(kind) => return Err((EINVAL, format!("command {kind} is not supported"))),
         }
         if fua {
-            self.file.fsync().await.map_err(failed)?;
+            file.fsync().await.map_err(failed)?;
         }
         Ok(None)
     }
@@ -360,6 +369,8 @@ async fn transmit(
     structured: bool,
     payload: Arc<Semaphore>,
 ) -> Result<()> {
+    let opened = export.file.reopen().await;
+    let file = Arc::new(opened.map_err(|e| std::io::Error::other(format!("opening {}: {e}", export.description)))?);
     let (mut requests, replies) = tokio::io::split(stream);
     let replies = Arc::new(Mutex::new(replies));
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
@@ -396,9 +407,9 @@ async fn transmit(
         } else {
             None
         };
-        let (export, replies) = (export.clone(), replies.clone());
+        let (export, file, replies) = (export.clone(), file.clone(), replies.clone());
         running.spawn(async move {
-            let result = export.execute(&req, data).await;
+            let result = export.execute(&file, &req, data).await;
             let sent = reply(&replies, &req, result, structured).await;
             drop((permit, held));
             sent
@@ -411,9 +422,9 @@ async fn transmit(
     };
     while running.join_next().await.is_some() {}
     // What the client wrote and did not flush is committed now that it has gone (made
-    // visible to other clients of the file; durable at its next FLUSH or fsync).
-    if !export.read_only
-        && let Err(e) = export.file.fsync().await
+    // visible to other clients of the file; durable at the next FLUSH or fsync).
+    if let Some(mut file) = Arc::into_inner(file)
+        && let Err(e) = file.close().await
     {
         tracing::warn!("nbd: committing export {} after a client left: {e}", export.name);
     }
