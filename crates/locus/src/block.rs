@@ -60,9 +60,15 @@ pub async fn serve(args: NbdArgs) -> anyhow::Result<ExitCode> {
     let Ok(server) = Arc::try_unwrap(server) else { bail!("the NBD server is still in use after it stopped") };
     let mut failed = false;
     for export in server.into_exports() {
-        let Some(mut export) = Arc::into_inner(export) else { continue };
-        if let Err(e) = export.file.fsync().await.and(export.file.close().await) {
-            eprintln!("locus nbd: export {}: {e}", export.name);
+        // Everything the clients wrote is made durable, even while the tasks of aborted
+        // connections still let go of the export.
+        let (name, synced) = (export.name.clone(), export.file.fsync().await);
+        let closed = match Arc::into_inner(export) {
+            Some(mut export) => export.file.close().await,
+            None => Ok(()),
+        };
+        if let Err(e) = synced.and(closed) {
+            eprintln!("locus nbd: export {name}: {e}");
             failed = true;
         }
     }

@@ -423,5 +423,20 @@ fn a_client_that_breaks_the_protocol_gets_errors_and_the_server_serves_on() {
     let back = c.path().join("head");
     ok("nbdcopy", &[&format!("nbd://{addr}/disk"), back.to_str().unwrap()]);
     assert_eq!(&std::fs::read(&back).unwrap()[..4], b"good");
+
+    // A write acknowledged but never flushed, its client still connected, when the
+    // server is told to stop (SIGTERM): the server makes it durable before it exits.
+    let mut raw = Raw::connect(addr, 3);
+    raw.go("disk");
+    assert_eq!(raw.request(1, 4096, 5, b"later"), 0);
+    let mut server = server;
+    let pid = server.0.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let stopped = testkit::exits_within(&mut server.0.child, Duration::from_secs(30), "locus nbd");
+    assert!(stopped.success(), "locus nbd exited with {stopped}");
+    drop(raw);
+    let server = start_nbd(&c, "nbd1.log", &["disk=/disk.img"], &["--plain"]);
+    ok("nbdcopy", &[&format!("nbd://{}/disk", server.addr), back.to_str().unwrap()]);
+    assert_eq!(&std::fs::read(&back).unwrap()[4096..4101], b"later");
     kill(server);
 }
