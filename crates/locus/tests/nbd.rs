@@ -179,6 +179,15 @@ fn an_ext4_image_written_over_tls_survives_a_kill_of_the_server_after_flush() {
     let back = c.path().join("back.img");
     ok("nbdcopy", &[&nbds(&c, &server, "disk"), back.to_str().unwrap()]);
     check_image(&back, image);
+    // qemu's own TLS client (GnuTLS, x509 credentials from the same directory).
+    let creds = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", certificates_at(&c, "default").1.display());
+    let (host, port) = server.addr.split_once(':').unwrap();
+    let opts = format!("driver=nbd,server.type=inet,server.host={host},server.port={port},export=disk,tls-creds=tls0");
+    let out = ok(
+        "qemu-io",
+        &["--object", &creds, "--image-opts", &opts, "-c", "write -P 0x5a 60M 64k", "-c", "read -P 0x5a 60M 64k"],
+    );
+    assert!(!out.contains("fail"), "{out}");
     kill(server);
 }
 
