@@ -66,6 +66,15 @@ pub enum Command {
     /// Serve files of the namespace as network block devices (NBD), over TLS with the
     /// process's certificate.
     Nbd(NbdArgs),
+    /// Print the completion script of SHELL (bash, zsh, fish, elvish, powershell), e.g.
+    /// `locus completions bash > /etc/bash_completion.d/locus`.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages of locus and each of its commands (locus.1, locus-mount.1, ...)
+    /// into DIR, made from these same definitions.
+    Man {
+        /// Where to write them, e.g. /usr/local/share/man/man1.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -711,6 +720,23 @@ pub fn config_flags(text: &str, command: &str) -> Result<Vec<String>, String> {
 }
 
 const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc", "bench", "nbd"];
+
+/// `locus completions SHELL`: the script, written to stdout.
+pub fn completions(shell: clap_complete::Shell) {
+    let mut cli = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut cli, "locus", &mut std::io::stdout());
+}
+
+/// `locus man DIR`: a page per command, named as `man` finds them (`locus-ca-issue.1`).
+pub fn man_pages(dir: &std::path::Path) -> std::io::Result<usize> {
+    std::fs::create_dir_all(dir)?;
+    let cli = <Cli as clap::CommandFactory>::command();
+    clap_mangen::generate_to(cli, dir)?;
+    Ok(std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "1"))
+        .count())
+}
 
 #[cfg(test)]
 mod tests {

@@ -72,7 +72,17 @@ fn default_log(command: &cli::Command) -> &'static str {
         // GnuTLS clients (qemu, libnbd) send an IP address as SNI, which rustls warns of.
         Nbd(_) => "warn,rustls=error,locus=info",
         Node(a) if a.action.is_none() => "warn,locus=info,meta=info,node=info",
-        Meta(_) | Node(_) | Status(_) | Fsck(_) | Gc(_) | Policy(_) | Ca(_) | Login(_) | Bench(_) => "warn",
+        Meta(_)
+        | Node(_)
+        | Status(_)
+        | Fsck(_)
+        | Gc(_)
+        | Policy(_)
+        | Ca(_)
+        | Login(_)
+        | Bench(_)
+        | Completions { .. }
+        | Man { .. } => "warn",
     }
 }
 
@@ -125,6 +135,17 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Login(a) => admin::login(a).await,
         Bench(a) => bench::run(a).await,
         Nbd(a) => block::serve(a).await,
+        Completions { shell } => {
+            cli::completions(shell);
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Man { dir } => {
+            let pages = anyhow::Context::with_context(cli::man_pages(&dir), || {
+                format!("cannot write man pages into {}", dir.display())
+            })?;
+            println!("{pages} man pages in {}", dir.display());
+            Ok(std::process::ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -143,7 +164,7 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
     use Credentials::*;
     use cli::Command::*;
     match command {
-        Up(_) | Ca(_) | Meta(cli::MetaArgs { action: Some(_), .. }) => None,
+        Up(_) | Ca(_) | Meta(cli::MetaArgs { action: Some(_), .. }) | Completions { .. } | Man { .. } => None,
         Meta(_) => Some(Own("locus meta")),
         Node(a) => Some(match &a.action {
             Some(action) => Operator("locus node", action.meta()),

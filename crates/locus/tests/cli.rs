@@ -14,11 +14,31 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn every_command_has_help() {
-    for cmd in ["up", "meta", "node", "mount", "status", "fsck", "gc"] {
+    for cmd in ["up", "meta", "node", "mount", "status", "fsck", "gc", "nbd"] {
         let o = locus(&[cmd, "--help"]);
         assert!(o.status.success(), "{cmd} --help failed");
         let text = String::from_utf8_lossy(&o.stdout);
         assert!(text.contains("--config"), "{cmd} --help does not offer --config:\n{text}");
+    }
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_definitions() {
+    let bash = locus(&["completions", "bash"]);
+    assert!(bash.status.success(), "{}", stderr(&bash));
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), &bash.stdout).unwrap();
+    let check = Command::new("bash").arg("-n").arg(script.path()).output().unwrap();
+    assert!(check.status.success(), "bash -n: {}", stderr(&check));
+    assert!(String::from_utf8_lossy(&bash.stdout).contains("--export"), "the script offers no nbd flags");
+    assert!(!locus(&["completions", "tcsh"]).status.success(), "an unknown shell was accepted");
+
+    let dir = tempfile::tempdir().unwrap();
+    let man = locus(&["man", dir.path().to_str().unwrap()]);
+    assert!(man.status.success(), "{}", stderr(&man));
+    for page in ["locus.1", "locus-mount.1", "locus-nbd.1", "locus-ca-issue.1"] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is not a man page:\n{text}");
     }
 }
 
