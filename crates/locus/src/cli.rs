@@ -699,22 +699,29 @@ pub fn parse() -> anyhow::Result<Cli> {
 }
 
 /// The flags a config file's table for `command` stands for (`key = value` becomes
-/// `--key=value`, `_` in keys read as `-`); command-line flags given after them win.
-/// Any text is either decoded or refused with the reason, never a panic.
+/// `--key=value`, `_` in keys read as `-`; `key = true` the bare flag, `false` nothing;
+/// an array one flag per item, for flags given more than once); command-line flags given
+/// after them win. Any text is either decoded or refused with the reason, never a panic.
 pub fn config_flags(text: &str, command: &str) -> Result<Vec<String>, String> {
     let table: toml::Table = toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?;
     let Some(section) = table.get(command) else {
         return Ok(Vec::new());
     };
     let section = section.as_table().ok_or_else(|| format!("[{command}] must be a table"))?;
+    let scalar = |value: &toml::Value| match value {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
     Ok(section
         .iter()
-        .map(|(key, value)| {
-            let value = match value {
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            format!("--{}={value}", key.replace('_', "-"))
+        .flat_map(|(key, value)| {
+            let flag = format!("--{}", key.replace('_', "-"));
+            match value {
+                toml::Value::Boolean(true) => vec![flag],
+                toml::Value::Boolean(false) => Vec::new(),
+                toml::Value::Array(items) => items.iter().map(|item| format!("{flag}={}", scalar(item))).collect(),
+                other => vec![format!("{flag}={}", scalar(other))],
+            }
         })
         .collect())
 }
@@ -775,8 +782,33 @@ mod tests {
         flags.sort();
         assert_eq!(flags, ["--cache-bytes=1024", "--site=b"]);
         assert_eq!(config_flags(text, "meta"), Ok(vec![]));
+        let text = "[meta]\ninit = true\ninsecure_no_tls = false\nno_root_squash = [\"a\", \"b\"]\n";
+        assert_eq!(config_flags(text, "meta").unwrap(), ["--init", "--no-root-squash=a", "--no-root-squash=b"]);
         assert!(config_flags("node = 3", "node").unwrap_err().contains("[node] must be a table"));
         assert!(config_flags("[node\n", "node").unwrap_err().starts_with("not valid TOML"));
+    }
+
+    /// The example configuration of two sites (deploy/two-sites/) holds only flags the
+    /// commands have, with values they accept.
+    #[test]
+    fn the_two_site_example_configuration_parses() {
+        for (file, text) in [
+            ("a.toml", include_str!("../../../deploy/two-sites/a.toml")),
+            ("b.toml", include_str!("../../../deploy/two-sites/b.toml")),
+        ] {
+            let tables: toml::Table = toml::from_str(text).unwrap();
+            assert!(tables.contains_key("node") && tables.contains_key("mount"), "{file} has no [node] or [mount]");
+            for command in tables.keys() {
+                let mut argv = vec!["locus".to_string(), command.clone()];
+                argv.extend(config_flags(text, command).unwrap());
+                if command == "mount" {
+                    argv.push("/mnt/locus".into());
+                }
+                if let Err(e) = Cli::try_parse_from(&argv) {
+                    panic!("{file} [{command}]: {e}");
+                }
+            }
+        }
     }
 
     proptest::proptest! {

@@ -42,6 +42,31 @@ fn completions_and_man_pages_come_from_the_command_definitions() {
     }
 }
 
+/// deploy/systemd/'s units as systemd reads them: `systemd-analyze verify` finds nothing
+/// to say (each with its ExecStart pointed at this build, the mount's for one instance).
+#[test]
+fn the_systemd_units_verify() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&units).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().replace("@.service", "@mnt-locus.service");
+        let text = std::fs::read_to_string(&path).unwrap().replace("/usr/local/bin/locus", env!("CARGO_BIN_EXE_locus"));
+        std::fs::write(dir.path().join(&name), text).unwrap();
+        names.push(name);
+    }
+    assert!(names.len() >= 4, "{names:?}");
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(&names)
+        .current_dir(dir.path())
+        .output()
+        .expect("systemd-analyze (package systemd) is needed");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success() && said.trim().is_empty(), "systemd-analyze verify: {said}");
+}
+
 #[test]
 fn unreachable_meta_is_named() {
     // Port 1 on loopback: nothing listens there.
