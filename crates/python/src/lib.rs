@@ -267,6 +267,14 @@ impl File {
         self.with(py, async |f| f.fsync().await)
     }
 
+    /// Locks the whole file, exclusively or shared (as `fcntl.lockf` over every byte),
+    /// at meta, so every client at every site sees it; `BlockingIOError` while another
+    /// holds a conflicting lock. `close` lets it go, as does the end of this client.
+    #[pyo3(signature = (exclusive = true))]
+    fn lock(&self, py: Python<'_>, exclusive: bool) -> PyResult<()> {
+        self.with(py, async move |f| f.lock_whole(exclusive).await)
+    }
+
     /// Nothing to do: writes are committed by `close` and `fsync` (close-to-open).
     fn flush(&self) {}
 

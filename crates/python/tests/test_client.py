@@ -131,6 +131,25 @@ def test_close_to_open_between_clients(cluster, client, workdir):
     other.close()
 
 
+def test_whole_file_locks_exclude_other_clients_until_close(cluster, client, workdir):
+    other = locus.connect(**cluster.settings())
+    path = f"{workdir}/locked"
+    client.write_bytes(path, b"x")
+    mine = client.open(path, "r+b")
+    mine.lock()
+    theirs = other.open(path, "rb")
+    with pytest.raises(BlockingIOError):
+        theirs.lock(exclusive=False)
+    mine.close()
+    theirs.lock(exclusive=False)
+    again = client.open(path, "r+b")
+    with pytest.raises(BlockingIOError):
+        again.lock()
+    again.close()
+    theirs.close()
+    other.close()
+
+
 def test_the_mount_and_the_library_see_each_other(cluster, client, workdir):
     if cluster.mount is None:
         pytest.skip("needs root and /dev/fuse")
