@@ -57,9 +57,10 @@ pub async fn serve(args: NbdArgs) -> anyhow::Result<ExitCode> {
     );
     let server = Arc::new(nbd::Server::new(exports, tls));
     server.clone().serve(listener, stop.recv()).await;
-    let Ok(server) = Arc::try_unwrap(server) else { bail!("the NBD server is still in use after it stopped") };
+    let exports = server.exports();
+    drop(server);
     let mut failed = false;
-    for export in server.into_exports() {
+    for export in exports {
         // Everything the clients wrote is made durable, even while the tasks of aborted
         // connections still let go of the export.
         let (name, synced) = (export.name.clone(), export.file.fsync().await);

@@ -195,8 +195,8 @@ impl Server {
     }
 
     /// The exports, to commit and close when the server stops.
-    pub fn into_exports(self) -> Vec<Arc<Export>> {
-        self.exports
+    pub fn exports(&self) -> Vec<Arc<Export>> {
+        self.exports.clone()
     }
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr) {
