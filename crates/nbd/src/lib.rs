@@ -38,6 +38,11 @@ const PAYLOAD_BUDGET: usize = 256 << 20;
 /// Connections served at once; more are closed on arrival.
 const MAX_CONNECTIONS: usize = 256;
 
+/// How long a stopping server waits for its connections to finish the requests they
+/// have read (none is cut off halfway: a write the client was told of stays whole)
+/// before it drops what is left.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Longest handshake (greeting to GO): a client that stalls in it is dropped.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -151,6 +156,8 @@ pub struct Server {
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// `PAYLOAD_BUDGET`, in bytes.
     payload: Arc<Semaphore>,
+    /// Set when the server stops: connections read no further request.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Server {
@@ -161,11 +168,13 @@ impl Server {
             exports: exports.into_iter().map(Arc::new).collect(),
             tls: tls.map(tokio_rustls::TlsAcceptor::from),
             payload: Arc::new(Semaphore::new(PAYLOAD_BUDGET)),
+            stopping: tokio::sync::watch::Sender::new(false),
         }
     }
 
-    /// Accepts clients until `stop` resolves, then waits for the connections to end
-    /// (each commits what it wrote).
+    /// Accepts clients until `stop` resolves; then every connection finishes the
+    /// requests it has read, reads no more and commits what it wrote (those still in
+    /// their handshake, or stuck, are dropped after `STOP_GRACE`).
     pub async fn serve(self: Arc<Self>, listener: TcpListener, stop: impl std::future::Future<Output = ()>) {
         let mut connections = JoinSet::new();
         tokio::pin!(stop);
@@ -190,8 +199,13 @@ impl Server {
             }
         }
         drop(listener);
-        connections.abort_all();
-        while connections.join_next().await.is_some() {}
+        self.stopping.send_replace(true);
+        let finished = tokio::time::timeout(STOP_GRACE, async { while connections.join_next().await.is_some() {} });
+        if finished.await.is_err() {
+            tracing::warn!("nbd: {} connections did not end within {STOP_GRACE:?}: dropped", connections.len());
+            connections.abort_all();
+            while connections.join_next().await.is_some() {}
+        }
     }
 
     /// The exports, to commit and close when the server stops.
@@ -206,7 +220,7 @@ impl Server {
             Ok(Err(e)) => Err(e),
             Ok(Ok(None)) => Ok(()),
             Ok(Ok(Some((stream, export, structured)))) => {
-                transmit(stream, export, structured, self.payload.clone()).await
+                transmit(stream, export, structured, self.payload.clone(), self.stopping.subscribe()).await
             }
         };
         match ended {
@@ -368,6 +382,7 @@ async fn transmit(
     export: Arc<Export>,
     structured: bool,
     payload: Arc<Semaphore>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     let opened = export.file.reopen().await;
     let file = Arc::new(opened.map_err(|e| std::io::Error::other(format!("opening {}: {e}", export.description)))?);
@@ -377,7 +392,11 @@ async fn transmit(
     let mut running = JoinSet::new();
     let ended = loop {
         let mut header = [0u8; REQUEST_LEN];
-        match requests.read_exact(&mut header).await {
+        let read = tokio::select! {
+            read = requests.read_exact(&mut header) => read,
+            _ = stopping.wait_for(|stop| *stop) => break Ok(()),
+        };
+        match read {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
             Err(e) => break Err(e.into()),
