@@ -129,7 +129,7 @@ pub(crate) async fn compact(
     ino: InodeId,
 ) -> Result<usize, VfsError> {
     let opened = meta.call(Extents { ino }).await?;
-    data.learn_caps(ino, &opened);
+    data.learn_caps(&opened);
     let Opened { attr, extents, policy, .. } = opened;
     let extents = ExtentMap::from_extents(extents);
     if !is_fragmented(&extents, attr.size, chunk_size) {

@@ -52,9 +52,9 @@ pub(crate) struct DataPath {
     /// uploads that hold each).
     uploading: Mutex<HashMap<ChunkId, (ChunkData, usize)>>,
     fetches: SingleFlight<ChunkId, ChunkData>,
-    /// Meta's read capabilities per chunk, with the file each came with (to ask again
-    /// when a node refuses an expired one).
-    read_caps: Mutex<HashMap<ChunkId, (Cap, InodeId)>>,
+    /// Meta's read capabilities per chunk (a refused one is asked for again with the
+    /// extents of the file being read).
+    read_caps: Mutex<HashMap<ChunkId, Cap>>,
     /// Meta's latest put capability.
     put_cap: Mutex<Option<Cap>>,
     /// The node in this process, read first when there is one.
@@ -88,15 +88,15 @@ impl DataPath {
         }
     }
 
-    /// Keeps the capabilities meta sent with an open of `ino` (or its extents).
-    pub fn learn_caps(&self, ino: InodeId, opened: &Opened) {
+    /// Keeps the capabilities meta sent with an open of a file (or its extents).
+    pub fn learn_caps(&self, opened: &Opened) {
         if !opened.caps.read.is_empty() {
             let mut caps = lock(&self.read_caps);
             if caps.len() > MAX_READ_CAPS {
                 caps.clear();
             }
             for (e, cap) in opened.extents.iter().zip(&opened.caps.read) {
-                caps.insert(e.chunk, (*cap, ino));
+                caps.insert(e.chunk, *cap);
             }
         }
         if let Some(put) = opened.caps.put {
@@ -121,7 +121,7 @@ impl DataPath {
         } else {
             self.meta.call(Extents { ino }).await?
         };
-        self.learn_caps(ino, &opened);
+        self.learn_caps(&opened);
         Ok(())
     }
 
@@ -305,7 +305,7 @@ impl DataPath {
                 self.refresh_nodes().await?;
                 candidates = self.placement(&id);
                 i = 0;
-                let cap = lock(&self.read_caps).get(&id).map(|c| c.0);
+                let cap = lock(&self.read_caps).get(&id).copied();
                 let records = self.meta.call(ChunkLocations { ids: vec![id], caps: vec![cap] }).await?;
                 for node in records.into_iter().flat_map(|r| r.nodes) {
                     if !candidates.contains(&node) {
@@ -319,7 +319,7 @@ impl DataPath {
             let node = candidates[i].clone();
             i += 1;
             let cap = lock(&self.read_caps).get(&id).copied();
-            let get = Get { id, offset: 0, len: u64::MAX, local_only: false, cap: cap.map(|c| c.0) };
+            let get = Get { id, offset: 0, len: u64::MAX, local_only: false, cap };
             match self.node_call(&node, get, ()).await {
                 Ok(data) => {
                     if !self.vouches(&node).await && ChunkId::of(&data) != id {
@@ -338,7 +338,7 @@ impl DataPath {
                     // opened the file): ask again, retry.
                     refreshed = true;
                     tracing::debug!(chunk = %id, %node, "read capability refused, asking meta again: {e}");
-                    self.refresh_caps(cap.map_or(ino, |c| c.1), false).await?;
+                    self.refresh_caps(ino, false).await?;
                     i -= 1;
                 }
                 Err(e) if e.code == ErrorCode::ReadOnly => {

@@ -457,20 +457,10 @@ impl OpenFile {
     pub async fn lock_whole(&self, exclusive: bool) -> Result<()> {
         let fh = self.handle()?;
         let kind = if exclusive { LockKind::Write } else { LockKind::Read };
-        let lock = LockRange {
-            ino: self.ino,
-            owner: self.lock_owner(),
-            start: 0,
-            end: u64::MAX,
-            kind,
-            pid: std::process::id(),
-        };
+        // The lock owner is the handle (unique within the client), which `close` and a
+        // drop name when they let the file go.
+        let lock = LockRange { ino: self.ino, owner: fh, start: 0, end: u64::MAX, kind, pid: std::process::id() };
         crate::acting_as(self.caller.clone(), self.vfs.setlk(fh, lock, false)).await
-    }
-
-    /// The lock owner of this open file: its handle (unique within the client).
-    fn lock_owner(&self) -> u64 {
-        self.fh.unwrap_or_default()
     }
 
     /// Moves the position (`std::io::SeekFrom`); returns the new one.
@@ -510,11 +500,10 @@ impl OpenFile {
     /// Commits what was written (other clients' opens see it from then on) and lets
     /// the file go; a second close does nothing.
     pub async fn close(&mut self) -> Result<()> {
-        let owner = self.lock_owner();
         let Some(fh) = self.fh.take() else { return Ok(()) };
         let vfs = self.vfs.clone();
         crate::acting_as(self.caller.clone(), async move {
-            let flushed = vfs.flush(fh, Some(owner)).await;
+            let flushed = vfs.flush(fh, Some(fh)).await;
             let released = vfs.release(fh).await;
             flushed.and(released)
         })

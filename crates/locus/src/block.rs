@@ -61,8 +61,8 @@ pub async fn serve(args: NbdArgs) -> anyhow::Result<ExitCode> {
     drop(server);
     let mut failed = false;
     for export in exports {
-        // Everything the clients wrote is made durable, even while the tasks of aborted
-        // connections still let go of the export.
+        // Everything the clients wrote is made durable, even when a connection dropped
+        // after the stop's grace still holds the export (and it cannot be closed).
         let (name, synced) = (export.name.clone(), export.file.fsync().await);
         let closed = match Arc::into_inner(export) {
             Some(mut export) => export.file.close().await,

@@ -10,6 +10,8 @@ mod pki;
 mod policy;
 mod roles;
 
+use anyhow::Context;
+
 /// Keeps chunk-sized buffers (MiBs) in the heap and the heap from being trimmed, so a
 /// buffer freed after one transfer is reused by the next instead of being unmapped and
 /// faulted in again (first touch of fresh memory runs at a tenth of memcpy speed).
@@ -140,9 +142,8 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Man { dir } => {
-            let pages = anyhow::Context::with_context(cli::man_pages(&dir), || {
-                format!("cannot write man pages into {}", dir.display())
-            })?;
+            let pages =
+                cli::man_pages(&dir).with_context(|| format!("cannot write man pages into {}", dir.display()))?;
             println!("{pages} man pages in {}", dir.display());
             Ok(std::process::ExitCode::SUCCESS)
         }

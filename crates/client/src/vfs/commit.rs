@@ -83,7 +83,7 @@ impl Vfs {
             f.pending.clear();
             f.modified = false;
             if let Ok(opened) = self.meta.call(Extents { ino }).await {
-                self.data.learn_caps(ino, &opened);
+                self.data.learn_caps(&opened);
                 let Opened { attr, extents, .. } = opened;
                 f.attr = attr;
                 f.extents = ExtentMap::from_extents(extents);

@@ -30,7 +30,7 @@ impl Vfs {
                 // once; the write record stays while the session has the file open).
                 let session = self.meta.session();
                 let opened = self.meta.call(Open { ino, session, truncate: false, access: opts.access }).await?;
-                self.data.learn_caps(ino, &opened);
+                self.data.learn_caps(&opened);
                 self.meta.call(Release { ino, session }).await?;
                 f.granted.read |= opts.access.read;
                 f.granted.write |= opts.access.write;
@@ -48,7 +48,7 @@ impl Vfs {
         let session = self.meta.session();
         let req = Open { ino, session, truncate: opts.truncate, access: opts.access };
         let opened = self.meta.call(req).await?;
-        self.data.learn_caps(ino, &opened);
+        self.data.learn_caps(&opened);
         Ok(self.adopt(session, opened, opts.access).await)
     }
 
@@ -70,7 +70,7 @@ impl Vfs {
         if let Some(parent) = opened.parent.take() {
             self.remember_parent(parent, mark, sent);
         }
-        self.data.learn_caps(opened.attr.ino, &opened);
+        self.data.learn_caps(&opened);
         let (ino, existed) = (opened.attr.ino, !opened.created);
         // Meta lets the creator of a new file write it; an existing one as `access` says.
         let granted = OpenAccess { read: opts.access.read, write: opts.access.write || !existed };
