@@ -25,11 +25,15 @@ fn tool(program: &str, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {program} (qemu-utils, libnbd-bin and e2fsprogs are needed): {e}"))
 }
 
-fn ok(program: &str, args: &[&str]) -> String {
-    let out = tool(program, args);
+/// What a tool that must succeed said (stdout and stderr); `what` names it in a failure.
+fn succeeded(out: Output, what: &str) -> String {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{program} {}: {text}", args.join(" "));
+    assert!(out.status.success(), "{what}: {text}");
     text
+}
+
+fn ok(program: &str, args: &[&str]) -> String {
+    succeeded(tool(program, args), &format!("{program} {}", args.join(" ")))
 }
 
 /// The `--ca --cert --key` flags of a server at `site` and the directory of its NBD
@@ -37,19 +41,9 @@ fn ok(program: &str, args: &[&str]) -> String {
 /// clients check it); the clients' is an ordinary user certificate of the cluster, laid
 /// out as libnbd and qemu read it (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`).
 fn certificates_at(c: &Cluster, site: &str) -> (Vec<String>, PathBuf) {
-    let tls = c.tls_dir();
-    let host = c.place(site).1;
-    let issue = |role: &str, name: &str, host: &[&str]| {
-        let mut args = vec!["ca", "issue", "--role", role, "--name", name, "--site", site];
-        args.extend(host);
-        let out = Command::new(bin()).args(&args).arg("--dir").arg(&tls).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
-    let (server, user) = (format!("nbd-{site}"), format!("nbd-user-{site}"));
-    if !tls.join(format!("{server}.pem")).exists() {
-        issue("client", &server, &["--host", &host]);
-        issue("user", &user, &[]);
-    }
+    let (tls, user) = (c.tls_dir(), format!("nbd-user-{site}"));
+    let server = c.serving_cert("client", &format!("nbd-{site}"), site, &[&c.place(site).1]);
+    c.cert("user", &user, site);
     let client_dir = c.path().join(format!("nbd-client-tls-{site}"));
     std::fs::create_dir_all(&client_dir).unwrap();
     let files = [
@@ -60,9 +54,7 @@ fn certificates_at(c: &Cluster, site: &str) -> (Vec<String>, PathBuf) {
     for (from, to) in files {
         std::fs::copy(tls.join(from), client_dir.join(to)).unwrap();
     }
-    let flag = |f: &str, p: PathBuf| [f.to_string(), p.display().to_string()];
-    let (cert, key) = (tls.join(format!("{server}.pem")), tls.join(format!("{server}.key")));
-    ([flag("--ca", tls.join("ca.pem")), flag("--cert", cert), flag("--key", key)].concat(), client_dir)
+    (server, client_dir)
 }
 
 /// A `locus nbd` process, killed when dropped (a failing test leaves none behind).
@@ -84,14 +76,7 @@ impl Drop for Server {
 
 /// A command run in `site`'s network namespace (as is, at a loopback site).
 fn at_site(c: &Cluster, site: &str, program: &Path) -> Command {
-    match c.place(site).0 {
-        Some(ns) => {
-            let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--net=/run/netns/{ns}")).arg(program);
-            cmd
-        }
-        None => Command::new(program),
-    }
+    testkit::command_in(c.place(site).0.as_deref(), program)
 }
 
 /// Starts `locus nbd` on a port the OS picks; its `addr` is `127.0.0.1:PORT`.
@@ -194,8 +179,7 @@ fn an_ext4_image_written_over_tls_survives_a_kill_of_the_server_after_flush() {
 /// Runs an NBD client tool in `site`'s namespace; it must succeed.
 fn ok_at(c: &Cluster, site: &str, program: &str, args: &[&str]) {
     let out = at_site(c, site, Path::new(program)).args(args).stdin(Stdio::null()).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{program} {} at {site}: {text}", args.join(" "));
+    succeeded(out, &format!("{program} {} at {site}", args.join(" ")));
 }
 
 #[test]

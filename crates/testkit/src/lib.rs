@@ -82,8 +82,9 @@ fn spawn_and_wait(
 
 /// A command running `bin` in network namespace `ns`. `nsenter --net` (not `ip netns
 /// exec`, which also unshares the mount namespace) so a FUSE mount stays visible to
-/// the test, and it execs `bin` in place, so the child's pid is `bin`'s own.
-fn command_in(ns: Option<&str>, bin: &Path) -> Command {
+/// the test, and it execs `bin` in place, so the child's pid is `bin`'s own. Tests use
+/// it for processes of their own at a site (`Cluster::place` names the namespace).
+pub fn command_in(ns: Option<&str>, bin: &Path) -> Command {
     match ns {
         None => Command::new(bin),
         Some(ns) => {
@@ -136,14 +137,14 @@ fn run_ok(cmd: &mut Command) {
 /// The sites tests mount at, whose root meta trusts by default (`--no-root-squash`).
 const TRUSTED_SITES: &[&str] = &["default", "a", "b", "c"];
 
-/// Issues (once) a certificate of the CA in `tls` and returns its `--ca --cert --key`
-/// flags.
-fn issue(bin: &Path, tls: &Path, role: &str, name: &str, site: &str) -> Vec<String> {
+/// Issues (once) a certificate of the CA in `tls`, naming `hosts` (`--host`) if any,
+/// and returns its `--ca --cert --key` flags.
+fn issue(bin: &Path, tls: &Path, role: &str, name: &str, site: &str, hosts: &[&str]) -> Vec<String> {
     let (cert, key) = (tls.join(format!("{name}.pem")), tls.join(format!("{name}.key")));
     if !cert.exists() {
-        run_ok(
-            Command::new(bin).args(["ca", "issue", "--role", role, "--name", name, "--site", site, "--dir"]).arg(tls),
-        );
+        let mut cmd = Command::new(bin);
+        cmd.args(["ca", "issue", "--role", role, "--name", name, "--site", site, "--dir"]).arg(tls);
+        run_ok(cmd.args(hosts.iter().flat_map(|h| ["--host", h])));
     }
     let flag = |f: &str, p: &Path| [f.to_string(), p.display().to_string()];
     [flag("--ca", &tls.join("ca.pem")), flag("--cert", &cert), flag("--key", &key)].concat()
@@ -247,13 +248,13 @@ impl Cluster {
         let tls = dir.path().join("tls");
         run_ok(Command::new(bin).args(["ca", "init", "--dir"]).arg(&tls));
         // Admin commands (gc, fsck, node admit) use the admin role.
-        issue(bin, &tls, "admin", "admin", "default");
+        issue(bin, &tls, "admin", "admin", "default", &[]);
         // Tests run as root on the client hosts of their sites and expect to act as
         // root, unless a test sets `--no-root-squash` itself (to see squashing).
         let trusted = if meta_extra.contains(&"--no-root-squash") { &[][..] } else { TRUSTED_SITES };
         let args: Vec<String> = args
             .into_iter()
-            .chain(issue(bin, &tls, "meta", "meta", "default"))
+            .chain(issue(bin, &tls, "meta", "meta", "default", &[]))
             .chain(["--revoked".to_string(), tls.join("revoked").display().to_string()])
             .chain(trusted.iter().flat_map(|site| ["--no-root-squash".to_string(), site.to_string()]))
             .chain(meta_extra.iter().map(|s| s.to_string()))
@@ -510,7 +511,13 @@ impl Cluster {
     /// The `--ca --cert --key` flags of a certificate for `name` with `role` at
     /// `site`, issued by the cluster's CA on first use.
     pub fn cert(&self, role: &str, name: &str, site: &str) -> Vec<String> {
-        issue(&self.bin, &self.tls_dir(), role, name, site)
+        issue(&self.bin, &self.tls_dir(), role, name, site, &[])
+    }
+
+    /// `cert` for a holder that serves clients checking host names (`locus ca issue
+    /// --host`): `hosts` are the names or addresses they dial.
+    pub fn serving_cert(&self, role: &str, name: &str, site: &str, hosts: &[&str]) -> Vec<String> {
+        issue(&self.bin, &self.tls_dir(), role, name, site, hosts)
     }
 
     /// SIGKILLs every process at once, as a crash would, and clears dead mounts.
