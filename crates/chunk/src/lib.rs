@@ -1,6 +1,7 @@
 //! Content-addressed chunk store on local disk. Every chunk is a file named by its
 //! BLAKE3 id; writes land in `tmp/` and are renamed into place after fsync, and every
-//! read is re-hashed so a corrupt chunk is never served.
+//! read is checked (a whole chunk re-hashed, a part of one against the chunk's
+//! `outboard`) so a corrupt chunk is never served.
 //!
 //! Layout of a data directory:
 //!
@@ -15,19 +16,23 @@
 //! The API is synchronous `std::fs`; async callers run it in `spawn_blocking`.
 
 pub mod cache;
+mod outboard;
 pub mod seal;
 
 mod disk;
 
 use bytes::Bytes;
+use outboard::Outboard;
 use proto::error::{ErrorCode, WireError};
 use proto::node::NodeStats;
 use proto::types::ChunkId;
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use util::sync::lock;
 
@@ -107,7 +112,43 @@ pub struct ChunkStore {
     durable: Option<disk::GroupSync>,
     /// The site's key: chunk files are sealed with it (`seal`).
     at_rest: Option<seal::AtRest>,
+    /// Outboards of the chunks last written or read in part, for reads of part of a
+    /// chunk (`get`).
+    outboards: Mutex<Outboards>,
     _lock: File,
+}
+
+/// The most outboards a store keeps (8 KiB each for 4 MiB chunks: 32 MiB, covering
+/// 16 GiB of chunks read at random).
+const OUTBOARDS_KEPT: usize = 4096;
+
+/// A read of at most this many bytes of a longer chunk reads and checks only the blocks
+/// it needs (`outboard`) once the chunk's outboard is known.
+pub const PART_MAX: u64 = 1 << 20;
+
+/// Outboards by chunk id, the least recently used dropped beyond `OUTBOARDS_KEPT`. An
+/// id names its content, so a kept outboard is never stale.
+#[derive(Debug, Default)]
+struct Outboards {
+    by_id: HashMap<ChunkId, Arc<Outboard>>,
+    order: cache::LruOrder,
+}
+
+impl Outboards {
+    fn get(&mut self, id: &ChunkId) -> Option<Arc<Outboard>> {
+        let found = self.by_id.get(id)?.clone();
+        self.order.touch(*id);
+        Some(found)
+    }
+
+    fn insert(&mut self, id: ChunkId, outboard: Outboard) {
+        self.by_id.insert(id, Arc::new(outboard));
+        self.order.touch(id);
+        while self.by_id.len() > OUTBOARDS_KEPT {
+            let Some(old) = self.order.pop_oldest() else { break };
+            self.by_id.remove(&old);
+        }
+    }
 }
 
 /// A chunk file as read from disk.
@@ -172,6 +213,7 @@ impl ChunkStore {
             store_id,
             durable: if durable { Some(disk::GroupSync::new(dir).map_err(io_err("open", dir))?) } else { None },
             at_rest: None,
+            outboards: Mutex::default(),
             _lock: lock,
         })
     }
@@ -185,25 +227,41 @@ impl ChunkStore {
 
     /// Reads chunk `id`'s file: its plaintext if it opens under the key and hashes to
     /// `id`.
-    fn read_stored(&self, id: &ChunkId, path: &Path) -> io::Result<Stored> {
+    /// With `keep_outboard` (a read of part of a plaintext chunk), its outboard is
+    /// computed as the check and kept for the next such read.
+    fn read_stored(&self, id: &ChunkId, path: &Path, keep_outboard: bool) -> io::Result<Stored> {
         let Some(file) = disk::read_file(path)? else { return Ok(Stored::Missing) };
         let plain = match &self.at_rest {
             Some(key) => key.open(id, file.to_vec()).map(Bytes::from),
             None => Some(file),
         };
         Ok(match plain {
-            Some(data) if ChunkId::of(&data) == *id => Stored::Intact(data),
+            Some(data) if self.check(id, &data, keep_outboard) => Stored::Intact(data),
             _ => Stored::Corrupt,
         })
+    }
+
+    /// Whether `data` hashes to `id`; with `keep_outboard`, through its outboard, which
+    /// is then kept (at the cost of one hash, the same as the plain check's).
+    fn check(&self, id: &ChunkId, data: &[u8], keep_outboard: bool) -> bool {
+        match Outboard::of(data).filter(|_| keep_outboard && self.at_rest.is_none()) {
+            Some(outboard) if outboard.root() == *id => {
+                lock(&self.outboards).insert(*id, outboard);
+                true
+            }
+            Some(_) => false,
+            None => ChunkId::of(data) == *id,
+        }
     }
 
     /// Stores `data` as chunk `id` durably. Refuses data that does not hash to `id`.
     /// Idempotent: an intact copy already present is kept (its mtime is refreshed so
     /// a concurrent gc treats it as freshly written); a corrupt one is replaced.
     pub fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), ChunkError> {
-        let actual = ChunkId::of(data);
-        if actual != *id {
-            return Err(ChunkError::IdMismatch { claimed: *id, actual });
+        // The check keeps the outboard: chunks just written are the likeliest to be
+        // read in part (a block device's blocks).
+        if !self.check(id, data, true) {
+            return Err(ChunkError::IdMismatch { claimed: *id, actual: ChunkId::of(data) });
         }
         let path = self.path_of(id);
         if self.touch_if_intact(id, &path)? {
@@ -216,19 +274,21 @@ impl ChunkStore {
         result
     }
 
-    /// Bytes `[offset, offset+len)` of chunk `id`, after checking the whole chunk
-    /// against its id. `len` is clipped at the end of the chunk; an `offset` past the
-    /// end is a `Range` error.
+    /// Bytes `[offset, offset+len)` of chunk `id`, checked against its id: the whole
+    /// chunk, or for a part of at most `PART_MAX` bytes of a plaintext chunk whose
+    /// outboard is known only the blocks holding the part. `len` is clipped at the end
+    /// of the chunk; an `offset` past the end is a `Range` error.
     pub fn get(&self, id: &ChunkId, offset: u64, len: u64) -> Result<Bytes, ChunkError> {
         let path = self.path_of(id);
-        let data = match self.read_stored(id, &path).map_err(io_err("read chunk", &path))? {
+        let part = len <= PART_MAX && self.at_rest.is_none();
+        let known = if part { lock(&self.outboards).get(id) } else { None };
+        if let Some(outboard) = known {
+            return self.get_part(id, &path, &outboard, offset, len);
+        }
+        let data = match self.read_stored(id, &path, part).map_err(io_err("read chunk", &path))? {
             Stored::Intact(d) => d,
             Stored::Missing => return Err(ChunkError::NotFound { id: *id }),
-            Stored::Corrupt => {
-                self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(chunk = %id, path = %path.display(), "chunk failed its hash check; refusing to serve it");
-                return Err(ChunkError::Corrupt { id: *id, path });
-            }
+            Stored::Corrupt => return Err(self.corrupt(id, path)),
         };
         let size = data.len() as u64;
         if offset > size {
@@ -236,6 +296,48 @@ impl ChunkStore {
         }
         let end = offset.saturating_add(len).min(size);
         Ok(data.slice(offset as usize..end as usize))
+    }
+
+    /// Reads the blocks of `id` holding `[offset, offset+len)` and checks them against
+    /// its outboard.
+    fn get_part(
+        &self,
+        id: &ChunkId,
+        path: &Path,
+        outboard: &Outboard,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, ChunkError> {
+        let size = outboard.chunk_len();
+        if offset > size {
+            return Err(ChunkError::Range { id: *id, offset, size });
+        }
+        let end = offset.saturating_add(len).min(size);
+        let from = offset / outboard::BLOCK * outboard::BLOCK;
+        let to = (end.div_ceil(outboard::BLOCK) * outboard::BLOCK).min(size);
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ChunkError::NotFound { id: *id }),
+            Err(e) => return Err(io_err("open chunk", path)(e)),
+        };
+        let mut blocks = vec![0u8; (to - from) as usize];
+        match file.read_exact_at(&mut blocks, from) {
+            Ok(()) => {}
+            // Shorter than the chunk: truncated on disk.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(self.corrupt(id, path.to_path_buf())),
+            Err(e) => return Err(io_err("read chunk", path)(e)),
+        }
+        if !outboard.verify(from, &blocks) {
+            return Err(self.corrupt(id, path.to_path_buf()));
+        }
+        Ok(Bytes::from(blocks).slice((offset - from) as usize..(end - from) as usize))
+    }
+
+    /// Counts and logs a read that found `id` corrupt at `path`.
+    fn corrupt(&self, id: &ChunkId, path: PathBuf) -> ChunkError {
+        self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(chunk = %id, path = %path.display(), "chunk failed its hash check; refusing to serve it");
+        ChunkError::Corrupt { id: *id, path }
     }
 
     /// One flag per id, in order: whether a file for it is present (not re-hashed).
@@ -280,7 +382,7 @@ impl ChunkStore {
         ids.iter()
             .filter(|id| {
                 let path = self.path_of(id);
-                match self.read_stored(id, &path) {
+                match self.read_stored(id, &path, false) {
                     Ok(Stored::Intact(_)) => false,
                     Ok(Stored::Corrupt) => {
                         tracing::error!(chunk = %id, path = %path.display(), "verify: chunk failed its hash check");
@@ -371,7 +473,7 @@ impl ChunkStore {
 
     /// True if an intact copy of `id` is stored; its mtime is then set to now.
     fn touch_if_intact(&self, id: &ChunkId, path: &Path) -> Result<bool, ChunkError> {
-        match self.read_stored(id, path).map_err(io_err("read chunk", path))? {
+        match self.read_stored(id, path, false).map_err(io_err("read chunk", path))? {
             Stored::Intact(_) => {}
             Stored::Missing => return Ok(false),
             Stored::Corrupt => {

@@ -368,3 +368,44 @@ fn a_file_system_without_direct_io_stores_and_serves_through_the_page_cache() {
     }
     assert_eq!(s.stats().corrupt_reads, 0);
 }
+
+#[test]
+fn parts_of_a_chunk_read_and_check_only_their_blocks() {
+    let d = tempfile::tempdir().unwrap();
+    let block = outboard::BLOCK as usize;
+    let data: Vec<u8> = (0..5 * block + 3000).map(|i| (i * 7 + i / 999) as u8).collect();
+    let id = {
+        let s = ChunkStore::open(d.path(), 1 << 30).unwrap();
+        let id = put_new(&s, &data);
+        // Known from the put: parts anywhere, across blocks, at the short end, clipped.
+        assert_eq!(s.get(&id, 4096, 4096).unwrap(), &data[4096..8192]);
+        assert_eq!(s.get(&id, block as u64 - 10, 20).unwrap(), &data[block - 10..block + 10]);
+        assert_eq!(s.get(&id, 5 * block as u64 + 100, 1 << 20).unwrap(), &data[5 * block + 100..]);
+        assert_eq!(s.get(&id, data.len() as u64, 10).unwrap(), &b""[..]);
+        assert!(matches!(s.get(&id, data.len() as u64 + 1, 1), Err(ChunkError::Range { .. })));
+        id
+    };
+    // A bit flipped on disk in block 2: parts of other blocks are still served, a part
+    // of block 2 is refused, and so is the whole chunk.
+    let path = d.path().join("chunks").join(disk::fan_out_name(&id)).join(id.to_hex());
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[2 * block + 5] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    let s = ChunkStore::open(d.path(), 1 << 30).unwrap();
+    // Reopened, the outboard is gone: the first part read checks the whole chunk.
+    assert!(matches!(s.get(&id, 0, 100), Err(ChunkError::Corrupt { .. })));
+    bytes[2 * block + 5] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    assert_eq!(s.get(&id, 0, 100).unwrap(), &data[..100]);
+    bytes[2 * block + 5] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    assert_eq!(s.get(&id, 3 * block as u64, 100).unwrap(), &data[3 * block..3 * block + 100]);
+    assert!(matches!(s.get(&id, 2 * block as u64, 100), Err(ChunkError::Corrupt { .. })));
+    assert!(matches!(s.get(&id, 0, u64::MAX), Err(ChunkError::Corrupt { .. })));
+    // Truncated: the last block's part is refused.
+    fs::write(&path, &data[..5 * block]).unwrap();
+    assert!(matches!(s.get(&id, 5 * block as u64, 10), Err(ChunkError::Corrupt { .. })));
+    assert_eq!(s.stats().corrupt_reads, 4);
+    fs::remove_file(&path).unwrap();
+    assert!(matches!(s.get(&id, 0, 10), Err(ChunkError::NotFound { .. })));
+}

@@ -226,8 +226,6 @@ impl DataPath {
         Err(last)
     }
 
-    /// A whole chunk: from the upload set, the cache, or a node (one fetch per chunk
-    /// however many readers want it), verified against its id.
     /// Bytes of whole chunks held in memory (the chunk cache).
     pub fn cached_bytes(&self) -> usize {
         self.cache.bytes()
@@ -244,23 +242,45 @@ impl DataPath {
     /// Chunk `id` of file `ino` (whose extents meta is asked for again when a node
     /// wants a read capability this client lacks: one of its own writes since it
     /// opened the file, say, gone from the cache).
+    /// The whole chunk comes from the upload set, the cache, or a node (one fetch per
+    /// chunk however many readers want it), verified against its id.
     pub async fn chunk(&self, id: ChunkId, ino: InodeId) -> Result<ChunkData> {
-        if let Some((data, _)) = lock(&self.uploading).get(&id) {
-            return Ok(data.clone());
-        }
-        if let Some(data) = self.cache.get(&id) {
+        if let Some(data) = self.held(&id) {
             return Ok(data);
         }
-        self.fetches.run(id, || self.fetch_chunk(id, ino)).await
+        self.fetches.run(id, || self.fetch_chunk(id, ino, None)).await
     }
 
-    /// The chunk from the store of the node in this process, verified by that store as
-    /// it reads the file. `None` when there is no such node or it has no good copy: the
+    /// Bytes `[offset, offset+len)` of chunk `id` of file `ino` (fewer at its end), for
+    /// a reader that jumped there: a slice of the chunk if this client holds it, else
+    /// only the blocks holding them, read by the store in this process or a node of this
+    /// site, either of which checks them against the chunk's outboard (a 4 KiB read of a
+    /// 4 MiB chunk no longer moves and hashes 4 MiB). A node that does not vouch for what
+    /// it serves sends the whole chunk, checked and kept here. Not coalesced: readers of
+    /// different parts want different bytes.
+    pub async fn chunk_part(&self, id: ChunkId, ino: InodeId, offset: u64, len: u64) -> Result<Bytes> {
+        match self.held(&id) {
+            Some(data) => part_of(&id, &data, offset, len),
+            None if len > chunk::PART_MAX => part_of(&id, &self.chunk(id, ino).await?, offset, len),
+            None => self.fetch_chunk(id, ino, Some((offset, len))).await,
+        }
+    }
+
+    /// The chunk from the upload set or the cache.
+    fn held(&self, id: &ChunkId) -> Option<ChunkData> {
+        if let Some((data, _)) = lock(&self.uploading).get(id) {
+            return Some(data.clone());
+        }
+        self.cache.get(id)
+    }
+
+    /// Bytes `[offset, offset+len)` of the chunk from the store of the node in this
+    /// process, verified by that store as it reads the file. `None` when there is no such node or it has no good copy: the
     /// network path then tries every copy, as for any other client.
-    async fn read_local(&self, id: ChunkId) -> Option<ChunkData> {
+    async fn read_local(&self, id: ChunkId, (offset, len): (u64, u64)) -> Option<ChunkData> {
         let local = self.local.as_ref()?;
         let store = local.store.clone();
-        match tokio::task::spawn_blocking(move || store.get(&id, 0, u64::MAX)).await {
+        match tokio::task::spawn_blocking(move || store.get(&id, offset, len)).await {
             Ok(Ok(data)) => Some(data),
             Ok(Err(ChunkError::NotFound { .. })) => None,
             Ok(Err(e)) => {
@@ -283,9 +303,13 @@ impl DataPath {
         client.server_identity().await.is_some_and(|p| p.role == Role::Node && p.site == self.site)
     }
 
-    async fn fetch_chunk(&self, id: ChunkId, ino: InodeId) -> Result<ChunkData> {
-        if let Some(data) = self.read_local(id).await {
-            self.cache.insert(id, data.clone());
+    /// The whole chunk (kept in the cache), or with `part` (offset, length) those bytes
+    /// of it (kept only if the whole chunk had to be fetched).
+    async fn fetch_chunk(&self, id: ChunkId, ino: InodeId, part: Option<(u64, u64)>) -> Result<ChunkData> {
+        if let Some(data) = self.read_local(id, part.unwrap_or((0, u64::MAX))).await {
+            if part.is_none() {
+                self.cache.insert(id, data.clone());
+            }
             return Ok(data);
         }
         let started = std::time::Instant::now();
@@ -319,18 +343,27 @@ impl DataPath {
             let node = candidates[i].clone();
             i += 1;
             let cap = lock(&self.read_caps).get(&id).copied();
-            let get = Get { id, offset: 0, len: u64::MAX, local_only: false, cap };
+            let vouches = self.vouches(&node).await;
+            // Only a node that vouches for what it serves sends a part.
+            let (offset, len) = part.filter(|_| vouches).unwrap_or((0, u64::MAX));
+            let get = Get { id, offset, len, local_only: false, cap };
             match self.node_call(&node, get, ()).await {
                 Ok(data) => {
-                    if !self.vouches(&node).await && ChunkId::of(&data) != id {
+                    // How a read's start went (`LOCUS_LOG=client::data=trace`).
+                    tracing::trace!(chunk = %id, %node, ms = started.elapsed().as_millis() as u64, "fetched");
+                    if vouches && part.is_some() {
+                        return Ok(data);
+                    }
+                    if !vouches && ChunkId::of(&data) != id {
                         tracing::error!(chunk = %id, %node, "chunk failed its hash check in transit");
                         last = VfsError::new(ErrorCode::Corrupt, format!("chunk {id} from {node} is corrupt"));
                         continue;
                     }
                     self.cache.insert(id, data.clone());
-                    // How a read's start went (`LOCUS_LOG=client::data=trace`).
-                    tracing::trace!(chunk = %id, %node, ms = started.elapsed().as_millis() as u64, "fetched");
-                    return Ok(data);
+                    return match part {
+                        Some((offset, len)) => part_of(&id, &data, offset, len),
+                        None => Ok(data),
+                    };
                 }
                 Err(e) if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::ReadOnly) && !refreshed => {
                     // Expired, signed by a meta that restarted since, of an older epoch
@@ -354,4 +387,14 @@ impl DataPath {
             }
         }
     }
+}
+
+/// Bytes `[offset, offset+len)` of chunk `id` (fewer at its end); an offset past its end
+/// is an extent that points beyond the chunk.
+fn part_of(id: &ChunkId, data: &ChunkData, offset: u64, len: u64) -> Result<Bytes> {
+    let size = data.len() as u64;
+    if offset > size {
+        return Err(VfsError::new(ErrorCode::Corrupt, format!("extent beyond end of chunk {id}")));
+    }
+    Ok(data.slice(offset as usize..offset.saturating_add(len).min(size) as usize))
 }

@@ -14,7 +14,7 @@ impl Vfs {
     pub async fn read(self: &Arc<Self>, fh: FileHandle, offset: u64, size: u32) -> Result<Bytes> {
         let handle = self.handle(fh)?;
         let ino = handle.file.ino;
-        let (segments, end, ahead) = {
+        let (segments, end, ahead, sequential) = {
             let f = handle.file.inner.lock().await;
             let end = (offset + size as u64).min(f.attr.size);
             if offset >= end {
@@ -68,7 +68,7 @@ impl Vfs {
             } else {
                 Vec::new()
             };
-            (f.extents.segments(offset, end), end, ahead)
+            (f.extents.segments(offset, end), end, ahead, sequential)
         };
         for seg in ahead {
             if let Segment::Data(e) = seg {
@@ -87,13 +87,19 @@ impl Vfs {
         let mut pieces = Vec::with_capacity(segments.len());
         for seg in segments {
             if let Segment::Data(e) = seg {
-                let chunk = self.data.chunk(e.chunk, ino).await?;
-                let from = e.chunk_offset as usize;
-                let to = from + e.len as usize;
-                if to > chunk.len() {
+                // A reader that jumped here reads only the blocks it needs, unless the
+                // chunk is at hand; a sequential one fetches whole chunks for what follows.
+                let piece = if sequential {
+                    let chunk = self.data.chunk(e.chunk, ino).await?;
+                    let from = (e.chunk_offset as usize).min(chunk.len());
+                    chunk.slice(from..(from + e.len as usize).min(chunk.len()))
+                } else {
+                    self.data.chunk_part(e.chunk, ino, e.chunk_offset, e.len).await?
+                };
+                if piece.len() as u64 != e.len {
                     return Err(VfsError::new(ErrorCode::Corrupt, format!("extent beyond end of chunk {}", e.chunk)));
                 }
-                pieces.push((e.file_offset, chunk.slice(from..to)));
+                pieces.push((e.file_offset, piece));
             }
         }
         let f = handle.file.inner.lock().await;
