@@ -13,14 +13,18 @@
 #   4. (part lag) `async` a,b under a write paced at the link rate (LAG_MBIT, the link
 #      set to the same rate, LAG_RTT) for LAG_SECS: the replication lag (queued chunks,
 #      age of the oldest) sampled every second, its maximum against an RPO of 30 s.
-#   5. (part repair) a third site r (namespace s2) with three nodes and its own mount:
+#   5. (part nbd) `locus nbd` serving a SIZE_MB MiB export: at A in the single-site
+#      directory, and at B (its meta at A) in the `sync` a,b directory; nbdcopy --flush of
+#      a page-cached file of random bytes into each, at each RTT of RTTS (issue 40's goal:
+#      at B, >= 80 % of min(link, single-site)).
+#   6. (part repair) a third site r (namespace s2) with three nodes and its own mount:
 #      REPAIR_MB written under the default policy (two copies at a three-node site), one
 #      node killed (-9); the time until `locus fsck` finds every chunk at its copy count
 #      again, and the repair rate (bytes the repair workers report / repair time).
 # Writes bench/results/replication.md (the sections of the PARTS that ran).
 #
 # Usage (as root):  bench/replication.sh
-#   PARTS="write lag repair" SIZE_MB=1024 RTTS="50 100" RATE=1000 IPERF_SECS=8
+#   PARTS="write lag nbd repair" SIZE_MB=1024 RTTS="50 100" RATE=1000 IPERF_SECS=8
 #   LAG_SECS=60 LAG_MBIT=400 LAG_RTT=50 REPAIR_MB=1024
 #   SKIP_BUILD=0 WORK=/tmp/locus-repl PREFIX=lrp- OUT=bench/results/replication.md
 set -Eeuo pipefail
@@ -34,7 +38,7 @@ SKIP_BUILD=${SKIP_BUILD:-0}
 WORK=${WORK:-/tmp/locus-repl}
 PREFIX=${PREFIX:-lrp-}
 OUT=${OUT:-$ROOT/bench/results/replication.md}
-PARTS=${PARTS:-"write lag repair"}
+PARTS=${PARTS:-"write lag nbd repair"}
 LAG_SECS=${LAG_SECS:-60}
 LAG_MBIT=${LAG_MBIT:-400}
 LAG_RTT=${LAG_RTT:-50}
@@ -61,13 +65,14 @@ if [[ $SKIP_BUILD != 1 ]]; then
     (cd "$ROOT" && cargo build --release -p locus -p testkit --bin locus --bin locus-wan) || die "build failed"
 fi
 
-UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNT_PID="" IPERF_PID="" CTL="" MOUNTR_PID=""
+UP_PID="" META_PID="" NODEA_PID="" NODEB_PID="" MOUNT_PID="" IPERF_PID="" CTL="" MOUNTR_PID="" NBD_PID=""
 NODER_PIDS=()
 ALLOWED_CC=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    stop_pid "$NBD_PID" 100
     stop_pid "$MOUNT_PID" 50
     stop_pid "$MOUNTR_PID" 50
     for m in "$MNT" "$MNTR"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true; done
@@ -75,7 +80,7 @@ cleanup() {
     for p in "$NODEB_PID" "$NODEA_PID" "$META_PID" "$IPERF_PID" "$UP_PID"; do stop_pid "$p" 50; done
     [[ -x $BIN/locus-wan ]] && "$BIN/locus-wan" down --prefix "$PREFIX" 2>/dev/null || true
     sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$ALLOWED_CC" 2>/dev/null || true
-    rm -rf "$WORK"/node-* "$WORK/meta.db"* 2>/dev/null || true
+    rm -rf "$WORK"/node-* "$WORK/meta.db"* "$WORK/nbd-src.img" 2>/dev/null || true
     exit $rc
 }
 trap cleanup EXIT
@@ -93,7 +98,7 @@ WAN=$BIN/locus-wan
 # lists chunks on nodes, which a client certificate may not).
 TLS_DIR=$WORK/tls
 bench_pki "meta meta a" "node node-a a" "node node-b b" "node node-r0 r" "node node-r1 r" "node node-r2 r" \
-    "client client-a a" "client client-r r" "admin admin a"
+    "client client-a a" "client client-r r" "client nbd-a a" "client nbd-b b" "admin admin a"
 
 set_path() { # rtt_ms [rate_mbit]
     "$WAN" ctl --control "$CTL" set delay_ms="$(python3 -c "print($1/2)")" loss_pct=0 rate_mbit="${2:-$RATE}" \
@@ -163,7 +168,8 @@ kept() { # part -> that part's section of the previous file (empty if none)
 import re, sys
 text = open(sys.argv[2]).read()
 head = re.search(r"^Release build of .*?(?=\n\n)", text, re.S | re.M)
-starts = {"write": text.find("Two sites joined"), "lag": text.find("## Lag under"), "repair": text.find("## Repair after")}
+starts = {"write": text.find("Two sites joined"), "lag": text.find("## Lag under"), "nbd": text.find("## A block device"),
+          "repair": text.find("## Repair after")}
 start = starts[sys.argv[1]]
 if start < 0:
     sys.exit()
@@ -230,6 +236,24 @@ write_out() { # the sections of the parts run so far, so a failing part keeps th
             echo "|---|---|---|---|---|---|---|---|---|---|"
             echo "$LAG_ROW"
         fi
+        if ! has_part nbd && [[ -n $(kept nbd) ]]; then
+            echo
+            kept nbd
+        fi
+        if ((${#NBD_ROWS[@]})); then
+            echo
+            echo "## A block device written at B (issue 40)"
+            echo
+            echo "\`locus nbd\` (plain NBD on the site's loopback) serving a $SIZE_MB MiB export, written with"
+            echo "nbdcopy --flush from a page-cached file of random bytes: at A in the single-site"
+            echo "directory (meta, node a and the server at A: no WAN), and at B in the \`sync\` a,b"
+            echo "directory (the server's meta is at A, its chunks go to node b and, synchronously,"
+            echo "node a). iperf3 as above. The goal: at B >= 80 % of min(single-site, link)."
+            echo
+            echo "| RTT ms | single-site at A MB/s | sync a,b at B MB/s | iperf3 -P 8 MB/s | B / link | B / single | B / min(single, link) | goal met |"
+            echo "|---|---|---|---|---|---|---|---|"
+            printf '%s\n' "${NBD_ROWS[@]}"
+        fi
         if ! has_part repair && [[ -n $(kept repair) ]]; then
             echo
             kept repair
@@ -257,6 +281,7 @@ ROWS=()
 RATIOS=()
 OVER=()
 LAG_ROW="" REPAIR_ROW=""
+NBD_ROWS=()
 has_part write || RTTS=""
 for rtt in $RTTS; do
     set_path "$rtt"
@@ -359,6 +384,53 @@ print(max(int(r[0]) for r in rows), max(int(r[1]) for r in rows))' "$samples")
     written=$(mbs "$lag_bytes" "$lag_secs")
     say "  wrote $written MB/s; max lag $max_chunks chunks, oldest $max_age s (RPO 30 s); drained $drain s after"
     LAG_ROW="| $LAG_RTT | $LAG_MBIT | $lag_secs | $written | $(wc -l <"$samples") | $max_chunks | $max_age | 30 | $breach | $drain |"
+fi
+
+write_out
+if has_part nbd; then
+    command -v nbdcopy >/dev/null || die "part nbd needs nbdcopy (libnbd-bin)"
+    head -c $((SIZE_MB << 20)) /dev/urandom >"$WORK/nbd-src.img"
+    mkdir -p "$MNT/single" "$MNT/sync"
+    # Sets NBD_SECS to the seconds nbdcopy --flush takes to write the page-cached source
+    # into export PATH served by `locus nbd` in namespace NS as certificate CERT of SITE.
+    nbd_write() { # ns cert site path
+        local t0 t1 out=$LOG/nbd-$2.out
+        ip netns exec "$1" "$LOCUS" nbd --listen 127.0.0.1:10809 --plain --meta "$META" --site "$3" $(tls "$2") \
+            --export "disk=$4,size=${SIZE_MB}M" >"$out" 2>>"$LOG/nbd-$2.err" &
+        NBD_PID=$!
+        wait_line "$out" "listening on" 60 "locus nbd at $3" "$NBD_PID"
+        cat "$WORK/nbd-src.img" >/dev/null
+        t0=$(now)
+        ip netns exec "$1" nbdcopy --flush "$WORK/nbd-src.img" nbd://127.0.0.1:10809/disk || die "nbdcopy at $3 failed"
+        t1=$(now)
+        stop_pid "$NBD_PID" 300
+        NBD_PID=""
+        NBD_SECS=$(secs "$t0" "$t1")
+    }
+    for rtt in $RTTS; do
+        set_path "$rtt"
+        say "nbd: RTT $rtt ms"
+        j=$WORK/iperf.json
+        ip netns exec "$NSA" timeout $((IPERF_SECS + 30)) iperf3 -c "$IPB" -p 5201 -t "$IPERF_SECS" -O 2 -P 8 -C bbr -J \
+            >"$j" 2>/dev/null || true
+        iperf=$(python3 -c "import json; print(f'{json.load(open(\"$j\"))[\"end\"][\"sum_received\"][\"bits_per_second\"]/8e6:.1f}')" \
+            2>/dev/null || echo "?")
+        nbd_write "$NSA" nbd-a a "/single/nbd-$rtt.img"
+        single=$(mbs $((SIZE_MB << 20)) "$NBD_SECS")
+        nbd_write "$NSB" nbd-b b "/sync/nbd-$rtt.img"
+        at_b=$(mbs $((SIZE_MB << 20)) "$NBD_SECS")
+        say "  single-site at A $single MB/s, sync a,b at B $at_b MB/s (iperf3 $iperf MB/s)"
+        NBD_ROWS+=("$(python3 - "$rtt" "$single" "$at_b" "$iperf" "$RATE" <<'PY'
+import sys
+rtt, single, at_b, iperf, rate = sys.argv[1:]
+single, at_b, link = float(single), float(at_b), float(rate) / 8
+bound = min(single, link)
+print(f"| {rtt} | {single:.1f} | {at_b:.1f} | {iperf} | {at_b / link:.2f} | {at_b / single:.2f} | {at_b / bound:.2f} | "
+      f"{'yes' if at_b >= 0.8 * bound else 'no'} |")
+PY
+)")
+        rm -f "$MNT/single/nbd-$rtt.img" "$MNT/sync/nbd-$rtt.img"
+    done
 fi
 
 write_out

@@ -196,6 +196,14 @@ pub(crate) fn read_file(path: &Path) -> io::Result<Option<Bytes>> {
     Ok(Some(Bytes::from_owner(ReadBuffer { buf, start, len: done })))
 }
 
+/// Tells the kernel that `file` is read at random: a read of part of a chunk then
+/// reads from disk only the blocks asked for, not a read-ahead window after them.
+pub(crate) fn read_at_random(file: &File) {
+    // SAFETY: posix_fadvise only advises the kernel about the open descriptor `file`
+    // keeps alive; advice that fails changes nothing.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+}
+
 /// Turns `O_DIRECT` off for an open file: later reads and writes go through the page cache.
 fn stop_direct(file: &File) -> io::Result<()> {
     set_direct(file, false)

@@ -321,6 +321,7 @@ impl ChunkStore {
             Err(e) => return Err(io_err("open chunk", path)(e)),
         };
         let mut blocks = vec![0u8; (to - from) as usize];
+        disk::read_at_random(&file);
         match file.read_exact_at(&mut blocks, from) {
             Ok(()) => {}
             // Shorter than the chunk: truncated on disk.
