@@ -59,6 +59,7 @@ MNTR=$WORK/mnt-r
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, FUSE)"
+command -v iperf3 >/dev/null || die "needs iperf3 (apt-get install iperf3): the link ceiling every part reports"
 
 if [[ $SKIP_BUILD != 1 ]]; then
     say "cargo build --release (locus, locus-wan)"
@@ -136,7 +137,7 @@ CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
 set_path 0
 
 ip netns exec "$NSA" "$LOCUS" meta --listen "$META" --db "$WORK/meta.db" --init --admit-node node-a --admit-node node-b \
-    --admit-node node-r0 --admit-node node-r1 --admit-node node-r2 --no-root-squash a --no-root-squash r $(tls meta) >"$LOG/meta.out" 2>"$LOG/meta.err" &
+    --admit-node node-r0 --admit-node node-r1 --admit-node node-r2 --no-root-squash a --no-root-squash b --no-root-squash r $(tls meta) >"$LOG/meta.out" 2>"$LOG/meta.err" &
 META_PID=$!
 wait_line "$LOG/meta.out" listening 30 "locus meta"
 ip netns exec "$NSA" "$LOCUS" node --listen "$IPA:7101" --meta "$META" --data-dir "$WORK/node-a" --id node-a \
@@ -282,8 +283,9 @@ RATIOS=()
 OVER=()
 LAG_ROW="" REPAIR_ROW=""
 NBD_ROWS=()
-has_part write || RTTS=""
-for rtt in $RTTS; do
+WRITE_RTTS=$RTTS
+has_part write || WRITE_RTTS=""
+for rtt in $WRITE_RTTS; do
     set_path "$rtt"
     say "RTT $rtt ms"
     j=$WORK/iperf.json
