@@ -54,6 +54,9 @@ pub enum Command {
     /// Replication policies of directories (which sites hold the data, how many copies,
     /// when a write is acknowledged).
     Policy(PolicyArgs),
+    /// Metadata homes: subtrees whose metadata commits in an engine of their own
+    /// (`locus meta --home NAME=URL`).
+    Home(HomeArgs),
     /// The cluster's certificate authority: make it, issue certificates, revoke them.
     #[command(subcommand)]
     Ca(CaCommand),
@@ -292,6 +295,47 @@ pub enum PolicyCommand {
 }
 
 #[derive(Args, Debug)]
+pub struct HomeArgs {
+    /// Meta's address [default: the cluster `locus up` runs, else 127.0.0.1:7070].
+    #[arg(long, global = true)]
+    pub meta: Option<String>,
+    #[command(subcommand)]
+    pub command: HomeCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum HomeCommand {
+    /// Makes a new directory (a path in the namespace, e.g. /projects/x) the root of
+    /// home HOME: it and everything made below it commit in that home's engine. A
+    /// rename or hard link between homes fails with EXDEV (programs such as mv copy).
+    Create {
+        path: String,
+        home: String,
+        /// The directory's permission bits, in octal.
+        #[arg(long, default_value = "755", value_parser = parse_mode)]
+        mode: u32,
+    },
+    /// Lists the homes, their junctions and how many inodes each holds.
+    List,
+}
+
+/// NAME=URL of `locus meta --home`.
+fn parse_home(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, url)) if !name.is_empty() && !url.is_empty() => Ok((name.to_string(), url.to_string())),
+        _ => Err(format!("{text:?} is not NAME=URL, e.g. b=sqlite:///var/lib/locus/home-b.db")),
+    }
+}
+
+/// A mode in octal, e.g. 755.
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{text:?} is not a mode in octal, e.g. 755"))
+}
+
+#[derive(Args, Debug)]
 pub struct UpArgs {
     /// Where to mount.
     pub mountpoint: PathBuf,
@@ -337,6 +381,11 @@ pub struct MetaArgs {
     /// and is read back here at the standby once it has replayed the commit.
     #[arg(long, requires = "read_db", value_name = "HOST:PORT")]
     pub forward_writes_to: Option<String>,
+    /// A metadata home besides the root's, NAME=URL (repeatable): a database of its own
+    /// (sqlite:///path or postgres://...) that commits the subtrees `locus home create`
+    /// gives it. An empty database (with --init) becomes a new home.
+    #[arg(long = "home", value_name = "NAME=URL", value_parser = parse_home)]
+    pub homes: Vec<(String, String)>,
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,

@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod block;
 mod cli;
+mod home;
 mod local;
 mod pki;
 mod policy;
@@ -80,6 +81,7 @@ fn default_log(command: &cli::Command) -> &'static str {
         | Fsck(_)
         | Gc(_)
         | Policy(_)
+        | Home(_)
         | Ca(_)
         | Login(_)
         | Bench(_)
@@ -133,6 +135,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Fsck(a) => admin::fsck(a).await,
         Gc(a) => admin::gc(a).await,
         Policy(a) => policy::run(a).await,
+        Home(a) => home::run(a).await,
         Ca(c) => pki::command(c),
         Login(a) => admin::login(a).await,
         Bench(a) => bench::run(a).await,
@@ -179,5 +182,6 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
         Fsck(a) => Some(Operator("locus fsck", a.meta.as_deref())),
         Gc(a) => Some(Operator("locus gc", a.meta.as_deref())),
         Policy(a) => Some(Operator("locus policy", a.meta.as_deref())),
+        Home(a) => Some(Operator("locus home", a.meta.as_deref())),
     }
 }

@@ -118,6 +118,7 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         audit_log: args.audit_log.clone(),
         root_policy: None,
         forward_writes_to: args.forward_writes_to.clone(),
+        homes: args.homes.clone(),
     };
     let (addr, service) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     service.configure_user_auth(meta::authority::UserAuth {
@@ -360,6 +361,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         // One node: one copy is what its site can hold (the default wants two).
         root_policy: Some(proto::policy::Policy { copies: 1, ..Default::default() }),
         forward_writes_to: None,
+        homes: Vec::new(),
     };
     let (meta_addr, meta_service) =
         // The mount is the machine's own: its root is root (as with a local disk).

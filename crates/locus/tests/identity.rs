@@ -72,6 +72,7 @@ fn a_damaged_database_is_refused() {
             audit_log: None,
             root_policy: None,
             forward_writes_to: None,
+            homes: Vec::new(),
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

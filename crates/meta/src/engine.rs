@@ -49,6 +49,8 @@ pub struct Store {
     /// Read connections not in use; a reader waits on `returned` when all are taken.
     readers: Mutex<Vec<Box<dyn ReadConn>>>,
     returned: Condvar,
+    /// A read connection kept for `read_foreign` (`reserve_foreign_reader`).
+    foreign: Mutex<Option<Box<dyn ReadConn>>>,
     local_reads: bool,
     local_writes: bool,
     lease: Option<Arc<dyn crate::store::WriterLease>>,
@@ -75,6 +77,7 @@ impl Store {
             writer: Mutex::new(backend.writer),
             readers: Mutex::new(backend.readers),
             returned: Condvar::new(),
+            foreign: Mutex::new(None),
             local_reads: backend.local_reads,
             local_writes: backend.local_writes,
             lease: backend.lease,
@@ -103,7 +106,7 @@ impl Store {
     /// Runs `f` on a consistent snapshot, on the calling thread, with a free read
     /// connection (waiting for one if all are in use). Blocking. `f` may run more than
     /// once (see `ReadOp`).
-    pub fn read<R>(&self, mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
+    pub fn read<R>(&self, f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
         let mut conn = {
             let mut free = lock(&self.readers);
             loop {
@@ -113,21 +116,33 @@ impl Store {
                 free = wait(&self.returned, free);
             }
         };
-        let mut slot = None;
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            conn.snapshot(&mut |t| {
-                slot = None;
-                slot = Some(f(t)?);
-                Ok(())
-            })
-        }));
+        let result = read_on(&mut *conn, f);
         lock(&self.readers).push(conn);
         self.returned.notify_one();
-        match ran {
-            Ok(ran) => {
-                ran.and_then(|()| slot.ok_or_else(|| MetaError::Internal("read finished without a result".into())))
+        result
+    }
+
+    /// Takes one read connection out of the pool for `read_foreign` (when it has more
+    /// than one).
+    pub fn reserve_foreign_reader(&self) {
+        let mut free = lock(&self.readers);
+        if free.len() > 1 {
+            *lock(&self.foreign) = free.pop();
+        }
+    }
+
+    /// A read for an operation running in another engine (`homes`): on the reserved
+    /// connection, so that two engines' operations waiting for each other's pools can
+    /// never deadlock (a foreign read waits for nothing but this connection). `f` reads
+    /// rows of this engine only.
+    pub fn read_foreign<R>(&self, f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
+        let mut reserved = lock(&self.foreign);
+        match reserved.as_mut() {
+            Some(conn) => read_on(&mut **conn, f),
+            None => {
+                drop(reserved);
+                self.read(f)
             }
-            Err(_) => Err(MetaError::Internal("a metadata read panicked".into())),
         }
     }
 
@@ -246,6 +261,25 @@ pub fn open_store(
         return Err(unsupported("a standby to read from needs a PostgreSQL database".into()));
     }
     Store::new(crate::sqlite::open(std::path::Path::new(path), init)?)
+}
+
+/// Runs `f` on a consistent snapshot of `conn` (see `Store::read`).
+fn read_on<R>(
+    conn: &mut dyn ReadConn,
+    mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>,
+) -> Result<R, MetaError> {
+    let mut slot = None;
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        conn.snapshot(&mut |t| {
+            slot = None;
+            slot = Some(f(t)?);
+            Ok(())
+        })
+    }));
+    match ran {
+        Ok(ran) => ran.and_then(|()| slot.ok_or_else(|| MetaError::Internal("read finished without a result".into()))),
+        Err(_) => Err(MetaError::Internal("a metadata read panicked".into())),
+    }
 }
 
 /// Runs a batch in one transaction, each op inside a savepoint, and answers each op

@@ -117,6 +117,12 @@ pub enum MetaError {
     Unreachable { peer: String, detail: String },
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
+    /// An operation would change rows of two metadata homes (a rename or link between
+    /// them): refused like a rename across file systems.
+    #[error("across metadata homes: {0}")]
+    CrossHome(String),
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -154,6 +160,8 @@ impl MetaError {
             MetaError::IdentityMap { .. } => ErrorCode::InvalidArgument,
             MetaError::SchemaTooNew { .. } | MetaError::SchemaUnknown { .. } => ErrorCode::Unsupported,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
+            MetaError::CrossHome(_) => ErrorCode::CrossDevice,
+            MetaError::Busy(_) => ErrorCode::Busy,
             MetaError::Fenced(_) => ErrorCode::ReadOnly,
             MetaError::SessionUnknown(_) => ErrorCode::SessionUnknown,
             MetaError::TimedOut { .. } => ErrorCode::TimedOut,

@@ -8,6 +8,7 @@ mod audit;
 pub mod authority;
 mod engine;
 mod error;
+pub mod homes;
 mod identity;
 mod locks;
 mod migrate;

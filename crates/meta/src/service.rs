@@ -5,8 +5,10 @@
 use crate::audit::AuditLog;
 use crate::engine::{self, Store};
 use crate::error::MetaError;
+use crate::homes::{self, Home, HomeId, Homes, home_of};
 use crate::identity::{Acting, Identities};
 use crate::ops::{self, Ctx};
+use crate::store::Txn;
 use bytes::Bytes;
 use net::ConnHandle;
 use proto::meta::{Access, Claim, Grants, MetaReply, MetaRequest, MetaResult};
@@ -55,6 +57,10 @@ pub struct MetaConfig {
     /// running it against the primary from here costs several), and read back here at
     /// the standby once it has replayed the commit.
     pub forward_writes_to: Option<String>,
+    /// Metadata homes besides the root's, by name: each an engine of its own (`homes`),
+    /// a database URL as for `db_url`. A new (empty) database becomes a new home of
+    /// this cluster; an existing one must be the home of that name of this cluster.
+    pub homes: Vec<(String, String)>,
 }
 
 /// `MetaConfig::db_timeout` unless told otherwise: far above any one request's work
@@ -63,7 +69,10 @@ pub const DEFAULT_DB_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The metadata service: one per cluster, shared by every connection.
 pub struct MetaService {
+    /// Home 0's engine: sessions, nodes, the primary's lease and epoch (`homes.root()`).
     store: Arc<Store>,
+    /// Every home's engine; requests run in the engine of the home they change.
+    homes: Arc<Homes>,
     cluster_id: Arc<str>,
     heartbeat: Duration,
     session_expiry: Duration,
@@ -152,17 +161,34 @@ impl MetaService {
         if let (true, Some(policy)) = (store.formatted(), config.root_policy.clone()) {
             engine::write(&store, true, move |t| t.put_policy(proto::types::ROOT_INODE, &policy))?;
         }
-        Ok(Self::build(Arc::new(store), config, audit))
+        let store = Arc::new(store);
+        let mut homes = vec![Home { id: 0, name: ROOT_HOME.into(), store: store.clone() }];
+        for (name, url) in &config.homes {
+            if config.forward_writes_to.is_some() {
+                return Err(MetaError::InvalidArgument(
+                    "metadata homes are served by the meta that holds them: --home cannot be combined with                      --forward-writes-to yet"
+                        .into(),
+                ));
+            }
+            let home = engine::open_store(url, None, config.init, None, config.db_timeout)?;
+            let id = homes::adopt(&store, &home, name, url)?;
+            homes.push(Home { id, name: name.clone(), store: Arc::new(home) });
+        }
+        let homes = Arc::new(Homes::new(homes)?);
+        homes::settle_junctions(&homes)?;
+        Ok(Self::build(homes, config, audit))
     }
 
     /// A service over any backend's store (`db_url`, `init` and `audit_log` in `config`
     /// are unused: its audit log lives in memory).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
-        Self::build(store, config, AuditLog::in_memory())
+        Self::build(Arc::new(Homes::single(store)), config, AuditLog::in_memory())
     }
 
-    fn build(store: Arc<Store>, config: &MetaConfig, audit: AuditLog) -> Arc<MetaService> {
+    fn build(homes: Arc<Homes>, config: &MetaConfig, audit: AuditLog) -> Arc<MetaService> {
+        let store = homes.root().clone();
         Arc::new(MetaService {
+            homes,
             cap_key: capability_key(store.cluster_secret()),
             token_key: blake3::derive_key("locus 2026-11 user token key", store.cluster_secret()),
             user_auth: Default::default(),
@@ -452,6 +478,17 @@ impl MetaService {
             ops::reap_orphans(t)?;
             Ok(expired)
         })?;
+        // A session's locks and opens in the other homes go with it; their orphans too.
+        for home in &self.homes.all()[1..] {
+            let (homes, id, ended) = (self.homes.clone(), home.id, expired.clone());
+            engine::write(&home.store, false, move |t| {
+                let t = &mut homes.txn(id, t);
+                for s in &ended {
+                    ops::release_session(t, *s)?;
+                }
+                ops::reap_orphans(t).map(drop)
+            })?;
+        }
         let mut clients = lock(&self.clients);
         for s in &expired {
             clients.remove(s);
@@ -535,8 +572,14 @@ impl MetaService {
                 MetaRequest::Login(m) => self.login(peer, m.lifetime_secs).await.map(Into::into),
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
+            Access::Read { .. } if matches!(req, MetaRequest::ListHomes(_)) => {
+                homes::list(&self.homes).await.map(Into::into)
+            }
             Access::Read { point } => {
-                Ok(match engine::read_async(&self.store, point, move |t| ops::read(t, &ctx, req.clone())).await? {
+                let (homes, home) = (self.homes.clone(), writing_home(&req));
+                let store = homes.store(home)?.clone();
+                let read = move |t: &mut dyn Txn| ops::read(&mut homes.txn(home, t), &ctx, req.clone());
+                Ok(match engine::read_async(&store, point, read).await? {
                     // Worker reports live in memory, beside the store.
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
@@ -559,12 +602,9 @@ impl MetaService {
                     MetaRequest::Goodbye(m) => Some(m.session),
                     _ => None,
                 };
-                let reply = match &self.forwarding {
-                    Some(forwarding) => forwarding.write(&self.store, ctx, req).await?,
-                    None => {
-                        engine::write_async(self.store.clone(), durable, move |t| ops::write(t, &ctx, req.clone()))
-                            .await?
-                    }
+                let reply = match (&self.forwarding, req) {
+                    (Some(forwarding), req) => forwarding.write(&self.store, ctx, req).await?,
+                    (None, req) => self.commit(ctx, durable, req).await?,
                 };
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
@@ -573,6 +613,98 @@ impl MetaService {
             }
         }
     }
+}
+
+impl MetaService {
+    /// Commits a write in the engine of the home it changes (`writing_home`); the few
+    /// that concern every home run in each, home 0 first (a session's end, a node's
+    /// removal, gc's forgetting, a sync); a junction in the two homes it joins.
+    async fn commit(&self, ctx: Ctx, durable: bool, req: MetaRequest) -> Result<MetaReply, MetaError> {
+        if let MetaRequest::MakeJunction(m) = req {
+            return homes::make_junction(&self.homes, ctx, m).await.map(Into::into);
+        }
+        let (homes, home) = (self.homes.clone(), writing_home(&req));
+        let store = homes.store(home)?.clone();
+        let (first, again) = (req.clone(), req);
+        let first_ctx = ctx.clone();
+        let removing = matches!(first, MetaRequest::Rmdir(_));
+        let reply = engine::write_async(store, durable, move |t| {
+            ops::write(&mut homes.txn(home, t), &first_ctx, first.clone())
+        })
+        .await
+        .map_err(|e| match e {
+            // Only a home's root lies in another home than its directory: like a
+            // mount point, it stays.
+            MetaError::CrossHome(why) if removing => {
+                MetaError::Busy(format!("the directory is the root of a metadata home ({why})"))
+            }
+            e => e,
+        })?;
+        if !every_home(&again) {
+            return Ok(reply);
+        }
+        for other in self.homes.all().iter().skip(1) {
+            let (homes, id, ctx, req) = (self.homes.clone(), other.id, ctx.clone(), again.clone());
+            let in_other = move |t: &mut dyn Txn| {
+                let t = &mut homes.txn(id, t);
+                match &req {
+                    MetaRequest::Goodbye(m) => ops::release_session(t, m.session),
+                    MetaRequest::RemoveNode(m) => t.delete_node(&m.node),
+                    MetaRequest::ForgetChunks(_) | MetaRequest::SyncAll(_) => {
+                        ops::write(t, &ctx, req.clone()).map(drop)
+                    }
+                    _ => Ok(()),
+                }
+            };
+            engine::write_async(other.store.clone(), durable, in_other).await?;
+        }
+        Ok(reply)
+    }
+}
+
+/// The name home 0, the root's, goes by.
+pub const ROOT_HOME: &str = "root";
+
+/// The home whose engine a request runs in: the home of the inode it changes (or
+/// reads), home 0 for everything that is not about one inode.
+fn writing_home(req: &MetaRequest) -> HomeId {
+    use MetaRequest as R;
+    let ino = match req {
+        R::Lookup(m) => m.parent,
+        R::GetAttr(m) => m.ino,
+        R::SetAttr(m) => m.ino,
+        R::Create(m) => m.parent,
+        R::CreateOpen(m) => m.create.parent,
+        R::Link(m) => m.new_parent,
+        R::Unlink(m) => m.parent,
+        R::Rmdir(m) => m.parent,
+        R::Rename(m) => m.parent,
+        R::ReadLink(m) => m.ino,
+        R::ReadDir(m) => m.ino,
+        R::GetXattr(m) => m.ino,
+        R::SetXattr(m) => m.ino,
+        R::ListXattr(m) => m.ino,
+        R::RemoveXattr(m) => m.ino,
+        R::Open(m) => m.ino,
+        R::Release(m) => m.ino,
+        R::Extents(m) => m.ino,
+        R::CommitWrite(m) => m.ino,
+        R::Fallocate(m) => m.ino,
+        R::Compact(m) => m.ino,
+        R::GetLock(m) => m.lock.ino,
+        R::SetLock(m) => m.lock.ino,
+        R::ReleaseLocks(m) => m.ino,
+        R::SetPolicy(m) => m.ino,
+        R::GetPolicy(m) => m.ino,
+        _ => return 0,
+    };
+    home_of(ino)
+}
+
+/// Writes that change every home's rows besides home 0's (`commit`).
+fn every_home(req: &MetaRequest) -> bool {
+    use MetaRequest as R;
+    matches!(req, R::Goodbye(_) | R::RemoveNode(_) | R::ForgetChunks(_) | R::SyncAll(_))
 }
 
 impl MetaService {
@@ -597,7 +729,7 @@ impl MetaService {
             )));
         }
         let ctx = self.ctx().acting_for(forward.caller, forward.certificate, forward.oversees);
-        let reply = engine::write_async(self.store.clone(), true, move |t| ops::write(t, &ctx, req.clone())).await?;
+        let reply = self.commit(ctx, true, req).await?;
         let reply = proto::frame::encode_payload(&reply).map_err(|e| MetaError::Internal(e.to_string()))?;
         Ok(proto::meta::Forwarded { reply, position: self.store.commit_position() })
     }

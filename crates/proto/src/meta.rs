@@ -738,6 +738,27 @@ meta_requests! {
         /// The `MetaRequest`, encoded.
         request: Vec<u8>,
     } => Forwarded { access: durable, roles: [Meta], changes_dirs: true };
+    /// Makes directory `name` in `parent` the root of metadata home `home` (`locus home
+    /// create`): it and everything made below it commit in that home's engine.
+    MakeJunction {
+        parent: InodeId,
+        name: Vec<u8>,
+        home: String,
+        mode: u32,
+    } => Attr { access: durable, roles: [Admin, Meta], changes_dirs: true, audited: true };
+    /// Every metadata home: its number, its name and the root of each of its subtrees.
+    ListHomes {} => Vec<HomeInfo> { access: scan, roles: [Client, Admin, Meta], changes_dirs: false };
+}
+
+/// One metadata home as `locus home list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeInfo {
+    pub id: u16,
+    pub name: String,
+    /// Inodes of the junctions whose subtrees the home holds (none for home 0: the root).
+    pub junctions: Vec<InodeId>,
+    /// Inodes the home's engine holds.
+    pub inodes: u64,
 }
 
 /// A join token as `locus node token` prints it once.
@@ -936,6 +957,7 @@ reply_enum! {
     Token(JoinToken),
     Login(crate::cap::UserToken),
     Forwarded(Forwarded),
+    Homes(Vec<HomeInfo>),
 }
 
 /// The payload of every meta response frame.
@@ -950,7 +972,7 @@ mod tests {
     /// a plain read), and reads change no directory.
     #[test]
     fn the_request_table_is_consistent() {
-        assert_eq!(MetaRequestKind::ALL.len(), 52);
+        assert_eq!(MetaRequestKind::ALL.len(), 54);
         // A forward acts for any user: only a meta certificate may send one.
         assert_eq!(MetaRequestKind::Forward.facts().roles, &[Role::Meta]);
         for kind in MetaRequestKind::ALL {

@@ -686,6 +686,7 @@ impl Env {
                 audit_log: None,
                 root_policy: None,
                 forward_writes_to: None,
+                homes: Vec::new(),
             };
             let service = meta::MetaService::open(&config).unwrap();
             // The clients are this process's own mount (its node certificate asking

@@ -22,6 +22,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         audit_log: None,
         root_policy: None,
         forward_writes_to: None,
+        homes: Vec::new(),
     }
 }
 

@@ -14,10 +14,11 @@ use catalogue::{admit, drain, forget_chunk, join, make_join_token, nodes, regist
 use data::{commit_write, compact, fallocate, prefetch_data_write, punch, span, truncate};
 use locks::{add_open, get_lock, release, release_locks, set_lock};
 use namespace::{Created, create, destroy, link, lookup, read_dir, rename, rmdir, set_attr, set_xattr, unlink};
+pub(crate) use namespace::{Fresh, enter, new_node};
 use perm::{MAY_EXEC, MAY_READ, MAY_WRITE, check, check_data_write, check_privileged, check_xattr};
 use policy::{effective_policy, policy_warnings, set_policy, under_replicated};
 use sessions::hello;
-pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused};
+pub use sessions::{end_session, expire_sessions, reap_orphans, reclaim_if_unused, release_session};
 
 use crate::error::MetaError;
 use crate::store::{Counter, Inode, Prefetch, SessionRow, Txn};

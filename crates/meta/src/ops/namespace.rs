@@ -52,7 +52,7 @@ pub(super) fn read_dir(
 }
 
 /// What `create` made (or found, for a non-exclusive create of an existing file).
-pub(super) struct Created {
+pub(crate) struct Created {
     pub attr: Attr,
     /// False when an existing regular file was returned.
     pub created: bool,
@@ -64,6 +64,27 @@ pub(super) struct Created {
 /// It inherits the directory's default ACL where there is one (a directory keeps it as
 /// its own default too), and otherwise gets the mode asked for less the umask.
 pub(super) fn create(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Caller) -> Result<Created, MetaError> {
+    let (parent, name) = (req.parent, req.name.clone());
+    match new_node(t, now, req, caller)? {
+        Fresh::Found(found) => Ok(found),
+        Fresh::Made(new) => {
+            let parent = enter(t, parent, &name, &new, now)?;
+            Ok(Created { attr: new.attr, created: true, parent })
+        }
+    }
+}
+
+/// What `new_node` did: found an existing file a non-exclusive create returns, or made
+/// an inode that no entry names yet.
+pub(crate) enum Fresh {
+    Found(Created),
+    Made(Inode),
+}
+
+/// The first half of `create`: the checks, and the new inode with its inherited ACLs;
+/// `enter` then names it in its directory. A junction runs the halves in two homes
+/// (`MetaService::make_junction`).
+pub(crate) fn new_node(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Caller) -> Result<Fresh, MetaError> {
     let Create { parent, name, node, mode, umask, exclusive } = req;
     check_name(&name)?;
     t.prefetch(Prefetch::entry(parent, &name))?;
@@ -72,7 +93,7 @@ pub(super) fn create(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Call
     if let Some(existing) = t.get_dentry(parent, &name)? {
         let e = inode(t, existing)?;
         if !exclusive && e.attr.kind == FileKind::File && node == NewNode::File {
-            return Ok(Created { attr: e.attr, created: false, parent: p.attr });
+            return Ok(Fresh::Found(Created { attr: e.attr, created: false, parent: p.attr }));
         }
         return Err(MetaError::Exists(show(&name)));
     }
@@ -140,10 +161,24 @@ pub(super) fn create(t: &mut dyn Txn, now: Timestamp, req: Create, caller: &Call
     if let (true, Some(default)) = (is_dir, &default_acl) {
         t.set_xattr(ino, acl::DEFAULT, &default.encode())?;
     }
+    Ok(Fresh::Made(new))
+}
+
+/// The second half of `create`: names `new` `name` in directory `parent` (refused if
+/// the name was taken since `new_node` looked); returns the directory's attributes.
+pub(crate) fn enter(
+    t: &mut dyn Txn,
+    parent: InodeId,
+    name: &[u8],
+    new: &Inode,
+    now: Timestamp,
+) -> Result<Attr, MetaError> {
+    if t.get_dentry(parent, name)?.is_some() {
+        return Err(MetaError::Exists(show(name)));
+    }
     let cookie = t.next_id(Counter::Cookie)?;
-    t.put_dentry(parent, &name, ino, cookie)?;
-    let parent = touch_dir(t, parent, now, if is_dir { 1 } else { 0 })?;
-    Ok(Created { attr: new.attr, created: true, parent })
+    t.put_dentry(parent, name, new.attr.ino, cookie)?;
+    touch_dir(t, parent, now, if new.attr.kind == FileKind::Dir { 1 } else { 0 })
 }
 
 pub(super) fn link(

@@ -29,11 +29,18 @@ pub(super) fn hello(t: &mut dyn Txn, ctx: &Ctx, protocol: u32, info: SessionInfo
 /// Ends a session: drops its locks, its open records (reclaiming orphans nobody else
 /// has open) and its row.
 pub fn end_session(t: &mut dyn Txn, session: SessionId) -> Result<(), MetaError> {
+    release_session(t, session)?;
+    t.delete_session(session)
+}
+
+/// Drops a session's locks and open records (reclaiming orphans nobody else has open)
+/// in the transaction's home; a session's row lives in home 0 (`end_session`).
+pub fn release_session(t: &mut dyn Txn, session: SessionId) -> Result<(), MetaError> {
     t.delete_session_locks(session)?;
     for ino in t.delete_session_opens(session)? {
         reclaim_if_unused(t, ino)?;
     }
-    t.delete_session(session)
+    Ok(())
 }
 
 /// Ends every session silent since before `cutoff_ms`, returning their ids.

@@ -1,0 +1,39 @@
+//! `locus home create|list`: metadata homes, the subtrees whose metadata commits in an
+//! engine of its own (`locus meta --home NAME=URL`).
+
+use crate::cli::{HomeArgs, HomeCommand};
+use crate::policy::{path_of, resolve};
+use anyhow::{Context, bail};
+use proto::meta::{ListHomes, MakeJunction};
+use std::process::ExitCode;
+use std::time::Duration;
+
+pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
+    let addr = crate::local::meta_addr(args.meta.as_deref());
+    let meta = crate::admin::connect_meta(&addr, Duration::from_secs(30)).await?;
+    match args.command {
+        HomeCommand::Create { path, home, mode } => {
+            let trimmed = path.trim_end_matches('/');
+            let Some((parent, name)) = trimmed.rsplit_once('/').filter(|(_, name)| !name.is_empty()) else {
+                bail!("{path:?} names no new directory: give its path in the namespace, e.g. /projects/x");
+            };
+            let parent_ino = resolve(&meta, parent).await?;
+            let made = meta
+                .ask(MakeJunction { parent: parent_ino, name: name.as_bytes().to_vec(), home: home.clone(), mode })
+                .await?
+                .with_context(|| format!("{path}: making it the root of home {home}"))?;
+            println!("{trimmed}: the root of home {home} (inode {})", made.ino);
+        }
+        HomeCommand::List => {
+            for home in meta.ask(ListHomes {}).await?? {
+                let mut roots = Vec::new();
+                for ino in &home.junctions {
+                    roots.push(path_of(&meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})")));
+                }
+                let roots = if home.id == 0 { "/".to_string() } else { roots.join(", ") };
+                println!("{:>5}  {:<16} {:>10} inodes  {roots}", home.id, home.name, home.inodes);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

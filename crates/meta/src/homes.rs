@@ -1,0 +1,823 @@
+//! Metadata homes: the namespace partitioned by subtree across engines (issue 35).
+//!
+//! A home is the subtree below a *junction* directory, down to the next junctions; home
+//! 0 is the root's. Each home commits in an engine of its own (a `Store`: its own SQLite
+//! file or PostgreSQL database), so writes in different homes never wait for one
+//! another, and a home can live where its writers are. Home `h` numbers its inodes from
+//! `h << HOME_SHIFT` on: an inode's home is `ino >> HOME_SHIFT`, so requests are routed
+//! without a table and inode numbers never change.
+//!
+//! A request runs in the engine of the home it changes (`writing_home`), through a
+//! `HomesTxn`: rows of other homes are read from their engines, and writing one fails
+//! with `MetaError::CrossHome` (EXDEV: a rename or link between homes), so the POSIX
+//! rules in `ops` stay written once. Sessions, nodes, admission and principals live in
+//! home 0. Each engine keeps the catalogue rows (refcounts, replica locations) of the
+//! chunks its own extents use, so a commit stays one transaction; reads of the
+//! catalogue merge every engine, so gc deletes only what no home references.
+
+use crate::engine::Store;
+use crate::error::MetaError;
+use crate::locks::Held;
+use crate::store::{Counter, DentryRow, Inode, OpenRow, Prefetch, SessionRow, Txn};
+use proto::meta::StoredChunk;
+use proto::policy::Policy;
+use proto::types::{ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
+use std::sync::Arc;
+
+/// A home's number: home 0 is the root's.
+pub type HomeId = u16;
+
+/// Home `h`'s inodes are numbered from `h << HOME_SHIFT`.
+pub const HOME_SHIFT: u32 = 48;
+
+/// The home an inode belongs to.
+pub fn home_of(ino: InodeId) -> HomeId {
+    (ino >> HOME_SHIFT) as HomeId
+}
+
+/// The attribute of inode 0 (which no file has) that records, in a home's engine,
+/// which home of which cluster it is: "<cluster id> <home id> <name>".
+pub(crate) const IDENTITY: &[u8] = b"locus.home";
+/// The attribute of inode 0 in home 0's engine that registers a home by name: its id.
+pub(crate) fn registry_key(name: &str) -> Vec<u8> {
+    format!("locus.home.{name}").into_bytes()
+}
+/// The attribute of inode 0 in a home's engine that marks a junction being made (its
+/// inode, parent and name), until the parent's entry names it (`settle_junctions`).
+pub(crate) fn pending_key(ino: InodeId) -> Vec<u8> {
+    format!("locus.pending-junction.{ino}").into_bytes()
+}
+
+/// One home: its number, name and engine.
+pub struct Home {
+    pub id: HomeId,
+    pub name: String,
+    pub store: Arc<Store>,
+}
+
+/// Every home this meta serves, home 0 first.
+pub struct Homes {
+    homes: Vec<Home>,
+}
+
+impl Homes {
+    /// A single home: the root's, in `store` (a cluster without junctions).
+    pub fn single(store: Arc<Store>) -> Homes {
+        Homes { homes: vec![Home { id: 0, name: "root".into(), store }] }
+    }
+
+    /// Home 0 and the others; ids must be unique.
+    pub fn new(mut homes: Vec<Home>) -> Result<Homes, MetaError> {
+        homes.sort_by_key(|h| h.id);
+        if homes.first().map(|h| h.id) != Some(0) || homes.windows(2).any(|w| w[0].id == w[1].id) {
+            return Err(MetaError::Internal("homes need home 0 and unique ids".into()));
+        }
+        if homes.len() > 1 {
+            for home in &homes {
+                home.store.reserve_foreign_reader();
+            }
+        }
+        Ok(Homes { homes })
+    }
+
+    /// Home 0's engine: sessions, nodes, admission and principals live there.
+    pub fn root(&self) -> &Arc<Store> {
+        &self.homes[0].store
+    }
+
+    /// Every home, home 0 first.
+    pub fn all(&self) -> &[Home] {
+        &self.homes
+    }
+
+    /// The home named `name`.
+    pub fn named(&self, name: &str) -> Option<&Home> {
+        self.homes.iter().find(|h| h.name == name)
+    }
+
+    /// Home `id`'s engine.
+    pub fn store(&self, id: HomeId) -> Result<&Arc<Store>, MetaError> {
+        self.homes.iter().find(|h| h.id == id).map(|h| &h.store).ok_or_else(|| {
+            MetaError::Internal(format!(
+                "inode of home {id}, which this meta does not serve: start it with that home's --home NAME=URL"
+            ))
+        })
+    }
+
+    /// A transaction of home `home`'s engine (`own`), seeing every home.
+    pub fn txn<'a>(&'a self, home: HomeId, own: &'a mut dyn Txn) -> HomesTxn<'a> {
+        HomesTxn { own, home, homes: self }
+    }
+}
+
+/// A transaction of one home's engine that reads every home's rows (`homes`).
+pub struct HomesTxn<'a> {
+    own: &'a mut dyn Txn,
+    home: HomeId,
+    homes: &'a Homes,
+}
+
+impl HomesTxn<'_> {
+    /// Runs `f` on home `home`'s rows: in this transaction, or a read of its engine.
+    fn at<R>(&mut self, home: HomeId, mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
+        if home == self.home {
+            return f(self.own);
+        }
+        self.homes.store(home)?.read_foreign(&mut f)
+    }
+
+    /// Refuses a change to a row of another home.
+    fn mine(&self, home: HomeId, what: &str) -> Result<(), MetaError> {
+        if home == self.home {
+            return Ok(());
+        }
+        Err(MetaError::CrossHome(format!(
+            "{what} belongs to home {home}, this operation commits in home {}: an operation changes one home only",
+            self.home
+        )))
+    }
+
+    /// Runs `f` on every home's rows, home 0 first.
+    fn each<R>(&mut self, mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<Vec<R>, MetaError> {
+        let ids: Vec<HomeId> = self.homes.all().iter().map(|h| h.id).collect();
+        ids.into_iter().map(|h| self.at(h, &mut f)).collect()
+    }
+}
+
+impl Txn for HomesTxn<'_> {
+    fn next_id(&mut self, counter: Counter) -> Result<u64, MetaError> {
+        match counter {
+            // Each engine counts from 1; a home's inodes lie in its own range.
+            Counter::Inode => Ok((u64::from(self.home) << HOME_SHIFT) | self.own.next_id(counter)?),
+            Counter::Session => {
+                self.mine(0, "a session")?;
+                self.own.next_id(counter)
+            }
+            Counter::Cookie | Counter::Sync => self.own.next_id(counter),
+        }
+    }
+
+    fn get_inode(&mut self, ino: InodeId) -> Result<Option<Inode>, MetaError> {
+        self.at(home_of(ino), |t| t.get_inode(ino))
+    }
+    fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
+        self.mine(home_of(inode.attr.ino), &format!("inode {}", inode.attr.ino))?;
+        self.own.put_inode(inode)
+    }
+    fn delete_inode(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.delete_inode(ino)
+    }
+    fn count_inodes(&mut self) -> Result<u64, MetaError> {
+        Ok(self.each(|t| t.count_inodes())?.into_iter().sum())
+    }
+
+    fn get_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>, MetaError> {
+        self.at(home_of(parent), |t| t.get_dentry(parent, name))
+    }
+    fn parents_of(&mut self, ino: InodeId) -> Result<Vec<InodeId>, MetaError> {
+        // A junction's one name is in its parent's home; a file's names in its own.
+        self.at(home_of(ino), |t| t.parents_of(ino))
+    }
+    fn prefetch(&mut self, want: Prefetch<'_>) -> Result<(), MetaError> {
+        let own = |ino: InodeId| home_of(ino) == self.home;
+        let entry = want.entry.filter(|(parent, _)| own(*parent));
+        let open = want.open.filter(|(_, ino)| own(*ino));
+        let extents = want.extents.filter(|(ino, _, _)| own(*ino));
+        let policies = want.policies.filter(|ino| own(*ino));
+        let session = want.session.filter(|_| self.home == 0);
+        self.own.prefetch(Prefetch { entry, open, extents, policies, session, ..want })
+    }
+    fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
+        self.mine(home_of(parent), &format!("directory {parent}"))?;
+        self.own.put_dentry(parent, name, ino, cookie)
+    }
+    fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        self.mine(home_of(parent), &format!("directory {parent}"))?;
+        self.own.delete_dentry(parent, name)
+    }
+    fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
+        self.at(home_of(parent), |t| t.list_dentries(parent, after, limit))
+    }
+
+    fn extents_overlapping(&mut self, ino: InodeId, start: u64, end: u64) -> Result<Vec<Extent>, MetaError> {
+        self.at(home_of(ino), |t| t.extents_overlapping(ino, start, end))
+    }
+    fn insert_extent(&mut self, ino: InodeId, extent: &Extent) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.insert_extent(ino, extent)
+    }
+    fn delete_extent(&mut self, ino: InodeId, file_offset: u64) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.delete_extent(ino, file_offset)
+    }
+    fn list_extents(&mut self, after: Option<(InodeId, u64)>, limit: u32) -> Result<Vec<(InodeId, Extent)>, MetaError> {
+        // Homes hold ascending inode ranges: page through them in order.
+        let first = after.map_or(0, |(ino, _)| home_of(ino));
+        let ids: Vec<HomeId> = self.homes.all().iter().map(|h| h.id).filter(|h| *h >= first).collect();
+        let mut out = Vec::new();
+        for h in ids {
+            let from = after.filter(|(ino, _)| home_of(*ino) == h);
+            let want = limit - out.len() as u32;
+            out.extend(self.at(h, |t| t.list_extents(from, want))?);
+            if out.len() as u32 >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn upsert_chunk(&mut self, chunk: &StoredChunk) -> Result<(), MetaError> {
+        self.own.upsert_chunk(chunk)
+    }
+    fn add_cached(&mut self, id: &ChunkId, size: u64, node: &str) -> Result<(), MetaError> {
+        self.own.add_cached(id, size, node)
+    }
+    fn adjust_refcount(&mut self, id: &ChunkId, delta: i64) -> Result<(), MetaError> {
+        self.own.adjust_refcount(id, delta)
+    }
+    fn get_chunk(&mut self, id: &ChunkId) -> Result<Option<ChunkRecord>, MetaError> {
+        Ok(self.each(|t| t.get_chunk(id))?.into_iter().flatten().reduce(merge_records))
+    }
+    fn list_chunks(&mut self, after: Option<&ChunkId>, limit: u32) -> Result<Vec<ChunkRecord>, MetaError> {
+        // Each engine's first `limit` ids after `after` hold the first `limit` of all.
+        let mut all: Vec<ChunkRecord> = self.each(|t| t.list_chunks(after, limit))?.into_iter().flatten().collect();
+        all.sort_by_key(|r| r.id);
+        let mut out: Vec<ChunkRecord> = Vec::new();
+        for record in all {
+            match out.last_mut() {
+                Some(last) if last.id == record.id => *last = merge_records(last.clone(), record),
+                _ => out.push(record),
+            }
+        }
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+    fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError> {
+        self.own.delete_chunk(id)
+    }
+    fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
+        self.own.remove_location(id, node)
+    }
+    fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError> {
+        self.at(0, |t| t.site_rtts())
+    }
+    fn chunk_totals(&mut self) -> Result<(u64, u64), MetaError> {
+        // A chunk several homes reference counts once per home.
+        Ok(self.each(|t| t.chunk_totals())?.into_iter().fold((0, 0), |(c, b), (c2, b2)| (c + c2, b + b2)))
+    }
+
+    fn get_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        self.at(home_of(ino), |t| t.get_xattr(ino, name))
+    }
+    fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.set_xattr(ino, name, value)
+    }
+    fn list_xattrs(&mut self, ino: InodeId) -> Result<Vec<Vec<u8>>, MetaError> {
+        self.at(home_of(ino), |t| t.list_xattrs(ino))
+    }
+    fn delete_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<bool, MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.delete_xattr(ino, name)
+    }
+    fn delete_all_xattrs(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.delete_all_xattrs(ino)
+    }
+
+    fn orphans(&mut self) -> Result<Vec<InodeId>, MetaError> {
+        // Reclaiming one writes its home: each home reaps its own.
+        self.own.orphans()
+    }
+
+    fn put_session(&mut self, session: &SessionRow) -> Result<(), MetaError> {
+        self.mine(0, "a session")?;
+        self.own.put_session(session)
+    }
+    fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
+        self.at(0, |t| t.get_session(id))
+    }
+    fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError> {
+        self.at(0, |t| t.list_sessions())
+    }
+    fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
+        self.mine(0, "a session")?;
+        self.own.delete_session(id)
+    }
+
+    fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
+        self.at(home_of(ino), |t| t.locks_on(ino))
+    }
+    fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.put_locks(ino, held)
+    }
+    fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError> {
+        // Each home drops the locks it holds (`MetaService` ends a session in each).
+        self.own.delete_session_locks(session)
+    }
+
+    fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
+        self.at(home_of(ino), |t| t.get_open(session, ino))
+    }
+    fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.put_open(session, ino, open)
+    }
+    fn drop_open(&mut self, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.drop_open(session, ino)
+    }
+    fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
+        self.at(home_of(ino), |t| t.count_opens(ino))
+    }
+    fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
+        self.own.delete_session_opens(session)
+    }
+
+    fn put_node(&mut self, node: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {
+        self.mine(0, "a node")?;
+        self.own.put_node(node, last_seen_ms)
+    }
+    fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError> {
+        self.at(0, |t| t.get_node(id))
+    }
+    fn list_nodes(&mut self) -> Result<Vec<(NodeInfo, i64)>, MetaError> {
+        self.at(0, |t| t.list_nodes())
+    }
+
+    fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
+        self.at(home_of(ino), |t| t.get_policy(ino))
+    }
+    fn may_have_policies(&mut self) -> Result<bool, MetaError> {
+        Ok(self.each(|t| t.may_have_policies())?.into_iter().any(|may| may))
+    }
+    fn put_policy(&mut self, ino: InodeId, policy: &Policy) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.put_policy(ino, policy)
+    }
+    fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.mine(home_of(ino), &format!("inode {ino}"))?;
+        self.own.delete_policy(ino)
+    }
+    fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
+        Ok(self.each(|t| t.list_policies())?.into_iter().flatten().collect())
+    }
+    fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
+        self.mine(0, "a node")?;
+        self.own.set_drained(node, drained)
+    }
+    fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
+        self.at(0, |t| t.drained_nodes())
+    }
+    fn get_admission(&mut self, node: &str) -> Result<Option<bool>, MetaError> {
+        self.at(0, |t| t.get_admission(node))
+    }
+    fn set_admission(&mut self, node: &str, admitted: bool) -> Result<(), MetaError> {
+        self.mine(0, "a node")?;
+        self.own.set_admission(node, admitted)
+    }
+    fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {
+        // Its locations in other homes' catalogues go when the service runs it there.
+        self.own.delete_node(node)
+    }
+    fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError> {
+        self.mine(0, "a join token")?;
+        self.own.put_join_token(hash, expires_ms)
+    }
+    fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError> {
+        self.mine(0, "a join token")?;
+        self.own.take_join_token(hash)
+    }
+
+    fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError> {
+        self.at(0, |t| t.principal(name))
+    }
+    fn add_principal(&mut self, name: &str) -> Result<u32, MetaError> {
+        self.mine(0, "a principal")?;
+        self.own.add_principal(name)
+    }
+}
+
+/// One chunk's catalogue rows of two homes as one: references add up, copies join.
+fn merge_records(mut a: ChunkRecord, b: ChunkRecord) -> ChunkRecord {
+    let replica = |r: &ChunkRecord, node: &String| r.nodes.contains(node) && !r.cached.contains(node);
+    // A copy that either home's rows record as a replica is a replica.
+    let cached: Vec<String> =
+        a.cached.iter().chain(&b.cached).filter(|n| !replica(&a, n) && !replica(&b, n)).cloned().collect();
+    a.refcount += b.refcount;
+    for node in b.nodes {
+        if !a.nodes.contains(&node) {
+            a.nodes.push(node);
+        }
+    }
+    a.cached = Vec::new();
+    for node in cached {
+        if !a.cached.contains(&node) {
+            a.cached.push(node);
+        }
+    }
+    a
+}
+
+/// The attribute of inode 0 in a home's engine that lists a junction of the home.
+fn junction_key(ino: InodeId) -> Vec<u8> {
+    format!("locus.junction.{ino}").into_bytes()
+}
+
+/// Reads attribute `name` of inode 0 (the homes' bookkeeping) of `store` as text.
+fn note(store: &Store, name: Vec<u8>) -> Result<Option<String>, MetaError> {
+    let value = store.read(|t| t.get_xattr(0, &name))?;
+    value
+        .map(|v| String::from_utf8(v).map_err(|_| MetaError::Corrupt(format!("home note {}", show(&name)))))
+        .transpose()
+}
+
+fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+/// Makes the engine `home` (opened from `url`) home `name` of the cluster whose home 0
+/// is in `root`, or checks that it is: a database this open formatted becomes the next
+/// home; one that is a home of this cluster keeps its number; anything else (another
+/// cluster's database, one with files) is refused. Blocking.
+pub(crate) fn adopt(root: &Store, home: &Store, name: &str, url: &str) -> Result<HomeId, MetaError> {
+    if name.is_empty()
+        || name == crate::service::ROOT_HOME
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(MetaError::InvalidArgument(format!(
+            "{name:?} is not a home name: letters, digits, - and _ only, and not {:?}",
+            crate::service::ROOT_HOME
+        )));
+    }
+    let cluster = root.cluster_id().to_string();
+    let registered = note(root, registry_key(name))?
+        .map(|id| id.parse::<HomeId>().map_err(|_| MetaError::Corrupt(format!("number of home {name}: {id:?}"))))
+        .transpose()?;
+    if let Some(identity) = note(home, IDENTITY.to_vec())? {
+        let mut parts = identity.splitn(3, ' ');
+        let (theirs, id, their_name) = (parts.next(), parts.next().and_then(|i| i.parse().ok()), parts.next());
+        if theirs == Some(cluster.as_str()) && their_name == Some(name) && id.is_some() && registered == id {
+            return Ok(id.unwrap_or_default());
+        }
+        return Err(MetaError::WrongCluster(format!(
+            "{url} holds metadata home {identity:?} (cluster, number, name), not home {name} of cluster {cluster} \
+             (registered there as number {registered:?}): check --home {name}=URL"
+        )));
+    }
+    // New: formatted by this open, or registered before a crash cut the adoption short.
+    let empty =
+        home.read(|t| Ok(t.count_inodes()? <= 1 && t.list_dentries(proto::types::ROOT_INODE, 0, 1)?.is_empty()))?;
+    if !empty || !(home.formatted() || registered.is_some()) {
+        return Err(MetaError::WrongCluster(format!(
+            "{url} is a metadata database of its own (cluster {}), not a home of cluster {cluster}: a new home \
+             starts from an empty database (locus meta --init formats it)",
+            home.cluster_id()
+        )));
+    }
+    // A new home, or one whose adoption a crash cut short after it was registered.
+    let id = match registered {
+        Some(id) => id,
+        None => {
+            let name = name.to_string();
+            crate::engine::write(root, true, move |t| {
+                let mut taken: Vec<HomeId> = Vec::new();
+                for key in t.list_xattrs(0)?.into_iter().filter(|k| k.starts_with(b"locus.home.")) {
+                    if let Some(id) = t.get_xattr(0, &key)?.and_then(|v| String::from_utf8(v).ok()?.parse().ok()) {
+                        taken.push(id);
+                    }
+                }
+                let id: HomeId =
+                    taken.into_iter().max().unwrap_or(0).checked_add(1).ok_or_else(|| {
+                        MetaError::InvalidArgument("a cluster has at most 65,535 metadata homes".into())
+                    })?;
+                t.set_xattr(0, &registry_key(&name), id.to_string().as_bytes())?;
+                Ok(id)
+            })?
+        }
+    };
+    let identity = format!("{cluster} {id} {name}");
+    crate::engine::write(home, true, move |t| {
+        // Its format's root directory is no inode of the cluster (home 0 holds the root).
+        t.delete_inode(proto::types::ROOT_INODE)?;
+        t.set_xattr(0, IDENTITY, identity.as_bytes())
+    })?;
+    tracing::info!(home = name, id, url, "a new metadata home");
+    Ok(id)
+}
+
+/// Settles the junctions a crash left half made (`make_junction`): one that its parent
+/// names is kept, any other is deleted. Blocking; run as meta starts.
+pub(crate) fn settle_junctions(homes: &Homes) -> Result<(), MetaError> {
+    for home in &homes.all()[1..] {
+        let pending: Vec<Vec<u8>> = home.store.read(|t| {
+            Ok(t.list_xattrs(0)?.into_iter().filter(|k| k.starts_with(b"locus.pending-junction.")).collect())
+        })?;
+        for key in pending {
+            let Some(value) = note(&home.store, key.clone())? else { continue };
+            let (ino, parent, name) = parse_pending(&value)
+                .ok_or_else(|| MetaError::Corrupt(format!("pending junction {}: {value:?}", show(&key))))?;
+            let named = homes.store(home_of(parent))?.read(|t| t.get_dentry(parent, &name))? == Some(ino);
+            crate::engine::write(&home.store, true, move |t| finish_junction(t, ino, named))?;
+            tracing::warn!(home = home.name, ino, kept = named, "settled a junction a crash left half made");
+        }
+    }
+    Ok(())
+}
+
+/// "<ino> <parent> <name in hex>" of a pending junction.
+fn pending_value(ino: InodeId, parent: InodeId, name: &[u8]) -> String {
+    format!("{ino} {parent} {}", hex::encode(name))
+}
+
+fn parse_pending(value: &str) -> Option<(InodeId, InodeId, Vec<u8>)> {
+    let mut parts = value.split(' ');
+    let (ino, parent, name) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?);
+    Some((ino, parent, hex::decode(name).ok()?))
+}
+
+/// Ends junction `ino`'s making in its home's engine: kept (its parent names it) or
+/// deleted.
+fn finish_junction(t: &mut dyn Txn, ino: InodeId, kept: bool) -> Result<(), MetaError> {
+    t.delete_xattr(0, &pending_key(ino))?;
+    if !kept {
+        t.delete_xattr(0, &junction_key(ino))?;
+        t.delete_all_xattrs(ino)?;
+        t.delete_policy(ino)?;
+        t.delete_inode(ino)?;
+    }
+    Ok(())
+}
+
+/// Makes directory `name` in `parent` the root of home `home` (`MakeJunction`), in three
+/// commits: the directory's inode in its home, marked pending; its entry in the
+/// parent's home (refused if the name was taken meanwhile); the mark cleared (or the
+/// inode deleted). A crash between them is settled as meta starts (`settle_junctions`).
+pub(crate) async fn make_junction(
+    homes: &Arc<Homes>,
+    ctx: crate::ops::Ctx,
+    m: proto::meta::MakeJunction,
+) -> Result<proto::types::Attr, MetaError> {
+    use crate::engine::write_async;
+    crate::ops::perm::check_privileged(&ctx.caller, "making the root of a metadata home")?;
+    let home = homes
+        .named(&m.home)
+        .ok_or_else(|| {
+            let known: Vec<&str> = homes.all().iter().map(|h| h.name.as_str()).collect();
+            MetaError::NotFound(format!("metadata home {:?} (this meta serves {})", m.home, known.join(", ")))
+        })?
+        .id;
+    if home == 0 {
+        return Err(MetaError::InvalidArgument("the root's home has no junctions: name another home".into()));
+    }
+    let parent_home = home_of(m.parent);
+    let create = proto::meta::Create {
+        parent: m.parent,
+        name: m.name.clone(),
+        node: proto::meta::NewNode::Dir,
+        mode: m.mode,
+        umask: 0,
+        exclusive: true,
+    };
+    let (h, c) = (homes.clone(), ctx.clone());
+    let made = write_async(homes.store(home)?.clone(), true, move |t| {
+        let new = match crate::ops::new_node(&mut h.txn(home, t), c.now, create.clone(), &c.caller)? {
+            crate::ops::Fresh::Made(new) => new,
+            crate::ops::Fresh::Found(found) => return Err(MetaError::Exists(format!("inode {}", found.attr.ino))),
+        };
+        let ino = new.attr.ino;
+        t.set_xattr(0, &pending_key(ino), pending_value(ino, create.parent, &create.name).as_bytes())?;
+        t.set_xattr(0, &junction_key(ino), &[])?;
+        Ok(new)
+    })
+    .await?;
+    let (h, c, new, name) = (homes.clone(), ctx.clone(), made.clone(), m.name.clone());
+    let entered = write_async(homes.store(parent_home)?.clone(), true, move |t| {
+        crate::ops::enter(&mut h.txn(parent_home, t), m.parent, &name, &new, c.now)
+    })
+    .await;
+    let (ino, kept) = (made.attr.ino, entered.is_ok());
+    write_async(homes.store(home)?.clone(), true, move |t| finish_junction(t, ino, kept)).await?;
+    entered?;
+    Ok(made.attr)
+}
+
+/// Every home with its junctions and inode count (`ListHomes`).
+pub(crate) async fn list(homes: &Homes) -> Result<Vec<proto::meta::HomeInfo>, MetaError> {
+    let mut out = Vec::new();
+    for home in homes.all() {
+        let (junctions, inodes) = crate::engine::read_async(&home.store, false, |t| {
+            let junctions = t
+                .list_xattrs(0)?
+                .into_iter()
+                .filter_map(|k| k.strip_prefix(b"locus.junction.").and_then(|i| show(i).parse().ok()))
+                .collect();
+            Ok((junctions, t.count_inodes()?))
+        })
+        .await?;
+        out.push(proto::meta::HomeInfo { id: home.id, name: home.name.clone(), junctions, inodes });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::cases::test_config;
+    use crate::service::{MetaConfig, MetaService};
+    use proto::error::ErrorCode;
+    use proto::meta::*;
+    use proto::types::{Attr, ROOT_INODE, Timestamp};
+
+    fn open(dir: &std::path::Path) -> Arc<MetaService> {
+        let url = |f: &str| format!("sqlite://{}", dir.join(f).display());
+        let config = MetaConfig { homes: vec![("b".into(), url("home-b.db"))], ..test_config(dir.join("meta.db")) };
+        MetaService::open(&config).unwrap()
+    }
+
+    #[track_caller]
+    fn ok(s: &Arc<MetaService>, req: MetaRequest) -> MetaReply {
+        let shown = format!("{req:?}");
+        s.handle_blocking(req).unwrap_or_else(|e| panic!("{shown} failed: {e}"))
+    }
+
+    fn code(s: &Arc<MetaService>, req: MetaRequest) -> ErrorCode {
+        s.handle_blocking(req).expect_err("refused").code
+    }
+
+    fn attr(r: MetaReply) -> Attr {
+        match r {
+            MetaReply::Attr(a) | MetaReply::Made(Made { attr: a, .. }) => a,
+            other => panic!("expected attributes, got {other:?}"),
+        }
+    }
+
+    fn mk(s: &Arc<MetaService>, parent: InodeId, name: &str, node: NewNode) -> Attr {
+        let create = Create { parent, name: name.into(), node, mode: 0o755, umask: 0, exclusive: true };
+        attr(ok(s, MetaRequest::Create(create)))
+    }
+
+    fn junction(s: &Arc<MetaService>, parent: InodeId, name: &str, home: &str) -> Result<Attr, ErrorCode> {
+        let m = MakeJunction { parent, name: name.into(), home: home.into(), mode: 0o750 };
+        s.handle_blocking(MetaRequest::MakeJunction(m)).map(attr).map_err(|e| e.code)
+    }
+
+    fn commit(s: &Arc<MetaService>, ino: InodeId, tag: u8) {
+        let chunk = ChunkId([tag; 32]);
+        let commit = CommitWrite {
+            session: 0,
+            ino,
+            extents: vec![Extent { file_offset: 0, len: 100, chunk, chunk_offset: 0 }],
+            chunks: vec![StoredChunk { id: chunk, size: 100, nodes: vec!["n1".into()], receipt: None }],
+            min_size: 100,
+            mtime: Timestamp { secs: 1, nanos: 0 },
+        };
+        ok(s, MetaRequest::CommitWrite(commit));
+    }
+
+    fn garbage(s: &Arc<MetaService>, tag: u8) -> bool {
+        match ok(s, MetaRequest::Unreferenced(Unreferenced { ids: vec![ChunkId([tag; 32])] })) {
+            MetaReply::Garbage(g) => !g.ids.is_empty(),
+            other => panic!("expected Garbage, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_junction_s_subtree_commits_in_its_home_and_reads_as_one_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let b = junction(&s, ROOT_INODE, "b", "b").unwrap();
+        assert_eq!((home_of(b.ino), b.kind, b.mode & 0o7777, b.nlink), (1, proto::types::FileKind::Dir, 0o750, 2));
+        assert_eq!(junction(&s, ROOT_INODE, "b", "b"), Err(ErrorCode::Exists));
+        assert_eq!(junction(&s, ROOT_INODE, "c", "nowhere"), Err(ErrorCode::NotFound));
+        assert_eq!(junction(&s, ROOT_INODE, "c", ROOT_HOME_NAME), Err(ErrorCode::InvalidArgument));
+        // Made below it: numbered in home b; found, listed and read through the root.
+        let sub = mk(&s, b.ino, "sub", NewNode::Dir);
+        let file = mk(&s, sub.ino, "f", NewNode::File);
+        assert_eq!((home_of(sub.ino), home_of(file.ino)), (1, 1));
+        let found = attr(ok(&s, MetaRequest::Lookup(Lookup { parent: ROOT_INODE, name: b"b".to_vec() })));
+        assert_eq!(found.ino, b.ino);
+        let up = attr(ok(&s, MetaRequest::Lookup(Lookup { parent: b.ino, name: b"..".to_vec() })));
+        assert_eq!(up.ino, ROOT_INODE);
+        match ok(&s, MetaRequest::ReadDir(ReadDir { ino: ROOT_INODE, after: 0, limit: 100 })) {
+            MetaReply::Entries(e) => assert_eq!(e.iter().map(|e| e.attr.ino).collect::<Vec<_>>(), vec![b.ino]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(attr(ok(&s, MetaRequest::GetAttr(GetAttr { ino: ROOT_INODE }))).nlink, 3);
+        // Within a home, everything; across homes, EXDEV (mv copies).
+        let rename = |parent, name: &str, new_parent, new_name: &str| {
+            MetaRequest::Rename(Rename {
+                parent,
+                name: name.into(),
+                new_parent,
+                new_name: new_name.into(),
+                mode: RenameMode::Replace,
+            })
+        };
+        ok(&s, rename(sub.ino, "f", b.ino, "g"));
+        let top = mk(&s, ROOT_INODE, "top", NewNode::File);
+        assert_eq!(code(&s, rename(b.ino, "g", ROOT_INODE, "g")), ErrorCode::CrossDevice);
+        assert_eq!(code(&s, rename(ROOT_INODE, "top", b.ino, "top")), ErrorCode::CrossDevice);
+        let link = |ino, new_parent, name: &str| MetaRequest::Link(Link { ino, new_parent, new_name: name.into() });
+        assert_eq!(code(&s, link(top.ino, b.ino, "l")), ErrorCode::CrossDevice);
+        ok(&s, link(file.ino, sub.ino, "l"));
+        // The junction itself stays where it is: renaming or removing it changes two homes.
+        assert_eq!(code(&s, rename(ROOT_INODE, "b", ROOT_INODE, "b2")), ErrorCode::CrossDevice);
+        let empty = junction(&s, ROOT_INODE, "e", "b").unwrap();
+        assert_eq!(code(&s, MetaRequest::Rmdir(Rmdir { parent: ROOT_INODE, name: b"e".to_vec() })), ErrorCode::Busy);
+        assert_eq!(attr(ok(&s, MetaRequest::GetAttr(GetAttr { ino: empty.ino }))).nlink, 2);
+        // Data: the chunk only home b references is no garbage, and gc keeps it.
+        commit(&s, file.ino, 7);
+        assert!(!garbage(&s, 7));
+        ok(&s, MetaRequest::ForgetChunks(ForgetChunks { ids: vec![ChunkId([7; 32])] }));
+        match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![ChunkId([7; 32])], caps: Vec::new() })) {
+            MetaReply::Chunks(c) => assert_eq!(c[0].refcount, 1),
+            other => panic!("{other:?}"),
+        }
+        for (parent, name) in [(sub.ino, "l"), (b.ino, "g")] {
+            ok(&s, MetaRequest::Unlink(Unlink { parent, name: name.into() }));
+        }
+        assert!(garbage(&s, 7));
+        // Listed by home; inodes counted across homes.
+        match ok(&s, MetaRequest::ListHomes(ListHomes {})) {
+            MetaReply::Homes(h) => {
+                assert_eq!(h.iter().map(|h| (h.id, h.name.as_str())).collect::<Vec<_>>(), [(0, "root"), (1, "b")]);
+                assert_eq!((h[1].junctions.clone(), h[1].inodes), (vec![b.ino, empty.ino], 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Open; a session's end releases its opens in every home.
+        let info = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "t".into() };
+        let session = match ok(&s, MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session: info })) {
+            MetaReply::Welcome(w) => w.session,
+            other => panic!("{other:?}"),
+        };
+        let access = OpenAccess { read: true, write: true };
+        ok(&s, MetaRequest::Open(Open { ino: sub.ino, session, truncate: false, access }));
+        drop(s);
+        // Reopened: the home is known again by its database; the junction still there.
+        let s = open(dir.path());
+        assert_eq!(attr(ok(&s, MetaRequest::GetAttr(GetAttr { ino: b.ino }))).ino, b.ino);
+        assert_eq!(mk(&s, b.ino, "after", NewNode::File).ino >> HOME_SHIFT, 1);
+    }
+
+    #[test]
+    fn a_database_that_is_not_this_home_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()));
+        // Home b's database under another name, another cluster's database as a home.
+        let other = tempfile::tempdir().unwrap();
+        drop(MetaService::open(&test_config(other.path().join("meta.db"))).unwrap());
+        let url = |p: std::path::PathBuf| format!("sqlite://{}", p.display());
+        for (name, db) in [("c", dir.path().join("home-b.db")), ("c", other.path().join("meta.db"))] {
+            let config = MetaConfig { homes: vec![(name.into(), url(db))], ..test_config(dir.path().join("meta.db")) };
+            let e = MetaService::open(&config).err().expect("refused");
+            assert!(matches!(e, MetaError::WrongCluster(_)), "{e}");
+        }
+        let config = MetaConfig {
+            homes: vec![("a b".into(), url(dir.path().join("x.db")))],
+            ..test_config(dir.path().join("meta.db"))
+        };
+        assert!(matches!(MetaService::open(&config), Err(MetaError::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn a_junction_half_made_is_settled_when_meta_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let b = junction(&s, ROOT_INODE, "b", "b").unwrap();
+        drop(s);
+        // As if a crash came after the first step of two junctions (one named by its
+        // parent, one not): their pending marks are still there.
+        let home = crate::engine::open_store(
+            &dir.path().join("home-b.db").display().to_string(),
+            None,
+            false,
+            None,
+            crate::service::DEFAULT_DB_TIMEOUT,
+        )
+        .unwrap();
+        let orphan = b.ino + 100;
+        crate::engine::write(&home, true, move |t| {
+            t.set_xattr(0, &pending_key(b.ino), pending_value(b.ino, ROOT_INODE, b"b").as_bytes())?;
+            let mut i = t.get_inode(b.ino)?.unwrap();
+            i.attr.ino = orphan;
+            t.put_inode(&i)?;
+            t.set_xattr(0, &junction_key(orphan), &[])?;
+            t.set_xattr(0, &pending_key(orphan), pending_value(orphan, ROOT_INODE, b"lost").as_bytes())
+        })
+        .unwrap();
+        drop(home);
+        let s = open(dir.path());
+        assert_eq!(attr(ok(&s, MetaRequest::GetAttr(GetAttr { ino: b.ino }))).ino, b.ino);
+        assert_eq!(code(&s, MetaRequest::GetAttr(GetAttr { ino: orphan })), ErrorCode::NotFound);
+        match ok(&s, MetaRequest::ListHomes(ListHomes {})) {
+            MetaReply::Homes(h) => assert_eq!(h[1].junctions, vec![b.ino]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const ROOT_HOME_NAME: &str = crate::service::ROOT_HOME;
+}
