@@ -125,6 +125,14 @@ else:
     print(-1)' "$1"
 }
 now() { date +%s.%N; }
+# MB/s iperf3 -P 8 (bbr) receives from A to B on the path as it is set now ("?" if it failed).
+iperf_mbs() {
+    local j=$WORK/iperf.json
+    ip netns exec "$NSA" timeout $((IPERF_SECS + 30)) iperf3 -c "$IPB" -p 5201 -t "$IPERF_SECS" -O 2 -P 8 -C bbr -J \
+        >"$j" 2>/dev/null || true
+    python3 -c "import json; print(f'{json.load(open(\"$j\"))[\"end\"][\"sum_received\"][\"bits_per_second\"]/8e6:.1f}')" \
+        2>/dev/null || echo "?"
+}
 secs() { python3 -c "print(f'{$2-$1:.3f}')"; }
 mbs() { python3 -c "print(f'{$1/max($2,1e-9)/1e6:.1f}')"; }
 
@@ -288,11 +296,7 @@ has_part write || WRITE_RTTS=""
 for rtt in $WRITE_RTTS; do
     set_path "$rtt"
     say "RTT $rtt ms"
-    j=$WORK/iperf.json
-    ip netns exec "$NSA" timeout $((IPERF_SECS + 30)) iperf3 -c "$IPB" -p 5201 -t "$IPERF_SECS" -O 2 -P 8 -C bbr -J \
-        >"$j" 2>/dev/null || true
-    iperf=$(python3 -c "import json; print(f'{json.load(open(\"$j\"))[\"end\"][\"sum_received\"][\"bits_per_second\"]/8e6:.1f}')" \
-        2>/dev/null || echo "?")
+    iperf=$(iperf_mbs)
     declare -A RATE_OF=()
     for dir in single sync async; do
         f=$MNT/$dir/f-$rtt
@@ -412,11 +416,7 @@ if has_part nbd; then
     for rtt in $RTTS; do
         set_path "$rtt"
         say "nbd: RTT $rtt ms"
-        j=$WORK/iperf.json
-        ip netns exec "$NSA" timeout $((IPERF_SECS + 30)) iperf3 -c "$IPB" -p 5201 -t "$IPERF_SECS" -O 2 -P 8 -C bbr -J \
-            >"$j" 2>/dev/null || true
-        iperf=$(python3 -c "import json; print(f'{json.load(open(\"$j\"))[\"end\"][\"sum_received\"][\"bits_per_second\"]/8e6:.1f}')" \
-            2>/dev/null || echo "?")
+        iperf=$(iperf_mbs)
         nbd_write "$NSA" nbd-a a "/single/nbd-$rtt.img"
         single=$(mbs $((SIZE_MB << 20)) "$NBD_SECS")
         nbd_write "$NSB" nbd-b b "/sync/nbd-$rtt.img"
