@@ -163,13 +163,14 @@ impl MetaService {
         }
         let store = Arc::new(store);
         let mut homes = vec![Home { id: 0, name: ROOT_HOME.into(), store: store.clone() }];
+        if !config.homes.is_empty() && config.forward_writes_to.is_some() {
+            return Err(MetaError::InvalidArgument(
+                "metadata homes are served by the meta that holds them: --home cannot be combined with \
+                 --forward-writes-to yet"
+                    .into(),
+            ));
+        }
         for (name, url) in &config.homes {
-            if config.forward_writes_to.is_some() {
-                return Err(MetaError::InvalidArgument(
-                    "metadata homes are served by the meta that holds them: --home cannot be combined with                      --forward-writes-to yet"
-                        .into(),
-                ));
-            }
             let home = engine::open_store(url, None, config.init, None, config.db_timeout)?;
             let id = homes::adopt(&store, &home, name, url)?;
             homes.push(Home { id, name: name.clone(), store: Arc::new(home) });
@@ -625,24 +626,22 @@ impl MetaService {
         }
         let (homes, home) = (self.homes.clone(), writing_home(&req));
         let store = homes.store(home)?.clone();
-        let (first, again) = (req.clone(), req);
+        // Kept for the other homes only by the few writes that concern them all.
+        let again = every_home(&req).then(|| req.clone());
         let first_ctx = ctx.clone();
-        let removing = matches!(first, MetaRequest::Rmdir(_));
-        let reply = engine::write_async(store, durable, move |t| {
-            ops::write(&mut homes.txn(home, t), &first_ctx, first.clone())
-        })
-        .await
-        .map_err(|e| match e {
-            // Only a home's root lies in another home than its directory: like a
-            // mount point, it stays.
-            MetaError::CrossHome(why) if removing => {
-                MetaError::Busy(format!("the directory is the root of a metadata home ({why})"))
-            }
-            e => e,
-        })?;
-        if !every_home(&again) {
-            return Ok(reply);
-        }
+        let removing = matches!(req, MetaRequest::Rmdir(_));
+        let reply =
+            engine::write_async(store, durable, move |t| ops::write(&mut homes.txn(home, t), &first_ctx, req.clone()))
+                .await
+                .map_err(|e| match e {
+                    // Only a home's root lies in another home than its directory: like a
+                    // mount point, it stays.
+                    MetaError::CrossHome(why) if removing => {
+                        MetaError::Busy(format!("the directory is the root of a metadata home ({why})"))
+                    }
+                    e => e,
+                })?;
+        let Some(again) = again else { return Ok(reply) };
         for other in self.homes.all().iter().skip(1) {
             let (homes, id, ctx, req) = (self.homes.clone(), other.id, ctx.clone(), again.clone());
             let in_other = move |t: &mut dyn Txn| {
