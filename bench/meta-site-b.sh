@@ -13,6 +13,13 @@
 #           primary statement by statement
 #   forward a mount at B through a second meta at B (F), which reads from B's standby and
 #           forwards each write to A's meta (`--forward-writes-to`, issue 35 part 4)
+#   home-b  (HOMES=1) a mount at B through a third meta at B (H), working in /hb, a metadata
+#           home of B's (issue 35): B runs a second PostgreSQL primary, home b's engine, and
+#           A a hot standby of it; meta H commits home b's writes there (locally), reads
+#           home 0 at B's standby and forwards home 0's writes to A's meta; A's meta reads
+#           home b at A's standby and forwards home b's writes to meta H. `single` then
+#           works in an A-homed directory (home 0) through a meta holding both homes so.
+#           SYNC=1: both primaries replicate synchronously to the other site's standby.
 # and, beside them, JuiceFS (bench/juicefs-build.sh) on the same PostgreSQL primary (a
 # database of its own, `juicefs format --storage file`, the same tree created at A):
 #   jfs-single  a JuiceFS mount at A
@@ -41,6 +48,7 @@
 # Usage (as root):  bench/meta-site-b.sh
 # Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 CR_FILES=100 ROUNDS=1
 #   WORKLOADS="ls stat create busy postmark" SKIP_BUILD=0
+#   CONFIGS="single after forward before" (and home-b with HOMES=1) HOMES=1 SYNC=0
 #   JUICEFS=1 (0: Locus only)
 #   WORK=/tmp/locus-msb PREFIX=lmsb- OUT=bench/results/meta-site-b.md
 set -Eeuo pipefail
@@ -57,6 +65,8 @@ CR_FILES=${CR_FILES:-100}
 WORKLOADS=${WORKLOADS:-ls stat create busy postmark}
 ROUNDS=${ROUNDS:-1}
 JUICEFS=${JUICEFS:-1}
+HOMES=${HOMES:-1}
+SYNC=${SYNC:-0}
 SKIP_BUILD=${SKIP_BUILD:-0}
 WORK=${WORK:-/tmp/locus-msb}
 PREFIX=${PREFIX:-lmsb-}
@@ -69,7 +79,9 @@ IPB=10.99.0.2
 META_A=$IPA:7070
 META_B=$IPB:7070
 META_F=$IPB:7071
+META_H=$IPB:7072
 PGPORT=5432
+HOME_PGPORT=5433
 DB=locus
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
@@ -78,7 +90,7 @@ command -v postmark >/dev/null || die "postmark not installed (apt-get install p
 PGBIN=$(pg_bin)
 [[ -x $PGBIN/initdb ]] || die "PostgreSQL not found: apt-get install postgresql"
 
-CONFIGS=(single after forward before)
+read -ra CONFIGS <<<"${CONFIGS:-single after forward before$([[ $HOMES == 1 ]] && echo " home-b")}"
 if [[ $JUICEFS == 1 ]]; then
     juicefs_bin
     CONFIGS+=(jfs-single jfs-b)
@@ -100,8 +112,8 @@ cleanup() {
     [[ -n $MNT ]] && { umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; }
     stop_pid "$MOUNT_PID" 50
     for p in "${PIDS[@]}"; do stop_pid "$p" 50; done
-    for s in a b; do
-        [[ -d $WORK/pg-$s/data ]] && as_pg_in "${PREFIX}s$([[ $s == a ]] && echo 0 || echo 1)" \
+    for s in a b hb hba; do
+        [[ -d $WORK/pg-$s/data ]] && as_pg_in "${PREFIX}s$([[ $s == *a ]] && echo 0 || echo 1)" \
             "$PGBIN/pg_ctl" stop -m fast -D "$WORK/pg-$s/data" >/dev/null 2>&1 || true
     done
     stop_pid "$UP_PID" 50
@@ -122,7 +134,7 @@ LOG=$WORK/logs
 "$WAN" down --prefix "$PREFIX" 2>/dev/null || true
 
 TLS_DIR=$WORK/tls
-bench_pki "meta meta-a a" "meta meta-b b" "meta meta-f b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
+bench_pki "meta meta-a a" "meta meta-b b" "meta meta-f b" "meta meta-h b" "node node-a a" "node node-b b" "client client-a a" "client client-b b" \
     "admin admin a"
 
 set_rtt() { # ms
@@ -139,33 +151,57 @@ CTL=$(sed -n 's/^ready control=//p' "$LOG/wan-up.out")
 set_rtt 0
 
 # PostgreSQL: A's primary, then B's standby from a base backup taken across the WAN.
-pg_start() { # site ns ip
+pg_start() { # dir ns ip port
     as_pg_in "$2" "$PGBIN/pg_ctl" start -w -t 60 -D "$WORK/pg-$1/data" -l "$WORK/pg-$1/server.log" \
-        -o "-p $PGPORT -k $WORK/pg-$1 -c listen_addresses=$3 -c max_connections=200" >/dev/null
+        -o "-p $4 -k $WORK/pg-$1 -c listen_addresses=$3 -c max_connections=200" >/dev/null
 }
-for s in a b; do mkdir -p "$WORK/pg-$s" && chown postgres: "$WORK/pg-$s"; done
-say "PostgreSQL primary at A, hot standby at B"
-(cd "$WORK/pg-a" && as_pg_in "$NSA" "$PGBIN/initdb" -D "$WORK/pg-a/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
-# The sites' own network (the namespaces reach nothing else) may connect and replicate.
-printf 'host all all 10.99.0.0/24 trust\nhost replication all 10.99.0.0/24 trust\n' >>"$WORK/pg-a/data/pg_hba.conf"
-(cd "$WORK/pg-a" && pg_start a "$NSA" "$IPA")
-(cd "$WORK/pg-a" && as_pg_in "$NSA" "$PGBIN/createdb" -h "$IPA" -p "$PGPORT" -U locus "$DB")
-(cd "$WORK/pg-b" && as_pg_in "$NSB" "$PGBIN/pg_basebackup" -h "$IPA" -p "$PGPORT" -U locus -D "$WORK/pg-b/data" \
-    -R -X stream -c fast)
-(cd "$WORK/pg-b" && pg_start b "$NSB" "$IPB")
+psql_at() { # ns ip sql [port]
+    (cd /tmp && as_pg_in "$1" "$PGBIN/psql" -h "$2" -p "${4:-$PGPORT}" -U locus -d "$DB" -At -c "$3")
+}
+pg_pair() { # primary-dir primary-ns primary-ip standby-dir standby-ns standby-ip port: a primary, a standby of it
+    local d
+    for d in "$1" "$4"; do mkdir -p "$WORK/pg-$d" && chown postgres: "$WORK/pg-$d"; done
+    (cd "$WORK/pg-$1" && as_pg_in "$2" "$PGBIN/initdb" -D "$WORK/pg-$1/data" -U locus -A trust -E UTF8 --locale=C >/dev/null)
+    # The sites' own network (the namespaces reach nothing else) may connect and replicate.
+    printf 'host all all 10.99.0.0/24 trust\nhost replication all 10.99.0.0/24 trust\n' >>"$WORK/pg-$1/data/pg_hba.conf"
+    (cd "$WORK/pg-$1" && pg_start "$1" "$2" "$3" "$7")
+    (cd "$WORK/pg-$1" && as_pg_in "$2" "$PGBIN/createdb" -h "$3" -p "$7" -U locus "$DB")
+    (cd "$WORK/pg-$4" && as_pg_in "$5" "$PGBIN/pg_basebackup" -h "$3" -p "$7" -U locus -D "$WORK/pg-$4/data" \
+        -R -X stream -c fast)
+    (cd "$WORK/pg-$4" && pg_start "$4" "$5" "$6" "$7")
+    [[ $(psql_at "$5" "$6" "SELECT pg_is_in_recovery()" "$7") == t ]] || die "pg-$4 is not a standby"
+    if [[ $SYNC == 1 ]]; then
+        psql_at "$2" "$3" "ALTER SYSTEM SET synchronous_standby_names = '*'" "$7" >/dev/null
+        psql_at "$2" "$3" "SELECT pg_reload_conf()" "$7" >/dev/null
+    fi
+}
+REPLICATION=$([[ $SYNC == 1 ]] && echo synchronous || echo asynchronous)
+say "PostgreSQL primary at A, hot standby at B ($REPLICATION)"
+pg_pair a "$NSA" "$IPA" b "$NSB" "$IPB" "$PGPORT"
 PGVERSION=$("$PGBIN/postgres" --version)
-psql_at() { # ns ip sql
-    (cd /tmp && as_pg_in "$1" "$PGBIN/psql" -h "$2" -p "$PGPORT" -U locus -d "$DB" -At -c "$3")
-}
-[[ $(psql_at "$NSB" "$IPB" "SELECT pg_is_in_recovery()") == t ]] || die "B's server is not a standby"
 PRIMARY=postgres://locus@$IPA:$PGPORT/$DB
 STANDBY=postgres://locus@$IPB:$PGPORT/$DB
+HOME_FLAGS=()
+if [[ $HOMES == 1 ]]; then
+    say "home b: PostgreSQL primary at B, hot standby at A ($REPLICATION)"
+    pg_pair hb "$NSB" "$IPB" hba "$NSA" "$IPA" "$HOME_PGPORT"
+    HOME_FLAGS=(--home "b=postgres://locus@$IPB:$HOME_PGPORT/$DB")
+fi
 
 say "metas and nodes"
+# A's meta holds home 0 and, with HOMES=1, reads home b at A's standby and forwards its writes to meta H.
 ip netns exec "$NSA" "$LOCUS" meta --listen "$META_A" --db "$PRIMARY" --init --admit-node node-a --admit-node node-b \
-    --no-root-squash a --no-root-squash b $(tls meta-a) >"$LOG/meta-a.out" 2>"$LOG/meta-a.err" &
+    --no-root-squash a --no-root-squash b $(tls meta-a) "${HOME_FLAGS[@]}" \
+    $([[ $HOMES == 1 ]] && echo "--read-db b=postgres://locus@$IPA:$HOME_PGPORT/$DB --forward-writes-to b=$META_H") \
+    >"$LOG/meta-a.out" 2>"$LOG/meta-a.err" &
 PIDS+=($!)
 wait_line "$LOG/meta-a.out" listening 30 "meta A"
+if [[ $HOMES == 1 ]]; then
+    ip netns exec "$NSB" "$LOCUS" meta --listen "$META_H" --db "$PRIMARY" --read-db "$STANDBY" --forward-writes-to "$META_A" \
+        "${HOME_FLAGS[@]}" --no-root-squash a --no-root-squash b $(tls meta-h) >"$LOG/meta-h.out" 2>"$LOG/meta-h.err" &
+    PIDS+=($!)
+    wait_line "$LOG/meta-h.out" listening 60 "meta H"
+fi
 ip netns exec "$NSB" "$LOCUS" meta --listen "$META_B" --db "$PRIMARY" --read-db "$STANDBY" \
     --no-root-squash a --no-root-squash b $(tls meta-b) >"$LOG/meta-b.out" 2>"$LOG/meta-b.err" &
 PIDS+=($!)
@@ -240,6 +276,7 @@ busy_stop() { # -> BUSY_RATE: A's writer's operations per second
     unmount
 }
 
+base_of() { case $1 in home-b) echo hb/ ;; *) echo "" ;; esac; } # where a configuration writes
 make_tree() { # the tree and postmark's directories in the mount at $MNT; prints the seconds taken
     local t0
     t0=$(now)
@@ -253,9 +290,12 @@ for i in range(dirs):
         os.close(os.open(f"{top}/d{i:03d}/f{j:03d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 EOF
     python3 -c "print(f'{$(now) - $t0:.1f}')"
-    for config in "${CONFIGS[@]}"; do mkdir "$MNT/pm-$config"; done
+    for config in "${CONFIGS[@]}"; do mkdir "$MNT/$(base_of "$config")pm-$config"; done
 }
 say "creating $FILES files in $DIRS directories at A"
+if [[ $HOMES == 1 ]]; then
+    ip netns exec "$NSA" "$LOCUS" home create /hb b --mode 777 --meta "$META_A" >"$LOG/home-create.out" || die "locus home create failed"
+fi
 mount_at a "$META_A"
 CREATE_S=$(make_tree)
 unmount
@@ -289,7 +329,7 @@ print(f"{best * 1000:.1f}")' "$IPA" "$PGPORT")
 say "WAN at $RTT_MS ms (TCP connect B->A: $PING ms)"
 
 site_of() { case $1 in single | jfs-single) echo a ;; *) echo b ;; esac; }
-meta_of() { case $1 in after) echo "$META_B" ;; forward) echo "$META_F" ;; *) echo "$META_A" ;; esac; }
+meta_of() { case $1 in after) echo "$META_B" ;; forward) echo "$META_F" ;; home-b) echo "$META_H" ;; *) echo "$META_A" ;; esac; }
 dirs_of() { case $1 in before | jfs-b) echo "$BEFORE_DIRS" ;; *) echo "$DIRS" ;; esac; }
 work() { # config workload -> RESULT = seconds (and checks the result)
     local config=$1 workload=$2 t0 t1 n dirs
@@ -322,7 +362,7 @@ EOF
         ;;
     create | busy)
         t0=$(now)
-        python3 - "$MNT/cr-$config-$workload-$ROUND" "$CR_FILES" <<'EOF'
+        python3 - "$MNT/$(base_of "$config")cr-$config-$workload-$ROUND" "$CR_FILES" <<'EOF'
 import os, sys
 top, n = sys.argv[1], int(sys.argv[2])
 os.mkdir(top)
@@ -335,7 +375,7 @@ EOF
         ;;
     postmark)
         printf 'set location %s\nset number %s\nset transactions %s\nset size 500 10000\nset seed 42\nrun\nquit\n' \
-            "$MNT/pm-$config" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
+            "$MNT/$(base_of "$config")pm-$config" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
         t0=$(now)
         postmark "$WORK/pm-$config.cfg" >"$LOG/postmark-$config.out" 2>&1 || die "postmark ($config) failed"
         t1=$(now)
@@ -353,7 +393,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for workload in $WORKLOADS; do
         for config in "${CONFIGS[@]}"; do
             [[ $workload == postmark && $r -gt 1 ]] && continue # postmark's directories are not reusable
-            [[ $workload == busy && $config != after && $config != forward ]] && continue
+            [[ $workload == busy && $config != after && $config != forward && $config != home-b ]] && continue
             work "$config" "$workload"
             SECS[$r,$workload,$config]=$RESULT
             [[ $workload == busy ]] && BUSY[$r,$config]=$BUSY_RATE
@@ -378,57 +418,71 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
         done
     done
 }
+LOCUS_CONFIGS=() JFS_CONFIGS=()
+for config in "${CONFIGS[@]}"; do
+    case $config in jfs-*) JFS_CONFIGS+=("$config") ;; *) LOCUS_CONFIGS+=("$config") ;; esac
+done
+describe() { # config: one line saying what it is
+    case $1 in
+    single) echo "mount at A through A's meta (single-site baseline), working in an A-homed directory" ;;
+    after) echo "mount at B through B's meta, reading from B's standby (writes still go to A's primary)" ;;
+    forward) echo "mount at B through meta F at B, reading from B's standby and forwarding each write to A's meta (\`--forward-writes-to\`)" ;;
+    before) echo "mount at B through A's meta (every metadata operation crosses the WAN); ls -lR and stat on the first $BEFORE_DIRS directories ($((BEFORE_DIRS * PER_DIR)) files), scaled to $FILES files in the table" ;;
+    home-b) echo "mount at B through meta H at B, creating and running postmark in /hb, a home of B's (its engine B's primary; reads of the tree at B's standby of A)" ;;
+    jfs-single) echo "JuiceFS mount at A" ;;
+    jfs-b) echo "JuiceFS mount at B (its metadata client talks to A's primary across the WAN); ls -lR and stat on the first $BEFORE_DIRS directories, scaled to $FILES files in the table" ;;
+    esac
+}
+table() { # baseline configs...: seconds of each (scaled to all files), and each / baseline
+    local base=$1 head="| round | workload" rule="|---|---" c
+    shift
+    for c in "$@"; do head+=" | $c s"; rule+="|---:"; done
+    for c in "$@"; do [[ $c == "$base" ]] || { head+=" | $c / $base"; rule+="|---:"; }; done
+    echo "$head |"
+    echo "$rule|"
+    row() { # round workload
+        local line="| $1 | $(label "$2")" c
+        for c in "${CONFIGS_OF_TABLE[@]}"; do line+=" | $(for_all_files "$1" "$2" "$c")"; done
+        for c in "${CONFIGS_OF_TABLE[@]}"; do
+            [[ $c == "$BASE_OF_TABLE" ]] || line+=" | $(ratio "$(for_all_files "$1" "$2" "$c")" "$(for_all_files "$1" "$2" "$BASE_OF_TABLE")")"
+        done
+        echo "$line |"
+    }
+    CONFIGS_OF_TABLE=("$@") BASE_OF_TABLE=$base
+    each_row row
+}
 {
-    echo "# Metadata at site B over a ${RTT_MS} ms WAN (issue 9 part 4, issue 35 part 4)"
+    echo "# Metadata at site B over a ${RTT_MS} ms WAN (issue 9 part 4, issue 35)"
     echo
     echo "bench/meta-site-b.sh, release build of $(git -C "$ROOT" rev-parse --short HEAD), $(date -u +%Y-%m-%d)," \
         "$(nproc) cores (shared machine; load average at the start of each workload: ${LOADS[*]})."
     echo "Sites A ($IPA) and B ($IPB) are network namespaces joined by locus-wan at $RTT_MS ms RTT" \
         "(TCP connect B->A, best of 5: $PING ms), 1000 Mbit/s."
-    echo "A: $PGVERSION primary (fsync on), meta, node; B: hot standby (asynchronous streaming), meta with"
-    echo "\`--read-db\` at the standby, node. TLS on. Tree: $DIRS directories of $PER_DIR empty files ($FILES), created"
-    echo "at A through A's meta at 0 ms RTT in $CREATE_S s. Every measurement on a fresh mount (no kernel"
-    echo "dentry/attribute cache, no client cache); configurations interleaved workload by workload."
+    echo "A: $PGVERSION primary (fsync on), meta, node; B: hot standby ($REPLICATION streaming), metas with"
+    echo "\`--read-db\` at the standby, node.$([[ $HOMES == 1 ]] && echo " Home b: a second primary at B, a hot standby of it at A ($REPLICATION).") TLS on."
+    echo "Tree: $DIRS directories of $PER_DIR empty files ($FILES), created at A through A's meta at 0 ms RTT in"
+    echo "$CREATE_S s. Every measurement on a fresh mount (no kernel dentry/attribute cache, no client cache);"
+    echo "configurations interleaved workload by workload."
     echo
-    echo "- single: mount at A through A's meta (single-site baseline), all $FILES files"
-    echo "- after: mount at B through B's meta, reading from B's standby (writes still go to A's primary), all $FILES files"
-    echo "- forward: mount at B through meta F at B, reading from B's standby and forwarding each write to A's meta"
-    echo "  (\`--forward-writes-to\`), all $FILES files"
-    echo "- before: mount at B through A's meta (every metadata operation crosses the WAN); ls -lR and stat on the"
-    echo "  first $BEFORE_DIRS directories ($((BEFORE_DIRS * PER_DIR)) files), also given scaled to $FILES files"
+    for c in "${CONFIGS[@]}"; do echo "- $c: $(describe "$c")"; done
     echo
-    echo "| round | workload | single s | after s | forward s | before s (measured) | before s (for $FILES files) | after / single | forward / single | before / single | forward / after |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    locus_row() { # round workload
-        local a=${SECS[$1,$2,single]} b=${SECS[$1,$2,after]} f=${SECS[$1,$2,forward]} c=${SECS[$1,$2,before]} full
-        full=$(for_all_files "$1" "$2" before)
-        echo "| $1 | $(label "$2") | $a | $b | $f | $c | $full | $(ratio "$b" "$a") | $(ratio "$f" "$a") | $(ratio "$full" "$a") | $(ratio "$f" "$b") |"
-    }
-    each_row locus_row
-    if [[ $JUICEFS == 1 ]]; then
+    table single "${LOCUS_CONFIGS[@]}"
+    if [[ ${#JFS_CONFIGS[@]} -gt 0 ]]; then
         echo
-        echo "JuiceFS ($JUICEFS_BUILD) on the same primary, its tree created at A in $JFS_CREATE_S s: jfs-single a"
-        echo "mount at A; jfs-b a mount at B (its metadata client talks to A's primary across the WAN; ls -lR and"
-        echo "stat on the first $BEFORE_DIRS directories, also given scaled to $FILES files)."
+        echo "JuiceFS ($JUICEFS_BUILD) on the same primary (a database of its own), its tree created at A in"
+        echo "$JFS_CREATE_S s; the Locus configurations beside, as ratios to JuiceFS at B:"
         echo
-        echo "| round | workload | jfs-single s | jfs-b s (measured) | jfs-b s (for $FILES files) | jfs-b / jfs-single | Locus forward / jfs-b |"
-        echo "|---|---|---:|---:|---:|---:|---:|"
-        jfs_row() { # round workload
-            local a=${SECS[$1,$2,jfs-single]} c=${SECS[$1,$2,jfs-b]} full
-            full=$(for_all_files "$1" "$2" jfs-b)
-            echo "| $1 | $(label "$2") | $a | $c | $full | $(ratio "$full" "$a") | $(ratio "${SECS[$1,$2,forward]}" "$full") |"
-        }
-        each_row jfs_row
+        table jfs-b "${JFS_CONFIGS[@]}" "${LOCUS_CONFIGS[@]}"
     fi
     if [[ " $WORKLOADS " == *" busy "* ]]; then
         echo
         echo "Fairness: B's create+unlink of $CR_FILES files alone (\`create\` above) and while a writer at A, through A's"
-        echo "meta, creates and unlinks files flat out (its operations per second during B's run beside)."
+        echo "meta, creates and unlinks files flat out in home 0 (its operations per second during B's run beside)."
         echo
         echo "| round | config | B alone s | B beside A s | B keeps (alone / beside) | A's writer ops/s |"
         echo "|---|---|---:|---:|---:|---:|"
         for r in $(seq 1 "$ROUNDS"); do
-            for config in after forward; do
+            for config in "${CONFIGS[@]}"; do
                 [[ -n ${SECS[$r,busy,$config]:-} && -n ${SECS[$r,create,$config]:-} ]] || continue
                 echo "| $r | $config | ${SECS[$r,create,$config]} | ${SECS[$r,busy,$config]} |" \
                     "$(python3 -c "print(f'{100 * ${SECS[$r,create,$config]} / ${SECS[$r,busy,$config]}:.0f} %')") | ${BUSY[$r,$config]} |"

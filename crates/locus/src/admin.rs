@@ -163,8 +163,8 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         s.chunks,
         human(s.chunk_bytes)
     );
-    if let Some((to, n)) = &s.forwarding {
-        println!("writes forwarded to the meta at {to} (the primary's site): {n} since this meta started");
+    for (home, to, n) in &s.forwarding {
+        println!("writes to home {home} forwarded to the meta holding it at {to}: {n} since this meta started");
     }
     println!("\nnodes:");
     println!(
@@ -283,7 +283,9 @@ pub async fn fsck(args: AdminArgs) -> anyhow::Result<ExitCode> {
         if !ids.is_empty() {
             let records = meta_call(&cluster.meta, ChunkLocations { ids, caps: Vec::new() }).await?;
             for r in records {
-                referenced.insert(r.id, (r.size, r.nodes));
+                // Site-cache copies are evictable at any time: only replicas count.
+                let replicas = r.replicas().cloned().collect();
+                referenced.insert(r.id, (r.size, replicas));
             }
         }
         for (ino, e) in &page {

@@ -321,9 +321,24 @@ pub enum HomeCommand {
 
 /// NAME=URL of `locus meta --home`.
 fn parse_home(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((name, url)) if !name.is_empty() && !url.is_empty() => Ok((name.to_string(), url.to_string())),
+    match parse_for_home(text)? {
+        (Some(name), url) => Ok((name, url)),
         _ => Err(format!("{text:?} is not NAME=URL, e.g. b=sqlite:///var/lib/locus/home-b.db")),
+    }
+}
+
+/// `[NAME=]VALUE` of `locus meta --read-db` and `--forward-writes-to`: for the
+/// metadata home NAME, or without it for the root's. A name is letters, digits, - and
+/// _, so the = of a URL's query (`?sslmode=disable`) is no name's.
+fn parse_for_home(text: &str) -> Result<(Option<String>, String), String> {
+    let named = text.split_once('=').filter(|(name, _)| {
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    });
+    match named {
+        Some((_, "")) => Err(format!("{text:?} names a home but no value after its =")),
+        Some((name, value)) => Ok((Some(name.to_string()), value.to_string())),
+        None if text.is_empty() => Err("an empty value".into()),
+        None => Ok((None, text.to_string())),
     }
 }
 
@@ -373,14 +388,17 @@ pub struct MetaArgs {
     pub init: bool,
     /// A PostgreSQL hot standby of --db at this site to read from: reads go there once
     /// it has replayed this meta's latest commit (else, after 50 ms, to the primary).
-    #[arg(long)]
-    pub read_db: Option<String>,
+    /// NAME=URL: a standby of the database of home NAME (--home), likewise.
+    #[arg(long, value_name = "[NAME=]URL", value_parser = parse_for_home)]
+    pub read_db: Vec<(Option<String>, String)>,
     /// With --read-db, at a site away from the primary: the address of the meta at
     /// the primary's site (`host:port`). Every write is forwarded to it as one request,
     /// one round trip across the WAN instead of several statements against the primary,
     /// and is read back here at the standby once it has replayed the commit.
-    #[arg(long, requires = "read_db", value_name = "HOST:PORT")]
-    pub forward_writes_to: Option<String>,
+    /// NAME=HOST:PORT: the meta at the site holding home NAME (--home), which commits
+    /// that home's writes (each site holds the homes its own writes go to).
+    #[arg(long, requires = "read_db", value_name = "[NAME=]HOST:PORT", value_parser = parse_for_home)]
+    pub forward_writes_to: Vec<(Option<String>, String)>,
     /// A metadata home besides the root's, NAME=URL (repeatable): a database of its own
     /// (sqlite:///path or postgres://...) that commits the subtrees `locus home create`
     /// gives it. An empty database (with --init) becomes a new home.

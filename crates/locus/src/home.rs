@@ -25,13 +25,18 @@ pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
             println!("{trimmed}: the root of home {home} (inode {})", made.ino);
         }
         HomeCommand::List => {
+            println!("{:>5}  {:<16} {:>17}  {:<34} ROOTS", "HOME", "NAME", "INODES", "WRITES COMMITTED BY");
             for home in meta.ask(ListHomes {}).await?? {
                 let mut roots = Vec::new();
                 for ino in &home.junctions {
                     roots.push(path_of(&meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})")));
                 }
                 let roots = if home.id == 0 { "/".to_string() } else { roots.join(", ") };
-                println!("{:>5}  {:<16} {:>10} inodes  {roots}", home.id, home.name, home.inodes);
+                let writer = home.writer.map_or_else(|| "this meta".to_string(), |meta| format!("meta {meta}"));
+                println!(
+                    "{:>5}  {:<16} {:>10} inodes  written by {writer:<24} {roots}",
+                    home.id, home.name, home.inodes
+                );
             }
         }
     }

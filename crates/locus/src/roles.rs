@@ -101,15 +101,35 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The value of `--read-db` or `--forward-writes-to` for `home` (`None`: the root's).
+fn for_home(values: &[(Option<String>, String)], home: Option<&String>) -> Option<String> {
+    values.iter().find(|(name, _)| name.as_ref() == home).map(|(_, value)| value.clone())
+}
+
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!args.db_timeout.is_zero(), "--db-timeout must be longer than 0, e.g. 30s");
+    for (flag, values) in [("--read-db", &args.read_db), ("--forward-writes-to", &args.forward_writes_to)] {
+        for (i, (name, value)) in values.iter().enumerate() {
+            let home = name.as_deref().unwrap_or(meta::ROOT_HOME);
+            anyhow::ensure!(
+                values[..i].iter().all(|(other, _)| other != name),
+                "{flag} is given twice for home {home}"
+            );
+            if let Some(name) = name {
+                anyhow::ensure!(
+                    args.homes.iter().any(|(home, _)| home == name),
+                    "{flag} {name}={value} names no home of this meta: give it --home {name}=URL too"
+                );
+            }
+        }
+    }
     let listener = bind(&args.listen, "meta").await?;
     let identities = (args.identity_maps.clone(), args.no_root_squash.clone());
     let expiry = Duration::from_secs(args.session_expiry_secs);
     let lease = (args.primary_lease_ms > 0).then(|| Duration::from_millis(args.primary_lease_ms));
     let config = meta::MetaConfig {
         db_url: args.db.clone(),
-        read_db_url: args.read_db.clone(),
+        read_db_url: for_home(&args.read_db, None),
         init: args.init,
         heartbeat: HEARTBEAT,
         session_expiry: expiry,
@@ -117,8 +137,17 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         db_timeout: args.db_timeout,
         audit_log: args.audit_log.clone(),
         root_policy: None,
-        forward_writes_to: args.forward_writes_to.clone(),
-        homes: args.homes.clone(),
+        forward_writes_to: for_home(&args.forward_writes_to, None),
+        homes: args
+            .homes
+            .iter()
+            .map(|(name, url)| meta::HomeConfig {
+                name: name.clone(),
+                db_url: url.clone(),
+                read_db_url: for_home(&args.read_db, Some(name)),
+                forward_writes_to: for_home(&args.forward_writes_to, Some(name)),
+            })
+            .collect(),
     };
     let (addr, service) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     service.configure_user_auth(meta::authority::UserAuth {

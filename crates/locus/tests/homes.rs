@@ -1,13 +1,17 @@
 //! Metadata homes through real processes: `locus meta --home`, `locus home create`, a
 //! mount writing in two homes, a rename between them refused with EXDEV (so `mv`
-//! copies), gc keeping a home's chunks, and the homes known again after a restart.
+//! copies), gc keeping a home's chunks, and the homes known again after a restart;
+//! homes held at two sites, each with its own PostgreSQL, each site committing its
+//! home's writes locally and forwarding the other's.
 
 use std::fs;
 use std::path::Path;
-use testkit::Cluster;
+use std::time::{Duration, Instant};
+use testkit::postgres::PgServer;
+use testkit::{Cluster, LinkProfile, WanLink, netns};
 
 fn text(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -19,7 +23,7 @@ fn a_subtree_in_a_home_of_its_own_behaves_as_one_namespace() {
     }
     let dbs = tempfile::tempdir().unwrap();
     let home = format!("b=sqlite://{}", dbs.path().join("home-b.db").display());
-    let mut c = Cluster::start_with(Path::new(env!("CARGO_BIN_EXE_locus")), 1, &["--home", &home]);
+    let mut c = Cluster::start_with(bin(), 1, &["--home", &home]);
     let mnt = c.mount();
     fs::create_dir(mnt.join("top")).unwrap();
     let made = text(&c.locus(&["home", "create", "/proj", "b", "--mode", "775", "--meta", &c.meta.addr]));
@@ -60,4 +64,124 @@ fn a_subtree_in_a_home_of_its_own_behaves_as_one_namespace() {
     assert_eq!(fs::read(mnt.join("proj/in")).unwrap(), b"input");
     fs::write(mnt.join("proj/after"), b"later").unwrap();
     assert_eq!(fs::read(mnt.join("proj/after")).unwrap(), b"later");
+}
+
+fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// How many writes to `home` the meta at `meta` has forwarded (`locus status`).
+fn forwarded(c: &Cluster, meta: &str, home: &str) -> u64 {
+    let status = text(&c.locus(&["status", "--meta", meta]));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("writes to home {home} forwarded to the meta holding it at ")))
+        .and_then(|rest| rest.split(": ").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the meta at {meta} does not forward home {home}: {status}"))
+}
+
+/// Homes at two sites (issue 35, part 2): sites A and B joined by the emulator (20 ms
+/// RTT), each with a PostgreSQL primary of its own and a hot standby of the other's.
+/// Home 0 (the root's) commits at A's, home b at B's. A's meta holds home 0 and reads
+/// home b at its standby, forwarding b's writes to B's meta; B's meta the other way
+/// round. Writes at B under /hb (home b) commit at B without crossing the WAN: none of
+/// them is forwarded, and each reads back at once. A write at A under /hb is forwarded
+/// to B's meta and reads back at once through A's standby (read-your-writes); a write
+/// at B in home 0 likewise through A's meta. A fresh mount at A sees B's files once its
+/// standby has them; a rename between the homes is EXDEV. With the WAN cut, B goes on
+/// writing its home (its meta's lease is on B's own primary), and A sees those writes
+/// once the cut heals; fsck is clean.
+#[test]
+fn each_site_commits_the_home_it_holds() {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
+        return;
+    }
+    let (a, b) = (0, 1);
+    let wan = LinkProfile { delay: Duration::from_millis(10), ..LinkProfile::default() };
+    let link = WanLink::start("lwt-homes-", 2, &wan)
+        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
+    let pg_a = PgServer::start_in(link.site_ns(a), WanLink::addr_of(a));
+    let root_url = pg_a.create_database();
+    let pg_b = PgServer::start_in(link.site_ns(b), WanLink::addr_of(b));
+    let home_url = pg_b.create_database();
+    let name = |url: &str| url.rsplit('/').next().unwrap().to_string();
+    let root_standby = pg_a.start_standby_in(link.site_ns(b), WanLink::addr_of(b));
+    let home_standby = pg_b.start_standby_in(link.site_ns(a), WanLink::addr_of(a));
+    let (root_at_b, home_at_a) = (root_standby.url(&name(&root_url)), home_standby.url(&name(&home_url)));
+    let meta_b = format!("{}:7079", WanLink::addr_of(b));
+    let (home, read, forward) = (format!("b={home_url}"), format!("b={home_at_a}"), format!("b={meta_b}"));
+    let held_at_a = ["--home", &home, "--read-db", &read, "--forward-writes-to", &forward, "--db-timeout", "10s"];
+    let mut c = Cluster::start_in_sites_on_db(bin(), &link, &["a", "b"], Some(&root_url), &held_at_a);
+    let meta_a = c.meta.addr.clone();
+    let held_at_b = ["--listen", ":7079", "--home", &home, "--read-db", &root_at_b, "--forward-writes-to", &meta_a];
+    let started = c.add_meta_at("b", &root_url, &["--home", "--read-db", "--forward-writes-to"], &held_at_b);
+    assert_eq!(started, meta_b);
+    c.add_node("a0", "a");
+    c.add_node("b0", "b");
+    c.wait_for_nodes(2);
+    c.set_root_copies(1);
+    text(&c.locus(&["home", "create", "/hb", "b", "--mode", "777", "--meta", &meta_b]));
+    let at_b = c.mount_through(&meta_b, "b", &[]);
+    let at_a = c.mount_through(&meta_a, "a", &[]);
+
+    // B writes its own home: committed at B's primary, nothing forwarded.
+    let before = forwarded(&c, &meta_b, "root");
+    fs::create_dir(at_b.join("hb/run")).unwrap();
+    for i in 0..20 {
+        let path = at_b.join(format!("hb/run/f{i}"));
+        fs::write(&path, format!("from b {i}")).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("from b {i}"), "f{i} read back at B");
+    }
+    fs::rename(at_b.join("hb/run/f0"), at_b.join("hb/run/renamed")).unwrap();
+    fs::remove_file(at_b.join("hb/run/f1")).unwrap();
+    assert!(at_b.join("hb/run/renamed").exists() && !at_b.join("hb/run/f1").exists());
+    let crossed = forwarded(&c, &meta_b, "root") - before;
+    // Only heartbeats (a few seconds apart) cross: 20 files written one by one would
+    // forward 60 writes or more.
+    assert!(crossed < 10, "{crossed} of B's writes in its own home were forwarded");
+
+    // A writes into B's home: forwarded to B's meta, read back at once at A.
+    let before = forwarded(&c, &meta_a, "b");
+    fs::write(at_a.join("hb/from-a"), b"written at a").unwrap();
+    assert_eq!(fs::read(at_a.join("hb/from-a")).unwrap(), b"written at a");
+    fs::create_dir(at_a.join("hb/dir-a")).unwrap();
+    assert!(at_a.join("hb/dir-a").is_dir(), "A's mkdir in home b is seen at once at A");
+    assert!(forwarded(&c, &meta_a, "b") - before >= 3, "A's writes to home b went elsewhere");
+    // And B in home 0: forwarded to A's meta, read back at once at B.
+    fs::create_dir(at_b.join("top-b")).unwrap();
+    assert!(at_b.join("top-b").is_dir(), "B's mkdir in home 0 is seen at once at B");
+
+    // A reads B's files once its standby of B's engine has them.
+    let fresh_a = c.mount_through(&meta_a, "a", &[]);
+    wait_until("B's files at A", Duration::from_secs(20), || fresh_a.join("hb/run/f19").exists());
+    assert_eq!(fs::read_to_string(fresh_a.join("hb/run/f7")).unwrap(), "from b 7");
+    assert!(!fresh_a.join("hb/run/f1").exists());
+    assert_eq!(fs::read(at_b.join("hb/from-a")).unwrap(), b"written at a");
+
+    let err = fs::rename(at_b.join("hb/run/renamed"), at_b.join("top-b/renamed")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{err}");
+
+    text(&c.locus(&["fsck", "--meta", &meta_a]));
+    // The WAN cut: B goes on writing the home it holds, and A has it all once healed.
+    link.set(&LinkProfile { loss_pct: 100.0, ..wan.clone() }).unwrap();
+    for i in 0..5 {
+        let path = at_b.join(format!("hb/run/cut{i}"));
+        fs::write(&path, format!("while cut {i}")).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("while cut {i}"));
+    }
+    link.set(&wan).unwrap();
+    wait_until("B's writes during the cut at A", Duration::from_secs(30), || fresh_a.join("hb/run/cut4").exists());
+    assert_eq!(fs::read_to_string(fresh_a.join("hb/run/cut2")).unwrap(), "while cut 2");
+    text(&c.locus(&["fsck", "--meta", &meta_a]));
+    let list = text(&c.locus(&["home", "list", "--meta", &meta_b]));
+    assert!(list.contains("/hb"), "{list}");
+}
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_locus"))
 }

@@ -712,7 +712,7 @@ fn a_meta_away_from_the_primary_forwards_its_writes() {
     let text = String::from_utf8_lossy(&status.stdout).into_owned();
     let forwarded: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix(&format!("writes forwarded to the meta at {meta_a} (the primary's site): ")))
+        .find_map(|l| l.strip_prefix(&format!("writes to home root forwarded to the meta holding it at {meta_a}: ")))
         .and_then(|rest| rest.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("status at B does not show forwarding: {text}"));
     assert!(forwarded >= 20, "only {forwarded} writes forwarded: {text}");

@@ -617,23 +617,44 @@ pub(crate) async fn list(homes: &Homes) -> Result<Vec<proto::meta::HomeInfo>, Me
             Ok((junctions, t.count_inodes()?))
         })
         .await?;
-        out.push(proto::meta::HomeInfo { id: home.id, name: home.name.clone(), junctions, inodes });
+        out.push(proto::meta::HomeInfo { id: home.id, name: home.name.clone(), junctions, inodes, writer: None });
     }
     Ok(out)
+}
+
+/// The chunks of `added` that no home besides the root's catalogues: a node's report
+/// of new copies is recorded in the catalogue of each home that uses the chunk, and in
+/// the root's only for the chunks no other home knows (`MetaService::commit`).
+pub(crate) async fn root_only(homes: &Homes, mut added: Vec<StoredChunk>) -> Result<Vec<StoredChunk>, MetaError> {
+    for home in &homes.all()[1..] {
+        let ids: Vec<ChunkId> = added.iter().map(|c| c.id).collect();
+        let known = crate::engine::read_async(&home.store, false, move |t| {
+            ids.iter().map(|id| Ok(t.get_chunk(id)?.is_some())).collect::<Result<Vec<bool>, MetaError>>()
+        })
+        .await?;
+        let mut known = known.into_iter();
+        added.retain(|_| !known.next().unwrap_or(false));
+    }
+    Ok(added)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::conformance::cases::test_config;
-    use crate::service::{MetaConfig, MetaService};
+    use crate::service::{HomeConfig, MetaConfig, MetaService};
     use proto::error::ErrorCode;
     use proto::meta::*;
     use proto::types::{Attr, ROOT_INODE, Timestamp};
 
+    /// Home `name` committing in the database at `db_url`, held by this meta.
+    fn held(name: &str, db_url: String) -> HomeConfig {
+        HomeConfig { name: name.into(), db_url, ..HomeConfig::default() }
+    }
+
     fn open(dir: &std::path::Path) -> Arc<MetaService> {
         let url = |f: &str| format!("sqlite://{}", dir.join(f).display());
-        let config = MetaConfig { homes: vec![("b".into(), url("home-b.db"))], ..test_config(dir.join("meta.db")) };
+        let config = MetaConfig { homes: vec![held("b", url("home-b.db"))], ..test_config(dir.join("meta.db")) };
         MetaService::open(&config).unwrap()
     }
 
@@ -732,10 +753,28 @@ mod tests {
         commit(&s, file.ino, 7);
         assert!(!garbage(&s, 7));
         ok(&s, MetaRequest::ForgetChunks(ForgetChunks { ids: vec![ChunkId([7; 32])] }));
-        match ok(&s, MetaRequest::ChunkLocations(ChunkLocations { ids: vec![ChunkId([7; 32])], caps: Vec::new() })) {
-            MetaReply::Chunks(c) => assert_eq!(c[0].refcount, 1),
+        let located = |s: &Arc<MetaService>| match ok(
+            s,
+            MetaRequest::ChunkLocations(ChunkLocations { ids: vec![ChunkId([7; 32])], caps: Vec::new() }),
+        ) {
+            MetaReply::Chunks(c) => (c[0].refcount, c[0].nodes.clone(), c[0].cached.clone()),
             other => panic!("{other:?}"),
+        };
+        assert_eq!(located(&s), (1, vec!["n1".to_string()], vec![]));
+        // A node's reports of the chunk's copies reach home b's catalogue: a cached
+        // copy at n2, then gone again; a replica at n3.
+        for node in ["n2", "n3"] {
+            ok(&s, MetaRequest::AdmitNode(AdmitNode { node: node.into() }));
         }
+        let copy = |nodes: Vec<String>| StoredChunk { id: ChunkId([7; 32]), size: 100, nodes, receipt: None };
+        let report = |node: &str, added: Vec<StoredChunk>, removed: Vec<ChunkId>| {
+            MetaRequest::UpdateLocations(UpdateLocations { node: node.into(), added, removed })
+        };
+        ok(&s, report("n2", vec![copy(Vec::new())], Vec::new()));
+        assert_eq!(located(&s), (1, vec!["n1".to_string(), "n2".into()], vec!["n2".to_string()]));
+        ok(&s, report("n2", Vec::new(), vec![ChunkId([7; 32])]));
+        ok(&s, report("n3", vec![copy(vec!["n1".into(), "n3".into()])], Vec::new()));
+        assert_eq!(located(&s), (1, vec!["n1".to_string(), "n3".into()], vec![]));
         for (parent, name) in [(sub.ino, "l"), (b.ino, "g")] {
             ok(&s, MetaRequest::Unlink(Unlink { parent, name: name.into() }));
         }
@@ -772,12 +811,12 @@ mod tests {
         drop(MetaService::open(&test_config(other.path().join("meta.db"))).unwrap());
         let url = |p: std::path::PathBuf| format!("sqlite://{}", p.display());
         for (name, db) in [("c", dir.path().join("home-b.db")), ("c", other.path().join("meta.db"))] {
-            let config = MetaConfig { homes: vec![(name.into(), url(db))], ..test_config(dir.path().join("meta.db")) };
+            let config = MetaConfig { homes: vec![held(name, url(db))], ..test_config(dir.path().join("meta.db")) };
             let e = MetaService::open(&config).err().expect("refused");
             assert!(matches!(e, MetaError::WrongCluster(_)), "{e}");
         }
         let config = MetaConfig {
-            homes: vec![("a b".into(), url(dir.path().join("x.db")))],
+            homes: vec![held("a b", url(dir.path().join("x.db")))],
             ..test_config(dir.path().join("meta.db"))
         };
         assert!(matches!(MetaService::open(&config), Err(MetaError::InvalidArgument(_))));

@@ -57,10 +57,28 @@ pub struct MetaConfig {
     /// running it against the primary from here costs several), and read back here at
     /// the standby once it has replayed the commit.
     pub forward_writes_to: Option<String>,
-    /// Metadata homes besides the root's, by name: each an engine of its own (`homes`),
-    /// a database URL as for `db_url`. A new (empty) database becomes a new home of
-    /// this cluster; an existing one must be the home of that name of this cluster.
-    pub homes: Vec<(String, String)>,
+    /// Metadata homes besides the root's: each an engine of its own (`homes`). A new
+    /// (empty) database becomes a new home of this cluster; an existing one must be the
+    /// home of that name of this cluster.
+    pub homes: Vec<HomeConfig>,
+}
+
+/// Where one metadata home besides the root's commits, as this meta reaches it: the
+/// root's home is configured by `MetaConfig`'s own `db_url`, `read_db_url` and
+/// `forward_writes_to`, and every other home by the same three, so that each site holds
+/// the homes whose writes happen there and reads the others' at a standby of its own.
+#[derive(Clone, Debug, Default)]
+pub struct HomeConfig {
+    /// The home's name (`locus home create PATH NAME`).
+    pub name: String,
+    /// Its engine's database (a PostgreSQL primary, or a SQLite file), as `db_url`.
+    pub db_url: String,
+    /// A hot standby of `db_url` at this site to read the home from.
+    pub read_db_url: Option<String>,
+    /// The meta at the site that holds the home (`host:port`): the home's writes are
+    /// forwarded there as one request each, as `MetaConfig::forward_writes_to` does for
+    /// the root's.
+    pub forward_writes_to: Option<String>,
 }
 
 /// `MetaConfig::db_timeout` unless told otherwise: far above any one request's work
@@ -102,11 +120,13 @@ pub struct MetaService {
     /// Under `locus up`: this process's node certificate, and the client identity its
     /// mount acts with (`own_mount`).
     own_mount: Option<(net::PeerIdentity, net::PeerIdentity)>,
-    /// Where writes go instead of this meta's own writer (`MetaConfig::forward_writes_to`).
-    forwarding: Option<Forwarding>,
+    /// Where the writes of the homes this meta does not hold go instead of its own
+    /// writer (`forward_writes_to` of `MetaConfig` and `HomeConfig`), by home.
+    forwarding: HashMap<HomeId, Forwarding>,
 }
 
-/// The link to the meta at the primary's site that this meta forwards writes to.
+/// The link to the meta at the site holding a home, that this meta forwards the
+/// home's writes to.
 struct Forwarding {
     addr: String,
     /// Opened on the first write (that meta may start after this one); it reconnects
@@ -122,9 +142,19 @@ struct Forwarding {
 const FORWARD_CONNECTIONS: usize = 2;
 
 impl Forwarding {
-    /// Runs `req` at the meta at the primary's site for whom `ctx` acts for, and makes
-    /// this meta's reads wait for its commit.
-    async fn write(&self, store: &Store, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
+    fn new(addr: &str, db_timeout: Duration) -> Forwarding {
+        Forwarding {
+            addr: addr.to_string(),
+            link: tokio::sync::OnceCell::new(),
+            timeout: db_timeout + Duration::from_secs(5),
+            forwarded: Default::default(),
+        }
+    }
+
+    /// Runs `req` at the meta holding `home`, the home it writes, for whom `ctx` acts
+    /// for, and makes this meta's reads of that home wait for its commit.
+    async fn write(&self, homes: &Homes, home: HomeId, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
+        let store = homes.store(home)?;
         let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
         let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
         // A heartbeat writes its session's row alone: every client's, every couple of
@@ -141,6 +171,7 @@ impl Forwarding {
             certificate: ctx.certificate,
             oversees: ctx.oversees,
             request,
+            positions: homes.all().iter().map(|h| (h.id, h.store.commit_position())).filter(|p| p.1 > 0).collect(),
         };
         let answer = link.ask(forward).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)?;
         let reply = proto::frame::decode(&answer.reply)
@@ -156,37 +187,50 @@ impl MetaService {
     pub fn open(config: &MetaConfig) -> Result<Arc<MetaService>, MetaError> {
         let lease = config.primary_lease.map(|d| (format!("meta-pid{}", std::process::id()), d));
         let audit = AuditLog::open(config.audit_log.as_deref())?;
-        let store =
-            engine::open_store(&config.db_url, config.read_db_url.as_deref(), config.init, lease, config.db_timeout)?;
+        let store = engine::open_store(
+            &config.db_url,
+            config.read_db_url.as_deref(),
+            config.init,
+            lease.clone(),
+            config.db_timeout,
+        )?;
         if let (true, Some(policy)) = (store.formatted(), config.root_policy.clone()) {
             engine::write(&store, true, move |t| t.put_policy(proto::types::ROOT_INODE, &policy))?;
         }
         let store = Arc::new(store);
         let mut homes = vec![Home { id: 0, name: ROOT_HOME.into(), store: store.clone() }];
-        if !config.homes.is_empty() && config.forward_writes_to.is_some() {
-            return Err(MetaError::InvalidArgument(
-                "metadata homes are served by the meta that holds them: --home cannot be combined with \
-                 --forward-writes-to yet"
-                    .into(),
-            ));
+        let mut forwarding = HashMap::new();
+        if let Some(addr) = &config.forward_writes_to {
+            forwarding.insert(0, Forwarding::new(addr, config.db_timeout));
         }
-        for (name, url) in &config.homes {
-            let home = engine::open_store(url, None, config.init, None, config.db_timeout)?;
-            let id = homes::adopt(&store, &home, name, url)?;
-            homes.push(Home { id, name: name.clone(), store: Arc::new(home) });
+        for home in &config.homes {
+            let (standby, lease) = (home.read_db_url.as_deref(), lease.clone());
+            let engine = engine::open_store(&home.db_url, standby, config.init, lease, config.db_timeout)?;
+            let id = homes::adopt(&store, &engine, &home.name, &home.db_url)?;
+            if let Some(addr) = &home.forward_writes_to {
+                forwarding.insert(id, Forwarding::new(addr, config.db_timeout));
+            }
+            homes.push(Home { id, name: home.name.clone(), store: Arc::new(engine) });
         }
         let homes = Arc::new(Homes::new(homes)?);
         homes::settle_junctions(&homes)?;
-        Ok(Self::build(homes, config, audit))
+        Ok(Self::build(homes, config, audit, forwarding))
     }
 
     /// A service over any backend's store (`db_url`, `init` and `audit_log` in `config`
     /// are unused: its audit log lives in memory).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
-        Self::build(Arc::new(Homes::single(store)), config, AuditLog::in_memory())
+        let forwarding =
+            config.forward_writes_to.iter().map(|addr| (0, Forwarding::new(addr, config.db_timeout))).collect();
+        Self::build(Arc::new(Homes::single(store)), config, AuditLog::in_memory(), forwarding)
     }
 
-    fn build(homes: Arc<Homes>, config: &MetaConfig, audit: AuditLog) -> Arc<MetaService> {
+    fn build(
+        homes: Arc<Homes>,
+        config: &MetaConfig,
+        audit: AuditLog,
+        forwarding: HashMap<HomeId, Forwarding>,
+    ) -> Arc<MetaService> {
         let store = homes.root().clone();
         Arc::new(MetaService {
             homes,
@@ -208,12 +252,7 @@ impl MetaService {
             revoked: Mutex::default(),
             pending: Mutex::default(),
             audit,
-            forwarding: config.forward_writes_to.clone().map(|addr| Forwarding {
-                addr,
-                link: tokio::sync::OnceCell::new(),
-                timeout: config.db_timeout + Duration::from_secs(5),
-                forwarded: Default::default(),
-            }),
+            forwarding,
         })
     }
 
@@ -274,8 +313,10 @@ impl MetaService {
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
-        if let Some(lease) = self.store.primary_lease() {
-            self.workers.spawn(LeaseRenewal { lease, renewed: 0 });
+        for home in self.homes.all() {
+            if let Some(lease) = home.store.primary_lease() {
+                self.workers.spawn(LeaseRenewal { home: home.name.clone(), lease, renewed: 0 });
+            }
         }
         if self.identities().has_sources() {
             self.workers.spawn(IdentityReload { service: Arc::downgrade(self), reloads: 0 });
@@ -379,6 +420,21 @@ impl MetaService {
             .map(|(at, p)| PendingNode { last_seen_secs: at.elapsed().as_secs(), ..p.clone() })
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Each home this meta forwards the writes of, where to, and how many so far.
+    fn forwarding_report(&self) -> Vec<(String, String, u64)> {
+        let mut out: Vec<_> = self
+            .homes
+            .all()
+            .iter()
+            .filter_map(|home| {
+                let f = self.forwarding.get(&home.id)?;
+                Some((home.name.clone(), f.addr.clone(), f.forwarded.load(std::sync::atomic::Ordering::Relaxed)))
+            })
+            .collect();
+        out.sort();
         out
     }
 
@@ -574,7 +630,11 @@ impl MetaService {
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { .. } if matches!(req, MetaRequest::ListHomes(_)) => {
-                homes::list(&self.homes).await.map(Into::into)
+                let mut listed = homes::list(&self.homes).await?;
+                for home in &mut listed {
+                    home.writer = self.forwarding.get(&home.id).map(|f| f.addr.clone());
+                }
+                Ok(listed.into())
             }
             Access::Read { point } => {
                 let (homes, home) = (self.homes.clone(), writing_home(&req));
@@ -585,10 +645,7 @@ impl MetaService {
                     MetaReply::Status(mut status) => {
                         status.workers = self.worker_reports(&status.sessions).await;
                         status.lag = self.lag_reports();
-                        status.forwarding = self
-                            .forwarding
-                            .as_ref()
-                            .map(|f| (f.addr.clone(), f.forwarded.load(std::sync::atomic::Ordering::Relaxed)));
+                        status.forwarding = self.forwarding_report();
                         if oversees {
                             status.pending = self.pending_nodes();
                             status.audit = self.audit.recent();
@@ -603,9 +660,10 @@ impl MetaService {
                     MetaRequest::Goodbye(m) => Some(m.session),
                     _ => None,
                 };
-                let reply = match (&self.forwarding, req) {
-                    (Some(forwarding), req) => forwarding.write(&self.store, ctx, req).await?,
-                    (None, req) => self.commit(ctx, durable, req).await?,
+                let home = writing_home(&req);
+                let reply = match self.forwarding.get(&home) {
+                    Some(forwarding) => forwarding.write(&self.homes, home, ctx, req).await?,
+                    None => self.commit(ctx, durable, req).await?,
                 };
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
@@ -619,7 +677,8 @@ impl MetaService {
 impl MetaService {
     /// Commits a write in the engine of the home it changes (`writing_home`); the few
     /// that concern every home run in each, home 0 first (a session's end, a node's
-    /// removal, gc's forgetting, a sync); a junction in the two homes it joins.
+    /// removal, gc's forgetting, a sync, a node's report of its copies); a junction in
+    /// the two homes it joins.
     async fn commit(&self, ctx: Ctx, durable: bool, req: MetaRequest) -> Result<MetaReply, MetaError> {
         if let MetaRequest::MakeJunction(m) = req {
             return homes::make_junction(&self.homes, ctx, m).await.map(Into::into);
@@ -628,6 +687,13 @@ impl MetaService {
         let store = homes.store(home)?.clone();
         // Kept for the other homes only by the few writes that concern them all.
         let again = every_home(&req).then(|| req.clone());
+        let req = match req {
+            MetaRequest::UpdateLocations(mut m) if self.homes.all().len() > 1 => {
+                m.added = homes::root_only(&self.homes, m.added).await?;
+                MetaRequest::UpdateLocations(m)
+            }
+            req => req,
+        };
         let first_ctx = ctx.clone();
         let removing = matches!(req, MetaRequest::Rmdir(_));
         let reply =
@@ -645,6 +711,10 @@ impl MetaService {
         for other in self.homes.all().iter().skip(1) {
             let (homes, id, ctx, req) = (self.homes.clone(), other.id, ctx.clone(), again.clone());
             let in_other = move |t: &mut dyn Txn| {
+                // The copies of the chunks this home's files use, in its own catalogue.
+                if let MetaRequest::UpdateLocations(m) = &req {
+                    return ops::update_locations(t, m, true);
+                }
                 let t = &mut homes.txn(id, t);
                 match &req {
                     MetaRequest::Goodbye(m) => ops::release_session(t, m.session),
@@ -703,7 +773,7 @@ fn writing_home(req: &MetaRequest) -> HomeId {
 /// Writes that change every home's rows besides home 0's (`commit`).
 fn every_home(req: &MetaRequest) -> bool {
     use MetaRequest as R;
-    matches!(req, R::Goodbye(_) | R::RemoveNode(_) | R::ForgetChunks(_) | R::SyncAll(_))
+    matches!(req, R::Goodbye(_) | R::RemoveNode(_) | R::ForgetChunks(_) | R::SyncAll(_) | R::UpdateLocations(_))
 }
 
 impl MetaService {
@@ -727,10 +797,18 @@ impl MetaService {
                 req.kind()
             )));
         }
+        // What the client saw through the forwarding meta, this one reads no older.
+        for (home, position) in forward.positions {
+            if let Ok(store) = self.homes.store(home) {
+                store.committed_elsewhere(position, false);
+            }
+        }
         let ctx = self.ctx().acting_for(forward.caller, forward.certificate, forward.oversees);
+        // The position is the one in the log of the engine the write changed.
+        let store = self.homes.store(writing_home(&req))?.clone();
         let reply = self.commit(ctx, true, req).await?;
         let reply = proto::frame::encode_payload(&reply).map_err(|e| MetaError::Internal(e.to_string()))?;
-        Ok(proto::meta::Forwarded { reply, position: self.store.commit_position() })
+        Ok(proto::meta::Forwarded { reply, position: store.commit_position() })
     }
 }
 
@@ -811,7 +889,10 @@ impl Worker for SessionExpiry {
 /// The `primary-lease` worker: renews this meta's lease on the primary role at a
 /// third of its duration. A renewal blocked on a cut-off primary or synchronous
 /// standby simply never returns in time, and the writes it guards are refused.
+/// One per metadata home whose engine this meta writes (each home's primary may be
+/// promoted elsewhere on its own).
 struct LeaseRenewal {
+    home: String,
     lease: Arc<dyn crate::store::WriterLease>,
     renewed: u64,
 }
@@ -820,7 +901,10 @@ impl Worker for LeaseRenewal {
     type Error = MetaError;
 
     fn name(&self) -> String {
-        "primary-lease".into()
+        match self.home.as_str() {
+            ROOT_HOME => "primary-lease".into(),
+            home => format!("primary-lease of home {home}"),
+        }
     }
 
     fn progress(&self) -> String {
@@ -1282,6 +1366,8 @@ mod tests {
             certificate: None,
             oversees: true,
             request,
+            // Of a home this meta does not know: nothing to wait for here.
+            positions: vec![(7, 1 << 40)],
         };
         let encoded = |req: &MetaRequest| proto::frame::encode_payload(req).unwrap();
         let nested = MetaRequest::Forward(forward(encoded(&create(ROOT_INODE, "inner".into()))));

@@ -737,6 +737,11 @@ meta_requests! {
         oversees: bool,
         /// The `MetaRequest`, encoded.
         request: Vec<u8>,
+        /// Where the forwarding meta's own view of each home's engine is (its latest
+        /// commit, or one committed for it elsewhere), by home number: the write reads
+        /// what the client already saw, e.g. its session just opened at another home's
+        /// engine, at no older a position.
+        positions: Vec<(u16, u64)>,
     } => Forwarded { access: durable, roles: [Meta], changes_dirs: true };
     /// Makes directory `name` in `parent` the root of metadata home `home` (`locus home
     /// create`): it and everything made below it commit in that home's engine.
@@ -759,6 +764,9 @@ pub struct HomeInfo {
     pub junctions: Vec<InodeId>,
     /// Inodes the home's engine holds.
     pub inodes: u64,
+    /// The meta the answering meta forwards the home's writes to (`None`: it commits
+    /// them itself), so an operator sees which site writes each home.
+    pub writer: Option<String>,
 }
 
 /// A join token as `locus node token` prints it once.
@@ -799,9 +807,10 @@ pub struct ClusterStatus {
     pub pending: Vec<PendingNode>,
     /// The latest administrative actions, oldest first (empty for a client).
     pub audit: Vec<AuditEntry>,
-    /// Where this meta forwards writes (`locus meta --forward-writes-to`) and how many
-    /// it has forwarded since it started.
-    pub forwarding: Option<(String, u64)>,
+    /// Where this meta forwards the writes of each home it does not hold (`locus meta
+    /// --forward-writes-to`): the home, the meta holding it, and how many writes it has
+    /// forwarded there since it started.
+    pub forwarding: Vec<(String, String, u64)>,
 }
 
 /// One administrative action as meta's audit log keeps it.

@@ -433,7 +433,10 @@ impl Cluster {
     /// `extra` flags.
     pub fn add_meta_at(&mut self, site: &str, db_url: &str, dropped: &[&str], extra: &[&str]) -> String {
         let (ns, ip) = self.place(site);
-        let mut args = without_flags(&self.meta.args, dropped);
+        // `--listen :PORT` in `extra` chooses the port (a site's namespace is the
+        // test's own: nothing else listens there).
+        let dropped = [dropped, if extra.contains(&"--listen") { &["--listen"] } else { &[] }].concat();
+        let mut args = without_flags(&self.meta.args, &dropped);
         if let Some(i) = args.iter().position(|a| a == "--db") {
             args[i + 1] = db_url.to_string();
         }
@@ -441,10 +444,12 @@ impl Cluster {
         self.spawn_meta(ns, &ip, args)
     }
 
-    /// Starts one more `locus meta` with `args` in `ns`, listening on a free port of `ip`.
+    /// Starts one more `locus meta` with `args` in `ns`, listening on `ip`: on a free
+    /// port, or the one a `--listen :PORT` names.
     fn spawn_meta(&mut self, ns: Option<String>, ip: &str, mut args: Vec<String>) -> String {
         if let Some(i) = args.iter().position(|a| a == "--listen") {
-            args[i + 1] = format!("{ip}:0");
+            let port = args[i + 1].strip_prefix(':').unwrap_or("0").to_string();
+            args[i + 1] = format!("{ip}:{port}");
         }
         let log = self.path().join(format!("meta{}.log", self.other_metas.len() + 1));
         let armed = self.failpoints.as_deref();

@@ -25,7 +25,8 @@ use crate::store::{Counter, Inode, Prefetch, SessionRow, Txn};
 use proto::extent::clip;
 use proto::meta::{
     AllocateMode, AttrChanges, ChunkCaps, ClusterStatus, FsStats, Garbage, Made, MetaMessage, MetaReply, MetaRequest,
-    NewNode, OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, XattrMode,
+    NewNode, OpenAccess, Opened, Registered, RenameMode, SessionInfo, StoredChunk, TimeSet, Unlinked, UpdateLocations,
+    XattrMode,
 };
 use proto::types::{
     Attr, Caller, ChunkId, DirEntry, Extent, FileKind, InodeId, NodeInfo, ROOT_INODE, SessionId, Timestamp,
@@ -200,7 +201,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 lag: Vec::new(),
                 pending: Vec::new(),
                 audit: Vec::new(),
-                forwarding: None,
+                forwarding: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
             })
         }),
@@ -329,19 +330,7 @@ pub fn write(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, 
             if t.get_admission(&m.node)? != Some(true) {
                 return Err(MetaError::NotAdmitted(m.node));
             }
-            for chunk in m.added {
-                // No nodes named: the reporting node's own copy in its site cache, which
-                // no policy counts; named nodes hold replicas.
-                if chunk.nodes.is_empty() {
-                    t.add_cached(&chunk.id, chunk.size, &m.node)?;
-                } else {
-                    t.upsert_chunk(&chunk)?;
-                }
-            }
-            for id in &m.removed {
-                t.remove_location(id, &m.node)?;
-            }
-            Ok(())
+            update_locations(t, &m, false)
         }),
         R::SetPolicy(m) => serve(m, |m| {
             check_privileged(&ctx.caller, "setting a replication policy")?;
@@ -451,4 +440,26 @@ fn require_file(i: &Inode) -> Result<(), MetaError> {
         FileKind::Dir => Err(MetaError::IsDir(format!("inode {}", i.attr.ino))),
         k => Err(MetaError::InvalidArgument(format!("inode {} is a {k:?}, not a regular file", i.attr.ino))),
     }
+}
+
+/// Records a node's report of the copies it gained and lost. `known_only`: only of
+/// chunks this engine's catalogue already holds (a metadata home besides the root's,
+/// which keeps the rows of the chunks its own files use; the root's takes the rest).
+pub(crate) fn update_locations(t: &mut dyn Txn, m: &UpdateLocations, known_only: bool) -> Result<(), MetaError> {
+    for chunk in &m.added {
+        if known_only && t.get_chunk(&chunk.id)?.is_none() {
+            continue;
+        }
+        // No nodes named: the reporting node's own copy in its site cache, which no
+        // policy counts; named nodes hold replicas.
+        if chunk.nodes.is_empty() {
+            t.add_cached(&chunk.id, chunk.size, &m.node)?;
+        } else {
+            t.upsert_chunk(chunk)?;
+        }
+    }
+    for id in &m.removed {
+        t.remove_location(id, &m.node)?;
+    }
+    Ok(())
 }

@@ -47,9 +47,9 @@ pub(crate) struct PgConn {
     pub(super) begun: bool,
     /// The open write transaction must be on disk when its commit returns.
     pub(super) durable: bool,
-    /// The writer publishes the WAL position of each flushed commit here: every commit
-    /// of a meta that reads from a hot standby (`StandbyReader` waits for the standby
-    /// to replay it), else each durable one (a `Forward` answers it).
+    /// The writer publishes the WAL position of each commit here: `StandbyReader`s wait
+    /// for their standby to replay it, a `Forward` answers it, and a meta forwarding a
+    /// write sends it along (what the client saw of this engine).
     pub(super) committed: Option<Arc<AtomicU64>>,
     /// Every commit is flushed before it is answered (the writer of a meta reading
     /// from a hot standby, whose reads wait for their writes' WAL to get there).

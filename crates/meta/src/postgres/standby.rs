@@ -14,21 +14,33 @@ use super::seen::Seen;
 use super::wire::Wire;
 
 impl PgConn {
-    /// Commits like `WriteConn::commit` (`flush`: with `synchronous_commit` on for this
-    /// commit) and publishes the commit's WAL position (an upper bound: the flushed
-    /// position right after it, as far as a standby can get) to `committed`.
+    /// Commits like `WriteConn::commit` (`durable`: flushed, with `synchronous_commit`
+    /// on for this commit unless the session has it on already, `flushed`) and
+    /// publishes the commit's WAL position to `committed`: an upper bound, the flushed
+    /// position right after a flushed commit (as far as a standby can get), the
+    /// inserted one after another (a standby gets there once the WAL writer flushed it,
+    /// within `wal_writer_delay`).
     /// The next BEGIN cannot ride along (after the SELECT, it would find a query already
     /// run in its implicit transaction), so it goes with the next transaction's first
     /// statements (`begin_pending`) instead of costing a round trip of its own, across
     /// the WAN from a standby's site.
-    pub(super) fn commit_reporting_lsn(&mut self, committed: &AtomicU64, flush: bool) -> Result<(), MetaError> {
+    pub(super) fn commit_reporting_lsn(
+        &mut self,
+        committed: &AtomicU64,
+        durable: bool,
+        flushed: bool,
+    ) -> Result<(), MetaError> {
         self.begun = false;
         self.release_pending = false;
         self.seen = Seen::default();
         let unlock = if self.alone { concat!("; SELECT pg_advisory_unlock(", writers_lock!(), ")") } else { "" };
-        let flush = if flush { "SET LOCAL synchronous_commit TO on; " } else { "" };
-        let Answer::Simple(answers) =
-            self.pipeline(Last::Simple(&format!("{flush}COMMIT; SELECT pg_current_wal_flush_lsn()::text{unlock}")))?
+        let (flush, position) = match (durable, flushed) {
+            (_, true) => ("", "flush"),
+            (true, false) => ("SET LOCAL synchronous_commit TO on; ", "flush"),
+            (false, false) => ("", "insert"),
+        };
+        let Answer::Simple(answers) = self
+            .pipeline(Last::Simple(&format!("{flush}COMMIT; SELECT pg_current_wal_{position}_lsn()::text{unlock}")))?
         else {
             unreachable!("a simple query answers messages")
         };

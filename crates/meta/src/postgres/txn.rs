@@ -274,12 +274,10 @@ impl WriteConn for PgConn {
         }
         let durable = std::mem::take(&mut self.durable);
         let committed = match self.committed.clone() {
-            // Every commit is flushed (a meta reading at a standby), or this durable one
-            // is: where it is in the log goes to whoever waits for it (`Forward`).
-            Some(committed) if self.flushes_every_commit || durable => {
-                self.commit_reporting_lsn(&committed, durable && !self.flushes_every_commit)
-            }
-            _ => self.end(&["COMMIT", begin_write!()]),
+            // Where the commit is in the log goes to whoever waits for it: this meta's
+            // reads at a standby, and the metas it forwards writes to (`Forward`).
+            Some(committed) => self.commit_reporting_lsn(&committed, durable, self.flushes_every_commit),
+            None => self.end(&["COMMIT", begin_write!()]),
         };
         if let Some(publish) = &self.publish {
             let written = std::mem::take(&mut self.written);
