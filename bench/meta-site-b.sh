@@ -34,7 +34,8 @@
 #   busy    `create` at B (after and forward only) while a writer at A, through A's meta,
 #           creates and unlinks files flat out: the share of its solo rate B keeps
 #   postmark  Debian's postmark 1.53 (PM_FILES files of 500..10000 bytes, PM_TX
-#           transactions, seed 42) in a directory of its own per configuration
+#           transactions, seed 42) in a directory of its own per configuration and round
+#           (jfs-b: round 1 only, its run takes minutes)
 # `before` and `jfs-b` run ls -lR and stat on the first BEFORE_DIRS directories only (every file
 # costs it the same WAN round trips: the full 10,000 would take most of an hour) and
 # the table also gives its time scaled to all DIRS directories.
@@ -290,7 +291,9 @@ for i in range(dirs):
         os.close(os.open(f"{top}/d{i:03d}/f{j:03d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 EOF
     python3 -c "print(f'{$(now) - $t0:.1f}')"
-    for config in "${CONFIGS[@]}"; do mkdir "$MNT/$(base_of "$config")pm-$config"; done
+    for config in "${CONFIGS[@]}"; do
+        for r in $(seq 1 "$ROUNDS"); do mkdir "$MNT/$(base_of "$config")pm-$config-$r"; done
+    done
 }
 say "creating $FILES files in $DIRS directories at A"
 if [[ $HOMES == 1 ]]; then
@@ -375,9 +378,9 @@ EOF
         ;;
     postmark)
         printf 'set location %s\nset number %s\nset transactions %s\nset size 500 10000\nset seed 42\nrun\nquit\n' \
-            "$MNT/$(base_of "$config")pm-$config" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
+            "$MNT/$(base_of "$config")pm-$config-$ROUND" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
         t0=$(now)
-        postmark "$WORK/pm-$config.cfg" >"$LOG/postmark-$config.out" 2>&1 || die "postmark ($config) failed"
+        postmark "$WORK/pm-$config.cfg" >"$LOG/postmark-$config-$ROUND.out" 2>&1 || die "postmark ($config) failed"
         t1=$(now)
         ;;
     esac
@@ -392,7 +395,8 @@ for r in $(seq 1 "$ROUNDS"); do
     ROUND=$r
     for workload in $WORKLOADS; do
         for config in "${CONFIGS[@]}"; do
-            [[ $workload == postmark && $r -gt 1 ]] && continue # postmark's directories are not reusable
+            # JuiceFS at B takes minutes a postmark run: round 1 only.
+            [[ $workload == postmark && $r -gt 1 && $config == jfs-b ]] && continue
             [[ $workload == busy && $config != after && $config != forward && $config != home-b ]] && continue
             work "$config" "$workload"
             SECS[$r,$workload,$config]=$RESULT
@@ -404,8 +408,9 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; create) echo "create+unlink ($CR_FILES files)" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
-for_all_files() { # round workload config: its seconds, scaled to all DIRS directories if it ran on fewer
-    local secs=${SECS[$1,$2,$3]}
+for_all_files() { # round workload config: its seconds, scaled to all DIRS directories if it ran on fewer ("-": not run)
+    local secs=${SECS[$1,$2,$3]:-}
+    [[ -n $secs ]] || { echo "-"; return; }
     if [[ $2 == postmark || $2 == create ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.1f}')"; fi
 }
 each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and workload measured
@@ -443,8 +448,12 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
     row() { # round workload
         local line="| $1 | $(label "$2")" c
         for c in "${CONFIGS_OF_TABLE[@]}"; do line+=" | $(for_all_files "$1" "$2" "$c")"; done
+        local base this
+        base=$(for_all_files "$1" "$2" "$BASE_OF_TABLE")
         for c in "${CONFIGS_OF_TABLE[@]}"; do
-            [[ $c == "$BASE_OF_TABLE" ]] || line+=" | $(ratio "$(for_all_files "$1" "$2" "$c")" "$(for_all_files "$1" "$2" "$BASE_OF_TABLE")")"
+            [[ $c == "$BASE_OF_TABLE" ]] && continue
+            this=$(for_all_files "$1" "$2" "$c")
+            if [[ $this == - || $base == - ]]; then line+=" | -"; else line+=" | $(ratio "$this" "$base")"; fi
         done
         echo "$line |"
     }
@@ -493,8 +502,11 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
     if [[ " $WORKLOADS " == *" postmark "* ]]; then
         echo "postmark's own report per configuration (transactions per second):"
         echo
-        for config in "${CONFIGS[@]}"; do
-            echo "- $config: $(grep -m1 'seconds of transactions' "$LOG/postmark-$config.out" | sed 's/^[[:space:]]*//')"
+        for r in $(seq 1 "$ROUNDS"); do
+            for config in "${CONFIGS[@]}"; do
+                [[ -f $LOG/postmark-$config-$r.out ]] || continue
+                echo "- round $r, $config: $(grep -m1 'seconds of transactions' "$LOG/postmark-$config-$r.out" | sed 's/^[[:space:]]*//')"
+            done
         done
     fi
 } >"$OUT.tmp"
