@@ -157,9 +157,10 @@ impl Forwarding {
         let store = homes.store(home)?;
         let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
         let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
-        // A heartbeat writes its session's row alone: every client's, every couple of
-        // seconds, would otherwise drop every row this meta keeps.
-        let namespace = !matches!(req, MetaRequest::Heartbeat(_));
+        // A session's start and its heartbeats write its session's row alone: every
+        // client's, every couple of seconds, and every new mount's would otherwise drop
+        // every row this meta keeps.
+        let namespace = !matches!(req, MetaRequest::Heartbeat(_) | MetaRequest::Hello(_));
         let link = self
             .link
             .get_or_try_init(|| net::RpcClient::connect(&self.addr, FORWARD_CONNECTIONS, self.timeout))
