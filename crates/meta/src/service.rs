@@ -157,10 +157,12 @@ impl Forwarding {
         let store = homes.store(home)?;
         let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
         let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
-        // A session's start and its heartbeats write its session's row alone: every
-        // client's, every couple of seconds, and every new mount's would otherwise drop
-        // every row this meta keeps.
-        let namespace = !matches!(req, MetaRequest::Heartbeat(_) | MetaRequest::Hello(_));
+        // A session's start, heartbeats and end write its session's rows: every
+        // client's heartbeat, every couple of seconds, and every mount and unmount would
+        // otherwise drop every row this meta keeps. An end may also reclaim files the
+        // session held open after their last name went; nobody can name those, and the
+        // primary's notification drops them here too.
+        let namespace = !matches!(req, MetaRequest::Heartbeat(_) | MetaRequest::Hello(_) | MetaRequest::Goodbye(_));
         let link = self
             .link
             .get_or_try_init(|| net::RpcClient::connect(&self.addr, FORWARD_CONNECTIONS, self.timeout))
