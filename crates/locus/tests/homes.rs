@@ -6,9 +6,9 @@
 
 use std::fs;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::postgres::PgServer;
-use testkit::{Cluster, LinkProfile, WanLink, netns};
+use testkit::{Cluster, LinkProfile, WanLink, netns, wait_until};
 
 fn text(out: &std::process::Output) -> String {
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -64,14 +64,6 @@ fn a_subtree_in_a_home_of_its_own_behaves_as_one_namespace() {
     assert_eq!(fs::read(mnt.join("proj/in")).unwrap(), b"input");
     fs::write(mnt.join("proj/after"), b"later").unwrap();
     assert_eq!(fs::read(mnt.join("proj/after")).unwrap(), b"later");
-}
-
-fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// How many writes to `home` the meta at `meta` has forwarded (`locus status`).

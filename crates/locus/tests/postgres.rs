@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 use testkit::postgres::PgServer;
-use testkit::{Cluster, LinkProfile, WanLink, netns};
+use testkit::{Cluster, LinkProfile, WanLink, netns, wait_until};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_locus"))
@@ -514,15 +514,6 @@ fn failover_across_a_cut_wan_loses_no_acknowledged_write() {
     assert!(meta_a_log.contains("lease on the primary role"), "{meta_a_log}");
     assert!(first_b_after_cut.is_some(), "B never accepted a write again");
     assert_ne!(fsck_word, "DAMAGED", "fsck after A rejoined: {fsck_text}");
-}
-
-/// Waits (bounded) until `done` holds, polling every 100 ms; panics naming `what`.
-fn wait_until(what: &str, within: std::time::Duration, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + within;
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "{what} did not happen within {within:?}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
 }
 
 /// Fencing at the nodes (issue 9, part 5): a meta of an older epoch cannot get a node

@@ -151,6 +151,12 @@ impl Forwarding {
         }
     }
 
+    /// The root home's (`MetaConfig::forward_writes_to`), by home: the other homes'
+    /// are added as each opens.
+    fn of_root(config: &MetaConfig) -> HashMap<HomeId, Forwarding> {
+        config.forward_writes_to.iter().map(|addr| (0, Forwarding::new(addr, config.db_timeout))).collect()
+    }
+
     /// Runs `req` at the meta holding `home`, the home it writes, for whom `ctx` acts
     /// for, and makes this meta's reads of that home wait for its commit.
     async fn write(&self, homes: &Homes, home: HomeId, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
@@ -202,10 +208,7 @@ impl MetaService {
         }
         let store = Arc::new(store);
         let mut homes = vec![Home { id: 0, name: ROOT_HOME.into(), store: store.clone() }];
-        let mut forwarding = HashMap::new();
-        if let Some(addr) = &config.forward_writes_to {
-            forwarding.insert(0, Forwarding::new(addr, config.db_timeout));
-        }
+        let mut forwarding = Forwarding::of_root(config);
         for home in &config.homes {
             let (standby, lease) = (home.read_db_url.as_deref(), lease.clone());
             let engine = engine::open_store(&home.db_url, standby, config.init, lease, config.db_timeout)?;
@@ -223,9 +226,7 @@ impl MetaService {
     /// A service over any backend's store (`db_url`, `init` and `audit_log` in `config`
     /// are unused: its audit log lives in memory).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
-        let forwarding =
-            config.forward_writes_to.iter().map(|addr| (0, Forwarding::new(addr, config.db_timeout))).collect();
-        Self::build(Arc::new(Homes::single(store)), config, AuditLog::in_memory(), forwarding)
+        Self::build(Arc::new(Homes::single(store)), config, AuditLog::in_memory(), Forwarding::of_root(config))
     }
 
     fn build(

@@ -150,6 +150,15 @@ fn issue(bin: &Path, tls: &Path, role: &str, name: &str, site: &str, hosts: &[&s
     [flag("--ca", &tls.join("ca.pem")), flag("--cert", &cert), flag("--key", &key)].concat()
 }
 
+/// Waits (bounded) until `done` holds, polling every 100 ms; panics naming `what`.
+pub fn wait_until(what: &str, within: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what} did not happen within {within:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (for tests that must pass fixed ports; the OS picks it).
 pub fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
