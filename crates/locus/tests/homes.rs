@@ -86,7 +86,10 @@ fn forwarded(c: &Cluster, meta: &str, home: &str) -> u64 {
 /// at B in home 0 likewise through A's meta. A fresh mount at A sees B's files once its
 /// standby has them; a rename between the homes is EXDEV. With the WAN cut, B goes on
 /// writing its home (its meta's lease is on B's own primary), and A sees those writes
-/// once the cut heals; fsck is clean.
+/// once the cut heals; fsck is clean. With B's meta stopped (SIGSTOP), A's write into
+/// home b fails within the forward's bound while A's writes to home 0 go on. Then B
+/// is lost: A's standby of home b is promoted and A's meta, restarted on it, holds
+/// home b with every write B made.
 #[test]
 fn each_site_commits_the_home_it_holds() {
     if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
@@ -107,7 +110,18 @@ fn each_site_commits_the_home_it_holds() {
     let (root_at_b, home_at_a) = (root_standby.url(&name(&root_url)), home_standby.url(&name(&home_url)));
     let meta_b = format!("{}:7079", WanLink::addr_of(b));
     let (home, read, forward) = (format!("b={home_url}"), format!("b={home_at_a}"), format!("b={meta_b}"));
-    let held_at_a = ["--home", &home, "--read-db", &read, "--forward-writes-to", &forward, "--db-timeout", "10s"];
+    let held_at_a = [
+        "--home",
+        &home,
+        "--read-db",
+        &read,
+        "--forward-writes-to",
+        &forward,
+        "--db-timeout",
+        "10s",
+        "--primary-lease-ms",
+        "2000",
+    ];
     let mut c = Cluster::start_in_sites_on_db(bin(), &link, &["a", "b"], Some(&root_url), &held_at_a);
     let meta_a = c.meta.addr.clone();
     let held_at_b = ["--listen", ":7079", "--home", &home, "--read-db", &root_at_b, "--forward-writes-to", &meta_a];
@@ -172,6 +186,65 @@ fn each_site_commits_the_home_it_holds() {
     text(&c.locus(&["fsck", "--meta", &meta_a]));
     let list = text(&c.locus(&["home", "list", "--meta", &meta_b]));
     assert!(list.contains("/hb"), "{list}");
+
+    // B's meta hangs (SIGSTOP): A's write into home b fails after a bounded wait, and
+    // meanwhile A goes on writing its own home; once B's meta runs again, so does b.
+    let b_meta = c.other_metas[0].child.id() as i32;
+    // SAFETY: kill(2) on a child process this test started.
+    assert_eq!(unsafe { libc::kill(b_meta, libc::SIGSTOP) }, 0);
+    let stuck_path = at_a.join("hb/while-stopped");
+    let stuck = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        (fs::write(&stuck_path, b"x"), started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..5 {
+        let started = std::time::Instant::now();
+        fs::write(at_a.join(format!("top-a-{i}")), b"home 0").unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3), "home 0 waited {:?} behind home b", started.elapsed());
+    }
+    let (result, waited) = stuck.join().unwrap();
+    assert!(result.is_err(), "a write into the home of a stopped meta was acknowledged");
+    // The forward's bound: the database timeout (10 s here) and a 5 s margin.
+    assert!(waited < Duration::from_secs(20), "a write into the home of a stopped meta waited {waited:?}");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(b_meta, libc::SIGCONT) }, 0);
+    wait_until("home b writable again from A", Duration::from_secs(30), || {
+        fs::write(at_a.join("hb/after-stop"), b"y").is_ok()
+    });
+    assert_eq!(fs::read(at_a.join("hb/after-stop")).unwrap(), b"y");
+
+    // Site B is lost (its meta, node, mount and both its PostgreSQL servers): A's
+    // standby of home b, which has everything B wrote (checked above), is promoted and
+    // A's meta restarts holding home b there, as failover does for one primary.
+    let lost = text(&c.locus(&["home", "list", "--meta", &meta_a]));
+    let _ = c.other_metas[0].child.kill();
+    let _ = c.other_metas[0].child.wait();
+    c.kill_site("b");
+    pg_b.crash();
+    root_standby.crash();
+    let promoted = text(&c.locus(&["meta", "promote", "--db", &home_at_a]));
+    assert!(promoted.contains("promoted: epoch"), "{promoted}");
+    for flag in ["--home", "--read-db", "--forward-writes-to"] {
+        c.drop_meta_flag(flag);
+    }
+    c.add_meta_flag("--home", &format!("b={home_at_a}"));
+    c.restart_meta();
+    // Everything B wrote is there; A writes home b itself, nothing forwarded.
+    wait_until("A's meta back", Duration::from_secs(20), || at_a.join("hb/run/cut4").exists());
+    for i in 2..20 {
+        let len = fs::metadata(at_a.join(format!("hb/run/f{i}"))).unwrap().len();
+        assert_eq!(len, format!("from b {i}").len() as u64, "f{i} after the loss of B");
+    }
+    assert_eq!(fs::read(at_a.join("hb/from-a")).unwrap(), b"written at a");
+    fs::write(at_a.join("hb/after-loss"), b"home b at a").unwrap();
+    fs::create_dir(at_a.join("hb/after-loss-dir")).unwrap();
+    assert_eq!(fs::read(fresh_a.join("hb/after-loss")).unwrap(), b"home b at a");
+    let status = text(&c.locus(&["status", "--meta", &meta_a]));
+    assert!(!status.contains("writes to home b forwarded"), "{status}");
+    let list = text(&c.locus(&["home", "list", "--meta", &meta_a]));
+    let b_line = |l: &str| l.lines().find(|l| l.contains(" b ")).unwrap_or_default().to_string();
+    assert!(b_line(&list).contains("written by this meta"), "before: {lost}\nafter: {list}");
 }
 
 fn bin() -> &'static Path {

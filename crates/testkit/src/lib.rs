@@ -212,6 +212,11 @@ impl Cluster {
         self.meta.args = without_flags(&self.meta.args, &[flag]);
     }
 
+    /// Adds `flag` with `value` to meta's arguments (from its next start).
+    pub fn add_meta_flag(&mut self, flag: &str, value: &str) {
+        self.meta.args.extend([flag.to_string(), value.to_string()]);
+    }
+
     /// Points meta at another database from its next `restart` on (e.g. one that
     /// `locus meta migrate` filled).
     pub fn use_meta_db(&mut self, db_url: &str) {
