@@ -170,10 +170,11 @@ pub(crate) struct FileInner {
     pub granted: proto::meta::OpenAccess,
     /// Lock owners that took a byte-range lock here; their locks go on close.
     pub lock_owners: HashSet<u64>,
-    /// Written data that could not be stored, until an fsync or a flush (close) reports
-    /// it: whichever request met the failure first (a setattr the kernel's flusher
-    /// sends, an fallocate), the writer learns at its next sync point that data is
-    /// lost, as Linux reports writeback errors at fsync and close.
+    /// Written data that could not be stored, until an fsync reports it (every flush,
+    /// i.e. close, before that reports it too): whichever request met the failure
+    /// first (a setattr the kernel's flusher sends, an fallocate, a forked child's
+    /// close), the writer learns at its next sync point that data is lost, as Linux
+    /// reports writeback errors at fsync and close.
     pub write_error: Option<VfsError>,
 }
 

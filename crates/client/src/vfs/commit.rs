@@ -17,7 +17,7 @@ impl Vfs {
         let handle = self.handle(fh)?;
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
-        let committed = self.commit_reporting(ino, &mut f).await.map(|_| ());
+        let committed = self.commit_reporting(ino, &mut f, false).await.map(|_| ());
         if let Some(owner) = lock_owner
             && f.lock_owners.remove(&owner)
         {
@@ -47,17 +47,21 @@ impl Vfs {
         let handle = self.handle(fh)?;
         let ino = handle.file.ino;
         let mut f = handle.file.inner.lock().await;
-        if !self.commit_reporting(ino, &mut f).await? {
+        if !self.commit_reporting(ino, &mut f, true).await? {
             self.sync_meta().await?;
         }
         Ok(())
     }
 
-    /// `commit_locked` at a sync point (fsync, flush): also reports, once, a write
-    /// failure another request met first (`FileInner::write_error`).
-    async fn commit_reporting(self: &Arc<Self>, ino: InodeId, f: &mut FileInner) -> Result<bool> {
+    /// `commit_locked` at a sync point (fsync, flush): also reports a write failure
+    /// another request met first (`FileInner::write_error`). An fsync reports it once
+    /// (`consume`); a flush reports it and leaves it for the fsync: the flush may be
+    /// another process's close of a shared descriptor (a child's exec closes the
+    /// parent's open files), and the writer's own fsync must still fail, as Linux's
+    /// close does not clear a writeback error that fsync has not reported.
+    async fn commit_reporting(self: &Arc<Self>, ino: InodeId, f: &mut FileInner, consume: bool) -> Result<bool> {
         let committed = self.commit_locked(ino, f).await;
-        let unreported = f.write_error.take();
+        let unreported = if consume { f.write_error.take() } else { f.write_error.clone() };
         let committed = committed?;
         unreported.map_or(Ok(committed), Err)
     }
