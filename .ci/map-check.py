@@ -21,8 +21,9 @@
 5. meta's backends keep to their rooms: outside test code, `meta::sqlite` and
    `meta::postgres` name only the seam (`store`, `error`, `locks`), never each other or
    the layers above; the seam names nothing else of meta; and only `engine` (which
-   opens a backend by URL) and `migrate` (which copies SQLite into PostgreSQL) name a
-   backend. A third backend is then one more room and one line in `open_store`.
+   opens a backend by URL), `migrate` (which copies SQLite into PostgreSQL) and `moving`
+   (which copies a metadata home's PostgreSQL database to another site's server) name
+   a backend. A third backend is then one more room and one line in `open_store`.
 4. bench/results/README.md names every file and directory of bench/results/ (each as
    `name` or `name/`), so the index of the measurements stays whole.
 
@@ -257,7 +258,7 @@ META = root / "crates" / "meta" / "src"
 SEAM = {"store", "error", "locks"}
 BACKENDS = {"sqlite", "postgres"}
 MAY_NAME = {**{b: SEAM for b in BACKENDS}, **{s: SEAM for s in SEAM}}
-NAMES_BACKENDS = {"engine", "migrate"}
+NAMES_BACKENDS = {"engine", "migrate", "moving"}
 
 # Declaration order matters: a `#[cfg(test)] mod x;` must be seen before x's file.
 sources = sorted(root.glob("crates/**/*.rs"), key=lambda p: (len(p.parts), str(p)))

@@ -317,6 +317,23 @@ pub enum HomeCommand {
     },
     /// Lists the homes, their junctions and how many inodes each holds.
     List,
+    /// Moves home HOME to site SITE: its writes commit at that site's PostgreSQL
+    /// primary from then on (they pause while its rows are copied there from SITE's
+    /// standby of the old primary). Every meta needs --site-db, --site-read-db and
+    /// --site-meta for both sites.
+    Move {
+        home: String,
+        #[arg(long = "to", value_name = "SITE")]
+        to_site: String,
+    },
+}
+
+/// SITE=VALUE of `locus meta --site-db`, `--site-read-db` and `--site-meta`.
+fn parse_site(text: &str) -> Result<(String, String), String> {
+    match parse_for_home(text)? {
+        (Some(site), value) if !value.is_empty() => Ok((site, value)),
+        _ => Err(format!("{text:?} is not SITE=VALUE, e.g. b=postgres://locus@10.0.2.1/locus")),
+    }
 }
 
 /// NAME=URL of `locus meta --home`.
@@ -404,6 +421,8 @@ pub struct MetaArgs {
     /// gives it. An empty database (with --init) becomes a new home.
     #[arg(long = "home", value_name = "NAME=URL", value_parser = parse_home)]
     pub homes: Vec<(String, String)>,
+    #[command(flatten)]
+    pub sites: Box<SiteArgs>,
     /// Seconds a session may stay silent before its locks are dropped.
     #[arg(long, default_value_t = 30)]
     pub session_expiry_secs: u64,
@@ -446,6 +465,28 @@ pub struct MetaArgs {
     /// `host7=1000-1999:100,200` (by the host certificate's name; repeat for more).
     #[arg(long = "host-ids", value_name = "HOST=UIDS[:GIDS]", value_parser = host_ids)]
     pub host_ids: Vec<(String, meta::authority::HostIds)>,
+}
+
+/// Where each site's PostgreSQL server and meta are, for moving metadata homes.
+#[derive(Args, Debug)]
+pub struct SiteArgs {
+    /// The site this meta serves, which commits the homes placed there (default: its
+    /// certificate's).
+    #[arg(long)]
+    pub site: Option<String>,
+    /// For moving homes (`locus home move`): SITE=URL, the PostgreSQL primary server of
+    /// SITE as this meta writes to it (any database of it; a home placed at SITE is the
+    /// database of its own name there). Repeat per site, this meta's own included.
+    #[arg(long = "site-db", value_name = "SITE=URL", value_parser = parse_site)]
+    pub site_dbs: Vec<(String, String)>,
+    /// For moving homes: SITE=URL, this site's hot standby of SITE's server (any
+    /// database of it), to read the homes placed at SITE from.
+    #[arg(long = "site-read-db", value_name = "SITE=URL", value_parser = parse_site)]
+    pub site_read_dbs: Vec<(String, String)>,
+    /// For moving homes: SITE=HOST:PORT, the meta of SITE, which commits the homes
+    /// placed there.
+    #[arg(long = "site-meta", value_name = "SITE=HOST:PORT", value_parser = parse_site)]
+    pub site_metas: Vec<(String, String)>,
 }
 
 /// `HOST=UIDS[:GIDS]` of `--host-ids`.

@@ -1,10 +1,10 @@
-//! `locus home create|list`: metadata homes, the subtrees whose metadata commits in an
+//! `locus home create|list|move`: metadata homes, the subtrees whose metadata commits in an
 //! engine of its own (`locus meta --home NAME=URL`).
 
 use crate::cli::{HomeArgs, HomeCommand};
 use crate::policy::{path_of, resolve};
 use anyhow::{Context, bail};
-use proto::meta::{ListHomes, MakeJunction};
+use proto::meta::{ListHomes, MakeJunction, MoveHome};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -37,7 +37,20 @@ pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
                     "{:>5}  {:<16} {:>10} inodes  written by {writer:<24} {roots}",
                     home.id, home.name, home.inodes
                 );
+                if let Some(placement) = home.placement {
+                    println!("       moved: {placement}");
+                }
             }
+        }
+        HomeCommand::Move { home, to_site } => {
+            let moved = meta
+                .ask(MoveHome { home: home.clone(), to_site: to_site.clone() })
+                .await?
+                .with_context(|| format!("moving home {home} to site {to_site}"))?;
+            println!(
+                "home {} moved from site {} to site {} (database {}): {} rows copied, writes paused {} ms",
+                moved.home, moved.from_site, moved.to_site, moved.database, moved.rows, moved.paused_ms
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

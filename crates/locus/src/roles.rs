@@ -106,6 +106,34 @@ fn for_home(values: &[(Option<String>, String)], home: Option<&String>) -> Optio
     values.iter().find(|(name, _)| name.as_ref() == home).map(|(_, value)| value.clone())
 }
 
+/// The sites `--site-db`, `--site-read-db` and `--site-meta` name, each once per flag.
+fn sites(args: &MetaArgs) -> anyhow::Result<Vec<meta::SiteConfig>> {
+    let mut sites: Vec<meta::SiteConfig> = Vec::new();
+    let flags = [
+        ("--site-db", &args.sites.site_dbs),
+        ("--site-read-db", &args.sites.site_read_dbs),
+        ("--site-meta", &args.sites.site_metas),
+    ];
+    for (flag, values) in flags {
+        for (site, value) in values {
+            let i = match sites.iter().position(|s| &s.name == site) {
+                Some(i) => i,
+                None => {
+                    sites.push(meta::SiteConfig { name: site.clone(), ..Default::default() });
+                    sites.len() - 1
+                }
+            };
+            let slot = match flag {
+                "--site-db" => &mut sites[i].db_url,
+                "--site-read-db" => &mut sites[i].read_db_url,
+                _ => &mut sites[i].meta,
+            };
+            anyhow::ensure!(slot.replace(value.clone()).is_none(), "{flag} is given twice for site {site}");
+        }
+    }
+    Ok(sites)
+}
+
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!args.db_timeout.is_zero(), "--db-timeout must be longer than 0, e.g. 30s");
     for (flag, values) in [("--read-db", &args.read_db), ("--forward-writes-to", &args.forward_writes_to)] {
@@ -148,6 +176,8 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
                 forward_writes_to: for_home(&args.forward_writes_to, Some(name)),
             })
             .collect(),
+        sites: sites(&args)?,
+        site: args.sites.site.clone(),
     };
     let (addr, service) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     service.configure_user_auth(meta::authority::UserAuth {
@@ -391,6 +421,8 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         root_policy: Some(proto::policy::Policy { copies: 1, ..Default::default() }),
         forward_writes_to: None,
         homes: Vec::new(),
+        sites: Vec::new(),
+        site: None,
     };
     let (meta_addr, meta_service) =
         // The mount is the machine's own: its root is root (as with a local disk).

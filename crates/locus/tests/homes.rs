@@ -5,7 +5,9 @@
 //! home's writes locally and forwarding the other's.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use testkit::postgres::PgServer;
 use testkit::{Cluster, LinkProfile, WanLink, netns, wait_until};
@@ -66,6 +68,109 @@ fn a_subtree_in_a_home_of_its_own_behaves_as_one_namespace() {
     assert_eq!(fs::read(mnt.join("proj/after")).unwrap(), b"later");
 }
 
+/// Two sites, A and B, joined by the emulator (20 ms RTT), each with a PostgreSQL
+/// primary of its own and a hot standby of the other's: the root's database at A's,
+/// home b's at B's. Fields drop in order: the servers before the link.
+struct TwoSites {
+    pg_a: PgServer,
+    pg_b: PgServer,
+    root_standby: PgServer,
+    home_standby: PgServer,
+    root_url: String,
+    home_url: String,
+    /// B's standby of the root's database, A's of home b's.
+    root_at_b: String,
+    home_at_a: String,
+    wan: LinkProfile,
+    link: WanLink,
+}
+
+fn two_sites(prefix: &str) -> TwoSites {
+    let (a, b) = (0, 1);
+    let wan = LinkProfile { delay: Duration::from_millis(10), ..LinkProfile::default() };
+    let link = WanLink::start(prefix, 2, &wan)
+        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
+    let pg_a = PgServer::start_in(link.site_ns(a), WanLink::addr_of(a));
+    let root_url = pg_a.create_database();
+    let pg_b = PgServer::start_in(link.site_ns(b), WanLink::addr_of(1));
+    let home_url = pg_b.create_database();
+    let name = |url: &str| url.rsplit('/').next().unwrap().to_string();
+    let root_standby = pg_a.start_standby_in(link.site_ns(b), WanLink::addr_of(1));
+    let home_standby = pg_b.start_standby_in(link.site_ns(a), WanLink::addr_of(a));
+    let (root_at_b, home_at_a) = (root_standby.url(&name(&root_url)), home_standby.url(&name(&home_url)));
+    TwoSites { pg_a, pg_b, root_standby, home_standby, root_url, home_url, root_at_b, home_at_a, wan, link }
+}
+
+/// A cluster over `TwoSites`: meta A holds home 0 and reads home b at its standby,
+/// forwarding b's writes to meta B, which holds home b and does the reverse; both
+/// know both sites' servers and metas (`--site-*`), so the home can move. Node a0, b0;
+/// `/hb` is home b's junction; a mount at each site.
+struct Homed {
+    c: Cluster,
+    meta_a: String,
+    meta_b: String,
+    at_a: PathBuf,
+    at_b: PathBuf,
+    /// Meta B's own flags, to start it again.
+    b_args: Vec<String>,
+}
+
+/// The flags meta B does not take from meta A's arguments.
+const B_OWN_FLAGS: [&str; 7] =
+    ["--home", "--read-db", "--forward-writes-to", "--site-db", "--site-read-db", "--site-meta", "--site"];
+
+fn start_homed(link: &WanLink, root_url: &str, home_url: &str, root_at_b: &str, home_at_a: &str) -> Homed {
+    let meta_b = format!("{}:7079", WanLink::addr_of(1));
+    let flag = |site: &str, value: &str| format!("{site}={value}");
+    let (home, read, forward) = (flag("b", home_url), flag("b", home_at_a), flag("b", &meta_b));
+    let (site_a_db, site_b_db) = (flag("a", root_url), flag("b", home_url));
+    let own = ["--home", &home, "--site-db", &site_a_db, "--site-db", &site_b_db];
+    let a_args = [
+        "--read-db",
+        &read,
+        "--forward-writes-to",
+        &forward,
+        "--site-read-db",
+        &read,
+        "--site-meta",
+        &forward,
+        "--site",
+        "a",
+        "--db-timeout",
+        "10s",
+        "--primary-lease-ms",
+        "2000",
+    ];
+    let mut c = Cluster::start_in_sites_on_db(bin(), link, &["a", "b"], Some(root_url), &[&own[..], &a_args].concat());
+    let meta_a = c.meta.addr.clone();
+    let (b_reads_a, b_meta_a) = (flag("a", root_at_b), flag("a", &meta_a));
+    let b_args = [
+        "--listen",
+        ":7079",
+        "--read-db",
+        root_at_b,
+        "--forward-writes-to",
+        &meta_a,
+        "--site-read-db",
+        &b_reads_a,
+        "--site-meta",
+        &b_meta_a,
+        "--site",
+        "b",
+    ];
+    let b_args: Vec<&str> = [&own[..], &b_args].concat();
+    assert_eq!(c.add_meta_at("b", root_url, &B_OWN_FLAGS, &b_args), meta_b);
+    c.add_node("a0", "a");
+    c.add_node("b0", "b");
+    c.wait_for_nodes(2);
+    c.set_root_copies(1);
+    text(&c.locus(&["home", "create", "/hb", "b", "--mode", "777", "--meta", &meta_b]));
+    let at_b = c.mount_through(&meta_b, "b", &[]);
+    let at_a = c.mount_through(&meta_a, "a", &[]);
+    let b_args = b_args.iter().map(|a| a.to_string()).collect();
+    Homed { c, meta_a, meta_b, at_a, at_b, b_args }
+}
+
 /// How many writes to `home` the meta at `meta` has forwarded (`locus status`).
 fn forwarded(c: &Cluster, meta: &str, home: &str) -> u64 {
     let status = text(&c.locus(&["status", "--meta", meta]));
@@ -96,44 +201,20 @@ fn each_site_commits_the_home_it_holds() {
         eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
         return;
     }
-    let (a, b) = (0, 1);
-    let wan = LinkProfile { delay: Duration::from_millis(10), ..LinkProfile::default() };
-    let link = WanLink::start("lwt-homes-", 2, &wan)
-        .expect("start the WAN emulator (build it first: `cargo build -p testkit --bin locus-wan`)");
-    let pg_a = PgServer::start_in(link.site_ns(a), WanLink::addr_of(a));
-    let root_url = pg_a.create_database();
-    let pg_b = PgServer::start_in(link.site_ns(b), WanLink::addr_of(b));
-    let home_url = pg_b.create_database();
-    let name = |url: &str| url.rsplit('/').next().unwrap().to_string();
-    let root_standby = pg_a.start_standby_in(link.site_ns(b), WanLink::addr_of(b));
-    let home_standby = pg_b.start_standby_in(link.site_ns(a), WanLink::addr_of(a));
-    let (root_at_b, home_at_a) = (root_standby.url(&name(&root_url)), home_standby.url(&name(&home_url)));
-    let meta_b = format!("{}:7079", WanLink::addr_of(b));
-    let (home, read, forward) = (format!("b={home_url}"), format!("b={home_at_a}"), format!("b={meta_b}"));
-    let held_at_a = [
-        "--home",
-        &home,
-        "--read-db",
-        &read,
-        "--forward-writes-to",
-        &forward,
-        "--db-timeout",
-        "10s",
-        "--primary-lease-ms",
-        "2000",
-    ];
-    let mut c = Cluster::start_in_sites_on_db(bin(), &link, &["a", "b"], Some(&root_url), &held_at_a);
-    let meta_a = c.meta.addr.clone();
-    let held_at_b = ["--listen", ":7079", "--home", &home, "--read-db", &root_at_b, "--forward-writes-to", &meta_a];
-    let started = c.add_meta_at("b", &root_url, &["--home", "--read-db", "--forward-writes-to"], &held_at_b);
-    assert_eq!(started, meta_b);
-    c.add_node("a0", "a");
-    c.add_node("b0", "b");
-    c.wait_for_nodes(2);
-    c.set_root_copies(1);
-    text(&c.locus(&["home", "create", "/hb", "b", "--mode", "777", "--meta", &meta_b]));
-    let at_b = c.mount_through(&meta_b, "b", &[]);
-    let at_a = c.mount_through(&meta_a, "a", &[]);
+    let TwoSites {
+        wan,
+        link,
+        pg_a: _pg_a,
+        pg_b,
+        root_url,
+        home_url,
+        root_standby,
+        home_standby: _h,
+        root_at_b,
+        home_at_a,
+    } = two_sites("lwt-homes-");
+    let Homed { mut c, meta_a, meta_b, at_a, at_b, .. } =
+        start_homed(&link, &root_url, &home_url, &root_at_b, &home_at_a);
 
     // B writes its own home: committed at B's primary, nothing forwarded.
     let before = forwarded(&c, &meta_b, "root");
@@ -245,6 +326,114 @@ fn each_site_commits_the_home_it_holds() {
     let list = text(&c.locus(&["home", "list", "--meta", &meta_a]));
     let b_line = |l: &str| l.lines().find(|l| l.contains(" b ")).unwrap_or_default().to_string();
     assert!(b_line(&list).contains("written by this meta"), "before: {lost}\nafter: {list}");
+}
+
+/// Files one writer has had acknowledged (written and fsynced), and its failures.
+#[derive(Default)]
+struct Written {
+    acked: Vec<String>,
+    failed: Vec<String>,
+}
+
+/// Writes and fsyncs `dir/PREFIX-i` for i = 0, 1, ... until `stop`, each with its own
+/// content.
+fn keep_writing(dir: PathBuf, prefix: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Written> {
+    std::thread::spawn(move || {
+        let mut out = Written::default();
+        let mut i = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let name = format!("{prefix}-{i}");
+            match testkit::write_synced(&dir.join(&name), name.as_bytes()) {
+                Ok(()) => out.acked.push(name),
+                Err(e) => out.failed.push(format!("{name}: {e}")),
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        out
+    })
+}
+
+/// Moves (issue 35, part 2): home b, held at B, moves to A under writers at both sites
+/// and back again, each `locus home move` given to the meta of the site the home
+/// leaves (which hands it to the destination's). Writes pause during a move and none
+/// fails; every acknowledged file is there afterwards at both sites; after the first
+/// move A commits home b itself (nothing forwarded) and B forwards it; a restarted
+/// meta places the home as the registry says, not as its flags do; fsck is clean.
+/// Moving home 0, to an unknown site or to where the home is already is refused.
+#[test]
+fn a_home_moves_between_sites_under_writes() {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
+        return;
+    }
+    // Bound (not `..`): unbound fields would be dropped, their servers stopped, at once.
+    let TwoSites {
+        link,
+        pg_a: _a,
+        pg_b: _b,
+        root_standby: _ra,
+        home_standby: _ha,
+        root_url,
+        home_url,
+        root_at_b,
+        home_at_a,
+        wan: _,
+    } = two_sites("lwt-moves-");
+    let Homed { mut c, meta_a, meta_b, at_a, at_b, b_args } =
+        start_homed(&link, &root_url, &home_url, &root_at_b, &home_at_a);
+
+    // Refused, changing nothing: the root's home, an unknown site, where it is.
+    for (home, to) in [("root", "a"), ("b", "nowhere"), ("b", "b"), ("nohome", "a")] {
+        let out = c.locus(&["home", "move", home, "--to", to, "--meta", &meta_a]);
+        assert!(!out.status.success(), "moving {home} to {to} was accepted");
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = [keep_writing(at_a.join("hb"), "a", stop.clone()), keep_writing(at_b.join("hb"), "b", stop.clone())];
+    std::thread::sleep(Duration::from_millis(500));
+    let moved = text(&c.locus(&["home", "move", "b", "--to", "a", "--meta", &meta_b]));
+    assert!(moved.contains("moved from site b to site a"), "{moved}");
+    std::thread::sleep(Duration::from_millis(500));
+    // A commits home b itself now; B forwards it there.
+    let before = forwarded(&c, &meta_b, "b");
+    fs::write(at_a.join("hb/at-a-after-move"), b"local now").unwrap();
+    fs::write(at_b.join("hb/at-b-after-move"), b"forwarded now").unwrap();
+    assert_eq!(fs::read(at_b.join("hb/at-b-after-move")).unwrap(), b"forwarded now");
+    assert!(forwarded(&c, &meta_b, "b") > before, "B's write into home b, now at A, was not forwarded");
+    let status_a = text(&c.locus(&["status", "--meta", &meta_a]));
+    assert!(!status_a.contains("writes to home b forwarded"), "{status_a}");
+    let back = text(&c.locus(&["home", "move", "b", "--to", "b", "--meta", &meta_a]));
+    assert!(back.contains("moved from site a to site b"), "{back}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let written: Vec<Written> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    for w in &written {
+        assert!(w.failed.is_empty(), "writes failed across the moves: {:?}", w.failed);
+        assert!(w.acked.len() > 10, "only {} writes", w.acked.len());
+    }
+    let list = text(&c.locus(&["home", "list", "--meta", &meta_a]));
+    assert!(list.contains("moved: site b") && list.contains("moved 2 time(s)"), "{list}");
+
+    // B's meta restarted with its first flags: the registry places home b.
+    let _ = c.other_metas[0].child.kill();
+    let _ = c.other_metas[0].child.wait();
+    c.other_metas.clear();
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    assert_eq!(c.add_meta_at("b", &root_url, &B_OWN_FLAGS, &b_args), meta_b);
+    wait_until("B's meta back", Duration::from_secs(30), || fs::write(at_b.join("hb/after-restart"), b"r").is_ok());
+    let fresh_a = c.mount_through(&meta_a, "a", &[]);
+    wait_until("B's last file at A", Duration::from_secs(30), || fresh_a.join("hb/after-restart").exists());
+    for (w, mnt) in written.iter().zip([&at_a, &at_b]) {
+        for name in &w.acked {
+            for m in [mnt, &fresh_a] {
+                let got = fs::read(m.join("hb").join(name)).unwrap_or_else(|e| panic!("{name} lost: {e}"));
+                assert_eq!(got, name.as_bytes(), "{name}");
+            }
+        }
+    }
+    assert_eq!(fs::read(fresh_a.join("hb/at-a-after-move")).unwrap(), b"local now");
+    text(&c.locus(&["fsck", "--meta", &meta_a]));
 }
 
 fn bin() -> &'static Path {

@@ -73,6 +73,8 @@ fn a_damaged_database_is_refused() {
             root_policy: None,
             forward_writes_to: None,
             homes: Vec::new(),
+            sites: Vec::new(),
+            site: None,
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

@@ -49,6 +49,7 @@ pub(crate) fn pending_key(ino: InodeId) -> Vec<u8> {
 }
 
 /// One home: its number, name and engine.
+#[derive(Clone)]
 pub struct Home {
     pub id: HomeId,
     pub name: String,
@@ -78,6 +79,11 @@ impl Homes {
             }
         }
         Ok(Homes { homes })
+    }
+
+    /// Homes already sorted, home 0 first, whose foreign readers are reserved.
+    pub(crate) fn from_sorted(homes: Vec<Home>) -> Homes {
+        Homes { homes }
     }
 
     /// Home 0's engine: sessions, nodes, admission and principals live there.
@@ -617,7 +623,8 @@ pub(crate) async fn list(homes: &Homes) -> Result<Vec<proto::meta::HomeInfo>, Me
             Ok((junctions, t.count_inodes()?))
         })
         .await?;
-        out.push(proto::meta::HomeInfo { id: home.id, name: home.name.clone(), junctions, inodes, writer: None });
+        let (id, name) = (home.id, home.name.clone());
+        out.push(proto::meta::HomeInfo { id, name, junctions, inodes, writer: None, placement: None });
     }
     Ok(out)
 }

@@ -61,6 +61,11 @@ pub struct MetaConfig {
     /// (empty) database becomes a new home of this cluster; an existing one must be the
     /// home of that name of this cluster.
     pub homes: Vec<HomeConfig>,
+    /// How this meta reaches each site's PostgreSQL server and meta, for homes that
+    /// moved (`moving`): a moved home is placed by home 0's registry, not its flags.
+    pub sites: Vec<crate::moving::SiteConfig>,
+    /// The site this meta serves (`None`: its certificate's).
+    pub site: Option<String>,
 }
 
 /// Where one metadata home besides the root's commits, as this meta reaches it: the
@@ -89,8 +94,21 @@ pub const DEFAULT_DB_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct MetaService {
     /// Home 0's engine: sessions, nodes, the primary's lease and epoch (`homes.root()`).
     store: Arc<Store>,
-    /// Every home's engine; requests run in the engine of the home they change.
-    homes: Arc<Homes>,
+    /// Every home's engine and where this meta forwards the writes of the homes it
+    /// does not hold; requests run in the engine of the home they change. Swapped
+    /// whole when a home moves.
+    pub(crate) placed: std::sync::RwLock<Arc<Placed>>,
+    /// Each home's gate: its writes pass it shared; a move closes it while the home
+    /// changes engines.
+    pub(crate) gates: HashMap<HomeId, Arc<tokio::sync::RwLock<()>>>,
+    /// The gates of the homes this meta handed over to a mover, closed until it is done.
+    pub(crate) handed_over: Mutex<HashMap<HomeId, tokio::sync::OwnedRwLockWriteGuard<()>>>,
+    /// How each home's engine was opened (where it is placed), by home.
+    pub(crate) opened: Mutex<HashMap<HomeId, crate::moving::Opened>>,
+    /// The sites and settings moves open engines with.
+    pub(crate) moves: crate::moving::MoveSetup,
+    /// Held by the move this meta is carrying out (one at a time).
+    pub(crate) moving_now: Arc<tokio::sync::Mutex<()>>,
     cluster_id: Arc<str>,
     heartbeat: Duration,
     session_expiry: Duration,
@@ -120,14 +138,19 @@ pub struct MetaService {
     /// Under `locus up`: this process's node certificate, and the client identity its
     /// mount acts with (`own_mount`).
     own_mount: Option<(net::PeerIdentity, net::PeerIdentity)>,
-    /// Where the writes of the homes this meta does not hold go instead of its own
-    /// writer (`forward_writes_to` of `MetaConfig` and `HomeConfig`), by home.
-    forwarding: HashMap<HomeId, Forwarding>,
+}
+
+/// Every home's engine, and where the writes of the homes this meta does not hold go
+/// instead of its own writer (`forward_writes_to` of `MetaConfig` and `HomeConfig`, or
+/// a move's placement), by home.
+pub(crate) struct Placed {
+    pub homes: Arc<Homes>,
+    pub forwarding: HashMap<HomeId, Arc<Forwarding>>,
 }
 
 /// The link to the meta at the site holding a home, that this meta forwards the
 /// home's writes to.
-struct Forwarding {
+pub(crate) struct Forwarding {
     addr: String,
     /// Opened on the first write (that meta may start after this one); it reconnects
     /// by itself after a failure.
@@ -142,7 +165,7 @@ struct Forwarding {
 const FORWARD_CONNECTIONS: usize = 2;
 
 impl Forwarding {
-    fn new(addr: &str, db_timeout: Duration) -> Forwarding {
+    pub(crate) fn new(addr: &str, db_timeout: Duration) -> Forwarding {
         Forwarding {
             addr: addr.to_string(),
             link: tokio::sync::OnceCell::new(),
@@ -209,24 +232,51 @@ impl MetaService {
         let store = Arc::new(store);
         let mut homes = vec![Home { id: 0, name: ROOT_HOME.into(), store: store.clone() }];
         let mut forwarding = Forwarding::of_root(config);
+        let moves = crate::moving::MoveSetup {
+            sites: config.sites.clone(),
+            own_site: config.site.clone().or_else(|| net::own_identity().map(|me| me.site.clone())),
+            lease: lease.clone(),
+            db_timeout: config.db_timeout,
+        };
+        let mut opened = HashMap::new();
         for home in &config.homes {
-            let (standby, lease) = (home.read_db_url.as_deref(), lease.clone());
-            let engine = engine::open_store(&home.db_url, standby, config.init, lease, config.db_timeout)?;
-            let id = homes::adopt(&store, &engine, &home.name, &home.db_url)?;
-            if let Some(addr) = &home.forward_writes_to {
+            let from_flags =
+                moves.flagged(&home.db_url, home.read_db_url.as_deref(), home.forward_writes_to.as_deref());
+            // A home that moved is where the registry says, whatever its flags.
+            let placed = match crate::moving::registered(&store, &home.name)? {
+                Some(p) if p != from_flags.placement => moves.placed(&home.name, &p)?,
+                _ => from_flags,
+            };
+            let engine = if placed.placement.moves > 0 {
+                moves.open(&placed)?
+            } else {
+                engine::open_store(
+                    &placed.writer,
+                    placed.read.as_deref(),
+                    config.init,
+                    lease.clone(),
+                    config.db_timeout,
+                )?
+            };
+            let id = homes::adopt(&store, &engine, &home.name, &placed.writer)?;
+            if let Some(addr) = &placed.forward {
                 forwarding.insert(id, Forwarding::new(addr, config.db_timeout));
             }
             homes.push(Home { id, name: home.name.clone(), store: Arc::new(engine) });
+            opened.insert(id, placed);
         }
         let homes = Arc::new(Homes::new(homes)?);
         homes::settle_junctions(&homes)?;
-        Ok(Self::build(homes, config, audit, forwarding))
+        Ok(Self::build(homes, config, audit, forwarding, opened, moves))
     }
 
     /// A service over any backend's store (`db_url`, `init` and `audit_log` in `config`
     /// are unused: its audit log lives in memory).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
-        Self::build(Arc::new(Homes::single(store)), config, AuditLog::in_memory(), Forwarding::of_root(config))
+        let moves =
+            crate::moving::MoveSetup { sites: Vec::new(), own_site: None, lease: None, db_timeout: config.db_timeout };
+        let (homes, forwarding) = (Arc::new(Homes::single(store)), Forwarding::of_root(config));
+        Self::build(homes, config, AuditLog::in_memory(), forwarding, HashMap::new(), moves)
     }
 
     fn build(
@@ -234,10 +284,13 @@ impl MetaService {
         config: &MetaConfig,
         audit: AuditLog,
         forwarding: HashMap<HomeId, Forwarding>,
+        opened: HashMap<HomeId, crate::moving::Opened>,
+        moves: crate::moving::MoveSetup,
     ) -> Arc<MetaService> {
         let store = homes.root().clone();
+        let gates = homes.all().iter().map(|h| (h.id, Arc::default())).collect();
+        let forwarding = forwarding.into_iter().map(|(home, f)| (home, Arc::new(f))).collect();
         Arc::new(MetaService {
-            homes,
             cap_key: capability_key(store.cluster_secret()),
             token_key: blake3::derive_key("locus 2026-11 user token key", store.cluster_secret()),
             user_auth: Default::default(),
@@ -256,8 +309,27 @@ impl MetaService {
             revoked: Mutex::default(),
             pending: Mutex::default(),
             audit,
-            forwarding,
+            placed: std::sync::RwLock::new(Arc::new(Placed { homes, forwarding })),
+            gates,
+            handed_over: Mutex::default(),
+            opened: Mutex::new(opened),
+            moves,
+            moving_now: Arc::default(),
         })
+    }
+
+    /// Every home's engine as placed now.
+    pub(crate) fn homes(&self) -> Arc<Homes> {
+        util::sync::read(&self.placed).homes.clone()
+    }
+
+    fn placed(&self) -> Arc<Placed> {
+        util::sync::read(&self.placed).clone()
+    }
+
+    /// Home 0's engine (it never moves).
+    pub(crate) fn root_store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     /// Loads each site's identity map (`site`, file) and the sites whose root is not
@@ -317,9 +389,16 @@ impl MetaService {
     pub fn spawn_background(self: &Arc<Self>) {
         let period = (self.session_expiry / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
         self.workers.spawn(SessionExpiry { service: Arc::downgrade(self), period, expired: 0 });
-        for home in self.homes.all() {
-            if let Some(lease) = home.store.primary_lease() {
-                self.workers.spawn(LeaseRenewal { home: home.name.clone(), lease, renewed: 0 });
+        for home in self.homes().all() {
+            if home.store.primary_lease().is_some() {
+                let service = Arc::downgrade(self);
+                self.workers.spawn(LeaseRenewal {
+                    service,
+                    home: home.id,
+                    name: home.name.clone(),
+                    renewed: 0,
+                    epoch: 0,
+                });
             }
         }
         if self.identities().has_sources() {
@@ -429,12 +508,13 @@ impl MetaService {
 
     /// Each home this meta forwards the writes of, where to, and how many so far.
     fn forwarding_report(&self) -> Vec<(String, String, u64)> {
-        let mut out: Vec<_> = self
+        let placed = self.placed();
+        let mut out: Vec<_> = placed
             .homes
             .all()
             .iter()
             .filter_map(|home| {
-                let f = self.forwarding.get(&home.id)?;
+                let f = placed.forwarding.get(&home.id)?;
                 Some((home.name.clone(), f.addr.clone(), f.forwarded.load(std::sync::atomic::Ordering::Relaxed)))
             })
             .collect();
@@ -540,8 +620,9 @@ impl MetaService {
             Ok(expired)
         })?;
         // A session's locks and opens in the other homes go with it; their orphans too.
-        for home in &self.homes.all()[1..] {
-            let (homes, id, ended) = (self.homes.clone(), home.id, expired.clone());
+        let homes = self.homes();
+        for home in &homes.all()[1..] {
+            let (homes, id, ended) = (homes.clone(), home.id, expired.clone());
             engine::write(&home.store, false, move |t| {
                 let t = &mut homes.txn(id, t);
                 for s in &ended {
@@ -609,10 +690,17 @@ impl MetaService {
         peer: Option<&net::PeerIdentity>,
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
-        // A forward names whom it acts for itself.
-        if let MetaRequest::Forward(forward) = req {
-            return self.answer_forward(forward).await.map(Into::into);
-        }
+        let req = match req {
+            // A forward names whom it acts for itself.
+            MetaRequest::Forward(forward) => return self.answer_forward(forward).await.map(Into::into),
+            MetaRequest::MoveHome(m) => {
+                let relayed = peer.is_some_and(|p| p.role == net::Role::Meta);
+                return self.move_home(m, relayed).await.map(Into::into);
+            }
+            MetaRequest::HandOverHome(m) => return self.hand_over(m).await.map(Into::into),
+            MetaRequest::HomeTaken(m) => return self.home_taken(m).await.map(Into::into),
+            req => req,
+        };
         let oversees = peer.is_none_or(|p| p.role != net::Role::Client);
         let ctx = self.ctx().acting_for(caller, peer.map(|p| p.name.clone()), oversees);
         match req.facts().access {
@@ -634,14 +722,22 @@ impl MetaService {
                 other => Err(MetaError::Internal(format!("{other:?} is not a report"))),
             },
             Access::Read { .. } if matches!(req, MetaRequest::ListHomes(_)) => {
-                let mut listed = homes::list(&self.homes).await?;
-                for home in &mut listed {
-                    home.writer = self.forwarding.get(&home.id).map(|f| f.addr.clone());
+                let placed = self.placed();
+                let mut listed = homes::list(&placed.homes).await?;
+                let root = self.store.clone();
+                let names: Vec<String> = listed.iter().map(|h| h.name.clone()).collect();
+                let placements = engine::read_async(&root, false, move |t| {
+                    names.iter().map(|n| crate::moving::registered_in(t, n)).collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+                for (home, placement) in listed.iter_mut().zip(placements) {
+                    home.writer = placed.forwarding.get(&home.id).map(|f| f.addr.clone());
+                    home.placement = placement.map(|p| p.to_string());
                 }
                 Ok(listed.into())
             }
             Access::Read { point } => {
-                let (homes, home) = (self.homes.clone(), writing_home(&req));
+                let (homes, home) = (self.homes(), writing_home(&req));
                 let store = homes.store(home)?.clone();
                 let read = move |t: &mut dyn Txn| ops::read(&mut homes.txn(home, t), &ctx, req.clone());
                 Ok(match engine::read_async(&store, point, read).await? {
@@ -665,9 +761,11 @@ impl MetaService {
                     _ => None,
                 };
                 let home = writing_home(&req);
-                let reply = match self.forwarding.get(&home) {
-                    Some(forwarding) => forwarding.write(&self.homes, home, ctx, req).await?,
-                    None => self.commit(ctx, durable, req).await?,
+                let _passed = self.pass_gate(home).await?;
+                let placed = self.placed();
+                let reply = match placed.forwarding.get(&home) {
+                    Some(forwarding) => forwarding.write(&placed.homes, home, ctx, req).await?,
+                    None => self.commit(&placed.homes, ctx, durable, req).await?,
                 };
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
@@ -683,17 +781,24 @@ impl MetaService {
     /// that concern every home run in each, home 0 first (a session's end, a node's
     /// removal, gc's forgetting, a sync, a node's report of its copies); a junction in
     /// the two homes it joins.
-    async fn commit(&self, ctx: Ctx, durable: bool, req: MetaRequest) -> Result<MetaReply, MetaError> {
+    async fn commit(
+        &self,
+        homes: &Arc<Homes>,
+        ctx: Ctx,
+        durable: bool,
+        req: MetaRequest,
+    ) -> Result<MetaReply, MetaError> {
         if let MetaRequest::MakeJunction(m) = req {
-            return homes::make_junction(&self.homes, ctx, m).await.map(Into::into);
+            return homes::make_junction(homes, ctx, m).await.map(Into::into);
         }
-        let (homes, home) = (self.homes.clone(), writing_home(&req));
+        let all = homes.clone();
+        let (homes, home) = (homes.clone(), writing_home(&req));
         let store = homes.store(home)?.clone();
         // Kept for the other homes only by the few writes that concern them all.
         let again = every_home(&req).then(|| req.clone());
         let req = match req {
-            MetaRequest::UpdateLocations(mut m) if self.homes.all().len() > 1 => {
-                m.added = homes::root_only(&self.homes, m.added).await?;
+            MetaRequest::UpdateLocations(mut m) if all.all().len() > 1 => {
+                m.added = homes::root_only(&all, m.added).await?;
                 MetaRequest::UpdateLocations(m)
             }
             req => req,
@@ -712,8 +817,8 @@ impl MetaService {
                     e => e,
                 })?;
         let Some(again) = again else { return Ok(reply) };
-        for other in self.homes.all().iter().skip(1) {
-            let (homes, id, ctx, req) = (self.homes.clone(), other.id, ctx.clone(), again.clone());
+        for other in all.all().iter().skip(1) {
+            let (homes, id, ctx, req) = (all.clone(), other.id, ctx.clone(), again.clone());
             let in_other = move |t: &mut dyn Txn| {
                 // The copies of the chunks this home's files use, in its own catalogue.
                 if let MetaRequest::UpdateLocations(m) = &req {
@@ -801,16 +906,18 @@ impl MetaService {
                 req.kind()
             )));
         }
+        let _passed = self.pass_gate(writing_home(&req)).await?;
+        let homes = self.homes();
         // What the client saw through the forwarding meta, this one reads no older.
         for (home, position) in forward.positions {
-            if let Ok(store) = self.homes.store(home) {
+            if let Ok(store) = homes.store(home) {
                 store.committed_elsewhere(position, false);
             }
         }
         let ctx = self.ctx().acting_for(forward.caller, forward.certificate, forward.oversees);
         // The position is the one in the log of the engine the write changed.
-        let store = self.homes.store(writing_home(&req))?.clone();
-        let reply = self.commit(ctx, true, req).await?;
+        let store = homes.store(writing_home(&req))?.clone();
+        let reply = self.commit(&homes, ctx, true, req).await?;
         let reply = proto::frame::encode_payload(&reply).map_err(|e| MetaError::Internal(e.to_string()))?;
         Ok(proto::meta::Forwarded { reply, position: store.commit_position() })
     }
@@ -896,27 +1003,33 @@ impl Worker for SessionExpiry {
 /// One per metadata home whose engine this meta writes (each home's primary may be
 /// promoted elsewhere on its own).
 struct LeaseRenewal {
-    home: String,
-    lease: Arc<dyn crate::store::WriterLease>,
+    service: Weak<MetaService>,
+    home: HomeId,
+    name: String,
     renewed: u64,
+    /// The epoch of the latest renewal (a moved home's engine starts a new one).
+    epoch: i64,
 }
 
 impl Worker for LeaseRenewal {
     type Error = MetaError;
 
     fn name(&self) -> String {
-        match self.home.as_str() {
+        match self.name.as_str() {
             ROOT_HOME => "primary-lease".into(),
             home => format!("primary-lease of home {home}"),
         }
     }
 
     fn progress(&self) -> String {
-        format!("epoch {}, {} renewals", self.lease.epoch(), self.renewed)
+        format!("epoch {}, {} renewals", self.epoch, self.renewed)
     }
 
     async fn work(&mut self) -> Result<Step, MetaError> {
-        let lease = self.lease.clone();
+        let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        // The home's engine now: a move swaps it.
+        let Some(lease) = service.homes().store(self.home)?.primary_lease() else { return Ok(Step::Idle) };
+        self.epoch = lease.epoch();
         tokio::task::spawn_blocking(move || lease.renew())
             .await
             .map_err(|e| MetaError::Internal(format!("lease renewal task failed: {e}")))??;
@@ -925,7 +1038,8 @@ impl Worker for LeaseRenewal {
     }
 
     async fn wait_for_work(&mut self) -> Step {
-        every(self.lease.duration() / 3).await
+        let lease = self.service.upgrade().and_then(|s| s.homes().store(self.home).ok()?.primary_lease());
+        every(lease.map_or(Duration::from_secs(1), |l| l.duration() / 3)).await
     }
 }
 

@@ -753,6 +753,51 @@ meta_requests! {
     } => Attr { access: durable, roles: [Admin, Meta], changes_dirs: true, audited: true };
     /// Every metadata home: its number, its name and the root of each of its subtrees.
     ListHomes {} => Vec<HomeInfo> { access: scan, roles: [Client, Admin, Meta], changes_dirs: false };
+    /// Moves a metadata home to another site (`locus home move NAME --to SITE`): its
+    /// writes commit at that site's PostgreSQL primary from then on. Any meta takes
+    /// it; the destination site's meta carries it out.
+    MoveHome {
+        home: String,
+        to_site: String,
+    } => HomeMoved { access: durable, roles: [Admin, Meta], changes_dirs: true, audited: true };
+    /// A move's first step, from the destination's meta to the meta holding the home:
+    /// it stops committing the home's writes (they wait), fences the home's primary
+    /// and answers where the fence is in that primary's log.
+    HandOverHome {
+        cluster: String,
+        home: u16,
+    } => HandedOver { access: durable, roles: [Meta], changes_dirs: true };
+    /// A move's last step (also after a failed one): the meta that handed the home
+    /// over places it as the registry now says and lets its writes go on. `positions`
+    /// are the destination's commits (the registry's, the copy's) by home.
+    HomeTaken {
+        cluster: String,
+        home: u16,
+        positions: Vec<(u16, u64)>,
+    } => () { access: durable, roles: [Meta], changes_dirs: true };
+}
+
+/// `MoveHome`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeMoved {
+    pub home: String,
+    pub from_site: String,
+    pub to_site: String,
+    /// The home's database at its new site.
+    pub database: String,
+    /// Rows copied from the old primary's standby at the new site.
+    pub rows: u64,
+    /// How long the home's writes waited, from the fence to the new primary taking them.
+    pub paused_ms: u64,
+}
+
+/// `HandOverHome`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandedOver {
+    /// The fenced primary's new epoch: the home's new primary starts at the next one.
+    pub epoch: i64,
+    /// Where the fence is in the old primary's log.
+    pub position: u64,
 }
 
 /// One metadata home as `locus home list` shows it.
@@ -767,6 +812,9 @@ pub struct HomeInfo {
     /// The meta the answering meta forwards the home's writes to (`None`: it commits
     /// them itself), so an operator sees which site writes each home.
     pub writer: Option<String>,
+    /// Where the home was moved to last (`locus home move`): its site and database,
+    /// and how many moves it has made (`None`: never moved; its flags place it).
+    pub placement: Option<String>,
 }
 
 /// A join token as `locus node token` prints it once.
@@ -967,6 +1015,8 @@ reply_enum! {
     Login(crate::cap::UserToken),
     Forwarded(Forwarded),
     Homes(Vec<HomeInfo>),
+    HomeMoved(HomeMoved),
+    HandedOver(HandedOver),
 }
 
 /// The payload of every meta response frame.
@@ -981,7 +1031,7 @@ mod tests {
     /// a plain read), and reads change no directory.
     #[test]
     fn the_request_table_is_consistent() {
-        assert_eq!(MetaRequestKind::ALL.len(), 54);
+        assert_eq!(MetaRequestKind::ALL.len(), 57);
         // A forward acts for any user: only a meta certificate may send one.
         assert_eq!(MetaRequestKind::Forward.facts().roles, &[Role::Meta]);
         for kind in MetaRequestKind::ALL {

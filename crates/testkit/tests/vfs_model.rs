@@ -687,6 +687,8 @@ impl Env {
                 root_policy: None,
                 forward_writes_to: None,
                 homes: Vec::new(),
+                sites: Vec::new(),
+                site: None,
             };
             let service = meta::MetaService::open(&config).unwrap();
             // The clients are this process's own mount (its node certificate asking

@@ -23,6 +23,8 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         root_policy: None,
         forward_writes_to: None,
         homes: Vec::new(),
+        sites: Vec::new(),
+        site: None,
     }
 }
 

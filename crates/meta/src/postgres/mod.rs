@@ -25,6 +25,7 @@ mod codec;
 mod conn;
 mod kept;
 mod lease;
+pub mod moving;
 mod rows;
 mod schema;
 mod seen;

@@ -492,6 +492,9 @@ impl Txn for PgConn {
     fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
         self.seen.no_xattrs.remove(&ino);
         self.written.bare.remove(&ino);
+        // Known bare no more, here and at every meta keeping rows: inode 0's notes (the
+        // registry of homes) change with no inode row beside them.
+        self.written.inodes.entry(ino).or_insert(None);
         self.defer(
             "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3)
              ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",

@@ -1,0 +1,484 @@
+//! Moving a metadata home to another site (`locus home move NAME --to SITE`, issue 35).
+//!
+//! A home is one PostgreSQL database; a site runs one PostgreSQL server (its primary)
+//! and a hot standby of every other site's. A move makes a new database for the home
+//! on the destination's primary, then pauses the home's writes at both metas, fences
+//! the old primary (its epoch bumped: no meta commits there any more), copies the rows
+//! from the destination's own standby of the old primary once that has replayed the
+//! fence (so they cross no WAN at that point), records the new placement in home 0's
+//! registry, and lets the writes go on at the new primary. The standbys of the
+//! destination's server at every other site have the new database by replication.
+//!
+//! The registry record is the commit point: a meta that starts, or that was left
+//! fenced by a move that failed half way, places the home as the registry says
+//! (`reconcile`), so a lost message costs a pause, never two writers.
+
+use crate::engine::{self, Store};
+use crate::error::MetaError;
+use crate::homes::{Home, HomeId, Homes};
+use crate::postgres::moving as pg;
+use crate::service::{Forwarding, MetaService, Placed};
+use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use util::sync::lock;
+
+/// How this meta reaches one site's PostgreSQL server and meta (`locus meta
+/// --site-db`, `--site-read-db`, `--site-meta`): a home placed at that site is the
+/// database of that name on its server.
+#[derive(Clone, Debug, Default)]
+pub struct SiteConfig {
+    pub name: String,
+    /// The site's primary server, as this meta writes to it (any database of it).
+    pub db_url: Option<String>,
+    /// This site's hot standby of that server (any database of it).
+    pub read_db_url: Option<String>,
+    /// The site's meta (`host:port`), which commits the homes held there.
+    pub meta: Option<String>,
+}
+
+/// Where a moved home lives, as home 0's registry records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub site: String,
+    pub database: String,
+    pub moves: u64,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "site {}, database {}, moved {} time(s)", self.site, self.database, self.moves)
+    }
+}
+
+/// The attribute of inode 0 in home 0's engine that records where home `name` was
+/// moved to: "SITE DATABASE MOVES".
+fn placement_key(name: &str) -> Vec<u8> {
+    format!("locus.home-at.{name}").into_bytes()
+}
+
+impl Placement {
+    fn parse(name: &str, value: &[u8]) -> Result<Placement, MetaError> {
+        let text = String::from_utf8_lossy(value);
+        let mut parts = text.split(' ');
+        match (parts.next(), parts.next(), parts.next().and_then(|m| m.parse().ok()), parts.next()) {
+            (Some(site), Some(database), Some(moves), None) => {
+                Ok(Placement { site: site.into(), database: database.into(), moves })
+            }
+            _ => Err(MetaError::Corrupt(format!("placement of home {name}: {text:?}"))),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        format!("{} {} {}", self.site, self.database, self.moves).into_bytes()
+    }
+
+    /// The database name the next move makes: the home's first name and the move's
+    /// number (never one used before, so a leftover of a failed move is the only one
+    /// ever dropped and made again).
+    fn next_database(&self) -> String {
+        let base = match self.database.rsplit_once("_m") {
+            Some((base, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => base,
+            _ => &self.database,
+        };
+        format!("{base}_m{}", self.moves + 1)
+    }
+}
+
+/// Home `name`'s placement in the registry (`None`: never moved). Blocking.
+pub(crate) fn registered(root: &Store, name: &str) -> Result<Option<Placement>, MetaError> {
+    root.read(|t| registered_in(t, name))
+}
+
+/// `registered`, in a transaction of home 0's engine.
+pub(crate) fn registered_in(t: &mut dyn crate::store::Txn, name: &str) -> Result<Option<Placement>, MetaError> {
+    t.get_xattr(0, &placement_key(name))?.map(|v| Placement::parse(name, &v)).transpose()
+}
+
+/// How one home's engine was opened here: where it is, and the URLs and forwarding
+/// that reach it.
+#[derive(Clone, Debug)]
+pub(crate) struct Opened {
+    pub placement: Placement,
+    pub writer: String,
+    pub read: Option<String>,
+    pub forward: Option<String>,
+}
+
+/// What moves need of the configuration: the sites, this meta's own site (from its
+/// certificate), and how engines are opened.
+pub(crate) struct MoveSetup {
+    pub sites: Vec<SiteConfig>,
+    pub own_site: Option<String>,
+    pub lease: Option<(String, Duration)>,
+    pub db_timeout: Duration,
+}
+
+impl MoveSetup {
+    fn own_site(&self) -> Result<&str, MetaError> {
+        self.own_site.as_deref().ok_or_else(|| {
+            MetaError::Unsupported("moving homes needs the meta's site: give it --site or a certificate".into())
+        })
+    }
+
+    fn site(&self, name: &str) -> Result<&SiteConfig, MetaError> {
+        self.sites.iter().find(|s| s.name == name).ok_or_else(|| {
+            MetaError::InvalidArgument(format!(
+                "site {name} is not configured at this meta: give it --site-db {name}=URL (and, for another \
+                 site than its own, --site-read-db {name}=URL and --site-meta {name}=HOST:PORT)"
+            ))
+        })
+    }
+
+    /// The site whose meta is at `addr` (a home's forwarding address).
+    fn site_of_meta(&self, addr: &str) -> Option<&str> {
+        self.sites.iter().find(|s| s.meta.as_deref() == Some(addr)).map(|s| s.name.as_str())
+    }
+
+    /// How a home opened from its flags is placed: at this meta's site when it commits
+    /// the home's writes, else at the site of the meta it forwards them to.
+    pub(crate) fn flagged(&self, writer: &str, read: Option<&str>, forward: Option<&str>) -> Opened {
+        let site = match forward {
+            None => self.own_site.clone(),
+            Some(addr) => self.site_of_meta(addr).map(String::from),
+        };
+        let database = pg::database_of(writer).unwrap_or(writer).to_string();
+        Opened {
+            placement: Placement { site: site.unwrap_or_else(|| "?".into()), database, moves: 0 },
+            writer: writer.into(),
+            read: read.map(String::from),
+            forward: forward.map(String::from),
+        }
+    }
+
+    /// The URLs and forwarding of a home placed at `p`, as this meta reaches it.
+    pub(crate) fn placed(&self, name: &str, p: &Placement) -> Result<Opened, MetaError> {
+        let own = self.own_site()?;
+        let site = self.site(&p.site)?;
+        let missing = |flag: &str| {
+            MetaError::InvalidArgument(format!(
+                "home {name} lives at site {} ({p}), which this meta has no {flag} {} for",
+                p.site, p.site
+            ))
+        };
+        let writer = pg::with_database(site.db_url.as_deref().ok_or_else(|| missing("--site-db"))?, &p.database)?;
+        let (read, forward) = if p.site == own {
+            (None, None)
+        } else {
+            let read = site.read_db_url.as_deref().map(|u| pg::with_database(u, &p.database)).transpose()?;
+            (read, Some(site.meta.clone().ok_or_else(|| missing("--site-meta"))?))
+        };
+        Ok(Opened { placement: p.clone(), writer, read, forward })
+    }
+
+    /// Opens the engine `o` names. Blocking.
+    pub(crate) fn open(&self, o: &Opened) -> Result<Store, MetaError> {
+        engine::open_store(&o.writer, o.read.as_deref(), false, self.lease.clone(), self.db_timeout)
+    }
+}
+
+impl MetaService {
+    /// `MoveHome`: carried out by the destination site's meta (`relayed` there once
+    /// from any other).
+    pub(crate) async fn move_home(self: &Arc<Self>, m: MoveHome, relayed: bool) -> Result<HomeMoved, MetaError> {
+        let setup = &self.moves;
+        let own = setup.own_site()?.to_string();
+        if m.to_site != own && relayed {
+            return Err(MetaError::InvalidArgument(format!(
+                "a move to site {} reached the meta of site {own}: check --site-meta {}",
+                m.to_site, m.to_site
+            )));
+        }
+        if m.to_site != own {
+            let addr = setup.site(&m.to_site)?.meta.clone().ok_or_else(|| {
+                MetaError::InvalidArgument(format!("no --site-meta {}=HOST:PORT at this meta", m.to_site))
+            })?;
+            return self.ask_meta(&addr, m, setup.db_timeout * 4).await;
+        }
+        let homes = self.homes();
+        let id = homes
+            .named(&m.home)
+            .map(|h| h.id)
+            .ok_or_else(|| MetaError::InvalidArgument(format!("no metadata home named {:?}", m.home)))?;
+        if id == 0 {
+            return Err(MetaError::Unsupported(
+                "the root's home does not move (sessions, nodes and the registry live there)".into(),
+            ));
+        }
+        let Ok(_one_move) = self.moving_now.clone().try_lock_owned() else {
+            return Err(MetaError::Busy("another home move is in progress at this meta".into()));
+        };
+        let current = lock(&self.opened)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| MetaError::Internal(format!("home {} has no record of how it was opened", m.home)))?;
+        let Some(holder) = current.forward.clone() else {
+            return Err(MetaError::InvalidArgument(format!("home {} is at site {own} already", m.home)));
+        };
+        if !current.writer.starts_with("postgres") {
+            return Err(MetaError::Unsupported("only a home on PostgreSQL moves".into()));
+        }
+        let from = setup.site(&current.placement.site)?;
+        let source = from.read_db_url.as_deref().ok_or_else(|| {
+            MetaError::InvalidArgument(format!("no --site-read-db {}=URL (this site's standby of it)", from.name))
+        })?;
+        let source = pg::with_database(source, &current.placement.database)?;
+        let server = setup.site(&own)?.db_url.clone().ok_or_else(|| {
+            MetaError::InvalidArgument(format!("no --site-db {own}=URL (this site's primary) at this meta"))
+        })?;
+        let wanted = Placement {
+            site: own.clone(),
+            database: current.placement.next_database(),
+            moves: current.placement.moves + 1,
+        };
+        let timeout = setup.db_timeout;
+        // The new database, before anything pauses.
+        let (database, server2) = (wanted.database.clone(), server.clone());
+        let target = blocking(move || pg::create_database(&server2, &database, timeout)).await?;
+        // Writes of the home wait here, and then at the holder, until the move ends.
+        let gate = self.close_gate(id).await?;
+        let paused = Instant::now();
+        let cluster = self.cluster_id().to_string();
+        let handed: HandedOver =
+            match self.ask_meta(&holder, HandOverHome { cluster: cluster.clone(), home: id }, timeout * 2).await {
+                Ok(h) => h,
+                Err(e) => {
+                    drop(gate);
+                    let (database, server) = (wanted.database.clone(), server.clone());
+                    let _ = blocking(move || pg::drop_database(&server, &database, timeout)).await;
+                    return Err(e);
+                }
+            };
+        let placed = async {
+            let (source, target, epoch) = (source.clone(), target.clone(), handed.epoch + 1);
+            let (rows, copied_at) =
+                blocking(move || pg::copy_home(&source, handed.position, &target, epoch, timeout)).await?;
+            let (key, value) = (placement_key(&m.home), wanted.encode());
+            engine::write_async(self.root_store().clone(), true, move |t| t.set_xattr(0, &key, &value)).await?;
+            Ok::<_, MetaError>((rows, copied_at, self.root_store().commit_position()))
+        }
+        .await;
+        // Whatever happened, the holder places the home as the registry now says.
+        let positions = match &placed {
+            Ok((_, copied_at, registry_at)) => vec![(0, *registry_at), (id, *copied_at)],
+            Err(_) => vec![],
+        };
+        let (rows, _, _) = match placed {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout).await;
+                drop(gate);
+                return Err(e);
+            }
+        };
+        let placed_here = self.reconcile(id, false).await;
+        drop(gate);
+        let paused_ms = paused.elapsed().as_millis() as u64;
+        // The old holder's writes of the home go on once it has placed it too.
+        let told = self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout * 2).await;
+        if let Err(e) = told {
+            tracing::warn!(home = m.home, error = %e, "the old holder was not told of the move; it finds out from the registry");
+        }
+        placed_here?;
+        tracing::info!(home = m.home, from = current.placement.site, to = own, rows, paused_ms, "home moved");
+        Ok(HomeMoved {
+            home: m.home,
+            from_site: current.placement.site,
+            to_site: own,
+            database: wanted.database,
+            rows,
+            paused_ms,
+        })
+    }
+
+    /// `HandOverHome`, at the meta holding the home: its writes wait from now on, and
+    /// its primary is fenced. The writes go on once the mover says `HomeTaken`, or by
+    /// themselves after a bound if it never does (placed as the registry says then).
+    pub(crate) async fn hand_over(self: &Arc<Self>, m: HandOverHome) -> Result<HandedOver, MetaError> {
+        self.check_cluster(&m.cluster)?;
+        let current = lock(&self.opened).get(&m.home).cloned();
+        let Some(current) = current.filter(|o| o.forward.is_none()) else {
+            return Err(MetaError::InvalidArgument(format!("this meta does not hold home {}", m.home)));
+        };
+        let gate = self.close_gate(m.home).await?;
+        let (url, timeout) = (current.writer.clone(), self.moves.db_timeout);
+        let (epoch, position) = blocking(move || pg::fence(&url, timeout)).await?;
+        lock(&self.handed_over).insert(m.home, gate);
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout * 4).await;
+            if let Some(me) = me.upgrade()
+                && let Err(e) = me.settle(m.home, Vec::new()).await
+            {
+                tracing::error!(home = m.home, error = %e, "placing a handed-over home by the registry failed");
+            }
+        });
+        Ok(HandedOver { epoch, position })
+    }
+
+    /// `HomeTaken`: the move ended (or failed); place the home as the registry says.
+    pub(crate) async fn home_taken(self: &Arc<Self>, m: HomeTaken) -> Result<(), MetaError> {
+        self.check_cluster(&m.cluster)?;
+        self.settle(m.home, m.positions).await
+    }
+
+    /// Places a handed-over home as the registry says (reopened even where it was: its
+    /// epoch moved on) and lets its writes go on: they would only meet the fenced
+    /// engine before, so a failure is tried again for a while first.
+    async fn settle(&self, home: HomeId, positions: Vec<(u16, u64)>) -> Result<(), MetaError> {
+        let Some(gate) = lock(&self.handed_over).remove(&home) else { return Ok(()) };
+        let homes = self.homes();
+        for (h, position) in positions {
+            if let Ok(store) = homes.store(h) {
+                store.committed_elsewhere(position, true);
+            }
+        }
+        let until = Instant::now() + self.moves.db_timeout * 2;
+        let placed = loop {
+            match self.reconcile(home, true).await {
+                Err(e) if Instant::now() < until => {
+                    tracing::warn!(home, error = %e, "placing a handed-over home failed; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                placed => break placed,
+            }
+        };
+        drop(gate);
+        placed
+    }
+
+    /// Places home `id` as the registry says, if that is not where it is (or always,
+    /// with `reopen`): opens its engine there and swaps it in. A move away from this
+    /// site drops the old database once nothing uses it.
+    pub(crate) async fn reconcile(&self, id: HomeId, reopen: bool) -> Result<(), MetaError> {
+        let homes = self.homes();
+        let name = homes
+            .all()
+            .iter()
+            .find(|h| h.id == id)
+            .map(|h| h.name.clone())
+            .ok_or_else(|| MetaError::Internal(format!("no home {id} here")))?;
+        let current = lock(&self.opened)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| MetaError::Internal(format!("home {name} has no record of how it was opened")))?;
+        let root = self.root_store().clone();
+        let name2 = name.clone();
+        let registered = blocking(move || registered(&root, &name2)).await?;
+        let wanted = match registered {
+            Some(p) if p != current.placement => self.moves.placed(&name, &p)?,
+            _ if reopen => current.clone(),
+            _ => return Ok(()),
+        };
+        let (opened, root, home_name) = (wanted.clone(), self.root_store().clone(), name.clone());
+        let setup_lease = (self.moves.lease.clone(), self.moves.db_timeout);
+        let store = blocking(move || {
+            let store =
+                engine::open_store(&opened.writer, opened.read.as_deref(), false, setup_lease.0, setup_lease.1)?;
+            // The same home of this cluster, as its identity says.
+            crate::homes::adopt(&root, &store, &home_name, &opened.writer)?;
+            Ok(store)
+        })
+        .await?;
+        store.reserve_foreign_reader();
+        let store = Arc::new(store);
+        {
+            let mut placed = util::sync::write(&self.placed);
+            let mut forwarding = placed.forwarding.clone();
+            match &wanted.forward {
+                Some(addr) => forwarding.insert(id, Arc::new(Forwarding::new(addr, self.moves.db_timeout))),
+                None => forwarding.remove(&id),
+            };
+            let homes = placed.homes.replaced(Home { id, name: name.clone(), store });
+            *placed = Arc::new(Placed { homes: Arc::new(homes), forwarding });
+        }
+        lock(&self.opened).insert(id, wanted.clone());
+        tracing::info!(home = name, placement = %wanted.placement, "home placed");
+        let own = self.moves.own_site.as_deref();
+        if current.placement.site.as_str() != wanted.placement.site && Some(current.placement.site.as_str()) == own {
+            // Moved away from here: in-flight reads of the old engine end first.
+            let (url, database, timeout) = (current.writer, current.placement.database, self.moves.db_timeout);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let dropped = blocking(move || pg::drop_database(&url, &database, timeout)).await;
+                if let Err(e) = dropped {
+                    tracing::warn!(error = %e, "dropping a moved home's old database failed; drop it by hand");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Closes home `id`'s gate: returns once no write of it is running here, and holds
+    /// new ones until dropped.
+    async fn close_gate(&self, id: HomeId) -> Result<tokio::sync::OwnedRwLockWriteGuard<()>, MetaError> {
+        let gate = self.gates.get(&id).cloned().ok_or_else(|| MetaError::Internal(format!("no gate for home {id}")))?;
+        let timeout = self.moves.db_timeout;
+        tokio::time::timeout(timeout, gate.write_owned())
+            .await
+            .map_err(|_| MetaError::TimedOut { db: format!("the writes of home {id}"), after: timeout })
+    }
+
+    /// Waits at home `id`'s gate (a move of it in progress) before a write of it runs.
+    pub(crate) async fn pass_gate(
+        &self,
+        id: HomeId,
+    ) -> Result<Option<tokio::sync::OwnedRwLockReadGuard<()>>, MetaError> {
+        let Some(gate) = self.gates.get(&id).cloned() else { return Ok(None) };
+        let timeout = self.moves.db_timeout;
+        match tokio::time::timeout(timeout, gate.read_owned()).await {
+            Ok(passed) => Ok(Some(passed)),
+            Err(_) => Err(MetaError::TimedOut { db: format!("home {id}, moving"), after: timeout }),
+        }
+    }
+
+    fn check_cluster(&self, cluster: &str) -> Result<(), MetaError> {
+        if cluster != self.cluster_id() {
+            return Err(MetaError::WrongCluster(format!(
+                "a meta of cluster {cluster} asked the meta of cluster {} about a home: check --site-meta",
+                self.cluster_id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Asks the meta at `addr` (another site's) `req`, as this meta.
+    async fn ask_meta<C: proto::Call>(&self, addr: &str, req: C, timeout: Duration) -> Result<C::Output, MetaError> {
+        let unreachable = |detail: String| MetaError::Unreachable { peer: addr.to_string(), detail };
+        let link = net::RpcClient::connect(addr, 1, timeout).await.map_err(|e| unreachable(e.to_string()))?;
+        link.ask(req).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)
+    }
+}
+
+impl Homes {
+    /// These homes with `home` in place of the one of its number.
+    pub(crate) fn replaced(&self, home: Home) -> Homes {
+        let homes = self.all().iter().map(|h| if h.id == home.id { home.clone() } else { h.clone() }).collect();
+        Homes::from_sorted(homes)
+    }
+}
+
+/// Runs blocking work (database connections) off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MetaError> + Send + 'static,
+) -> Result<T, MetaError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| MetaError::Internal(format!("blocking task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_round_trip_and_name_each_move_anew() {
+        let p = Placement { site: "a".into(), database: "hb".into(), moves: 0 };
+        assert_eq!(Placement::parse("b", &p.encode()).unwrap(), p);
+        assert_eq!(p.next_database(), "hb_m1");
+        let moved = Placement { site: "b".into(), database: "hb_m1".into(), moves: 1 };
+        assert_eq!(moved.next_database(), "hb_m2");
+        let odd = Placement { site: "b".into(), database: "x_mine".into(), moves: 3 };
+        assert_eq!(odd.next_database(), "x_mine_m4");
+        assert!(Placement::parse("b", b"a hb").is_err());
+        assert!(Placement::parse("b", b"a hb x").is_err());
+    }
+}
