@@ -36,6 +36,10 @@
 #   postmark  Debian's postmark 1.53 (PM_FILES files of 500..10000 bytes, PM_TX
 #           transactions, seed 42) in a directory of its own per configuration and round
 #           (jfs-b: round 1 only, its run takes minutes)
+#   move    (home-b only) `locus home move b --to a`, then `--to b` (issue 35): home b holds
+#           MOVE_FILES entries more (made once, at B, before the rounds) while a writer at B
+#           creates files in /hb and times each; the moves' own report (rows copied, how
+#           long the home's writes waited) and the writer's slowest operation
 # `before` and `jfs-b` run ls -lR and stat on the first BEFORE_DIRS directories only (every file
 # costs it the same WAN round trips: the full 10,000 would take most of an hour) and
 # the table also gives its time scaled to all DIRS directories.
@@ -63,6 +67,7 @@ BEFORE_DIRS=${BEFORE_DIRS:-10}
 PM_FILES=${PM_FILES:-30}
 PM_TX=${PM_TX:-60}
 CR_FILES=${CR_FILES:-100}
+MOVE_FILES=${MOVE_FILES:-10000}
 WORKLOADS=${WORKLOADS:-ls stat create busy postmark}
 ROUNDS=${ROUNDS:-1}
 JUICEFS=${JUICEFS:-1}
@@ -182,24 +187,29 @@ pg_pair a "$NSA" "$IPA" b "$NSB" "$IPB" "$PGPORT"
 PGVERSION=$("$PGBIN/postgres" --version)
 PRIMARY=postgres://locus@$IPA:$PGPORT/$DB
 STANDBY=postgres://locus@$IPB:$PGPORT/$DB
-HOME_FLAGS=()
+HOME_FLAGS=() SITES_A=() SITES_H=()
 if [[ $HOMES == 1 ]]; then
     say "home b: PostgreSQL primary at B, hot standby at A ($REPLICATION)"
     pg_pair hb "$NSB" "$IPB" hba "$NSA" "$IPA" "$HOME_PGPORT"
     HOME_FLAGS=(--home "b=postgres://locus@$IPB:$HOME_PGPORT/$DB")
+    # Each site's server and meta, as each meta reaches them, so that home b can move.
+    SITE_DBS=(--site-db "a=$PRIMARY" --site-db "b=postgres://locus@$IPB:$HOME_PGPORT/$DB")
+    SITES_A=(--site a "${SITE_DBS[@]}" --site-read-db "b=postgres://locus@$IPA:$HOME_PGPORT/$DB" --site-meta "b=$META_H")
+    SITES_H=(--site b "${SITE_DBS[@]}" --site-read-db "a=$STANDBY" --site-meta "a=$META_A")
 fi
 
 say "metas and nodes"
 # A's meta holds home 0 and, with HOMES=1, reads home b at A's standby and forwards its writes to meta H.
 ip netns exec "$NSA" "$LOCUS" meta --listen "$META_A" --db "$PRIMARY" --init --admit-node node-a --admit-node node-b \
-    --no-root-squash a --no-root-squash b $(tls meta-a) "${HOME_FLAGS[@]}" \
+    --no-root-squash a --no-root-squash b $(tls meta-a) "${HOME_FLAGS[@]}" "${SITES_A[@]}" \
     $([[ $HOMES == 1 ]] && echo "--read-db b=postgres://locus@$IPA:$HOME_PGPORT/$DB --forward-writes-to b=$META_H") \
     >"$LOG/meta-a.out" 2>"$LOG/meta-a.err" &
 PIDS+=($!)
 wait_line "$LOG/meta-a.out" listening 30 "meta A"
 if [[ $HOMES == 1 ]]; then
     ip netns exec "$NSB" "$LOCUS" meta --listen "$META_H" --db "$PRIMARY" --read-db "$STANDBY" --forward-writes-to "$META_A" \
-        "${HOME_FLAGS[@]}" --no-root-squash a --no-root-squash b $(tls meta-h) >"$LOG/meta-h.out" 2>"$LOG/meta-h.err" &
+        "${HOME_FLAGS[@]}" "${SITES_H[@]}" --no-root-squash a --no-root-squash b $(tls meta-h) \
+        >"$LOG/meta-h.out" 2>"$LOG/meta-h.err" &
     PIDS+=($!)
     wait_line "$LOG/meta-h.out" listening 60 "meta H"
 fi
@@ -314,6 +324,21 @@ if [[ $JUICEFS == 1 ]]; then
     say "created in $JFS_CREATE_S s"
 fi
 
+if [[ " $WORKLOADS " == *" move "* ]]; then
+    say "home b: $MOVE_FILES entries more, made at B"
+    mount_at b "$META_H"
+    python3 - "$MNT/hb/mtree" "$MOVE_FILES" <<'EOF'
+import os, sys
+top, n = sys.argv[1], int(sys.argv[2])
+os.mkdir(top)
+for i in range(0, n, 100):
+    os.mkdir(f"{top}/d{i // 100:04d}")
+    for j in range(i, min(n, i + 100)):
+        os.close(os.open(f"{top}/d{i // 100:04d}/f{j:05d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+EOF
+    unmount
+fi
+
 # B's standby must hold the whole tree before anything reads there.
 LSN=$(psql_at "$NSA" "$IPA" "SELECT pg_current_wal_flush_lsn()")
 for _ in $(seq 300); do
@@ -376,6 +401,40 @@ for i in range(n):
 EOF
         t1=$(now)
         ;;
+    move)
+        # A writer at B in home b, each operation timed, while the home moves to A and back.
+        rm -f "$WORK/mover.stop"
+        python3 - "$MNT/hb/mv-$ROUND" "$WORK/mover.stop" "$WORK/mover.out" <<'EOF' &
+import os, sys, time
+top, stop, out = sys.argv[1:4]
+os.mkdir(top)
+worst, n, errors = 0.0, 0, 0
+while not os.path.exists(stop) and n < 1_000_000:
+    t = time.monotonic()
+    try:
+        os.close(os.open(f"{top}/f{n}", os.O_CREAT | os.O_WRONLY, 0o644))
+    except OSError:
+        errors += 1
+    worst = max(worst, time.monotonic() - t)
+    n += 1
+open(out, "w").write(f"{worst * 1000:.0f} {n} {errors}")
+EOF
+        local writer=$! t2 t3 there back
+        sleep 1
+        t0=$(now)
+        ip netns exec "$NSB" "$LOCUS" home move b --to a --meta "$META_H" >"$LOG/move-$ROUND-to-a.out" || die "move to a failed"
+        t1=$(now)
+        sleep 1
+        t2=$(now)
+        ip netns exec "$NSA" "$LOCUS" home move b --to b --meta "$META_A" >"$LOG/move-$ROUND-to-b.out" || die "move to b failed"
+        t3=$(now)
+        sleep 1
+        touch "$WORK/mover.stop"
+        wait "$writer"
+        there=$(sed -n 's/.*: \([0-9]*\) rows copied, writes paused \([0-9]*\) ms/\1 \2/p' "$LOG/move-$ROUND-to-a.out")
+        back=$(sed -n 's/.*: \([0-9]*\) rows copied, writes paused \([0-9]*\) ms/\1 \2/p' "$LOG/move-$ROUND-to-b.out")
+        MOVES[$ROUND]="$(python3 -c "print(f'{$t1 - $t0:.2f} {$t3 - $t2:.2f}')") $there $back $(cat "$WORK/mover.out")"
+        ;;
     postmark)
         printf 'set location %s\nset number %s\nset transactions %s\nset size 500 10000\nset seed 42\nrun\nquit\n' \
             "$MNT/$(base_of "$config")pm-$config-$ROUND" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
@@ -389,7 +448,7 @@ EOF
     RESULT=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
 }
 
-declare -A SECS BUSY
+declare -A SECS BUSY MOVES
 LOADS=()
 for r in $(seq 1 "$ROUNDS"); do
     ROUND=$r
@@ -398,6 +457,7 @@ for r in $(seq 1 "$ROUNDS"); do
             # JuiceFS at B takes minutes a postmark run: round 1 only.
             [[ $workload == postmark && $r -gt 1 && $config == jfs-b ]] && continue
             [[ $workload == busy && $config != after && $config != forward && $config != home-b ]] && continue
+            [[ $workload == move && $config != home-b ]] && continue
             work "$config" "$workload"
             SECS[$r,$workload,$config]=$RESULT
             [[ $workload == busy ]] && BUSY[$r,$config]=$BUSY_RATE
@@ -417,7 +477,7 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
     local r workload
     for r in $(seq 1 "$ROUNDS"); do
         for workload in $WORKLOADS; do
-            [[ $workload == busy ]] && continue
+            [[ $workload == busy || $workload == move ]] && continue
             [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
             "$1" "$r" "$workload"
         done
@@ -496,6 +556,21 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
                 echo "| $r | $config | ${SECS[$r,create,$config]} | ${SECS[$r,busy,$config]} |" \
                     "$(python3 -c "print(f'{100 * ${SECS[$r,create,$config]} / ${SECS[$r,busy,$config]}:.0f} %')") | ${BUSY[$r,$config]} |"
             done
+        done
+        echo
+    fi
+    if [[ " $WORKLOADS " == *" move "* ]]; then
+        echo "Moves of home b ($MOVE_FILES entries and the rest of /hb): \`locus home move b --to a\` at meta H, then"
+        echo "\`--to b\` at A's meta, while a writer at B (through meta H) creates files in /hb back to back. A"
+        echo "move's wall time includes the new database's creation; the writes wait only from the"
+        echo "fence to the new primary taking them (\"paused\", as the move reports it)."
+        echo
+        echo "| round | to A s | rows | paused ms | to B s | rows | paused ms | writer's slowest op ms | writer ops | failed |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        for r in $(seq 1 "$ROUNDS"); do
+            [[ -n ${MOVES[$r]:-} ]] || continue
+            read -r to_a to_b rows_a paused_a rows_b paused_b worst ops failed <<<"${MOVES[$r]}"
+            echo "| $r | $to_a | $rows_a | $paused_a | $to_b | $rows_b | $paused_b | $worst | $ops | $failed |"
         done
         echo
     fi

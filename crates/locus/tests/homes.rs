@@ -410,7 +410,7 @@ fn a_home_moves_between_sites_under_writes() {
     let written: Vec<Written> = writers.into_iter().map(|w| w.join().unwrap()).collect();
     for w in &written {
         assert!(w.failed.is_empty(), "writes failed across the moves: {:?}", w.failed);
-        assert!(w.acked.len() > 10, "only {} writes", w.acked.len());
+        assert!(w.acked.len() >= 5, "only {} writes", w.acked.len());
     }
     let list = text(&c.locus(&["home", "list", "--meta", &meta_a]));
     assert!(list.contains("moved: site b") && list.contains("moved 2 time(s)"), "{list}");

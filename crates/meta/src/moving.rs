@@ -18,7 +18,7 @@ use crate::error::MetaError;
 use crate::homes::{Home, HomeId, Homes};
 use crate::postgres::moving as pg;
 use crate::service::{Forwarding, MetaService, Placed};
-use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome};
+use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome, PrepareHome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use util::sync::lock;
@@ -103,6 +103,16 @@ pub(crate) struct Opened {
     pub writer: String,
     pub read: Option<String>,
     pub forward: Option<String>,
+}
+
+/// A home's engine at its next place, being opened in the background.
+pub(crate) type Opening = (Opened, tokio::task::JoinHandle<Result<Store, MetaError>>);
+
+/// A home this meta handed over to a mover: its writes wait at the closed gate, and its
+/// engine at the new place is being opened meanwhile (`PrepareHome`).
+pub(crate) struct HandedOverHome {
+    gate: tokio::sync::OwnedRwLockWriteGuard<()>,
+    ready: Option<Opening>,
 }
 
 /// What moves need of the configuration: the sites, this meta's own site (from its
@@ -233,26 +243,35 @@ impl MetaService {
         };
         let timeout = setup.db_timeout;
         // The new database, before anything pauses.
-        let (database, server2) = (wanted.database.clone(), server.clone());
-        let target = blocking(move || pg::create_database(&server2, &database, timeout)).await?;
+        let started = Instant::now();
+        let (database, server2, source2) = (wanted.database.clone(), server.clone(), source.clone());
+        let target = blocking(move || pg::create_database(&server2, &database, &source2, timeout)).await?;
+        let cluster = self.cluster_id().to_string();
+        // The holder opens the new database while the home's writes go on.
+        let prepare =
+            PrepareHome { cluster: cluster.clone(), home: id, site: own.clone(), database: wanted.database.clone() };
+        if let Err(e) = self.ask_meta(&holder, prepare, timeout).await {
+            tracing::warn!(home = m.home, error = %e, "the holder could not prepare the home's new engine");
+        }
         // Writes of the home wait here, and then at the holder, until the move ends.
         let gate = self.close_gate(id).await?;
         let paused = Instant::now();
-        let cluster = self.cluster_id().to_string();
-        let handed: HandedOver =
-            match self.ask_meta(&holder, HandOverHome { cluster: cluster.clone(), home: id }, timeout * 2).await {
-                Ok(h) => h,
-                Err(e) => {
-                    drop(gate);
-                    let (database, server) = (wanted.database.clone(), server.clone());
-                    let _ = blocking(move || pg::drop_database(&server, &database, timeout)).await;
-                    return Err(e);
-                }
-            };
+        let created_ms = (paused - started).as_millis() as u64;
+        let hand_over = HandOverHome { cluster: cluster.clone(), home: id };
+        let handed: HandedOver = match self.ask_meta(&holder, hand_over, timeout * 2).await {
+            Ok(h) => h,
+            Err(e) => {
+                drop(gate);
+                let (database, server) = (wanted.database.clone(), server.clone());
+                let _ = blocking(move || pg::drop_database(&server, &database, timeout)).await;
+                return Err(e);
+            }
+        };
+        let handed_ms = paused.elapsed().as_millis() as u64;
         let placed = async {
-            let (source, target, epoch) = (source.clone(), target.clone(), handed.epoch + 1);
-            let (rows, copied_at) =
-                blocking(move || pg::copy_home(&source, handed.position, &target, epoch, timeout)).await?;
+            let (source, target) = (source.clone(), target.clone());
+            let (rows, copied_at) = blocking(move || pg::copy_home(&source, handed.position, &target, timeout)).await?;
+            tracing::debug!(home = m.home, rows, after_ms = paused.elapsed().as_millis() as u64, "home copied");
             let (key, value) = (placement_key(&m.home), wanted.encode());
             engine::write_async(self.root_store().clone(), true, move |t| t.set_xattr(0, &key, &value)).await?;
             Ok::<_, MetaError>((rows, copied_at, self.root_store().commit_position()))
@@ -271,16 +290,34 @@ impl MetaService {
                 return Err(e);
             }
         };
-        let placed_here = self.reconcile(id, false).await;
-        drop(gate);
+        let copied_ms = paused.elapsed().as_millis() as u64;
+        // Both metas place the home at once; the old holder's writes of it go on once it
+        // has, and the move's pause ends then.
+        let (placed_here, told) = tokio::join!(
+            async {
+                let placed = self.reconcile(id, false, None, None).await;
+                drop(gate);
+                placed
+            },
+            self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout * 2)
+        );
         let paused_ms = paused.elapsed().as_millis() as u64;
-        // The old holder's writes of the home go on once it has placed it too.
-        let told = self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout * 2).await;
         if let Err(e) = told {
             tracing::warn!(home = m.home, error = %e, "the old holder was not told of the move; it finds out from the registry");
         }
         placed_here?;
-        tracing::info!(home = m.home, from = current.placement.site, to = own, rows, paused_ms, "home moved");
+        tracing::info!(
+            home = m.home,
+            from = current.placement.site,
+            to = own,
+            rows,
+            fenced_epoch = handed.epoch,
+            created_ms,
+            handed_ms,
+            copied_ms,
+            paused_ms,
+            "home moved"
+        );
         Ok(HomeMoved {
             home: m.home,
             from_site: current.placement.site,
@@ -289,6 +326,23 @@ impl MetaService {
             rows,
             paused_ms,
         })
+    }
+
+    /// `PrepareHome`, at the meta holding the home: opens its engine at the place the
+    /// move takes it to, in the background.
+    pub(crate) fn prepare_home(&self, m: PrepareHome) -> Result<(), MetaError> {
+        self.check_cluster(&m.cluster)?;
+        let current = lock(&self.opened).get(&m.home).cloned();
+        let Some(current) = current.filter(|o| o.forward.is_none()) else {
+            return Err(MetaError::InvalidArgument(format!("this meta does not hold home {}", m.home)));
+        };
+        let to = Placement { site: m.site, database: m.database, moves: current.placement.moves + 1 };
+        let name = self.homes().all().iter().find(|h| h.id == m.home).map(|h| h.name.clone()).unwrap_or_default();
+        let opened = self.moves.placed(&name, &to)?;
+        let (o, lease, timeout) = (opened.clone(), self.moves.lease.clone(), self.moves.db_timeout);
+        let open = move || engine::open_store(&o.writer, o.read.as_deref(), false, lease, timeout);
+        lock(&self.preparing).insert(m.home, (opened, tokio::task::spawn_blocking(open)));
+        Ok(())
     }
 
     /// `HandOverHome`, at the meta holding the home: its writes wait from now on, and
@@ -303,7 +357,8 @@ impl MetaService {
         let gate = self.close_gate(m.home).await?;
         let (url, timeout) = (current.writer.clone(), self.moves.db_timeout);
         let (epoch, position) = blocking(move || pg::fence(&url, timeout)).await?;
-        lock(&self.handed_over).insert(m.home, gate);
+        let ready = lock(&self.preparing).remove(&m.home);
+        lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready });
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep(timeout * 4).await;
@@ -326,16 +381,19 @@ impl MetaService {
     /// epoch moved on) and lets its writes go on: they would only meet the fenced
     /// engine before, so a failure is tried again for a while first.
     async fn settle(&self, home: HomeId, positions: Vec<(u16, u64)>) -> Result<(), MetaError> {
-        let Some(gate) = lock(&self.handed_over).remove(&home) else { return Ok(()) };
+        let Some(HandedOverHome { gate, mut ready }) = lock(&self.handed_over).remove(&home) else { return Ok(()) };
+        // The registry's commit, which this meta's reads of home 0 must see.
         let homes = self.homes();
-        for (h, position) in positions {
-            if let Ok(store) = homes.store(h) {
-                store.committed_elsewhere(position, true);
+        for (h, position) in positions.iter().filter(|(h, _)| *h != home) {
+            if let Ok(store) = homes.store(*h) {
+                store.committed_elsewhere(*position, true);
             }
         }
+        // The copy's, which the home's new engine must see before it is read.
+        let copied = positions.iter().find(|(h, _)| *h == home).map(|(_, p)| *p);
         let until = Instant::now() + self.moves.db_timeout * 2;
         let placed = loop {
-            match self.reconcile(home, true).await {
+            match self.reconcile(home, true, copied, ready.take()).await {
                 Err(e) if Instant::now() < until => {
                     tracing::warn!(home, error = %e, "placing a handed-over home failed; trying again");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -348,9 +406,17 @@ impl MetaService {
     }
 
     /// Places home `id` as the registry says, if that is not where it is (or always,
-    /// with `reopen`): opens its engine there and swaps it in. A move away from this
-    /// site drops the old database once nothing uses it.
-    pub(crate) async fn reconcile(&self, id: HomeId, reopen: bool) -> Result<(), MetaError> {
+    /// with `reopen`): opens its engine there (or takes `ready`, opened before for the
+    /// same place), reading no older than `copied` (where the move's copy committed),
+    /// and swaps it in. A move away from this site drops the old database once nothing
+    /// uses it.
+    pub(crate) async fn reconcile(
+        &self,
+        id: HomeId,
+        reopen: bool,
+        copied: Option<u64>,
+        ready: Option<Opening>,
+    ) -> Result<(), MetaError> {
         let homes = self.homes();
         let name = homes
             .all()
@@ -370,11 +436,26 @@ impl MetaService {
             _ if reopen => current.clone(),
             _ => return Ok(()),
         };
+        let ready = match ready {
+            Some((o, opening)) if o.placement == wanted.placement => Some(
+                opening
+                    .await
+                    .map_err(|e| MetaError::Internal(format!("opening a moved home's engine failed: {e}")))??,
+            ),
+            _ => None,
+        };
         let (opened, root, home_name) = (wanted.clone(), self.root_store().clone(), name.clone());
         let setup_lease = (self.moves.lease.clone(), self.moves.db_timeout);
         let store = blocking(move || {
-            let store =
-                engine::open_store(&opened.writer, opened.read.as_deref(), false, setup_lease.0, setup_lease.1)?;
+            let store = match ready {
+                Some(store) => store,
+                None => {
+                    engine::open_store(&opened.writer, opened.read.as_deref(), false, setup_lease.0, setup_lease.1)?
+                }
+            };
+            if let Some(position) = copied {
+                store.committed_elsewhere(position, true);
+            }
             // The same home of this cluster, as its identity says.
             crate::homes::adopt(&root, &store, &home_name, &opened.writer)?;
             Ok(store)

@@ -102,7 +102,9 @@ pub struct MetaService {
     /// changes engines.
     pub(crate) gates: HashMap<HomeId, Arc<tokio::sync::RwLock<()>>>,
     /// The gates of the homes this meta handed over to a mover, closed until it is done.
-    pub(crate) handed_over: Mutex<HashMap<HomeId, tokio::sync::OwnedRwLockWriteGuard<()>>>,
+    pub(crate) handed_over: Mutex<HashMap<HomeId, crate::moving::HandedOverHome>>,
+    /// The engines of homes this meta holds at their next place, opening for a move.
+    pub(crate) preparing: Mutex<HashMap<HomeId, crate::moving::Opening>>,
     /// How each home's engine was opened (where it is placed), by home.
     pub(crate) opened: Mutex<HashMap<HomeId, crate::moving::Opened>>,
     /// The sites and settings moves open engines with.
@@ -312,6 +314,7 @@ impl MetaService {
             placed: std::sync::RwLock::new(Arc::new(Placed { homes, forwarding })),
             gates,
             handed_over: Mutex::default(),
+            preparing: Mutex::default(),
             opened: Mutex::new(opened),
             moves,
             moving_now: Arc::default(),
@@ -697,6 +700,7 @@ impl MetaService {
                 let relayed = peer.is_some_and(|p| p.role == net::Role::Meta);
                 return self.move_home(m, relayed).await.map(Into::into);
             }
+            MetaRequest::PrepareHome(m) => return self.prepare_home(m).map(Into::into),
             MetaRequest::HandOverHome(m) => return self.hand_over(m).await.map(Into::into),
             MetaRequest::HomeTaken(m) => return self.home_taken(m).await.map(Into::into),
             req => req,

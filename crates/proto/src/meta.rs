@@ -760,9 +760,18 @@ meta_requests! {
         home: String,
         to_site: String,
     } => HomeMoved { access: durable, roles: [Admin, Meta], changes_dirs: true, audited: true };
-    /// A move's first step, from the destination's meta to the meta holding the home:
-    /// it stops committing the home's writes (they wait), fences the home's primary
-    /// and answers where the fence is in that primary's log.
+    /// A move's first step, from the destination's meta to the meta holding the home,
+    /// once the home's new database (at `site`) is made: that meta opens it in the
+    /// background, while the home's writes go on, to take it up at once at the end.
+    PrepareHome {
+        cluster: String,
+        home: u16,
+        site: String,
+        database: String,
+    } => () { access: durable, roles: [Meta], changes_dirs: false };
+    /// A move's second step: the meta holding the home stops committing its writes
+    /// (they wait), fences its primary and answers where the fence is in that
+    /// primary's log.
     HandOverHome {
         cluster: String,
         home: u16,
@@ -1031,7 +1040,7 @@ mod tests {
     /// a plain read), and reads change no directory.
     #[test]
     fn the_request_table_is_consistent() {
-        assert_eq!(MetaRequestKind::ALL.len(), 57);
+        assert_eq!(MetaRequestKind::ALL.len(), 58);
         // A forward acts for any user: only a meta certificate may send one.
         assert_eq!(MetaRequestKind::Forward.facts().roles, &[Role::Meta]);
         for kind in MetaRequestKind::ALL {

@@ -116,7 +116,16 @@ pub fn open(
     // it, again with a later write transaction; the listener listens at the primary.
     let shared = SharedRows::new(standby.is_some());
     writer.publish = Some(shared.clone());
-    let committed = Arc::new(AtomicU64::new(0));
+    // Reads at a standby see no less than this open did at the primary (a database it
+    // just formatted, above all: its tables may not have reached the standby yet).
+    let opened_at = match standby {
+        Some(_) => {
+            let at: String = writer.one("SELECT pg_current_wal_flush_lsn()::text", &[])?.try_get(0)?;
+            standby::parse_lsn(&at).unwrap_or(0)
+        }
+        None => 0,
+    };
+    let committed = Arc::new(AtomicU64::new(opened_at));
     writer.committed = Some(committed.clone());
     let positions = Arc::new(Positions { committed: committed.clone(), rows: shared.clone() });
     let kept = |mut conn: PgConn| {
@@ -126,8 +135,8 @@ pub fn open(
     match standby {
         None => {
             writer.setup = WRITER_SETUP_ASYNC;
-            for _ in 0..READERS {
-                readers.push(Box::new(kept(connect(&config, &shown, timeout)?)));
+            for conn in connect_each(|| connect(&config, &shown, timeout))? {
+                readers.push(Box::new(kept(conn)));
             }
         }
         // Commits are flushed before they are answered: WAL reaches the standby only
@@ -136,12 +145,15 @@ pub fn open(
             writer.setup = writer_setup!();
             writer.flushes_every_commit = true;
             let (standby_config, standby_shown) = parse(standby_url)?;
-            for _ in 0..READERS {
+            let pairs = connect_each(|| {
+                Ok((connect(&standby_config, &standby_shown, timeout)?, connect(&config, &shown, timeout)?))
+            })?;
+            for (standby, primary) in pairs {
                 readers.push(Box::new(StandbyReader {
-                    standby: kept(connect(&standby_config, &standby_shown, timeout)?),
+                    standby: kept(standby),
                     // Keeps nothing: rows newer than the standby's would mix with its
                     // older ones in later reads there.
-                    primary: connect(&config, &shown, timeout)?,
+                    primary,
                     committed: committed.clone(),
                     replayed: 0,
                 }));
@@ -162,6 +174,19 @@ pub fn open(
         lease: lease.map(|l| l as Arc<dyn WriterLease>),
         epoch: epoch as u64,
         positions: Some(positions),
+    })
+}
+
+/// `READERS` connections made at once, one thread each: a primary across the WAN costs
+/// every connection a few round trips, and a meta that opens a moved home's engine
+/// holds that home's writes meanwhile.
+fn connect_each<T: Send>(connect: impl Fn() -> Result<T, MetaError> + Sync) -> Result<Vec<T>, MetaError> {
+    std::thread::scope(|s| {
+        let connecting: Vec<_> = (0..READERS).map(|_| s.spawn(&connect)).collect();
+        connecting
+            .into_iter()
+            .map(|c| c.join().unwrap_or_else(|_| Err(MetaError::Internal("connecting to PostgreSQL panicked".into()))))
+            .collect()
     })
 }
 

@@ -57,25 +57,43 @@ fn lsn(text: &str) -> Result<u64, MetaError> {
     parse_lsn(text).ok_or_else(|| MetaError::Internal(format!("not a WAL position: {text:?}")))
 }
 
+/// The server's own `postgres` database, where databases are made and dropped (any
+/// home's may be gone: moved away and dropped).
+const MAINTENANCE: &str = "postgres";
+
+/// The tables a new database has from `create_database` on, which the copy leaves
+/// alone: metas open it (its identity, version and epoch) and take leases in it while
+/// the rows are copied.
+const MADE_WITH_THE_DATABASE: [&str; 4] = ["cluster", "meta_version", "primary_epoch", "primary_leases"];
+
 /// Makes database `database` on the server of `server_url` (a URL of any database
-/// there), with the schema and no namespace; one left by a move that failed half way
-/// is dropped first. Returns its URL.
-pub fn create_database(server_url: &str, database: &str, timeout: Duration) -> Result<String, MetaError> {
+/// there), with the schema and the cluster row of the home at `source_url`, and no
+/// namespace; one left by a move that failed half way is dropped first. Returns its URL.
+pub fn create_database(
+    server_url: &str,
+    database: &str,
+    source_url: &str,
+    timeout: Duration,
+) -> Result<String, MetaError> {
     check_name(database)?;
-    let mut c = client(server_url, timeout)?;
+    let cluster = client(source_url, timeout)?.query_one("SELECT id, secret FROM cluster", &[])?;
+    let (id, secret): (String, Option<Vec<u8>>) = (cluster.get(0), cluster.get(1));
+    let mut c = client(&with_database(server_url, MAINTENANCE)?, timeout)?;
     c.batch_execute(&format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"))?;
     c.batch_execute(&format!("CREATE DATABASE \"{database}\""))?;
     let url = with_database(server_url, database)?;
     let mut d = client(&url, timeout)?;
     d.batch_execute(SCHEMA)?;
     d.execute("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;
+    d.execute("INSERT INTO cluster (id, secret) VALUES ($1, $2)", &[&id, &secret])?;
     Ok(url)
 }
 
 /// Drops database `database` of the server of `server_url` (the home moved away).
 pub fn drop_database(server_url: &str, database: &str, timeout: Duration) -> Result<(), MetaError> {
     check_name(database)?;
-    client(server_url, timeout)?.batch_execute(&format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"))?;
+    client(&with_database(server_url, MAINTENANCE)?, timeout)?
+        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"))?;
     Ok(())
 }
 
@@ -89,17 +107,11 @@ fn check_name(database: &str) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Copies every row of the home at `source_url` (a hot standby, read once it has
+/// Copies the namespace of the home at `source_url` (a hot standby, read once it has
 /// replayed `after`, or the primary itself) into `target_url` (made by
-/// `create_database`), in one transaction that makes `epoch` the target's epoch.
-/// Returns the rows copied and where the commit is in the target's log.
-pub fn copy_home(
-    source_url: &str,
-    after: u64,
-    target_url: &str,
-    epoch: i64,
-    timeout: Duration,
-) -> Result<(u64, u64), MetaError> {
+/// `create_database`), in one transaction. Returns the rows copied and where the commit
+/// is in the target's log.
+pub fn copy_home(source_url: &str, after: u64, target_url: &str, timeout: Duration) -> Result<(u64, u64), MetaError> {
     let mut src = client(source_url, timeout)?;
     let deadline = Instant::now() + timeout;
     loop {
@@ -118,7 +130,8 @@ pub fn copy_home(
     let tables: Vec<String> = src
         .query("SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1", &[])?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| r.get::<_, String>(0))
+        .filter(|t| !MADE_WITH_THE_DATABASE.contains(&t.as_str()))
         .collect();
     let mut dst = client(target_url, timeout)?;
     let mut t = dst.transaction()?;
@@ -141,8 +154,6 @@ pub fn copy_home(
         let (value, called): (i64, bool) = (row.get(0), row.get(1));
         t.query_one("SELECT setval($1::text::regclass, $2, $3)", &[&sequence, &value, &called])?;
     }
-    t.execute("UPDATE primary_epoch SET epoch = $1", &[&epoch])?;
-    t.execute("DELETE FROM primary_leases", &[])?;
     t.commit()?;
     src.commit()?;
     let at: String = dst.query_one("SELECT pg_current_wal_flush_lsn()::text", &[])?.get(0);
