@@ -562,8 +562,8 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
     if [[ " $WORKLOADS " == *" move "* ]]; then
         echo "Moves of home b ($MOVE_FILES entries and the rest of /hb): \`locus home move b --to a\` at meta H, then"
         echo "\`--to b\` at A's meta, while a writer at B (through meta H) creates files in /hb back to back. A"
-        echo "move's wall time includes the new database's creation; the writes wait only from the"
-        echo "fence to the new primary taking them (\"paused\", as the move reports it)."
+        echo "move's wall time includes making the new database and the holder opening it; the writes"
+        echo "wait only from the fence to both metas taking the home up (\"paused\", as the move reports it)."
         echo
         echo "| round | to A s | rows | paused ms | to B s | rows | paused ms | writer's slowest op ms | writer ops | failed |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -572,6 +572,15 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
             read -r to_a to_b rows_a paused_a rows_b paused_b worst ops failed <<<"${MOVES[$r]}"
             echo "| $r | $to_a | $rows_a | $paused_a | $to_b | $rows_b | $paused_b | $worst | $ops | $failed |"
         done
+        echo
+        echo "Where each move's time went, as the destination's meta logs it (ms: before the pause, the new"
+        echo "database made and opened by the holder, across the WAN, while writes go on; from the pause's"
+        echo "start: the holder fenced, the rows copied, both metas holding the home at its new place):"
+        echo
+        echo '```'
+        cat "$LOG/meta-a.err" "$LOG/meta-h.err" | sed 's/\x1b\[[0-9;]*m//g' | grep 'home moved' | sort |
+            sed 's/^\([^ ]*\) .*home moved /\1 /; s/_ms=/=/g'
+        echo '```'
         echo
     fi
     if [[ " $WORKLOADS " == *" postmark "* ]]; then

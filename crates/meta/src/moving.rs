@@ -105,11 +105,11 @@ pub(crate) struct Opened {
     pub forward: Option<String>,
 }
 
-/// A home's engine at its next place, being opened in the background.
-pub(crate) type Opening = (Opened, tokio::task::JoinHandle<Result<Store, MetaError>>);
+/// A home's engine at its next place, opened before the move pauses its writes.
+pub(crate) type Opening = (Opened, Store);
 
 /// A home this meta handed over to a mover: its writes wait at the closed gate, and its
-/// engine at the new place is being opened meanwhile (`PrepareHome`).
+/// engine at the new place is open already (`PrepareHome`).
 pub(crate) struct HandedOverHome {
     gate: tokio::sync::OwnedRwLockWriteGuard<()>,
     ready: Option<Opening>,
@@ -247,7 +247,8 @@ impl MetaService {
         let (database, server2, source2) = (wanted.database.clone(), server.clone(), source.clone());
         let target = blocking(move || pg::create_database(&server2, &database, &source2, timeout)).await?;
         let cluster = self.cluster_id().to_string();
-        // The holder opens the new database while the home's writes go on.
+        // The holder opens the new database while the home's writes go on (a failure
+        // there only costs the pause its opening at the end).
         let prepare =
             PrepareHome { cluster: cluster.clone(), home: id, site: own.clone(), database: wanted.database.clone() };
         if let Err(e) = self.ask_meta(&holder, prepare, timeout).await {
@@ -256,7 +257,7 @@ impl MetaService {
         // Writes of the home wait here, and then at the holder, until the move ends.
         let gate = self.close_gate(id).await?;
         let paused = Instant::now();
-        let created_ms = (paused - started).as_millis() as u64;
+        let prepared_ms = (paused - started).as_millis() as u64;
         let hand_over = HandOverHome { cluster: cluster.clone(), home: id };
         let handed: HandedOver = match self.ask_meta(&holder, hand_over, timeout * 2).await {
             Ok(h) => h,
@@ -312,7 +313,7 @@ impl MetaService {
             to = own,
             rows,
             fenced_epoch = handed.epoch,
-            created_ms,
+            prepared_ms,
             handed_ms,
             copied_ms,
             paused_ms,
@@ -329,8 +330,9 @@ impl MetaService {
     }
 
     /// `PrepareHome`, at the meta holding the home: opens its engine at the place the
-    /// move takes it to, in the background.
-    pub(crate) fn prepare_home(&self, m: PrepareHome) -> Result<(), MetaError> {
+    /// move takes it to (across the WAN, a couple of dozen round trips) while the home's
+    /// writes still go on, and answers once it is open.
+    pub(crate) async fn prepare_home(&self, m: PrepareHome) -> Result<(), MetaError> {
         self.check_cluster(&m.cluster)?;
         let current = lock(&self.opened).get(&m.home).cloned();
         let Some(current) = current.filter(|o| o.forward.is_none()) else {
@@ -340,8 +342,8 @@ impl MetaService {
         let name = self.homes().all().iter().find(|h| h.id == m.home).map(|h| h.name.clone()).unwrap_or_default();
         let opened = self.moves.placed(&name, &to)?;
         let (o, lease, timeout) = (opened.clone(), self.moves.lease.clone(), self.moves.db_timeout);
-        let open = move || engine::open_store(&o.writer, o.read.as_deref(), false, lease, timeout);
-        lock(&self.preparing).insert(m.home, (opened, tokio::task::spawn_blocking(open)));
+        let store = blocking(move || engine::open_store(&o.writer, o.read.as_deref(), false, lease, timeout)).await?;
+        lock(&self.preparing).insert(m.home, (opened, store));
         Ok(())
     }
 
@@ -436,14 +438,7 @@ impl MetaService {
             _ if reopen => current.clone(),
             _ => return Ok(()),
         };
-        let ready = match ready {
-            Some((o, opening)) if o.placement == wanted.placement => Some(
-                opening
-                    .await
-                    .map_err(|e| MetaError::Internal(format!("opening a moved home's engine failed: {e}")))??,
-            ),
-            _ => None,
-        };
+        let ready = ready.filter(|(o, _)| o.placement == wanted.placement).map(|(_, store)| store);
         let (opened, root, home_name) = (wanted.clone(), self.root_store().clone(), name.clone());
         let setup_lease = (self.moves.lease.clone(), self.moves.db_timeout);
         let store = blocking(move || {

@@ -700,7 +700,7 @@ impl MetaService {
                 let relayed = peer.is_some_and(|p| p.role == net::Role::Meta);
                 return self.move_home(m, relayed).await.map(Into::into);
             }
-            MetaRequest::PrepareHome(m) => return self.prepare_home(m).map(Into::into),
+            MetaRequest::PrepareHome(m) => return self.prepare_home(m).await.map(Into::into),
             MetaRequest::HandOverHome(m) => return self.hand_over(m).await.map(Into::into),
             MetaRequest::HomeTaken(m) => return self.home_taken(m).await.map(Into::into),
             req => req,

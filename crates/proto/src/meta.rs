@@ -761,8 +761,8 @@ meta_requests! {
         to_site: String,
     } => HomeMoved { access: durable, roles: [Admin, Meta], changes_dirs: true, audited: true };
     /// A move's first step, from the destination's meta to the meta holding the home,
-    /// once the home's new database (at `site`) is made: that meta opens it in the
-    /// background, while the home's writes go on, to take it up at once at the end.
+    /// once the home's new database (at `site`) is made: that meta opens it while the
+    /// home's writes go on, to take it up at once at the end, and answers once open.
     PrepareHome {
         cluster: String,
         home: u16,
