@@ -287,6 +287,11 @@ impl MetaService {
             Ok(done) => done,
             Err(e) => {
                 let _ = self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout).await;
+                // A registry record whose commit's outcome is unknown may have landed:
+                // this meta too places the home as the registry says.
+                if let Err(placing) = self.reconcile(id, false, None, None).await {
+                    tracing::error!(home = m.home, error = %placing, "placing the home after a failed move failed");
+                }
                 drop(gate);
                 return Err(e);
             }
