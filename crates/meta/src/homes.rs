@@ -81,9 +81,20 @@ impl Homes {
         Ok(Homes { homes })
     }
 
-    /// Homes already sorted, home 0 first, whose foreign readers are reserved.
-    pub(crate) fn from_sorted(homes: Vec<Home>) -> Homes {
+    /// These homes with `home` in place of the one of its number (a home moved; its
+    /// engine's foreign reader is reserved by the mover).
+    pub(crate) fn replaced(&self, home: Home) -> Homes {
+        let homes = self.homes.iter().map(|h| if h.id == home.id { home.clone() } else { h.clone() }).collect();
         Homes { homes }
+    }
+
+    /// The name of home `id`.
+    pub(crate) fn name_of(&self, id: HomeId) -> Result<&str, MetaError> {
+        self.homes
+            .iter()
+            .find(|h| h.id == id)
+            .map(|h| h.name.as_str())
+            .ok_or_else(|| MetaError::Internal(format!("inode of home {id}, which this meta does not serve")))
     }
 
     /// Home 0's engine: sessions, nodes, admission and principals live there.

@@ -15,7 +15,7 @@
 
 use crate::engine::{self, Store};
 use crate::error::MetaError;
-use crate::homes::{Home, HomeId, Homes};
+use crate::homes::{Home, HomeId};
 use crate::postgres::moving as pg;
 use crate::service::{Forwarding, MetaService, Placed};
 use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome, PrepareHome};
@@ -181,9 +181,10 @@ impl MoveSetup {
         Ok(Opened { placement: p.clone(), writer, read, forward })
     }
 
-    /// Opens the engine `o` names. Blocking.
-    pub(crate) fn open(&self, o: &Opened) -> Result<Store, MetaError> {
-        engine::open_store(&o.writer, o.read.as_deref(), false, self.lease.clone(), self.db_timeout)
+    /// Opening the engine `o` names, to run where blocking is allowed.
+    pub(crate) fn opener(&self, o: Opened) -> impl FnOnce() -> Result<Store, MetaError> + Send + 'static {
+        let (lease, timeout) = (self.lease.clone(), self.db_timeout);
+        move || engine::open_store(&o.writer, o.read.as_deref(), false, lease, timeout)
     }
 }
 
@@ -338,29 +339,29 @@ impl MetaService {
     /// move takes it to (across the WAN, a couple of dozen round trips) while the home's
     /// writes still go on, and answers once it is open.
     pub(crate) async fn prepare_home(&self, m: PrepareHome) -> Result<(), MetaError> {
-        self.check_cluster(&m.cluster)?;
-        let current = lock(&self.opened).get(&m.home).cloned();
-        let Some(current) = current.filter(|o| o.forward.is_none()) else {
-            return Err(MetaError::InvalidArgument(format!("this meta does not hold home {}", m.home)));
-        };
+        let current = self.held(&m.cluster, m.home)?;
         let to = Placement { site: m.site, database: m.database, moves: current.placement.moves + 1 };
-        let name = self.homes().all().iter().find(|h| h.id == m.home).map(|h| h.name.clone()).unwrap_or_default();
-        let opened = self.moves.placed(&name, &to)?;
-        let (o, lease, timeout) = (opened.clone(), self.moves.lease.clone(), self.moves.db_timeout);
-        let store = blocking(move || engine::open_store(&o.writer, o.read.as_deref(), false, lease, timeout)).await?;
+        let opened = self.moves.placed(self.homes().name_of(m.home)?, &to)?;
+        let store = blocking(self.moves.opener(opened.clone())).await?;
         lock(&self.preparing).insert(m.home, (opened, store));
         Ok(())
+    }
+
+    /// How home `home`, which a meta of `cluster` asks this one to hand over, was
+    /// opened here; refused unless this meta holds it.
+    fn held(&self, cluster: &str, home: HomeId) -> Result<Opened, MetaError> {
+        self.check_cluster(cluster)?;
+        let current = lock(&self.opened).get(&home).cloned();
+        current
+            .filter(|o| o.forward.is_none())
+            .ok_or_else(|| MetaError::InvalidArgument(format!("this meta does not hold home {home}")))
     }
 
     /// `HandOverHome`, at the meta holding the home: its writes wait from now on, and
     /// its primary is fenced. The writes go on once the mover says `HomeTaken`, or by
     /// themselves after a bound if it never does (placed as the registry says then).
     pub(crate) async fn hand_over(self: &Arc<Self>, m: HandOverHome) -> Result<HandedOver, MetaError> {
-        self.check_cluster(&m.cluster)?;
-        let current = lock(&self.opened).get(&m.home).cloned();
-        let Some(current) = current.filter(|o| o.forward.is_none()) else {
-            return Err(MetaError::InvalidArgument(format!("this meta does not hold home {}", m.home)));
-        };
+        let current = self.held(&m.cluster, m.home)?;
         let gate = self.close_gate(m.home).await?;
         let (url, timeout) = (current.writer.clone(), self.moves.db_timeout);
         let (epoch, position) = blocking(move || pg::fence(&url, timeout)).await?;
@@ -424,13 +425,7 @@ impl MetaService {
         copied: Option<u64>,
         ready: Option<Opening>,
     ) -> Result<(), MetaError> {
-        let homes = self.homes();
-        let name = homes
-            .all()
-            .iter()
-            .find(|h| h.id == id)
-            .map(|h| h.name.clone())
-            .ok_or_else(|| MetaError::Internal(format!("no home {id} here")))?;
+        let name = self.homes().name_of(id)?.to_string();
         let current = lock(&self.opened)
             .get(&id)
             .cloned()
@@ -444,20 +439,18 @@ impl MetaService {
             _ => return Ok(()),
         };
         let ready = ready.filter(|(o, _)| o.placement == wanted.placement).map(|(_, store)| store);
-        let (opened, root, home_name) = (wanted.clone(), self.root_store().clone(), name.clone());
-        let setup_lease = (self.moves.lease.clone(), self.moves.db_timeout);
+        let (writer, root, home_name) = (wanted.writer.clone(), self.root_store().clone(), name.clone());
+        let open = self.moves.opener(wanted.clone());
         let store = blocking(move || {
             let store = match ready {
                 Some(store) => store,
-                None => {
-                    engine::open_store(&opened.writer, opened.read.as_deref(), false, setup_lease.0, setup_lease.1)?
-                }
+                None => open()?,
             };
             if let Some(position) = copied {
                 store.committed_elsewhere(position, true);
             }
             // The same home of this cluster, as its identity says.
-            crate::homes::adopt(&root, &store, &home_name, &opened.writer)?;
+            crate::homes::adopt(&root, &store, &home_name, &writer)?;
             Ok(store)
         })
         .await?;
@@ -528,14 +521,6 @@ impl MetaService {
         let unreachable = |detail: String| MetaError::Unreachable { peer: addr.to_string(), detail };
         let link = net::RpcClient::connect(addr, 1, timeout).await.map_err(|e| unreachable(e.to_string()))?;
         link.ask(req).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)
-    }
-}
-
-impl Homes {
-    /// These homes with `home` in place of the one of its number.
-    pub(crate) fn replaced(&self, home: Home) -> Homes {
-        let homes = self.all().iter().map(|h| if h.id == home.id { home.clone() } else { h.clone() }).collect();
-        Homes::from_sorted(homes)
     }
 }
 

@@ -250,7 +250,7 @@ impl MetaService {
                 _ => from_flags,
             };
             let engine = if placed.placement.moves > 0 {
-                moves.open(&placed)?
+                moves.opener(placed.clone())()?
             } else {
                 engine::open_store(
                     &placed.writer,
