@@ -78,7 +78,7 @@ async fn live_stats(nodes: &[NodeInfo]) -> HashMap<String, proto::node::NodeStat
 }
 
 /// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm`.
-fn utc(ms: i64) -> String {
+pub fn utc(ms: i64) -> String {
     match time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000) {
         Ok(t) => format!(
             "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}",
@@ -165,6 +165,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     );
     for (home, to, n) in &s.forwarding {
         println!("writes to home {home} forwarded to the meta holding it at {to}: {n} since this meta started");
+    }
+    let homes = meta_call(&meta, ListHomes {}).await?;
+    if homes.len() > 1 {
+        println!("\nmetadata homes:");
+        crate::home::print_homes(&meta, homes).await;
     }
     println!("\nnodes:");
     println!(

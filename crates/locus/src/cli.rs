@@ -487,6 +487,19 @@ pub struct SiteArgs {
     /// placed there.
     #[arg(long = "site-meta", value_name = "SITE=HOST:PORT", value_parser = parse_site)]
     pub site_metas: Vec<(String, String)>,
+    /// A home this meta holds moves by itself to the site that does most of its writes
+    /// for this long, e.g. 10m (0: only `locus home move` moves homes).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub auto_move_after: std::time::Duration,
+    /// The share of the home's writes, in percent, that site must do in that time.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u8).range(51..=100))]
+    pub auto_move_share: u8,
+    /// The fewest writes of the home in that time that make it worth moving.
+    #[arg(long, default_value_t = 1000)]
+    pub auto_move_min_writes: u64,
+    /// The least time between two moves of one home, however made, e.g. 30m.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub auto_move_hold: std::time::Duration,
 }
 
 /// `HOST=UIDS[:GIDS]` of `--host-ids`.

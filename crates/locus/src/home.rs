@@ -4,7 +4,8 @@
 use crate::cli::{HomeArgs, HomeCommand};
 use crate::policy::{path_of, resolve};
 use anyhow::{Context, bail};
-use proto::meta::{ListHomes, MakeJunction, MoveHome};
+use net::RpcClient;
+use proto::meta::{HomeInfo, ListHomes, MakeJunction, MoveHome};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -24,27 +25,10 @@ pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("{path}: making it the root of home {home}"))?;
             println!("{trimmed}: the root of home {home} (inode {})", made.ino);
         }
-        HomeCommand::List => {
-            println!("{:>5}  {:<16} {:>17}  {:<34} ROOTS", "HOME", "NAME", "INODES", "WRITES COMMITTED BY");
-            for home in meta.ask(ListHomes {}).await?? {
-                let mut roots = Vec::new();
-                for ino in &home.junctions {
-                    roots.push(path_of(&meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})")));
-                }
-                let roots = if home.id == 0 { "/".to_string() } else { roots.join(", ") };
-                let writer = home.writer.map_or_else(|| "this meta".to_string(), |meta| format!("meta {meta}"));
-                println!(
-                    "{:>5}  {:<16} {:>10} inodes  written by {writer:<24} {roots}",
-                    home.id, home.name, home.inodes
-                );
-                if let Some(placement) = home.placement {
-                    println!("       moved: {placement}");
-                }
-            }
-        }
+        HomeCommand::List => print_homes(&meta, meta.ask(ListHomes {}).await??).await,
         HomeCommand::Move { home, to_site } => {
             let moved = meta
-                .ask(MoveHome { home: home.clone(), to_site: to_site.clone() })
+                .ask(MoveHome { home: home.clone(), to_site: to_site.clone(), reason: None })
                 .await?
                 .with_context(|| format!("moving home {home} to site {to_site}"))?;
             println!(
@@ -54,4 +38,42 @@ pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every home as the meta at the other end sees it: which site writes it and through
+/// which meta, its roots, a move in progress, its writes by site over the window of
+/// automatic moves, and its latest moves (`locus home list`, `locus status`).
+pub async fn print_homes(meta: &RpcClient, homes: Vec<HomeInfo>) {
+    println!("{:>5}  {:<16} {:>17}  {:<34} ROOTS", "HOME", "NAME", "INODES", "WRITES COMMITTED BY");
+    for home in homes {
+        let mut roots = Vec::new();
+        for ino in &home.junctions {
+            roots.push(path_of(meta, *ino).await.unwrap_or_else(|e| format!("inode {ino} ({e})")));
+        }
+        let roots = if home.id == 0 { "/".to_string() } else { roots.join(", ") };
+        let site = home.site.map(|s| format!("site {s}, ")).unwrap_or_default();
+        let writer = home.writer.map_or_else(|| format!("{site}this meta"), |meta| format!("{site}meta {meta}"));
+        println!("{:>5}  {:<16} {:>10} inodes  written by {writer:<24} {roots}", home.id, home.name, home.inodes);
+        if let Some(placement) = home.placement {
+            println!("       moved: {placement}");
+        }
+        if let Some(moving) = home.moving {
+            println!("       now: {moving}");
+        }
+        if !home.recent_writes.is_empty() {
+            let by_site: Vec<String> = home.recent_writes.iter().map(|(s, n)| format!("site {s} {n}")).collect();
+            println!("       recent writes: {}", by_site.join(", "));
+        }
+        for m in &home.moves {
+            println!(
+                "       {} moved from site {} to site {}: {} rows, writes paused {} ms ({})",
+                crate::admin::utc(m.at_ms as i64),
+                m.from_site,
+                m.to_site,
+                m.rows,
+                m.paused_ms,
+                m.reason
+            );
+        }
+    }
 }

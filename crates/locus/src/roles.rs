@@ -178,6 +178,12 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         sites: sites(&args)?,
         site: args.sites.site.clone(),
+        auto_move: meta::AutoMove {
+            after: args.sites.auto_move_after,
+            share_percent: args.sites.auto_move_share,
+            min_writes: args.sites.auto_move_min_writes,
+            hold: args.sites.auto_move_hold,
+        },
     };
     let (addr, service) = start_meta(listener, config, identities, args.revoked.clone(), &args.admit_nodes).await?;
     service.configure_user_auth(meta::authority::UserAuth {
@@ -423,6 +429,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         homes: Vec::new(),
         sites: Vec::new(),
         site: None,
+        auto_move: meta::AutoMove::default(),
     };
     let (meta_addr, meta_service) =
         // The mount is the machine's own: its root is root (as with a local disk).

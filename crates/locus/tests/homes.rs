@@ -72,10 +72,11 @@ fn a_subtree_in_a_home_of_its_own_behaves_as_one_namespace() {
 /// primary of its own and a hot standby of the other's: the root's database at A's,
 /// home b's at B's. Fields drop in order: the servers before the link.
 struct TwoSites {
-    pg_a: PgServer,
+    /// Held to its end (dropped: stopped).
+    _pg_a: PgServer,
     pg_b: PgServer,
     root_standby: PgServer,
-    home_standby: PgServer,
+    _home_standby: PgServer,
     root_url: String,
     home_url: String,
     /// B's standby of the root's database, A's of home b's.
@@ -98,7 +99,18 @@ fn two_sites(prefix: &str) -> TwoSites {
     let root_standby = pg_a.start_standby_in(link.site_ns(b), WanLink::addr_of(1));
     let home_standby = pg_b.start_standby_in(link.site_ns(a), WanLink::addr_of(a));
     let (root_at_b, home_at_a) = (root_standby.url(&name(&root_url)), home_standby.url(&name(&home_url)));
-    TwoSites { pg_a, pg_b, root_standby, home_standby, root_url, home_url, root_at_b, home_at_a, wan, link }
+    TwoSites {
+        _pg_a: pg_a,
+        pg_b,
+        root_standby,
+        _home_standby: home_standby,
+        root_url,
+        home_url,
+        root_at_b,
+        home_at_a,
+        wan,
+        link,
+    }
 }
 
 /// A cluster over `TwoSites`: meta A holds home 0 and reads home b at its standby,
@@ -116,15 +128,27 @@ struct Homed {
 }
 
 /// The flags meta B does not take from meta A's arguments.
-const B_OWN_FLAGS: [&str; 7] =
-    ["--home", "--read-db", "--forward-writes-to", "--site-db", "--site-read-db", "--site-meta", "--site"];
+const B_OWN_FLAGS: [&str; 11] = [
+    "--home",
+    "--read-db",
+    "--forward-writes-to",
+    "--site-db",
+    "--site-read-db",
+    "--site-meta",
+    "--site",
+    "--auto-move-after",
+    "--auto-move-min-writes",
+    "--auto-move-share",
+    "--auto-move-hold",
+];
 
-fn start_homed(link: &WanLink, root_url: &str, home_url: &str, root_at_b: &str, home_at_a: &str) -> Homed {
+fn start_homed(sites: &TwoSites, both: &[&str]) -> Homed {
+    let TwoSites { link, root_url, home_url, root_at_b, home_at_a, .. } = sites;
     let meta_b = format!("{}:7079", WanLink::addr_of(1));
     let flag = |site: &str, value: &str| format!("{site}={value}");
     let (home, read, forward) = (flag("b", home_url), flag("b", home_at_a), flag("b", &meta_b));
     let (site_a_db, site_b_db) = (flag("a", root_url), flag("b", home_url));
-    let own = ["--home", &home, "--site-db", &site_a_db, "--site-db", &site_b_db];
+    let own = [&["--home", &home, "--site-db", &site_a_db, "--site-db", &site_b_db][..], both].concat();
     let a_args = [
         "--read-db",
         &read,
@@ -201,20 +225,9 @@ fn each_site_commits_the_home_it_holds() {
         eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
         return;
     }
-    let TwoSites {
-        wan,
-        link,
-        pg_a: _pg_a,
-        pg_b,
-        root_url,
-        home_url,
-        root_standby,
-        home_standby: _h,
-        root_at_b,
-        home_at_a,
-    } = two_sites("lwt-homes-");
-    let Homed { mut c, meta_a, meta_b, at_a, at_b, .. } =
-        start_homed(&link, &root_url, &home_url, &root_at_b, &home_at_a);
+    let sites = two_sites("lwt-homes-");
+    let Homed { mut c, meta_a, meta_b, at_a, at_b, .. } = start_homed(&sites, &[]);
+    let (link, wan) = (&sites.link, &sites.wan);
 
     // B writes its own home: committed at B's primary, nothing forwarded.
     let before = forwarded(&c, &meta_b, "root");
@@ -261,7 +274,7 @@ fn each_site_commits_the_home_it_holds() {
         fs::write(&path, format!("while cut {i}")).unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), format!("while cut {i}"));
     }
-    link.set(&wan).unwrap();
+    link.set(wan).unwrap();
     wait_until("B's writes during the cut at A", Duration::from_secs(30), || fresh_a.join("hb/run/cut4").exists());
     assert_eq!(fs::read_to_string(fresh_a.join("hb/run/cut2")).unwrap(), "while cut 2");
     text(&c.locus(&["fsck", "--meta", &meta_a]));
@@ -302,9 +315,10 @@ fn each_site_commits_the_home_it_holds() {
     let _ = c.other_metas[0].child.kill();
     let _ = c.other_metas[0].child.wait();
     c.kill_site("b");
-    pg_b.crash();
-    root_standby.crash();
-    let promoted = text(&c.locus(&["meta", "promote", "--db", &home_at_a]));
+    sites.pg_b.crash();
+    sites.root_standby.crash();
+    let home_at_a = &sites.home_at_a;
+    let promoted = text(&c.locus(&["meta", "promote", "--db", home_at_a]));
     assert!(promoted.contains("promoted: epoch"), "{promoted}");
     for flag in ["--home", "--read-db", "--forward-writes-to"] {
         c.drop_meta_flag(flag);
@@ -325,7 +339,7 @@ fn each_site_commits_the_home_it_holds() {
     assert!(!status.contains("writes to home b forwarded"), "{status}");
     let list = text(&c.locus(&["home", "list", "--meta", &meta_a]));
     let b_line = |l: &str| l.lines().find(|l| l.contains(" b ")).unwrap_or_default().to_string();
-    assert!(b_line(&list).contains("written by this meta"), "before: {lost}\nafter: {list}");
+    assert!(b_line(&list).contains("written by site a, this meta"), "before: {lost}\nafter: {list}");
 }
 
 /// Files one writer has had acknowledged (written and fsynced), and its failures.
@@ -367,21 +381,8 @@ fn a_home_moves_between_sites_under_writes() {
         eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
         return;
     }
-    // Bound (not `..`): unbound fields would be dropped, their servers stopped, at once.
-    let TwoSites {
-        link,
-        pg_a: _a,
-        pg_b: _b,
-        root_standby: _ra,
-        home_standby: _ha,
-        root_url,
-        home_url,
-        root_at_b,
-        home_at_a,
-        wan: _,
-    } = two_sites("lwt-moves-");
-    let Homed { mut c, meta_a, meta_b, at_a, at_b, b_args } =
-        start_homed(&link, &root_url, &home_url, &root_at_b, &home_at_a);
+    let sites = two_sites("lwt-moves-");
+    let Homed { mut c, meta_a, meta_b, at_a, at_b, b_args } = start_homed(&sites, &[]);
 
     // Refused, changing nothing: the root's home, an unknown site, where it is.
     for (home, to) in [("root", "a"), ("b", "nowhere"), ("b", "b"), ("nohome", "a")] {
@@ -420,7 +421,7 @@ fn a_home_moves_between_sites_under_writes() {
     let _ = c.other_metas[0].child.wait();
     c.other_metas.clear();
     let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
-    assert_eq!(c.add_meta_at("b", &root_url, &B_OWN_FLAGS, &b_args), meta_b);
+    assert_eq!(c.add_meta_at("b", &sites.root_url, &B_OWN_FLAGS, &b_args), meta_b);
     wait_until("B's meta back", Duration::from_secs(30), || fs::write(at_b.join("hb/after-restart"), b"r").is_ok());
     let fresh_a = c.mount_through(&meta_a, "a", &[]);
     wait_until("B's last file at A", Duration::from_secs(30), || fresh_a.join("hb/after-restart").exists());
@@ -434,6 +435,62 @@ fn a_home_moves_between_sites_under_writes() {
     }
     assert_eq!(fs::read(fresh_a.join("hb/at-a-after-move")).unwrap(), b"local now");
     text(&c.locus(&["fsck", "--meta", &meta_a]));
+}
+
+/// Automatic moves (issue 35, part 2): home b, held at B, gets writes from A only; once
+/// A has done most of them for a whole window (3 s here), B's meta moves the home to A
+/// by itself, under the writes, none of which fails. The move shows in `locus status`
+/// with its reason. Then B writes the home alone for longer than the window: the home
+/// stays at A (it moved less than the hold ago, and a whole window must pass there
+/// first), and A's mover says why. Every acknowledged file is there at both sites.
+#[test]
+fn a_home_moves_by_itself_to_the_site_writing_it() {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
+        return;
+    }
+    let sites = two_sites("lwt-auto-");
+    let auto = ["--auto-move-after", "3s", "--auto-move-min-writes", "20", "--auto-move-hold", "1h"];
+    let Homed { c, meta_a, meta_b, at_a, at_b, .. } = start_homed(&sites, &auto);
+    let held_at = |meta: &str| {
+        let list = text(&c.locus(&["home", "list", "--meta", meta]));
+        let line = list.lines().find(|l| l.contains(" b ")).unwrap_or_default().to_string();
+        (line, list)
+    };
+    assert!(held_at(&meta_a).0.contains("written by site b, meta"), "{}", held_at(&meta_a).1);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = keep_writing(at_a.join("hb"), "a", stop.clone());
+    wait_until("home b moved to A by itself", Duration::from_secs(60), || {
+        held_at(&meta_a).0.contains("written by site a, this meta")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let from_a = writer.join().unwrap();
+    assert!(from_a.failed.is_empty(), "writes failed across the move: {:?}", from_a.failed);
+    wait_until("the move in B's status", Duration::from_secs(30), || {
+        let status = text(&c.locus(&["status", "--meta", &meta_b]));
+        status.contains("moved from site b to site a") && status.contains("automatic: site a did")
+    });
+
+    // B alone writes the home now, for longer than the window: it stays at A.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = keep_writing(at_b.join("hb"), "b", stop.clone());
+    std::thread::sleep(Duration::from_secs(8));
+    stop.store(true, Ordering::Relaxed);
+    let from_b = writer.join().unwrap();
+    assert!(from_b.failed.is_empty(), "{:?}", from_b.failed);
+    let (line, list) = held_at(&meta_b);
+    assert!(line.contains("written by site a, meta"), "home b flapped back: {list}");
+    let status_a = text(&c.locus(&["status", "--meta", &meta_a]));
+    assert!(status_a.contains("would go to site b but moved"), "{status_a}");
+    for (w, mnt) in [(&from_a, &at_b), (&from_b, &at_a)] {
+        assert!(w.acked.len() >= 5, "only {} writes", w.acked.len());
+        for name in &w.acked {
+            wait_until("a file at the other site", Duration::from_secs(30), || mnt.join("hb").join(name).exists());
+            assert_eq!(fs::read(mnt.join("hb").join(name)).unwrap(), name.as_bytes(), "{name}");
+        }
+    }
 }
 
 fn bin() -> &'static Path {

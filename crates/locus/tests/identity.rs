@@ -75,6 +75,7 @@ fn a_damaged_database_is_refused() {
             homes: Vec::new(),
             sites: Vec::new(),
             site: None,
+            auto_move: Default::default(),
         };
         // A new database already has a page per table and index.
         drop(meta::MetaService::open(&config).unwrap());

@@ -635,7 +635,18 @@ pub(crate) async fn list(homes: &Homes) -> Result<Vec<proto::meta::HomeInfo>, Me
         })
         .await?;
         let (id, name) = (home.id, home.name.clone());
-        out.push(proto::meta::HomeInfo { id, name, junctions, inodes, writer: None, placement: None });
+        out.push(proto::meta::HomeInfo {
+            id,
+            name,
+            junctions,
+            inodes,
+            writer: None,
+            placement: None,
+            site: None,
+            moving: None,
+            moves: Vec::new(),
+            recent_writes: Vec::new(),
+        });
     }
     Ok(out)
 }

@@ -27,7 +27,7 @@ pub use error::MetaError;
 pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_map};
 pub use locks::Held;
 pub use migrate::migrate;
-pub use moving::SiteConfig;
+pub use moving::{AutoMove, SiteConfig};
 pub use postgres::{Promotion, promote};
 pub use service::{DEFAULT_DB_TIMEOUT, HomeConfig, InProcessClient, MetaConfig, MetaService, ROOT_HOME};
 pub use store::{

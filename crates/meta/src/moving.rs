@@ -13,12 +13,17 @@
 //! fenced by a move that failed half way, places the home as the registry says
 //! (`reconcile`), so a lost message costs a pause, never two writers.
 
+mod auto;
+
+pub use auto::AutoMove;
+pub(crate) use auto::Tallies;
+
 use crate::engine::{self, Store};
 use crate::error::MetaError;
 use crate::homes::{Home, HomeId};
 use crate::postgres::moving as pg;
 use crate::service::{Forwarding, MetaService, Placed};
-use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome, PrepareHome};
+use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome, MoveRecord, PrepareHome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use util::sync::lock;
@@ -95,6 +100,49 @@ pub(crate) fn registered_in(t: &mut dyn crate::store::Txn, name: &str) -> Result
     t.get_xattr(0, &placement_key(name))?.map(|v| Placement::parse(name, &v)).transpose()
 }
 
+/// The attribute of inode 0 in home 0's engine that keeps home `name`'s latest moves,
+/// one a line: "AT_MS FROM TO ROWS PAUSED_MS REASON".
+fn records_key(name: &str) -> Vec<u8> {
+    format!("locus.home-moves.{name}").into_bytes()
+}
+
+/// Moves a home's record keeps.
+const RECORDS_KEPT: usize = 16;
+
+/// Home `name`'s past moves, oldest first, in a transaction of home 0's engine.
+pub(crate) fn records_in(t: &mut dyn crate::store::Txn, name: &str) -> Result<Vec<MoveRecord>, MetaError> {
+    let Some(value) = t.get_xattr(0, &records_key(name))? else { return Ok(Vec::new()) };
+    let text = String::from_utf8_lossy(&value);
+    text.lines()
+        .map(|line| {
+            let mut f = line.splitn(6, ' ');
+            let mut next = || f.next().unwrap_or_default().to_string();
+            let (at_ms, from_site, to_site, rows, paused_ms, reason) = (next(), next(), next(), next(), next(), next());
+            match (at_ms.parse(), rows.parse(), paused_ms.parse()) {
+                (Ok(at_ms), Ok(rows), Ok(paused_ms)) if !to_site.is_empty() => {
+                    Ok(MoveRecord { at_ms, from_site, to_site, rows, paused_ms, reason })
+                }
+                _ => Err(MetaError::Corrupt(format!("record of home {name}'s moves: {line:?}"))),
+            }
+        })
+        .collect()
+}
+
+/// Adds `record` to home `name`'s moves (the oldest beyond `RECORDS_KEPT` go).
+fn add_record(t: &mut dyn crate::store::Txn, name: &str, record: &MoveRecord) -> Result<(), MetaError> {
+    let mut records = records_in(t, name)?;
+    records.push(record.clone());
+    let keep = records.len().saturating_sub(RECORDS_KEPT);
+    let text: Vec<String> = records[keep..]
+        .iter()
+        .map(|r| {
+            let reason = r.reason.replace('\n', " ");
+            format!("{} {} {} {} {} {reason}", r.at_ms, r.from_site, r.to_site, r.rows, r.paused_ms)
+        })
+        .collect();
+    t.set_xattr(0, &records_key(name), text.join("\n").as_bytes())
+}
+
 /// How one home's engine was opened here: where it is, and the URLs and forwarding
 /// that reach it.
 #[derive(Clone, Debug)]
@@ -113,6 +161,34 @@ pub(crate) type Opening = (Opened, Store);
 pub(crate) struct HandedOverHome {
     gate: tokio::sync::OwnedRwLockWriteGuard<()>,
     ready: Option<Opening>,
+    since: Instant,
+}
+
+/// The move this meta is carrying out, for `locus status`.
+#[derive(Clone, Debug)]
+pub(crate) struct MoveInProgress {
+    home: HomeId,
+    from: String,
+    to: String,
+    step: &'static str,
+    since: Instant,
+}
+
+/// Clears the record of the move in progress when the move ends, however it ends.
+struct Progress<'a>(&'a std::sync::Mutex<Option<MoveInProgress>>);
+
+impl Progress<'_> {
+    fn step(&self, step: &'static str) {
+        if let Some(m) = lock(self.0).as_mut() {
+            m.step = step;
+        }
+    }
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        lock(self.0).take();
+    }
 }
 
 /// What moves need of the configuration: the sites, this meta's own site (from its
@@ -122,6 +198,7 @@ pub(crate) struct MoveSetup {
     pub own_site: Option<String>,
     pub lease: Option<(String, Duration)>,
     pub db_timeout: Duration,
+    pub auto: AutoMove,
 }
 
 impl MoveSetup {
@@ -243,8 +320,16 @@ impl MetaService {
             moves: current.placement.moves + 1,
         };
         let timeout = setup.db_timeout;
-        // The new database, before anything pauses.
         let started = Instant::now();
+        *lock(&self.moving) = Some(MoveInProgress {
+            home: id,
+            from: current.placement.site.clone(),
+            to: own.clone(),
+            step: "making its database at the destination",
+            since: started,
+        });
+        let progress = Progress(&self.moving);
+        // The new database, before anything pauses.
         let (database, server2, source2) = (wanted.database.clone(), server.clone(), source.clone());
         let target = blocking(move || pg::create_database(&server2, &database, &source2, timeout)).await?;
         let cluster = self.cluster_id().to_string();
@@ -252,10 +337,12 @@ impl MetaService {
         // there only costs the pause its opening at the end).
         let prepare =
             PrepareHome { cluster: cluster.clone(), home: id, site: own.clone(), database: wanted.database.clone() };
+        progress.step("the holder opens the new database");
         if let Err(e) = self.ask_meta(&holder, prepare, timeout).await {
             tracing::warn!(home = m.home, error = %e, "the holder could not prepare the home's new engine");
         }
         // Writes of the home wait here, and then at the holder, until the move ends.
+        progress.step("writes paused: the holder hands the home over");
         let gate = self.close_gate(id).await?;
         let paused = Instant::now();
         let prepared_ms = (paused - started).as_millis() as u64;
@@ -270,12 +357,26 @@ impl MetaService {
             }
         };
         let handed_ms = paused.elapsed().as_millis() as u64;
+        progress.step("writes paused: copying the home's rows");
         let placed = async {
             let (source, target) = (source.clone(), target.clone());
             let (rows, copied_at) = blocking(move || pg::copy_home(&source, handed.position, &target, timeout)).await?;
             tracing::debug!(home = m.home, rows, after_ms = paused.elapsed().as_millis() as u64, "home copied");
-            let (key, value) = (placement_key(&m.home), wanted.encode());
-            engine::write_async(self.root_store().clone(), true, move |t| t.set_xattr(0, &key, &value)).await?;
+            progress.step("writes paused: recording the home's new place");
+            let (name, key, value) = (m.home.clone(), placement_key(&m.home), wanted.encode());
+            let record = MoveRecord {
+                at_ms: proto::types::Timestamp::now().millis() as u64,
+                from_site: current.placement.site.clone(),
+                to_site: own.clone(),
+                rows,
+                paused_ms: paused.elapsed().as_millis() as u64,
+                reason: m.reason.clone().unwrap_or_else(|| "an operator's `locus home move`".into()),
+            };
+            engine::write_async(self.root_store().clone(), true, move |t| {
+                add_record(t, &name, &record)?;
+                t.set_xattr(0, &key, &value)
+            })
+            .await?;
             Ok::<_, MetaError>((rows, copied_at, self.root_store().commit_position()))
         }
         .await;
@@ -298,6 +399,7 @@ impl MetaService {
             }
         };
         let copied_ms = paused.elapsed().as_millis() as u64;
+        progress.step("writes paused: both metas take the home up");
         // Both metas place the home at once; the old holder's writes of it go on once it
         // has, and the move's pause ends then.
         let (placed_here, told) = tokio::join!(
@@ -366,7 +468,7 @@ impl MetaService {
         let (url, timeout) = (current.writer.clone(), self.moves.db_timeout);
         let (epoch, position) = blocking(move || pg::fence(&url, timeout)).await?;
         let ready = lock(&self.preparing).remove(&m.home);
-        lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready });
+        lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready, since: Instant::now() });
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep(timeout * 4).await;
@@ -389,7 +491,9 @@ impl MetaService {
     /// epoch moved on) and lets its writes go on: they would only meet the fenced
     /// engine before, so a failure is tried again for a while first.
     async fn settle(&self, home: HomeId, positions: Vec<(u16, u64)>) -> Result<(), MetaError> {
-        let Some(HandedOverHome { gate, mut ready }) = lock(&self.handed_over).remove(&home) else { return Ok(()) };
+        let Some(HandedOverHome { gate, mut ready, .. }) = lock(&self.handed_over).remove(&home) else {
+            return Ok(());
+        };
         // The registry's commit, which this meta's reads of home 0 must see.
         let homes = self.homes();
         for (h, position) in positions.iter().filter(|(h, _)| *h != home) {
@@ -467,6 +571,8 @@ impl MetaService {
             *placed = Arc::new(Placed { homes: Arc::new(homes), forwarding });
         }
         lock(&self.opened).insert(id, wanted.clone());
+        // Writes count towards moving it again from its new place only.
+        lock(&self.tallies).forget(id);
         tracing::info!(home = name, placement = %wanted.placement, "home placed");
         let own = self.moves.own_site.as_deref();
         if current.placement.site.as_str() != wanted.placement.site && Some(current.placement.site.as_str()) == own {
@@ -481,6 +587,29 @@ impl MetaService {
             });
         }
         Ok(())
+    }
+
+    /// What this meta is doing about a move of home `id` now, if anything.
+    pub(crate) fn move_step(&self, id: HomeId) -> Option<String> {
+        if let Some(m) = lock(&self.moving).as_ref().filter(|m| m.home == id) {
+            let secs = m.since.elapsed().as_secs_f64();
+            return Some(format!("moving from site {} to site {}: {} ({secs:.1}s in)", m.from, m.to, m.step));
+        }
+        if let Some(h) = lock(&self.handed_over).get(&id) {
+            let secs = h.since.elapsed().as_secs_f64();
+            return Some(format!("handed over to a move {secs:.1}s ago: its writes wait here until it ends"));
+        }
+        lock(&self.preparing)
+            .get(&id)
+            .map(|(o, _)| format!("opening its database at site {} for a move", o.placement.site))
+    }
+
+    /// Counts one write of home `id` from `site` towards moving it there (nothing
+    /// unless homes move by themselves).
+    pub(crate) fn tally(&self, id: HomeId, site: &str) {
+        if id != 0 && !self.moves.auto.after.is_zero() {
+            lock(&self.tallies).count(id, site);
+        }
     }
 
     /// Closes home `id`'s gate: returns once no write of it is running here, and holds

@@ -66,6 +66,8 @@ pub struct MetaConfig {
     pub sites: Vec<crate::moving::SiteConfig>,
     /// The site this meta serves (`None`: its certificate's).
     pub site: Option<String>,
+    /// When the homes this meta holds move by themselves to the site writing them.
+    pub auto_move: crate::moving::AutoMove,
 }
 
 /// Where one metadata home besides the root's commits, as this meta reaches it: the
@@ -111,6 +113,10 @@ pub struct MetaService {
     pub(crate) moves: crate::moving::MoveSetup,
     /// Held by the move this meta is carrying out (one at a time).
     pub(crate) moving_now: Arc<tokio::sync::Mutex<()>>,
+    /// That move's progress, for `locus status`.
+    pub(crate) moving: Mutex<Option<crate::moving::MoveInProgress>>,
+    /// The writes of the homes this meta holds, by site, for automatic moves.
+    pub(crate) tallies: Mutex<crate::moving::Tallies>,
     cluster_id: Arc<str>,
     heartbeat: Duration,
     session_expiry: Duration,
@@ -183,8 +189,16 @@ impl Forwarding {
     }
 
     /// Runs `req` at the meta holding `home`, the home it writes, for whom `ctx` acts
-    /// for, and makes this meta's reads of that home wait for its commit.
-    async fn write(&self, homes: &Homes, home: HomeId, ctx: Ctx, req: MetaRequest) -> Result<MetaReply, MetaError> {
+    /// for, from this meta's site `site`, and makes this meta's reads of that home
+    /// wait for its commit.
+    async fn write(
+        &self,
+        homes: &Homes,
+        site: &str,
+        home: HomeId,
+        ctx: Ctx,
+        req: MetaRequest,
+    ) -> Result<MetaReply, MetaError> {
         let store = homes.store(home)?;
         let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
         let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
@@ -204,6 +218,7 @@ impl Forwarding {
             caller: ctx.caller,
             certificate: ctx.certificate,
             oversees: ctx.oversees,
+            site: site.to_string(),
             request,
             positions: homes.all().iter().map(|h| (h.id, h.store.commit_position())).filter(|p| p.1 > 0).collect(),
         };
@@ -239,6 +254,7 @@ impl MetaService {
             own_site: config.site.clone().or_else(|| net::own_identity().map(|me| me.site.clone())),
             lease: lease.clone(),
             db_timeout: config.db_timeout,
+            auto: config.auto_move.clone(),
         };
         let mut opened = HashMap::new();
         for home in &config.homes {
@@ -275,8 +291,13 @@ impl MetaService {
     /// A service over any backend's store (`db_url`, `init` and `audit_log` in `config`
     /// are unused: its audit log lives in memory).
     pub fn with_store(store: Arc<Store>, config: &MetaConfig) -> Arc<MetaService> {
-        let moves =
-            crate::moving::MoveSetup { sites: Vec::new(), own_site: None, lease: None, db_timeout: config.db_timeout };
+        let moves = crate::moving::MoveSetup {
+            sites: Vec::new(),
+            own_site: None,
+            lease: None,
+            db_timeout: config.db_timeout,
+            auto: Default::default(),
+        };
         let (homes, forwarding) = (Arc::new(Homes::single(store)), Forwarding::of_root(config));
         Self::build(homes, config, AuditLog::in_memory(), forwarding, HashMap::new(), moves)
     }
@@ -318,6 +339,8 @@ impl MetaService {
             opened: Mutex::new(opened),
             moves,
             moving_now: Arc::default(),
+            moving: Mutex::default(),
+            tallies: Mutex::default(),
         })
     }
 
@@ -406,6 +429,9 @@ impl MetaService {
         }
         if self.identities().has_sources() {
             self.workers.spawn(IdentityReload { service: Arc::downgrade(self), reloads: 0 });
+        }
+        if let Some(mover) = self.home_mover() {
+            self.workers.spawn(mover);
         }
     }
 
@@ -737,6 +763,10 @@ impl MetaService {
                 for (home, placement) in listed.iter_mut().zip(placements) {
                     home.writer = placed.forwarding.get(&home.id).map(|f| f.addr.clone());
                     home.placement = placement.map(|p| p.to_string());
+                    home.site = lock(&self.opened).get(&home.id).map(|o| o.placement.site.clone());
+                    home.moving = self.move_step(home.id);
+                    home.moves = self.move_records(&home.name).await?;
+                    home.recent_writes = lock(&self.tallies).recent(home.id);
                 }
                 Ok(listed.into())
             }
@@ -767,9 +797,13 @@ impl MetaService {
                 let home = writing_home(&req);
                 let _passed = self.pass_gate(home).await?;
                 let placed = self.placed();
+                let own_site = self.moves.own_site.as_deref().unwrap_or_default();
                 let reply = match placed.forwarding.get(&home) {
-                    Some(forwarding) => forwarding.write(&placed.homes, home, ctx, req).await?,
-                    None => self.commit(&placed.homes, ctx, durable, req).await?,
+                    Some(forwarding) => forwarding.write(&placed.homes, own_site, home, ctx, req).await?,
+                    None => {
+                        self.tally(home, own_site);
+                        self.commit(&placed.homes, ctx, durable, req).await?
+                    }
                 };
                 if let Some(session) = goodbye {
                     lock(&self.clients).remove(&session);
@@ -911,6 +945,7 @@ impl MetaService {
             )));
         }
         let _passed = self.pass_gate(writing_home(&req)).await?;
+        self.tally(writing_home(&req), &forward.site);
         let homes = self.homes();
         // What the client saw through the forwarding meta, this one reads no older.
         for (home, position) in forward.positions {
@@ -1487,6 +1522,7 @@ mod tests {
             caller: Caller::ROOT,
             certificate: None,
             oversees: true,
+            site: "b".into(),
             request,
             // Of a home this meta does not know: nothing to wait for here.
             positions: vec![(7, 1 << 40)],

@@ -735,6 +735,9 @@ meta_requests! {
         certificate: Option<String>,
         /// Whether the client may see the whole cluster (anyone but a client certificate).
         oversees: bool,
+        /// The site of the forwarding meta, whose writes count towards moving the
+        /// home there (`locus meta --auto-move-after`); empty when it has none.
+        site: String,
         /// The `MetaRequest`, encoded.
         request: Vec<u8>,
         /// Where the forwarding meta's own view of each home's engine is (its latest
@@ -759,6 +762,8 @@ meta_requests! {
     MoveHome {
         home: String,
         to_site: String,
+        /// Why, for the home's record of moves (`None`: an operator asked).
+        reason: Option<String>,
     } => HomeMoved { access: durable, roles: [Admin, Meta], changes_dirs: true, audited: true };
     /// A move's first step, from the destination's meta to the meta holding the home,
     /// once the home's new database (at `site`) is made: that meta opens it while the
@@ -824,6 +829,30 @@ pub struct HomeInfo {
     /// Where the home was moved to last (`locus home move`): its site and database,
     /// and how many moves it has made (`None`: never moved; its flags place it).
     pub placement: Option<String>,
+    /// The site whose meta commits the home's writes, as the answering meta knows it.
+    pub site: Option<String>,
+    /// A move of the home in progress, as the answering meta takes part in it.
+    pub moving: Option<String>,
+    /// The home's latest moves, oldest first.
+    pub moves: Vec<MoveRecord>,
+    /// The home's writes by the site they came from, over the answering meta's window
+    /// for automatic moves (only at the meta that commits them).
+    pub recent_writes: Vec<(String, u64)>,
+}
+
+/// One past move of a metadata home, as home 0's registry keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRecord {
+    /// When the move committed, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    pub from_site: String,
+    pub to_site: String,
+    /// Rows copied.
+    pub rows: u64,
+    /// How long the home's writes had waited when the move committed.
+    pub paused_ms: u64,
+    /// Why: an operator, or what an automatic move saw.
+    pub reason: String,
 }
 
 /// A join token as `locus node token` prints it once.

@@ -689,6 +689,7 @@ impl Env {
                 homes: Vec::new(),
                 sites: Vec::new(),
                 site: None,
+                auto_move: Default::default(),
             };
             let service = meta::MetaService::open(&config).unwrap();
             // The clients are this process's own mount (its node certificate asking

@@ -25,6 +25,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         homes: Vec::new(),
         sites: Vec::new(),
         site: None,
+        auto_move: Default::default(),
     }
 }
 
