@@ -473,6 +473,19 @@ fn certificates_do_only_their_roles_work_and_admin_actions_are_audited() {
     assert_eq!(admin.ask(&nobody, Extents { ino: secret }).err(), Some(ErrorCode::NotPermitted));
     let s = admin.ask(&nobody, Status {}).unwrap();
     assert!(!s.sessions.is_empty(), "an admin sees every session");
+    // A move's steps are a meta's alone; a meta of another cluster is refused, and one
+    // of this cluster can neither hand over nor prepare a home this meta does not hold.
+    let foreign = HandOverHome { cluster: "another".into(), home: 1 };
+    assert_eq!(admin.ask(&nobody, foreign.clone()).err(), Some(ErrorCode::NotPermitted));
+    let as_meta = Raw::connect_as(&c, "meta", "meta-b", &c.meta.addr);
+    let refused = as_meta.ask_why(&nobody, foreign).unwrap_err();
+    assert!(refused.message.contains("cluster another"), "{refused}");
+    let cluster = s.cluster_id.clone();
+    let refused = as_meta.ask_why(&nobody, HandOverHome { cluster: cluster.clone(), home: 0 }).unwrap_err();
+    assert!(refused.message.contains("does not hold home 0"), "{refused}");
+    let prepare = PrepareHome { cluster, home: 1, site: "b".into(), database: "postgres".into() };
+    let refused = as_meta.ask_why(&nobody, prepare).unwrap_err();
+    assert!(refused.message.contains("does not hold home 1"), "{refused}");
     // At the node: an admin lists and verifies, but gets no data without a capability.
     let chunk = ChunkId::of(b"s3cret");
     let at_node = Raw::connect_as(&c, "admin", "admin", &c.nodes[0].addr);

@@ -351,7 +351,8 @@ struct Written {
 
 /// Writes and fsyncs `dir/PREFIX-i` for i = 0, 1, ... until `stop`, each with its own
 /// content.
-fn keep_writing(dir: PathBuf, prefix: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Written> {
+fn keep_writing(dir: PathBuf, prefix: &str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Written> {
+    let prefix = prefix.to_string();
     std::thread::spawn(move || {
         let mut out = Written::default();
         let mut i = 0;
@@ -491,6 +492,125 @@ fn a_home_moves_by_itself_to_the_site_writing_it() {
             assert_eq!(fs::read(mnt.join("hb").join(name)).unwrap(), name.as_bytes(), "{name}");
         }
     }
+}
+
+/// Where each meta places home b, as `locus home list` shows it there: its writer line
+/// and any move in progress.
+fn placement_of_b(c: &Cluster, meta: &str) -> String {
+    let list = text(&c.locus(&["home", "list", "--meta", meta]));
+    let mut lines = list.lines().skip_while(|l| !l.contains(" b ")).take_while(|l| !l.contains(" root "));
+    let writer = lines.next().unwrap_or_default();
+    let site = if writer.contains("written by site a,") { "a" } else { "b" };
+    let moving = lines.any(|l| l.trim_start().starts_with("now:"));
+    format!("{site}{}", if moving { " (moving)" } else { "" })
+}
+
+/// The move drill (issue 35): `LOCUS_DRILL_ROUNDS` rounds (1 by default; 10 from
+/// `bench/move-drill.sh`) in which writers at both sites write and fsync files into
+/// home b while it moves from B to A and back, the WAN being cut (100 % loss) for 3 s at
+/// a different moment of the move back each round. A move may fail across a cut (a
+/// clear error); writes may fail while they cannot reach the home (a bounded wait).
+/// After each round both metas place the home at the same site, and at the end every
+/// acknowledged file reads back at both sites with its content (none lost, none taken
+/// by a fenced site and dropped) and fsck is clean. Prints "DRILL" lines for the bench.
+#[test]
+fn homes_move_back_and_forth_under_writes_and_cuts() {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
+        return;
+    }
+    let rounds: u64 = std::env::var("LOCUS_DRILL_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
+    let sites = two_sites("lwt-drill-");
+    let Homed { c, meta_a, meta_b, at_a, at_b, .. } = start_homed(&sites, &["--db-timeout", "5s"]);
+    let (link, wan) = (&sites.link, &sites.wan);
+    let settled = |within: Duration| {
+        let started = std::time::Instant::now();
+        let mut seen = (String::new(), String::new());
+        wait_until("both metas place home b alike", within, || {
+            seen = (placement_of_b(&c, &meta_a), placement_of_b(&c, &meta_b));
+            seen.0 == seen.1 && !seen.0.contains("moving")
+        });
+        (seen.0, started.elapsed().as_millis())
+    };
+    let mut all: Vec<(Written, &PathBuf)> = Vec::new();
+    for round in 1..=rounds {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = [
+            keep_writing(at_a.join("hb"), &format!("a{round}"), stop.clone()),
+            keep_writing(at_b.join("hb"), &format!("b{round}"), stop.clone()),
+        ];
+        std::thread::sleep(Duration::from_millis(300));
+        let there = c.locus(&["home", "move", "b", "--to", "a", "--meta", &meta_b]);
+        assert!(there.status.success(), "round {round}: the move to A failed: {}", text_or_err(&there));
+        std::thread::sleep(Duration::from_millis(300));
+        // Back to B, with the WAN cut at a different moment of the move each round.
+        let cut_after = Duration::from_millis(137 * round % 1200);
+        let mut back = c.locus_command(&["home", "move", "b", "--to", "b", "--meta", &meta_a]);
+        let back = std::thread::spawn(move || back.output().expect("run locus"));
+        std::thread::sleep(cut_after);
+        link.set(&LinkProfile { loss_pct: 100.0, ..wan.clone() }).unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        link.set(wan).unwrap();
+        let back = back.join().unwrap();
+        let (site, settle_ms) = settled(Duration::from_secs(60));
+        if site == "a" {
+            // The move failed across the cut: the home is still at A; it goes back now.
+            let again = c.locus(&["home", "move", "b", "--to", "b", "--meta", &meta_a]);
+            assert!(again.status.success(), "round {round}: moving back after the cut failed: {}", text_or_err(&again));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        let [wa, wb] = writers.map(|w| w.join().unwrap());
+        // "ok:PAUSE_MS" or the error's last line, one word apart.
+        let outcome = if back.status.success() {
+            let said = String::from_utf8_lossy(&back.stdout);
+            let paused = said.split("writes paused ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("?");
+            format!("ok:{paused}")
+        } else {
+            let said = String::from_utf8_lossy(&back.stderr);
+            said.lines().last().unwrap_or("failed").replace(' ', "_")
+        };
+        println!(
+            "DRILL round={round} cut_after_ms={} move_back={outcome} placed_after_cut={site} settled_ms={settle_ms} \
+             acked_a={} acked_b={} failed_a={} failed_b={}",
+            cut_after.as_millis(),
+            wa.acked.len(),
+            wb.acked.len(),
+            wa.failed.len(),
+            wb.failed.len()
+        );
+        all.push((wa, &at_b));
+        all.push((wb, &at_a));
+    }
+    // Every acknowledged file, at the other site than the one that wrote it, and here.
+    let mut lost = Vec::new();
+    for (w, other) in &all {
+        for name in &w.acked {
+            let mine = if *other == &at_a { &at_b } else { &at_a };
+            for m in [*other, mine] {
+                let path = m.join("hb").join(name);
+                let mut got = fs::read(&path);
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while got.is_err() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(200));
+                    got = fs::read(&path);
+                }
+                if got.as_deref().ok() != Some(name.as_bytes()) {
+                    lost.push(format!("{}: {got:?}", path.display()));
+                }
+            }
+        }
+    }
+    let acked: usize = all.iter().map(|(w, _)| w.acked.len()).sum();
+    let fsck = c.locus(&["fsck", "--meta", &meta_a]);
+    println!("DRILL total rounds={rounds} acked={acked} lost={} fsck={}", lost.len(), fsck.status.success());
+    assert!(lost.is_empty(), "acknowledged files lost or wrong: {lost:?}");
+    assert!(fsck.status.success(), "{}", text_or_err(&fsck));
+}
+
+/// A command's output, failed or not.
+fn text_or_err(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 fn bin() -> &'static Path {

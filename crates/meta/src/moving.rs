@@ -128,10 +128,14 @@ pub(crate) fn records_in(t: &mut dyn crate::store::Txn, name: &str) -> Result<Ve
         .collect()
 }
 
-/// Adds `record` to home `name`'s moves (the oldest beyond `RECORDS_KEPT` go).
+/// Adds `record` to home `name`'s moves (the oldest beyond `RECORDS_KEPT` go), unless it
+/// is the latest already.
 fn add_record(t: &mut dyn crate::store::Txn, name: &str, record: &MoveRecord) -> Result<(), MetaError> {
     let mut records = records_in(t, name)?;
-    records.push(record.clone());
+    // Written again after a refusal whose commit may have landed: once.
+    if records.last() != Some(record) {
+        records.push(record.clone());
+    }
     let keep = records.len().saturating_sub(RECORDS_KEPT);
     let text: Vec<String> = records[keep..]
         .iter()
@@ -320,6 +324,9 @@ impl MetaService {
             moves: current.placement.moves + 1,
         };
         let timeout = setup.db_timeout;
+        // The move ends in a write of home 0's registry: not begun while this meta
+        // could not make it (its lease there lapsed in a cut, and is being renewed).
+        self.lease_of_root(timeout).await?;
         let started = Instant::now();
         *lock(&self.moving) = Some(MoveInProgress {
             home: id,
@@ -372,11 +379,20 @@ impl MetaService {
                 paused_ms: paused.elapsed().as_millis() as u64,
                 reason: m.reason.clone().unwrap_or_else(|| "an operator's `locus home move`".into()),
             };
-            engine::write_async(self.root_store().clone(), true, move |t| {
+            let record = move |t: &mut dyn crate::store::Txn| {
                 add_record(t, &name, &record)?;
                 t.set_xattr(0, &key, &value)
-            })
-            .await?;
+            };
+            // A lease refused at begin or before COMMIT committed nothing: once it is
+            // renewed, the record is written again.
+            match engine::write_async(self.root_store().clone(), true, record.clone()).await {
+                Err(MetaError::Fenced(why)) => {
+                    tracing::warn!(home = m.home, why, "recording the move waits for this meta's lease on home 0");
+                    self.lease_of_root(timeout).await?;
+                    engine::write_async(self.root_store().clone(), true, record).await?;
+                }
+                written => written?,
+            }
             Ok::<_, MetaError>((rows, copied_at, self.root_store().commit_position()))
         }
         .await;
@@ -585,6 +601,22 @@ impl MetaService {
                     tracing::warn!(error = %e, "dropping a moved home's old database failed; drop it by hand");
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// Waits, up to `timeout`, until this meta's lease on home 0's engine (where moves
+    /// are recorded) is held.
+    async fn lease_of_root(&self, timeout: Duration) -> Result<(), MetaError> {
+        let Some(lease) = self.root_store().primary_lease() else { return Ok(()) };
+        let until = Instant::now() + timeout;
+        while !lease.held() {
+            if Instant::now() >= until {
+                return Err(MetaError::Fenced(format!(
+                    "this meta's lease on home 0's primary, where moves are recorded, has not been renewed for                      {timeout:?}: move the home once that primary is reachable again"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
     }

@@ -507,12 +507,18 @@ impl Cluster {
     /// Runs a `locus` command to completion (bounded by its own timeouts), with an
     /// admin client certificate of the cluster (`LOCUS_CA`, `LOCUS_CERT`, `LOCUS_KEY`).
     pub fn locus(&self, args: &[&str]) -> std::process::Output {
+        self.locus_command(args).output().expect("run locus")
+    }
+
+    /// `locus` as `Cluster::locus` runs it, to start in the background.
+    pub fn locus_command(&self, args: &[&str]) -> Command {
         let tls = self.tls_dir();
         let mut cmd = command_in(self.meta.ns.as_deref(), &self.bin);
         for (var, ext) in [("LOCUS_CERT", "pem"), ("LOCUS_KEY", "key")] {
             cmd.env(var, tls.join(format!("admin.{ext}")));
         }
-        cmd.env("LOCUS_CA", tls.join("ca.pem")).args(args).stdin(Stdio::null()).output().expect("run locus")
+        cmd.env("LOCUS_CA", tls.join("ca.pem")).args(args).stdin(Stdio::null());
+        cmd
     }
 
     /// The cluster's CA directory (`ca.pem`, `ca.key`, and each process's NAME.pem/.key).

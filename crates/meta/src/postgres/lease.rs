@@ -66,6 +66,10 @@ impl WriterLease for PrimaryLease {
         *until = (*until).max(started + self.duration);
         Ok(())
     }
+
+    fn held(&self) -> bool {
+        Instant::now() < self.valid_until()
+    }
 }
 
 impl PrimaryLease {

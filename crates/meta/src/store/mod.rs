@@ -356,6 +356,8 @@ pub trait WriterLease: Send + Sync {
     fn duration(&self) -> std::time::Duration;
     /// Extends the lease (blocking); refused for good once the epoch moved on.
     fn renew(&self) -> Result<(), MetaError>;
+    /// Whether writes are accepted now (the last renewal is recent enough).
+    fn held(&self) -> bool;
 }
 
 /// `Txn::drop_open` by reading the record and writing it back.
