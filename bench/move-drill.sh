@@ -17,6 +17,7 @@ TEST=homes_move_back_and_forth_under_writes_and_cuts
 LOG=$(mktemp /tmp/locus-move-drill.XXXXXX)
 trap 'rm -f "$LOG"' EXIT
 cd "$ROOT"
+COMMIT=$(git describe --always --dirty)
 cargo build -q -p testkit --bin locus-wan
 start=$(date +%s)
 result=passed
@@ -29,7 +30,7 @@ field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
 {
     echo "# Move drill (issue 35)"
     echo
-    echo "Produced by \`bench/move-drill.sh $ROUNDS\` on $(date -u +%Y-%m-%d), commit $(git describe --always --dirty)" \
+    echo "Produced by \`bench/move-drill.sh $ROUNDS\` on $(date -u +%Y-%m-%d), commit $COMMIT" \
         "($(nproc) cores, shared machine; debug build, as the test runs; load $(cut -d' ' -f1-3 /proc/loadavg))."
     echo "Sites A and B (network namespaces, locus-wan, 20 ms RTT), a PostgreSQL server per site and a hot standby"
     echo "of the other's; home 0 at A, home b at B; \`--db-timeout 5s\`, leases 2 s. Each round: a writer per site"

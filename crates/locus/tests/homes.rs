@@ -608,6 +608,95 @@ fn homes_move_back_and_forth_under_writes_and_cuts() {
     assert!(fsck.status.success(), "{}", text_or_err(&fsck));
 }
 
+/// Meta B (`c.other_metas[0]`) stopped if it still runs, and started again with its own
+/// flags, with the crash points `armed` armed.
+fn restart_b(c: &mut Cluster, root_url: &str, b_args: &[String], armed: Option<&str>) {
+    for mut old in c.other_metas.drain(..) {
+        let _ = old.child.kill();
+        let _ = old.child.wait();
+    }
+    c.arm(armed);
+    let args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    c.add_meta_at("b", root_url, &B_OWN_FLAGS, &args);
+    c.arm(None);
+}
+
+/// A move cut short by a crash at each of its steps (issue 35): home b, moved to A
+/// first, under writers at both sites. (1) The destination B dies once A has fenced the
+/// home and paused its writes: the move fails, A's watchdog lets its writes go on after
+/// 4x the database timeout, the home stays at A, and B restarted forwards to A. (2) B
+/// dies right after recording the move: A's watchdog places the home at B by the record
+/// and forwards to it; B restarted takes it up. (3) The holder B dies once it has fenced
+/// the home for a move to A: the move fails and changes nothing; B restarted holds the
+/// home again. Each time both metas end placing the home alike, and at the end every
+/// acknowledged file is there at both sites and fsck is clean.
+#[test]
+fn a_move_cut_short_by_a_crash_at_any_step_leaves_one_writer() {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
+        return;
+    }
+    let sites = two_sites("lwt-mcrash-");
+    let Homed { mut c, meta_a, meta_b, at_a, at_b, b_args } = start_homed(&sites, &["--db-timeout", "2s"]);
+    let root_url = sites.root_url.clone();
+    text(&c.locus(&["home", "move", "b", "--to", "a", "--meta", &meta_b]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = [keep_writing(at_a.join("hb"), "a", stop.clone()), keep_writing(at_b.join("hb"), "b", stop.clone())];
+    let placed_alike = |c: &Cluster, site: &str| {
+        wait_until(&format!("both metas place home b at {site}"), Duration::from_secs(60), || {
+            [&meta_a, &meta_b].iter().all(|m| placement_of_b(c, m) == site)
+        });
+    };
+    let writes_at = |mnt: &PathBuf, name: &str| {
+        wait_until(&format!("a write {name} into home b"), Duration::from_secs(60), || {
+            fs::write(mnt.join("hb").join(name), name.as_bytes()).is_ok()
+        });
+    };
+
+    // (1) The destination dies with the home handed over to it.
+    restart_b(&mut c, &root_url, &b_args, Some("move-after-hand-over=return"));
+    let out = c.locus(&["home", "move", "b", "--to", "b", "--meta", &meta_a]);
+    assert!(!out.status.success(), "a move whose destination died succeeded: {}", text_or_err(&out));
+    writes_at(&at_a, "after-crash-1");
+    restart_b(&mut c, &root_url, &b_args, None);
+    placed_alike(&c, "a");
+    writes_at(&at_b, "after-restart-1");
+
+    // (2) The destination dies once the move is recorded.
+    restart_b(&mut c, &root_url, &b_args, Some("move-after-record=return"));
+    let out = c.locus(&["home", "move", "b", "--to", "b", "--meta", &meta_a]);
+    assert!(!out.status.success(), "{}", text_or_err(&out));
+    wait_until("A places home b by the record", Duration::from_secs(60), || placement_of_b(&c, &meta_a) == "b");
+    restart_b(&mut c, &root_url, &b_args, None);
+    placed_alike(&c, "b");
+    writes_at(&at_b, "after-restart-2");
+    writes_at(&at_a, "after-crash-2");
+
+    // (3) The holder dies with the home fenced for a move away.
+    restart_b(&mut c, &root_url, &b_args, Some("hand-over-after-fence=return"));
+    let out = c.locus(&["home", "move", "b", "--to", "a", "--meta", &meta_a]);
+    assert!(!out.status.success(), "{}", text_or_err(&out));
+    restart_b(&mut c, &root_url, &b_args, None);
+    placed_alike(&c, "b");
+    writes_at(&at_b, "after-restart-3");
+    writes_at(&at_a, "after-crash-3");
+
+    stop.store(true, Ordering::Relaxed);
+    let written: Vec<Written> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    let extra =
+        ["after-crash-1", "after-restart-1", "after-restart-2", "after-crash-2", "after-restart-3", "after-crash-3"];
+    for mnt in [&at_a, &at_b] {
+        let names = written.iter().flat_map(|w| w.acked.iter().map(String::as_str)).chain(extra);
+        for name in names {
+            let path = mnt.join("hb").join(name);
+            wait_until(&format!("{} readable", path.display()), Duration::from_secs(30), || path.exists());
+            assert_eq!(fs::read(&path).unwrap(), name.as_bytes(), "{}", path.display());
+        }
+    }
+    assert!(written.iter().all(|w| w.acked.len() >= 5), "too few writes acknowledged");
+    text(&c.locus(&["fsck", "--meta", &meta_a]));
+}
+
 /// A command's output, failed or not.
 fn text_or_err(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

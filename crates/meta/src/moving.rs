@@ -364,6 +364,7 @@ impl MetaService {
             }
         };
         let handed_ms = paused.elapsed().as_millis() as u64;
+        util::crash_point!("move-after-hand-over");
         progress.step("writes paused: copying the home's rows");
         let placed = async {
             let (source, target) = (source.clone(), target.clone());
@@ -393,6 +394,7 @@ impl MetaService {
                 }
                 written => written?,
             }
+            util::crash_point!("move-after-record");
             Ok::<_, MetaError>((rows, copied_at, self.root_store().commit_position()))
         }
         .await;
@@ -483,13 +485,16 @@ impl MetaService {
         let gate = self.close_gate(m.home).await?;
         let (url, timeout) = (current.writer.clone(), self.moves.db_timeout);
         let (epoch, position) = blocking(move || pg::fence(&url, timeout)).await?;
+        util::crash_point!("hand-over-after-fence");
         let ready = lock(&self.preparing).remove(&m.home);
-        lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready, since: Instant::now() });
+        let since = Instant::now();
+        lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready, since });
         let me = Arc::downgrade(self);
+        // The watchdog of this hand-over only (a later one of the same home has its own).
         tokio::spawn(async move {
             tokio::time::sleep(timeout * 4).await;
             if let Some(me) = me.upgrade()
-                && let Err(e) = me.settle(m.home, Vec::new()).await
+                && let Err(e) = me.settle(m.home, Vec::new(), Some(since)).await
             {
                 tracing::error!(home = m.home, error = %e, "placing a handed-over home by the registry failed");
             }
@@ -500,15 +505,32 @@ impl MetaService {
     /// `HomeTaken`: the move ended (or failed); place the home as the registry says.
     pub(crate) async fn home_taken(self: &Arc<Self>, m: HomeTaken) -> Result<(), MetaError> {
         self.check_cluster(&m.cluster)?;
-        self.settle(m.home, m.positions).await
+        self.settle(m.home, m.positions, None).await
     }
 
     /// Places a handed-over home as the registry says (reopened even where it was: its
     /// epoch moved on) and lets its writes go on: they would only meet the fenced
-    /// engine before, so a failure is tried again for a while first.
-    async fn settle(&self, home: HomeId, positions: Vec<(u16, u64)>) -> Result<(), MetaError> {
-        let Some(HandedOverHome { gate, mut ready, .. }) = lock(&self.handed_over).remove(&home) else {
-            return Ok(());
+    /// engine before, so a failure is tried again for a while first. `watched`: only
+    /// the hand-over that began then (a watchdog's, whose move may have ended long
+    /// ago); else whichever is in progress, and with none (a watchdog settled it
+    /// already) the home is still placed as the registry says.
+    async fn settle(
+        &self,
+        home: HomeId,
+        positions: Vec<(u16, u64)>,
+        watched: Option<Instant>,
+    ) -> Result<(), MetaError> {
+        let handed = {
+            let mut handed = lock(&self.handed_over);
+            match handed.get(&home) {
+                Some(h) if watched.is_none_or(|since| h.since == since) => handed.remove(&home),
+                _ => None,
+            }
+        };
+        let (gate, mut ready, reopen) = match handed {
+            Some(HandedOverHome { gate, ready, .. }) => (Some(gate), ready, true),
+            None if watched.is_some() => return Ok(()),
+            None => (None, None, false),
         };
         // The registry's commit, which this meta's reads of home 0 must see.
         let homes = self.homes();
@@ -521,7 +543,7 @@ impl MetaService {
         let copied = positions.iter().find(|(h, _)| *h == home).map(|(_, p)| *p);
         let until = Instant::now() + self.moves.db_timeout * 2;
         let placed = loop {
-            match self.reconcile(home, true, copied, ready.take()).await {
+            match self.reconcile(home, reopen, copied, ready.take()).await {
                 Err(e) if Instant::now() < until => {
                     tracing::warn!(home, error = %e, "placing a handed-over home failed; trying again");
                     tokio::time::sleep(Duration::from_secs(1)).await;

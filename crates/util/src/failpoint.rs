@@ -15,7 +15,13 @@
 //! - `net-mid-bulk`: half of a frame's bulk bytes (chunk data) is sent;
 //! - `replicate-before-copies`: a node stored its own copy of a chunk a `sync`/`semi-sync`
 //!   put asks it to replicate (the other copies are being made at the same time);
-//! - `replicate-after-copies`: every copy is made, the sender not yet answered.
+//! - `replicate-after-copies`: every copy is made, the sender not yet answered;
+//! - `move-after-hand-over`: a home move's destination meta has had the holder fence the
+//!   home and pause its writes, nothing copied yet;
+//! - `move-after-record`: the destination recorded the home's new place (the move's
+//!   commit point), neither meta has taken it up yet;
+//! - `hand-over-after-fence`: the holder fenced the home's primary, the mover not yet
+//!   answered.
 
 pub use fail;
 
