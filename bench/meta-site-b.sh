@@ -573,9 +573,10 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
             echo "| $r | $to_a | $rows_a | $paused_a | $to_b | $rows_b | $paused_b | $worst | $ops | $failed |"
         done
         echo
-        echo "Where each move's time went, as the destination's meta logs it (ms: before the pause, the new"
-        echo "database made and opened by the holder, across the WAN, while writes go on; from the pause's"
-        echo "start: the holder fenced, the rows copied, both metas holding the home at its new place):"
+        echo "Where each move's time went, as the destination's meta logs it (ms from the move's start: the new"
+        echo "database made (created), then opened by the holder across the WAN while writes go on (prepared);"
+        echo "from the pause's start: the holder fenced (handed), the rows copied, both metas holding the home at"
+        echo "its new place (paused)):"
         echo
         echo '```'
         cat "$LOG/meta-a.err" "$LOG/meta-h.err" | sed 's/\x1b\[[0-9;]*m//g' | grep 'home moved' | sort |

@@ -285,7 +285,8 @@ impl MetaService {
             let addr = setup.site(&m.to_site)?.meta.clone().ok_or_else(|| {
                 MetaError::InvalidArgument(format!("no --site-meta {}=HOST:PORT at this meta", m.to_site))
             })?;
-            return self.ask_meta(&addr, m, setup.db_timeout * 4).await;
+            let link = connect_meta(&addr, setup.db_timeout * 4).await?;
+            return ask_on(&link, &addr, m, setup.db_timeout * 4).await;
         }
         let homes = self.homes();
         let id = homes
@@ -336,16 +337,20 @@ impl MetaService {
             since: started,
         });
         let progress = Progress(&self.moving);
+        // One connection to the holder for every step: none of them waits for a new
+        // connection's round trips across the WAN (the pause's steps least of all).
+        let link = connect_meta(&holder, timeout * 2).await?;
         // The new database, before anything pauses.
         let (database, server2, source2) = (wanted.database.clone(), server.clone(), source.clone());
         let target = blocking(move || pg::create_database(&server2, &database, &source2, timeout)).await?;
+        let created_ms = started.elapsed().as_millis() as u64;
         let cluster = self.cluster_id().to_string();
         // The holder opens the new database while the home's writes go on (a failure
         // there only costs the pause its opening at the end).
         let prepare =
             PrepareHome { cluster: cluster.clone(), home: id, site: own.clone(), database: wanted.database.clone() };
         progress.step("the holder opens the new database");
-        if let Err(e) = self.ask_meta(&holder, prepare, timeout).await {
+        if let Err(e) = ask_on(&link, &holder, prepare, timeout).await {
             tracing::warn!(home = m.home, error = %e, "the holder could not prepare the home's new engine");
         }
         // Writes of the home wait here, and then at the holder, until the move ends.
@@ -354,7 +359,7 @@ impl MetaService {
         let paused = Instant::now();
         let prepared_ms = (paused - started).as_millis() as u64;
         let hand_over = HandOverHome { cluster: cluster.clone(), home: id };
-        let handed: HandedOver = match self.ask_meta(&holder, hand_over, timeout * 2).await {
+        let handed: HandedOver = match ask_on(&link, &holder, hand_over, timeout * 2).await {
             Ok(h) => h,
             Err(e) => {
                 drop(gate);
@@ -406,7 +411,7 @@ impl MetaService {
         let (rows, _, _) = match placed {
             Ok(done) => done,
             Err(e) => {
-                let _ = self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout).await;
+                let _ = ask_on(&link, &holder, HomeTaken { cluster, home: id, positions }, timeout).await;
                 // A registry record whose commit's outcome is unknown may have landed:
                 // this meta too places the home as the registry says.
                 if let Err(placing) = self.reconcile(id, false, None, None).await {
@@ -426,7 +431,7 @@ impl MetaService {
                 drop(gate);
                 placed
             },
-            self.ask_meta(&holder, HomeTaken { cluster, home: id, positions }, timeout * 2)
+            ask_on(&link, &holder, HomeTaken { cluster, home: id, positions }, timeout * 2)
         );
         let paused_ms = paused.elapsed().as_millis() as u64;
         if let Err(e) = told {
@@ -439,6 +444,7 @@ impl MetaService {
             to = own,
             rows,
             fenced_epoch = handed.epoch,
+            created_ms,
             prepared_ms,
             handed_ms,
             copied_ms,
@@ -698,12 +704,27 @@ impl MetaService {
         }
         Ok(())
     }
+}
 
-    /// Asks the meta at `addr` (another site's) `req`, as this meta.
-    async fn ask_meta<C: proto::Call>(&self, addr: &str, req: C, timeout: Duration) -> Result<C::Output, MetaError> {
-        let unreachable = |detail: String| MetaError::Unreachable { peer: addr.to_string(), detail };
-        let link = net::RpcClient::connect(addr, 1, timeout).await.map_err(|e| unreachable(e.to_string()))?;
-        link.ask(req).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)
+/// A connection to the meta at `addr` (another site's), as this meta; `timeout` bounds
+/// the connect and any one request on it.
+async fn connect_meta(addr: &str, timeout: Duration) -> Result<net::RpcClient, MetaError> {
+    net::RpcClient::connect(addr, 1, timeout)
+        .await
+        .map_err(|e| MetaError::Unreachable { peer: addr.to_string(), detail: e.to_string() })
+}
+
+/// Asks `req` on `link` (to the meta at `addr`), answered within `timeout`.
+async fn ask_on<C: proto::Call>(
+    link: &net::RpcClient,
+    addr: &str,
+    req: C,
+    timeout: Duration,
+) -> Result<C::Output, MetaError> {
+    let unreachable = |detail: String| MetaError::Unreachable { peer: addr.to_string(), detail };
+    match tokio::time::timeout(timeout, link.ask(req)).await {
+        Ok(answer) => answer.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote),
+        Err(_) => Err(unreachable(format!("no answer within {timeout:?}"))),
     }
 }
 
