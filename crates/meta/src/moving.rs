@@ -222,7 +222,7 @@ impl MoveSetup {
     }
 
     /// The site whose meta is at `addr` (a home's forwarding address).
-    fn site_of_meta(&self, addr: &str) -> Option<&str> {
+    pub(crate) fn site_of_meta(&self, addr: &str) -> Option<&str> {
         self.sites.iter().find(|s| s.meta.as_deref() == Some(addr)).map(|s| s.name.as_str())
     }
 

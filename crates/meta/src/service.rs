@@ -763,7 +763,14 @@ impl MetaService {
                 for (home, placement) in listed.iter_mut().zip(placements) {
                     home.writer = placed.forwarding.get(&home.id).map(|f| f.addr.clone());
                     home.placement = placement.map(|p| p.to_string());
-                    home.site = lock(&self.opened).get(&home.id).map(|o| o.placement.site.clone());
+                    home.site = match lock(&self.opened).get(&home.id) {
+                        Some(o) => Some(o.placement.site.clone()),
+                        // Home 0 stays where its flags put it.
+                        None => match &home.writer {
+                            None => self.moves.own_site.clone(),
+                            Some(addr) => self.moves.site_of_meta(addr).map(String::from),
+                        },
+                    };
                     home.moving = self.move_step(home.id);
                     home.moves = self.move_records(&home.name).await?;
                     home.recent_writes = lock(&self.tallies).recent(home.id);
