@@ -66,7 +66,7 @@ pub async fn print_homes(meta: &RpcClient, homes: Vec<HomeInfo>) {
         }
         for m in &home.moves {
             println!(
-                "       {} moved from site {} to site {}: {} rows, writes paused {} ms ({})",
+                "       {} moved from site {} to site {}: {} rows, recorded {} ms into the pause ({})",
                 crate::admin::utc(m.at_ms as i64),
                 m.from_site,
                 m.to_site,

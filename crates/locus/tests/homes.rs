@@ -628,8 +628,10 @@ fn restart_b(c: &mut Cluster, root_url: &str, b_args: &[String], armed: Option<&
 /// dies right after recording the move: A's watchdog places the home at B by the record
 /// and forwards to it; B restarted takes it up. (3) The holder B dies once it has fenced
 /// the home for a move to A: the move fails and changes nothing; B restarted holds the
-/// home again. Each time both metas end placing the home alike, and at the end every
-/// acknowledged file is there at both sites and fsck is clean.
+/// home again. (4) After a cut longer than the database timeout, B's lease on home 0
+/// is renewed again and B carries out a move. Each time both metas end placing the home
+/// alike, and at the end every acknowledged file is there at both sites and fsck is
+/// clean.
 #[test]
 fn a_move_cut_short_by_a_crash_at_any_step_leaves_one_writer() {
     if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
@@ -680,6 +682,18 @@ fn a_move_cut_short_by_a_crash_at_any_step_leaves_one_writer() {
     placed_alike(&c, "b");
     writes_at(&at_b, "after-restart-3");
     writes_at(&at_a, "after-crash-3");
+
+    // (4) A cut longer than the database timeout, with the home at A: B's lease
+    // renewals on A's primary (home 0) are abandoned; once the cut heals they connect
+    // again, and B can record a move to itself.
+    text(&c.locus(&["home", "move", "b", "--to", "a", "--meta", &meta_b]));
+    sites.link.set(&LinkProfile { loss_pct: 100.0, ..sites.wan.clone() }).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    sites.link.set(&sites.wan).unwrap();
+    wait_until("a move to B after the cut", Duration::from_secs(60), || {
+        c.locus(&["home", "move", "b", "--to", "b", "--meta", &meta_b]).status.success()
+    });
+    placed_alike(&c, "b");
 
     stop.store(true, Ordering::Relaxed);
     let written: Vec<Written> = writers.into_iter().map(|w| w.join().unwrap()).collect();

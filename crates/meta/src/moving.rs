@@ -641,7 +641,8 @@ impl MetaService {
         while !lease.held() {
             if Instant::now() >= until {
                 return Err(MetaError::Fenced(format!(
-                    "this meta's lease on home 0's primary, where moves are recorded, has not been renewed for                      {timeout:?}: move the home once that primary is reachable again"
+                    "this meta's lease on home 0's primary, where moves are recorded, has not been renewed for \
+                     {timeout:?}: move the home once that primary is reachable again"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

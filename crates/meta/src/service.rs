@@ -284,6 +284,13 @@ impl MetaService {
             opened.insert(id, placed);
         }
         let homes = Arc::new(Homes::new(homes)?);
+        // Opening the other homes (across the WAN, some) may take longer than a lease
+        // lasts: each is renewed once all are open, before anything is written.
+        for home in homes.all() {
+            if let Some(lease) = home.store.primary_lease() {
+                lease.renew()?;
+            }
+        }
         homes::settle_junctions(&homes)?;
         Ok(Self::build(homes, config, audit, forwarding, opened, moves))
     }
@@ -1073,12 +1080,22 @@ impl Worker for LeaseRenewal {
 
     async fn work(&mut self) -> Result<Step, MetaError> {
         let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        // A home handed over to a move has a fenced engine until it is placed anew.
+        if lock(&service.handed_over).contains_key(&self.home) {
+            return Ok(Step::Idle);
+        }
         // The home's engine now: a move swaps it.
-        let Some(lease) = service.homes().store(self.home)?.primary_lease() else { return Ok(Step::Idle) };
+        let store = service.homes().store(self.home)?.clone();
+        let Some(lease) = store.primary_lease() else { return Ok(Step::Idle) };
         self.epoch = lease.epoch();
-        tokio::task::spawn_blocking(move || lease.renew())
+        let renewed = tokio::task::spawn_blocking(move || lease.renew())
             .await
-            .map_err(|e| MetaError::Internal(format!("lease renewal task failed: {e}")))??;
+            .map_err(|e| MetaError::Internal(format!("lease renewal task failed: {e}")))?;
+        match renewed {
+            // Fenced by a move that has swapped the engine since: nothing to say.
+            Err(MetaError::Fenced(_)) if !Arc::ptr_eq(&store, service.homes().store(self.home)?) => {}
+            renewed => renewed?,
+        }
         self.renewed += 1;
         Ok(Step::Idle)
     }

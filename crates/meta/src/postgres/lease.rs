@@ -49,12 +49,16 @@ impl WriterLease for PrimaryLease {
     fn renew(&self) -> Result<(), MetaError> {
         let started = Instant::now();
         let ms = self.duration.as_millis() as i64;
-        let renewed = lock(&self.conn).exec(
+        let mut conn = lock(&self.conn);
+        // A renewal abandoned in a cut dropped the connection: this one connects again.
+        conn.reconnect_if_closed()?;
+        let renewed = conn.exec(
             "INSERT INTO primary_leases (holder, epoch, expires_at) \
              SELECT $1, epoch, now() + $2::bigint * interval '1 millisecond' FROM primary_epoch WHERE epoch = $3 \
              ON CONFLICT (holder) DO UPDATE SET epoch = EXCLUDED.epoch, expires_at = EXCLUDED.expires_at",
             &[&self.holder as &(dyn ToSql + Sync), &ms, &self.epoch],
         )?;
+        drop(conn);
         if renewed == 0 {
             return Err(MetaError::Fenced(format!(
                 "the primary role moved on past epoch {}: this meta no longer accepts writes (restart it \
