@@ -216,7 +216,7 @@ fn forwarded(c: &Cluster, meta: &str, home: &str) -> u64 {
 /// standby has them; a rename between the homes is EXDEV. With the WAN cut, B goes on
 /// writing its home (its meta's lease is on B's own primary), and A sees those writes
 /// once the cut heals; fsck is clean. With B's meta stopped (SIGSTOP), A's write into
-/// home b fails within the forward's bound while A's writes to home 0 go on. Then B
+/// home b fails (ETIMEDOUT) within the forward's bound while A's writes to home 0 go on. Then B
 /// is lost: A's standby of home b is promoted and A's meta, restarted on it, holds
 /// home b with every write B made.
 #[test]
@@ -298,7 +298,8 @@ fn each_site_commits_the_home_it_holds() {
         assert!(started.elapsed() < Duration::from_secs(3), "home 0 waited {:?} behind home b", started.elapsed());
     }
     let (result, waited) = stuck.join().unwrap();
-    assert!(result.is_err(), "a write into the home of a stopped meta was acknowledged");
+    let err = result.expect_err("a write into the home of a stopped meta was acknowledged");
+    assert_eq!(err.raw_os_error(), Some(libc::ETIMEDOUT), "{err}");
     // The forward's bound: the database timeout (10 s here) and a 5 s margin.
     assert!(waited < Duration::from_secs(20), "a write into the home of a stopped meta waited {waited:?}");
     // SAFETY: as above.

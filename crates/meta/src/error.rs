@@ -112,9 +112,11 @@ pub enum MetaError {
     /// The meta a write was forwarded to refused it; its error as it said it.
     #[error("{}", .0.message)]
     Remote(proto::error::WireError),
-    /// The meta writes are forwarded to could not be reached (or did not answer).
-    #[error("the meta at the primary's site ({peer}), which this meta forwards writes to, did not answer: {detail}")]
-    Unreachable { peer: String, detail: String },
+    /// Another site's meta (a home's holder, which this meta forwards the home's writes
+    /// to, or the other side of a move) could not be reached or did not answer in time
+    /// (`timed_out`: ETIMEDOUT rather than EIO; a forwarded write's outcome is unknown).
+    #[error("the meta of another site at {peer} did not answer (is it running, is the WAN up?): {detail}")]
+    Unreachable { peer: String, detail: String, timed_out: bool },
     #[error("corrupt metadata row: {0}")]
     Corrupt(String),
     /// An operation would change rows of two metadata homes (a rename or link between
@@ -167,12 +169,19 @@ impl MetaError {
             MetaError::TimedOut { .. } => ErrorCode::TimedOut,
             MetaError::Internal(_) => ErrorCode::Internal,
             MetaError::Remote(e) => e.code,
+            MetaError::Unreachable { timed_out: true, .. } => ErrorCode::TimedOut,
             MetaError::Unreachable { .. } => ErrorCode::Unreachable,
         }
     }
 }
 
 impl MetaError {
+    /// The meta at `peer` (another site's) failed us with `e`.
+    pub(crate) fn unreachable(peer: &str, e: &net::NetError) -> MetaError {
+        let timed_out = matches!(e, net::NetError::Timeout { .. });
+        MetaError::Unreachable { peer: peer.to_string(), detail: e.to_string(), timed_out }
+    }
+
     /// A serialization conflict: the transaction is worth running again whole.
     pub fn is_conflict(&self) -> bool {
         matches!(self, MetaError::Conflict(_))

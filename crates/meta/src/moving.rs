@@ -710,9 +710,7 @@ impl MetaService {
 /// A connection to the meta at `addr` (another site's), as this meta; `timeout` bounds
 /// the connect and any one request on it.
 async fn connect_meta(addr: &str, timeout: Duration) -> Result<net::RpcClient, MetaError> {
-    net::RpcClient::connect(addr, 1, timeout)
-        .await
-        .map_err(|e| MetaError::Unreachable { peer: addr.to_string(), detail: e.to_string() })
+    net::RpcClient::connect(addr, 1, timeout).await.map_err(|e| MetaError::unreachable(addr, &e))
 }
 
 /// Asks `req` on `link` (to the meta at `addr`), answered within `timeout`.
@@ -722,10 +720,13 @@ async fn ask_on<C: proto::Call>(
     req: C,
     timeout: Duration,
 ) -> Result<C::Output, MetaError> {
-    let unreachable = |detail: String| MetaError::Unreachable { peer: addr.to_string(), detail };
     match tokio::time::timeout(timeout, link.ask(req)).await {
-        Ok(answer) => answer.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote),
-        Err(_) => Err(unreachable(format!("no answer within {timeout:?}"))),
+        Ok(answer) => answer.map_err(|e| MetaError::unreachable(addr, &e))?.map_err(MetaError::Remote),
+        Err(_) => Err(MetaError::Unreachable {
+            peer: addr.to_string(),
+            detail: format!("no answer within {timeout:?}"),
+            timed_out: true,
+        }),
     }
 }
 

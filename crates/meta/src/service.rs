@@ -200,7 +200,6 @@ impl Forwarding {
         req: MetaRequest,
     ) -> Result<MetaReply, MetaError> {
         let store = homes.store(home)?;
-        let unreachable = |detail: String| MetaError::Unreachable { peer: self.addr.clone(), detail };
         let request = proto::frame::encode_payload(&req).map_err(|e| MetaError::Internal(e.to_string()))?;
         // A session's start, heartbeats and end write its session's rows: every
         // client's heartbeat, every couple of seconds, and every mount and unmount would
@@ -212,7 +211,7 @@ impl Forwarding {
             .link
             .get_or_try_init(|| net::RpcClient::connect(&self.addr, FORWARD_CONNECTIONS, self.timeout))
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| MetaError::unreachable(&self.addr, &e))?;
         let forward = proto::meta::Forward {
             cluster: ctx.cluster_id.to_string(),
             caller: ctx.caller,
@@ -222,7 +221,8 @@ impl Forwarding {
             request,
             positions: homes.all().iter().map(|h| (h.id, h.store.commit_position())).filter(|p| p.1 > 0).collect(),
         };
-        let answer = link.ask(forward).await.map_err(|e| unreachable(e.to_string()))?.map_err(MetaError::Remote)?;
+        let answer =
+            link.ask(forward).await.map_err(|e| MetaError::unreachable(&self.addr, &e))?.map_err(MetaError::Remote)?;
         let reply = proto::frame::decode(&answer.reply)
             .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
         store.committed_elsewhere(answer.position, namespace);
