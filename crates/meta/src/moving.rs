@@ -666,9 +666,9 @@ impl MetaService {
     }
 
     /// Counts one write of home `id` from `site` towards moving it there (nothing
-    /// unless homes move by themselves).
+    /// unless homes move by themselves here).
     pub(crate) fn tally(&self, id: HomeId, site: &str) {
-        if id != 0 && !self.moves.auto.after.is_zero() {
+        if id != 0 && self.moves.by_themselves() {
             lock(&self.tallies).count(id, site);
         }
     }

@@ -763,11 +763,13 @@ impl MetaService {
                 let mut listed = homes::list(&placed.homes).await?;
                 let root = self.store.clone();
                 let names: Vec<String> = listed.iter().map(|h| h.name.clone()).collect();
-                let placements = engine::read_async(&root, false, move |t| {
-                    names.iter().map(|n| crate::moving::registered_in(t, n)).collect::<Result<Vec<_>, _>>()
+                // Every home's placement and past moves, in one read of home 0.
+                let registry = engine::read_async(&root, false, move |t| {
+                    let mut of = |n: &str| Ok((crate::moving::registered_in(t, n)?, crate::moving::records_in(t, n)?));
+                    names.iter().map(|n| of(n)).collect::<Result<Vec<_>, MetaError>>()
                 })
                 .await?;
-                for (home, placement) in listed.iter_mut().zip(placements) {
+                for (home, (placement, moves)) in listed.iter_mut().zip(registry) {
                     home.writer = placed.forwarding.get(&home.id).map(|f| f.addr.clone());
                     home.placement = placement.map(|p| p.to_string());
                     home.site = match lock(&self.opened).get(&home.id) {
@@ -779,7 +781,7 @@ impl MetaService {
                         },
                     };
                     home.moving = self.move_step(home.id);
-                    home.moves = self.move_records(&home.name).await?;
+                    home.moves = moves;
                     home.recent_writes = lock(&self.tallies).recent(home.id);
                 }
                 Ok(listed.into())

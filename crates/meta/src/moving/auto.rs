@@ -47,10 +47,6 @@ const BUCKETS: usize = 10;
 const SUSTAINED: usize = 8;
 
 impl AutoMove {
-    fn on(&self) -> bool {
-        !self.after.is_zero()
-    }
-
     fn bucket(&self) -> Duration {
         (self.after / BUCKETS as u32).max(Duration::from_millis(100))
     }
@@ -232,14 +228,19 @@ impl Worker for HomeMover {
     }
 }
 
+impl super::MoveSetup {
+    /// Whether homes held here move by themselves: automatic moves are on, and this
+    /// meta knows its site and the others' (else no home moves at all). Writes are
+    /// counted, and the `home-mover` runs, only then.
+    pub(crate) fn by_themselves(&self) -> bool {
+        !self.auto.after.is_zero() && self.own_site.is_some() && !self.sites.is_empty()
+    }
+}
+
 impl MetaService {
-    /// The `home-mover` worker, when homes move by themselves and can move at all.
+    /// The `home-mover` worker, when homes move by themselves here.
     pub(crate) fn home_mover(self: &Arc<Self>) -> Option<HomeMover> {
-        (self.moves.auto.on() && self.moves.own_site.is_some() && !self.moves.sites.is_empty()).then(|| HomeMover {
-            service: Arc::downgrade(self),
-            moved: 0,
-            seen: String::new(),
-        })
+        self.moves.by_themselves().then(|| HomeMover { service: Arc::downgrade(self), moved: 0, seen: String::new() })
     }
 
     /// Home `name`'s past moves, oldest first, from home 0's registry.
