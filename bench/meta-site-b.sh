@@ -159,7 +159,7 @@ set_rtt 0
 # PostgreSQL: A's primary, then B's standby from a base backup taken across the WAN.
 pg_start() { # dir ns ip port
     as_pg_in "$2" "$PGBIN/pg_ctl" start -w -t 60 -D "$WORK/pg-$1/data" -l "$WORK/pg-$1/server.log" \
-        -o "-p $4 -k $WORK/pg-$1 -c listen_addresses=$3 -c max_connections=200" >/dev/null
+        -o "-p $4 -k $WORK/pg-$1 -c listen_addresses=$3 -c max_connections=200 -c max_prepared_transactions=64" >/dev/null
 }
 psql_at() { # ns ip sql [port]
     (cd /tmp && as_pg_in "$1" "$PGBIN/psql" -h "$2" -p "${4:-$PGPORT}" -U locus -d "$DB" -At -c "$3")

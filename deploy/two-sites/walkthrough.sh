@@ -79,13 +79,16 @@ pg_start() {   # pg_start SITE DIR PORT: the server of DIR/data on the site's ad
   local ip=$A; [[ $1 == b ]] && ip=$B
   # fsync and full-page writes off: this is a demo, its data dies with it.
   pg "$1" pg_ctl start -w -t 60 -D "$2/data" -l "$2/server.log" -o "-c listen_addresses=$ip -p $3 -k $2 \
--c max_connections=400 -c shared_buffers=32MB -c fsync=off -c full_page_writes=off"
+-c max_connections=400 -c shared_buffers=32MB -c max_prepared_transactions=64 -c fsync=off -c full_page_writes=off"
 }
 # ms_to FILE: milliseconds to create FILE (`: >FILE`, a create alone: `touch` would add a
 # second write, setting its times), timed inside a bounded shell; ms3 FILE: three of them.
 ms3() { local x y z; x=$(ms_to "$1.1") y=$(ms_to "$1.2") z=$(ms_to "$1.3"); echo "$x, $y, $z ms"; }
 # shellcheck disable=SC2016  # expanded by that shell
 ms_to() { timeout 30 bash -c 't=${EPOCHREALTIME//[!0-9]/}; : >"$1"; echo $(((${EPOCHREALTIME//[!0-9]/} - t) / 1000))' _ "$1"; }
+# ms_mv FROM TO: milliseconds of `mv FROM TO` (printed first), which fails if mv does.
+# shellcheck disable=SC2016  # expanded by that shell
+ms_mv() { show mv "$1" "$2"; timeout 60 bash -c 't=${EPOCHREALTIME//[!0-9]/}; mv "$1" "$2" && echo $(((${EPOCHREALTIME//[!0-9]/} - t) / 1000))' _ "$1" "$2"; }
 wan() { run "$LOCUS_WAN" ctl --control "$DIR/wan.ctl" "$@"; echo; }   # its answer has no newline
 # The metas' databases: each site's primary (port 5432) and its standby of the other's (5433).
 PA=postgres://locus@$A:5432 PA2=postgres://locus@$A:5433 PB=postgres://locus@$B:5432 PB2=postgres://locus@$B:5433
@@ -250,7 +253,19 @@ demo() {
   wait_for "site a writing /b" 60 timeout -k 5 20 touch "$ma/b/back-at-a"
   bb=$(ms3 "$mb/b/t-b-again") ab=$(ms3 "$ma/b/t-a-again")
   echo "three creates into /b: at site b $bb (local again); at site a $ab (forwarded to b)"
-  say "walkthrough done: home b made at b, written at both sites, moved to a, cut off and rejoined, moved back; fsck clean"
+
+  say "7. Renames between the homes: atomic in both (two-phase commit across the two primaries)"
+  local mv_b mv_a
+  mv_b=$(ms_mv "$mb/b/from-b" "$mb/from-b") || fail "mv from /b to / at site b failed"
+  mv_a=$(ms_mv "$ma/from-a" "$ma/b/from-a") || fail "mv from / to /b at site a failed"
+  show cat "$mb/from-b" "$ma/b/from-a"
+  if ! grep -qx 'written at b' "$mb/from-b" || ! grep -qx 'written at a' "$ma/b/from-a"; then
+    fail "a renamed file reads wrong"
+  fi
+  wait_for "both renames at the other site" 30 bash -c "[[ -f $ma/from-b && -f $mb/b/from-a && ! -e $ma/b/from-b && ! -e $mb/from-a ]]"
+  echo "/b/from-b -> /from-b at site b took $mv_b ms, /from-a -> /b/from-a at site a $mv_a ms (one rename(2) each, no copy)"
+  at a "$LOCUS" fsck --meta "$A:7070" || fail "fsck is not clean after the renames"
+  say "walkthrough done: home b made at b, written at both sites, moved to a, cut off and rejoined, moved back, renamed across; fsck clean"
 }
 
 # --- down: everything up started, in reverse; works after a partial up --------------

@@ -1,10 +1,12 @@
 //! Metadata homes through real processes: `locus meta --home`, `locus home create`, a
-//! mount writing in two homes, a rename between them refused with EXDEV (so `mv`
-//! copies), gc keeping a home's chunks, and the homes known again after a restart;
+//! mount writing in two homes, a rename between SQLite homes refused with EXDEV (so
+//! `mv` copies), gc keeping a home's chunks, and the homes known again after a restart;
 //! homes held at two sites, each with its own PostgreSQL, each site committing its
-//! home's writes locally and forwarding the other's.
+//! home's writes locally and forwarding the other's; renames and links between them by
+//! two-phase commit, across crashes and cuts.
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,8 +74,7 @@ fn a_subtree_in_a_home_of_its_own_behaves_as_one_namespace() {
 /// primary of its own and a hot standby of the other's: the root's database at A's,
 /// home b's at B's. Fields drop in order: the servers before the link.
 struct TwoSites {
-    /// Held to its end (dropped: stopped).
-    _pg_a: PgServer,
+    pg_a: PgServer,
     pg_b: PgServer,
     root_standby: PgServer,
     _home_standby: PgServer,
@@ -100,7 +101,7 @@ fn two_sites(prefix: &str) -> TwoSites {
     let home_standby = pg_b.start_standby_in(link.site_ns(a), WanLink::addr_of(a));
     let (root_at_b, home_at_a) = (root_standby.url(&name(&root_url)), home_standby.url(&name(&home_url)));
     TwoSites {
-        _pg_a: pg_a,
+        pg_a,
         pg_b,
         root_standby,
         _home_standby: home_standby,
@@ -213,7 +214,7 @@ fn forwarded(c: &Cluster, meta: &str, home: &str) -> u64 {
 /// them is forwarded, and each reads back at once. A write at A under /hb is forwarded
 /// to B's meta and reads back at once through A's standby (read-your-writes); a write
 /// at B in home 0 likewise through A's meta. A fresh mount at A sees B's files once its
-/// standby has them; a rename between the homes is EXDEV. With the WAN cut, B goes on
+/// standby has them; a rename between the homes works. With the WAN cut, B goes on
 /// writing its home (its meta's lease is on B's own primary), and A sees those writes
 /// once the cut heals; fsck is clean. With B's meta stopped (SIGSTOP), A's write into
 /// home b fails (ETIMEDOUT) within the forward's bound while A's writes to home 0 go on. Then B
@@ -263,8 +264,9 @@ fn each_site_commits_the_home_it_holds() {
     assert!(!fresh_a.join("hb/run/f1").exists());
     assert_eq!(fs::read(at_b.join("hb/from-a")).unwrap(), b"written at a");
 
-    let err = fs::rename(at_b.join("hb/run/renamed"), at_b.join("top-b/renamed")).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{err}");
+    // A rename between the homes (two-phase commit, `cross_home_renames_...` below).
+    fs::rename(at_b.join("hb/run/renamed"), at_b.join("top-b/renamed")).unwrap();
+    assert_eq!(fs::read_to_string(at_b.join("top-b/renamed")).unwrap(), "from b 0");
 
     text(&c.locus(&["fsck", "--meta", &meta_a]));
     // The WAN cut: B goes on writing the home it holds, and A has it all once healed.
@@ -710,6 +712,115 @@ fn a_move_cut_short_by_a_crash_at_any_step_leaves_one_writer() {
     }
     assert!(written.iter().all(|w| w.acked.len() >= 5), "too few writes acknowledged");
     text(&c.locus(&["fsck", "--meta", &meta_a]));
+}
+
+/// Renames and links between homes held at two sites (issue 35, part 3), by two-phase
+/// commit across the homes' PostgreSQL servers. Both ways and both coordinators (the
+/// meta holding the source directory's home): a file from home 0 into home b at A and
+/// back at B, a hard link, and a directory with its files; each read back at once where
+/// it was made and, once the standbys have it, at the other site. Then the coordinator
+/// B dies (1) with home 0's part prepared, before deciding: A's recovery rolls the part
+/// back after the database timeout, and the file is where it was; (2) right after
+/// deciding: A's recovery commits home 0's part, and the file is where it went. (3) A
+/// rename whose other home is cut off fails after a bounded wait and changes nothing.
+/// Nothing stays prepared at either server; fsck is clean.
+#[test]
+fn renames_between_homes_are_atomic_across_crashes_and_cuts() {
+    if !testkit::can_mount() || !netns::available() || !netns::have_ethtool() || !testkit::postgres::available() {
+        eprintln!("SKIPPED: needs root, /dev/fuse, `ip netns`, ethtool and PostgreSQL");
+        return;
+    }
+    let sites = two_sites("lwt-xhome-");
+    let Homed { mut c, meta_a, meta_b, at_a, at_b, b_args } = start_homed(&sites, &["--db-timeout", "2s"]);
+    let root_url = sites.root_url.clone();
+    let seen_at = |mnt: &Path, path: &str, there: bool| {
+        let p = mnt.join(path);
+        wait_until(
+            &format!("{} {}", p.display(), if there { "there" } else { "gone" }),
+            Duration::from_secs(30),
+            || p.exists() == there,
+        );
+    };
+
+    // A file from home 0 into home b (coordinated by A's meta), and back (by B's).
+    fs::create_dir(at_a.join("top")).unwrap();
+    fs::write(at_a.join("top/f"), b"one").unwrap();
+    fs::rename(at_a.join("top/f"), at_a.join("hb/f")).unwrap();
+    assert_eq!(fs::read(at_a.join("hb/f")).unwrap(), b"one");
+    assert!(!at_a.join("top/f").exists());
+    seen_at(&at_b, "hb/f", true);
+    seen_at(&at_b, "top/f", false);
+    fs::rename(at_b.join("hb/f"), at_b.join("top/f2")).unwrap();
+    assert_eq!(fs::read(at_b.join("top/f2")).unwrap(), b"one");
+    assert!(!at_b.join("hb/f").exists());
+    // A second name in the other home, and a directory with its files.
+    fs::hard_link(at_b.join("top/f2"), at_b.join("hb/link")).unwrap();
+    assert_eq!(fs::metadata(at_b.join("hb/link")).unwrap().nlink(), 2);
+    fs::create_dir(at_a.join("top/d")).unwrap();
+    for i in 0..3 {
+        fs::write(at_a.join(format!("top/d/{i}")), format!("in d {i}")).unwrap();
+    }
+    fs::rename(at_a.join("top/d"), at_a.join("hb/d")).unwrap();
+    let mut names: Vec<_> = fs::read_dir(at_a.join("hb/d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["0", "1", "2"]);
+    seen_at(&at_b, "hb/d/2", true);
+    assert_eq!(fs::read_to_string(at_b.join("hb/d/1")).unwrap(), "in d 1");
+    fs::write(at_b.join("hb/d/3"), b"made at b").unwrap();
+
+    // (1) The coordinator dies with the other home's part prepared: rolled back.
+    // (Each file is written after B's restart, through A's forwarding to it: the
+    // rename then finds the way to B open.)
+    restart_b(&mut c, &root_url, &b_args, Some("cross-after-prepare=return"));
+    wait_until("a write into home b from A", Duration::from_secs(30), || fs::write(at_a.join("hb/g"), b"g").is_ok());
+    let err = fs::rename(at_a.join("hb/g"), at_a.join("top/g")).expect_err("a rename whose coordinator died");
+    assert!(err.raw_os_error().is_some(), "{err}");
+    restart_b(&mut c, &root_url, &b_args, None);
+    let prepared = "SELECT count(*) FROM pg_prepared_xacts";
+    let nothing_prepared = || {
+        wait_until("nothing left prepared", Duration::from_secs(30), || {
+            sites.pg_a.sql("postgres", prepared) == "0" && sites.pg_b.sql("postgres", prepared) == "0"
+        })
+    };
+    nothing_prepared();
+    for mnt in [&at_a, &at_b] {
+        seen_at(mnt, "hb/g", true);
+        seen_at(mnt, "top/g", false);
+    }
+    // (2) It dies once it has decided: committed.
+    restart_b(&mut c, &root_url, &b_args, Some("cross-after-decision=return"));
+    wait_until("a write into home b from A", Duration::from_secs(30), || fs::write(at_a.join("hb/h"), b"h").is_ok());
+    let err = fs::rename(at_a.join("hb/h"), at_a.join("top/h")).expect_err("a rename whose coordinator died");
+    assert!(err.raw_os_error().is_some(), "{err}");
+    restart_b(&mut c, &root_url, &b_args, None);
+    for mnt in [&at_a, &at_b] {
+        seen_at(mnt, "top/h", true);
+        seen_at(mnt, "hb/h", false);
+    }
+    assert_eq!(fs::read(at_b.join("top/h")).unwrap(), b"h");
+    // (3) The other home cut off: a bounded wait, an error, nothing changed.
+    fs::write(at_a.join("top/x"), b"x").unwrap();
+    sites.link.set(&LinkProfile { loss_pct: 100.0, ..sites.wan.clone() }).unwrap();
+    let started = std::time::Instant::now();
+    let err = fs::rename(at_a.join("top/x"), at_a.join("hb/x")).expect_err("a rename into a home cut off");
+    let waited = started.elapsed();
+    sites.link.set(&sites.wan).unwrap();
+    // Bounded by the database timeout (10 s here) at each of its steps: a read of the
+    // other home, its part, the client's patience.
+    assert!(waited < Duration::from_secs(60), "a rename into a home cut off waited {waited:?}: {err}");
+    std::thread::sleep(Duration::from_secs(3));
+    for mnt in [&at_a, &at_b] {
+        seen_at(mnt, "top/x", true);
+        seen_at(mnt, "hb/x", false);
+    }
+    fs::rename(at_a.join("top/x"), at_a.join("hb/x")).unwrap();
+    seen_at(&at_b, "hb/x", true);
+
+    nothing_prepared();
+    // Clean once site B's node is heard of again after the cut (its heartbeats cross).
+    for meta in [&meta_a, &meta_b] {
+        wait_until("fsck clean", Duration::from_secs(30), || c.locus(&["fsck", "--meta", meta]).status.success());
+    }
 }
 
 /// A command's output, failed or not.

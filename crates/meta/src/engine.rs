@@ -6,7 +6,7 @@
 //! `block_in_place`, while the runtime moves that worker's other tasks elsewhere.
 
 use crate::error::MetaError;
-use crate::store::{Backend, ReadConn, Txn, WriteConn};
+use crate::store::{Backend, ReadConn, TwoPhaseConn, TwoPhaseOpener, Txn, WriteConn};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
@@ -62,6 +62,9 @@ pub struct Store {
     /// Opening formatted the database (`Backend::formatted`).
     formatted: bool,
     positions: Option<Arc<dyn crate::store::CommitPositions>>,
+    /// Opens two-phase connections (`Backend::two_phase`), and the one kept between uses.
+    two_phase: Option<TwoPhaseOpener>,
+    two_phase_idle: Mutex<Option<Box<dyn TwoPhaseConn>>>,
 }
 
 impl Store {
@@ -85,7 +88,36 @@ impl Store {
             superseded: AtomicU64::new(0),
             formatted: backend.formatted,
             positions: backend.positions,
+            two_phase: backend.two_phase,
+            two_phase_idle: Mutex::new(None),
         })
+    }
+
+    /// Whether this engine can take part in a transaction spanning engines.
+    pub fn has_two_phase(&self) -> bool {
+        self.two_phase.is_some()
+    }
+
+    /// A connection for one part of a transaction spanning engines (`TwoPhaseConn`):
+    /// the one kept from an earlier use, or a new one. Give it back with
+    /// `give_back_two_phase` once its transaction is over.
+    pub fn two_phase(&self) -> Result<Box<dyn TwoPhaseConn>, MetaError> {
+        if let Some(conn) = lock(&self.two_phase_idle).take() {
+            return Ok(conn);
+        }
+        match &self.two_phase {
+            Some(open) => open(),
+            None => Err(MetaError::CrossHome(
+                "this home's engine is SQLite, which has no prepared transactions: a rename or link between \
+                 homes needs every home on PostgreSQL"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Keeps `conn` (its transaction over) for the next `two_phase`.
+    pub fn give_back_two_phase(&self, conn: Box<dyn TwoPhaseConn>) {
+        *lock(&self.two_phase_idle) = Some(conn);
     }
 
     /// Where this meta's latest durable commit is in the primary's log (0 for a

@@ -9,8 +9,10 @@
 //!
 //! A request runs in the engine of the home it changes (`writing_home`), through a
 //! `HomesTxn`: rows of other homes are read from their engines, and writing one fails
-//! with `MetaError::CrossHome` (EXDEV: a rename or link between homes), so the POSIX
-//! rules in `ops` stay written once. Sessions, nodes, admission and principals live in
+//! with `MetaError::CrossHome`; the service then runs the request again across the
+//! homes by two-phase commit (`crate::cross`, where every home's rows are read and
+//! written in a transaction of its own), or, between SQLite homes, answers EXDEV. The
+//! POSIX rules in `ops` stay written once. Sessions, nodes, admission and principals live in
 //! home 0. Each engine keeps the catalogue rows (refcounts, replica locations) of the
 //! chunks its own extents use, so a commit stays one transaction; reads of the
 //! catalogue merge every engine, so gc deletes only what no home references.
@@ -123,35 +125,98 @@ impl Homes {
 
     /// A transaction of home `home`'s engine (`own`), seeing every home.
     pub fn txn<'a>(&'a self, home: HomeId, own: &'a mut dyn Txn) -> HomesTxn<'a> {
-        HomesTxn { own, home, homes: self }
+        HomesTxn { rows: Rows::One(own), home, homes: self }
     }
+
+    /// A transaction spanning homes (`crate::cross`): every home's rows, read and
+    /// written, in that home's part of `cross`; `home` is the coordinating one.
+    pub(crate) fn cross_txn<'a>(&'a self, home: HomeId, cross: &'a mut crate::cross::Cross) -> HomesTxn<'a> {
+        HomesTxn { rows: Rows::Cross(cross), home, homes: self }
+    }
+}
+
+/// Where a `HomesTxn` reads and writes rows.
+enum Rows<'a> {
+    /// In one home's transaction; other homes' rows are read from their engines and
+    /// never written (`MetaError::CrossHome`).
+    One(&'a mut dyn Txn),
+    /// In one transaction per home, decided together (two-phase commit).
+    Cross(&'a mut crate::cross::Cross),
 }
 
 /// A transaction of one home's engine that reads every home's rows (`homes`).
 pub struct HomesTxn<'a> {
-    own: &'a mut dyn Txn,
+    rows: Rows<'a>,
     home: HomeId,
     homes: &'a Homes,
 }
 
+/// Cookies handed out by a transaction spanning homes are placeholders from here on:
+/// an entry's cookie is taken from its own home's counter when it is written.
+const PLACEHOLDER_COOKIE: u64 = 1 << 63;
+
 impl HomesTxn<'_> {
     /// Runs `f` on home `home`'s rows: in this transaction, or a read of its engine.
     fn at<R>(&mut self, home: HomeId, mut f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError>) -> Result<R, MetaError> {
-        if home == self.home {
-            return f(self.own);
+        match &mut self.rows {
+            Rows::One(own) if home == self.home => f(&mut **own),
+            Rows::One(_) => self.homes.store(home)?.read_foreign(&mut f),
+            Rows::Cross(cross) => f(cross.open(self.homes, home)?),
         }
-        self.homes.store(home)?.read_foreign(&mut f)
     }
 
-    /// Refuses a change to a row of another home.
-    fn mine(&self, home: HomeId, what: &str) -> Result<(), MetaError> {
-        if home == self.home {
-            return Ok(());
+    /// The transaction that writes home `home`'s rows; refused for another home than
+    /// this one's outside a transaction spanning homes.
+    fn rows_of(&mut self, home: HomeId, what: &str) -> Result<&mut dyn Txn, MetaError> {
+        match &mut self.rows {
+            Rows::One(own) if home == self.home => Ok(&mut **own),
+            Rows::One(_) => Err(MetaError::CrossHome(format!(
+                "{what} belongs to home {home}, this operation commits in home {}: an operation changes one \
+                 home only",
+                self.home
+            ))),
+            Rows::Cross(cross) => cross.write(self.homes, home),
         }
-        Err(MetaError::CrossHome(format!(
-            "{what} belongs to home {home}, this operation commits in home {}: an operation changes one home only",
-            self.home
-        )))
+    }
+
+    /// This home's own transaction.
+    fn own(&mut self) -> Result<&mut dyn Txn, MetaError> {
+        self.rows_of(self.home, "")
+    }
+
+    /// The transaction of inode `ino`'s home, for a change of one of its rows.
+    fn of_inode(&mut self, ino: InodeId) -> Result<&mut dyn Txn, MetaError> {
+        self.rows_of(home_of(ino), &format!("inode {ino}"))
+    }
+
+    /// The transaction of directory `parent`'s home, for a change of its entries.
+    fn of_dir(&mut self, parent: InodeId) -> Result<&mut dyn Txn, MetaError> {
+        self.rows_of(home_of(parent), &format!("directory {parent}"))
+    }
+
+    /// Notes (spanning homes) which kept row a write changed, for other metas.
+    fn changed(&mut self, home: HomeId, key: String) {
+        if let Rows::Cross(cross) = &mut self.rows {
+            cross.changed(home, key);
+        }
+    }
+
+    /// Notes (spanning homes) that the chunk catalogue to change next is that of the
+    /// home whose extents are being changed (each home catalogues its own extents').
+    fn extents_of(&mut self, ino: InodeId) {
+        if let Rows::Cross(cross) = &mut self.rows {
+            cross.catalogue = home_of(ino);
+        }
+    }
+
+    /// The transaction whose chunk catalogue changes: this home's, or (spanning homes)
+    /// that of the extents changed last.
+    fn catalogue(&mut self) -> Result<&mut dyn Txn, MetaError> {
+        let home = match &self.rows {
+            Rows::Cross(cross) => cross.catalogue,
+            Rows::One(_) => self.home,
+        };
+        self.rows_of(home, "a chunk's catalogue row")
     }
 
     /// Runs `f` on every home's rows, home 0 first.
@@ -165,12 +230,11 @@ impl Txn for HomesTxn<'_> {
     fn next_id(&mut self, counter: Counter) -> Result<u64, MetaError> {
         match counter {
             // Each engine counts from 1; a home's inodes lie in its own range.
-            Counter::Inode => Ok((u64::from(self.home) << HOME_SHIFT) | self.own.next_id(counter)?),
-            Counter::Session => {
-                self.mine(0, "a session")?;
-                self.own.next_id(counter)
-            }
-            Counter::Cookie | Counter::Sync => self.own.next_id(counter),
+            Counter::Inode => Ok((u64::from(self.home) << HOME_SHIFT) | self.own()?.next_id(counter)?),
+            Counter::Session => self.rows_of(0, "a session")?.next_id(counter),
+            // Spanning homes, an entry's cookie comes from its directory's home (`put_dentry`).
+            Counter::Cookie if matches!(self.rows, Rows::Cross(_)) => Ok(PLACEHOLDER_COOKIE),
+            Counter::Cookie | Counter::Sync => self.own()?.next_id(counter),
         }
     }
 
@@ -178,12 +242,21 @@ impl Txn for HomesTxn<'_> {
         self.at(home_of(ino), |t| t.get_inode(ino))
     }
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
-        self.mine(home_of(inode.attr.ino), &format!("inode {}", inode.attr.ino))?;
-        self.own.put_inode(inode)
+        let ino = inode.attr.ino;
+        self.of_inode(ino)?.put_inode(inode)?;
+        self.changed(home_of(ino), format!("i{ino}"));
+        Ok(())
     }
     fn delete_inode(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.delete_inode(ino)
+        // A home's root stays, like a mount point, while the home is there.
+        if matches!(self.rows, Rows::Cross(_))
+            && self.at(home_of(ino), |t| t.get_xattr(0, &junction_key(ino)))?.is_some()
+        {
+            return Err(MetaError::Busy(format!("directory {ino} is the root of metadata home {}", home_of(ino))));
+        }
+        self.of_inode(ino)?.delete_inode(ino)?;
+        self.changed(home_of(ino), format!("i{ino}"));
+        Ok(())
     }
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
         Ok(self.each(|t| t.count_inodes())?.into_iter().sum())
@@ -193,8 +266,16 @@ impl Txn for HomesTxn<'_> {
         self.at(home_of(parent), |t| t.get_dentry(parent, name))
     }
     fn parents_of(&mut self, ino: InodeId) -> Result<Vec<InodeId>, MetaError> {
-        // A junction's one name is in its parent's home; a file's names in its own.
-        self.at(home_of(ino), |t| t.parents_of(ino))
+        // A file's names are in its directories' homes: its own, unless a rename or
+        // link between homes put one elsewhere (a junction's one name is in its
+        // parent's home).
+        if self.homes.all().len() == 1 {
+            return self.own()?.parents_of(ino);
+        }
+        let mut all = self.each(|t| t.parents_of(ino))?.concat();
+        all.sort_unstable();
+        all.dedup();
+        Ok(all)
     }
     fn prefetch(&mut self, want: Prefetch<'_>) -> Result<(), MetaError> {
         let own = |ino: InodeId| home_of(ino) == self.home;
@@ -203,30 +284,35 @@ impl Txn for HomesTxn<'_> {
         let extents = want.extents.filter(|(ino, _, _)| own(*ino));
         let policies = want.policies.filter(|ino| own(*ino));
         let session = want.session.filter(|_| self.home == 0);
-        self.own.prefetch(Prefetch { entry, open, extents, policies, session, ..want })
+        self.own()?.prefetch(Prefetch { entry, open, extents, policies, session, ..want })
     }
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
-        self.mine(home_of(parent), &format!("directory {parent}"))?;
-        self.own.put_dentry(parent, name, ino, cookie)
+        let t = self.of_dir(parent)?;
+        let cookie = if cookie >= PLACEHOLDER_COOKIE { t.next_id(Counter::Cookie)? } else { cookie };
+        t.put_dentry(parent, name, ino, cookie)?;
+        self.changed(home_of(parent), format!("e{parent}:{}", hex::encode(name)));
+        Ok(())
     }
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
-        self.mine(home_of(parent), &format!("directory {parent}"))?;
-        self.own.delete_dentry(parent, name)
+        self.of_dir(parent)?.delete_dentry(parent, name)?;
+        self.changed(home_of(parent), format!("e{parent}:{}", hex::encode(name)));
+        Ok(())
     }
     fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
         self.at(home_of(parent), |t| t.list_dentries(parent, after, limit))
     }
 
     fn extents_overlapping(&mut self, ino: InodeId, start: u64, end: u64) -> Result<Vec<Extent>, MetaError> {
+        self.extents_of(ino);
         self.at(home_of(ino), |t| t.extents_overlapping(ino, start, end))
     }
     fn insert_extent(&mut self, ino: InodeId, extent: &Extent) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.insert_extent(ino, extent)
+        self.extents_of(ino);
+        self.of_inode(ino)?.insert_extent(ino, extent)
     }
     fn delete_extent(&mut self, ino: InodeId, file_offset: u64) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.delete_extent(ino, file_offset)
+        self.extents_of(ino);
+        self.of_inode(ino)?.delete_extent(ino, file_offset)
     }
     fn list_extents(&mut self, after: Option<(InodeId, u64)>, limit: u32) -> Result<Vec<(InodeId, Extent)>, MetaError> {
         // Homes hold ascending inode ranges: page through them in order.
@@ -245,13 +331,13 @@ impl Txn for HomesTxn<'_> {
     }
 
     fn upsert_chunk(&mut self, chunk: &StoredChunk) -> Result<(), MetaError> {
-        self.own.upsert_chunk(chunk)
+        self.catalogue()?.upsert_chunk(chunk)
     }
     fn add_cached(&mut self, id: &ChunkId, size: u64, node: &str) -> Result<(), MetaError> {
-        self.own.add_cached(id, size, node)
+        self.catalogue()?.add_cached(id, size, node)
     }
     fn adjust_refcount(&mut self, id: &ChunkId, delta: i64) -> Result<(), MetaError> {
-        self.own.adjust_refcount(id, delta)
+        self.catalogue()?.adjust_refcount(id, delta)
     }
     fn get_chunk(&mut self, id: &ChunkId) -> Result<Option<ChunkRecord>, MetaError> {
         Ok(self.each(|t| t.get_chunk(id))?.into_iter().flatten().reduce(merge_records))
@@ -271,10 +357,10 @@ impl Txn for HomesTxn<'_> {
         Ok(out)
     }
     fn delete_chunk(&mut self, id: &ChunkId) -> Result<(), MetaError> {
-        self.own.delete_chunk(id)
+        self.own()?.delete_chunk(id)
     }
     fn remove_location(&mut self, id: &ChunkId, node: &str) -> Result<(), MetaError> {
-        self.own.remove_location(id, node)
+        self.own()?.remove_location(id, node)
     }
     fn site_rtts(&mut self) -> Result<Vec<(String, String, u64)>, MetaError> {
         self.at(0, |t| t.site_rtts())
@@ -288,29 +374,25 @@ impl Txn for HomesTxn<'_> {
         self.at(home_of(ino), |t| t.get_xattr(ino, name))
     }
     fn set_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.set_xattr(ino, name, value)
+        self.of_inode(ino)?.set_xattr(ino, name, value)
     }
     fn list_xattrs(&mut self, ino: InodeId) -> Result<Vec<Vec<u8>>, MetaError> {
         self.at(home_of(ino), |t| t.list_xattrs(ino))
     }
     fn delete_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<bool, MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.delete_xattr(ino, name)
+        self.of_inode(ino)?.delete_xattr(ino, name)
     }
     fn delete_all_xattrs(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.delete_all_xattrs(ino)
+        self.of_inode(ino)?.delete_all_xattrs(ino)
     }
 
     fn orphans(&mut self) -> Result<Vec<InodeId>, MetaError> {
         // Reclaiming one writes its home: each home reaps its own.
-        self.own.orphans()
+        self.own()?.orphans()
     }
 
     fn put_session(&mut self, session: &SessionRow) -> Result<(), MetaError> {
-        self.mine(0, "a session")?;
-        self.own.put_session(session)
+        self.rows_of(0, "a session")?.put_session(session)
     }
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
         self.at(0, |t| t.get_session(id))
@@ -319,43 +401,38 @@ impl Txn for HomesTxn<'_> {
         self.at(0, |t| t.list_sessions())
     }
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
-        self.mine(0, "a session")?;
-        self.own.delete_session(id)
+        self.rows_of(0, "a session")?.delete_session(id)
     }
 
     fn locks_on(&mut self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
         self.at(home_of(ino), |t| t.locks_on(ino))
     }
     fn put_locks(&mut self, ino: InodeId, held: &[Held]) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.put_locks(ino, held)
+        self.of_inode(ino)?.put_locks(ino, held)
     }
     fn delete_session_locks(&mut self, session: SessionId) -> Result<(), MetaError> {
         // Each home drops the locks it holds (`MetaService` ends a session in each).
-        self.own.delete_session_locks(session)
+        self.own()?.delete_session_locks(session)
     }
 
     fn get_open(&mut self, session: SessionId, ino: InodeId) -> Result<OpenRow, MetaError> {
         self.at(home_of(ino), |t| t.get_open(session, ino))
     }
     fn put_open(&mut self, session: SessionId, ino: InodeId, open: OpenRow) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.put_open(session, ino, open)
+        self.of_inode(ino)?.put_open(session, ino, open)
     }
     fn drop_open(&mut self, session: SessionId, ino: InodeId) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.drop_open(session, ino)
+        self.of_inode(ino)?.drop_open(session, ino)
     }
     fn count_opens(&mut self, ino: InodeId) -> Result<u64, MetaError> {
         self.at(home_of(ino), |t| t.count_opens(ino))
     }
     fn delete_session_opens(&mut self, session: SessionId) -> Result<Vec<InodeId>, MetaError> {
-        self.own.delete_session_opens(session)
+        self.own()?.delete_session_opens(session)
     }
 
     fn put_node(&mut self, node: &NodeInfo, last_seen_ms: i64) -> Result<(), MetaError> {
-        self.mine(0, "a node")?;
-        self.own.put_node(node, last_seen_ms)
+        self.rows_of(0, "a node")?.put_node(node, last_seen_ms)
     }
     fn get_node(&mut self, id: &str) -> Result<Option<(NodeInfo, i64)>, MetaError> {
         self.at(0, |t| t.get_node(id))
@@ -371,19 +448,16 @@ impl Txn for HomesTxn<'_> {
         Ok(self.each(|t| t.may_have_policies())?.into_iter().any(|may| may))
     }
     fn put_policy(&mut self, ino: InodeId, policy: &Policy) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.put_policy(ino, policy)
+        self.of_inode(ino)?.put_policy(ino, policy)
     }
     fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
-        self.mine(home_of(ino), &format!("inode {ino}"))?;
-        self.own.delete_policy(ino)
+        self.of_inode(ino)?.delete_policy(ino)
     }
     fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
         Ok(self.each(|t| t.list_policies())?.into_iter().flatten().collect())
     }
     fn set_drained(&mut self, node: &str, drained: bool) -> Result<(), MetaError> {
-        self.mine(0, "a node")?;
-        self.own.set_drained(node, drained)
+        self.rows_of(0, "a node")?.set_drained(node, drained)
     }
     fn drained_nodes(&mut self) -> Result<Vec<String>, MetaError> {
         self.at(0, |t| t.drained_nodes())
@@ -392,28 +466,24 @@ impl Txn for HomesTxn<'_> {
         self.at(0, |t| t.get_admission(node))
     }
     fn set_admission(&mut self, node: &str, admitted: bool) -> Result<(), MetaError> {
-        self.mine(0, "a node")?;
-        self.own.set_admission(node, admitted)
+        self.rows_of(0, "a node")?.set_admission(node, admitted)
     }
     fn delete_node(&mut self, node: &str) -> Result<(), MetaError> {
         // Its locations in other homes' catalogues go when the service runs it there.
-        self.own.delete_node(node)
+        self.own()?.delete_node(node)
     }
     fn put_join_token(&mut self, hash: &[u8; 32], expires_ms: i64) -> Result<(), MetaError> {
-        self.mine(0, "a join token")?;
-        self.own.put_join_token(hash, expires_ms)
+        self.rows_of(0, "a join token")?.put_join_token(hash, expires_ms)
     }
     fn take_join_token(&mut self, hash: &[u8; 32]) -> Result<Option<i64>, MetaError> {
-        self.mine(0, "a join token")?;
-        self.own.take_join_token(hash)
+        self.rows_of(0, "a join token")?.take_join_token(hash)
     }
 
     fn principal(&mut self, name: &str) -> Result<Option<u32>, MetaError> {
         self.at(0, |t| t.principal(name))
     }
     fn add_principal(&mut self, name: &str) -> Result<u32, MetaError> {
-        self.mine(0, "a principal")?;
-        self.own.add_principal(name)
+        self.rows_of(0, "a principal")?.add_principal(name)
     }
 }
 

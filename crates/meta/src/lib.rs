@@ -6,6 +6,7 @@
 pub mod acl;
 mod audit;
 pub mod authority;
+mod cross;
 mod engine;
 mod error;
 pub mod homes;

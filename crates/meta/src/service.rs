@@ -3,6 +3,7 @@
 //! too), and expires silent sessions in the background.
 
 use crate::audit::AuditLog;
+use crate::cross;
 use crate::engine::{self, Store};
 use crate::error::MetaError;
 use crate::homes::{self, Home, HomeId, Homes, home_of};
@@ -226,6 +227,13 @@ impl Forwarding {
         let reply = proto::frame::decode(&answer.reply)
             .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
         store.committed_elsewhere(answer.position, namespace);
+        if crate::cross::joins_homes(&req) {
+            // It may have changed other homes' rows too (`cross`): nothing kept of them
+            // is answered any more.
+            for other in homes.all().iter().filter(|h| h.id != home) {
+                other.store.committed_elsewhere(0, true);
+            }
+        }
         self.forwarded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(reply)
     }
@@ -439,6 +447,10 @@ impl MetaService {
         }
         if let Some(mover) = self.home_mover() {
             self.workers.spawn(mover);
+        }
+        let homes = self.homes();
+        if homes.all().len() > 1 && homes.all().iter().any(|h| h.store.has_two_phase()) {
+            self.workers.spawn(CrossRecovery { service: Arc::downgrade(self), done: Default::default() });
         }
     }
 
@@ -859,17 +871,26 @@ impl MetaService {
         };
         let first_ctx = ctx.clone();
         let removing = matches!(req, MetaRequest::Rmdir(_));
-        let reply =
+        let spanning = (all.all().len() > 1 && cross::spans_homes(&req)).then(|| (req.clone(), ctx.clone()));
+        let written =
             engine::write_async(store, durable, move |t| ops::write(&mut homes.txn(home, t), &first_ctx, req.clone()))
-                .await
-                .map_err(|e| match e {
-                    // Only a home's root lies in another home than its directory: like a
-                    // mount point, it stays.
-                    MetaError::CrossHome(why) if removing => {
-                        MetaError::Busy(format!("the directory is the root of a metadata home ({why})"))
-                    }
-                    e => e,
-                })?;
+                .await;
+        let reply = match (written, spanning) {
+            // A rename or link between homes: two-phase commit across their engines.
+            (Err(MetaError::CrossHome(_)), Some((req, ctx))) if all.all().iter().all(|h| h.store.has_two_phase()) => {
+                let run = || cross::run(|| self.homes(), home, &ctx, &req);
+                match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                    Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
+                    _ => run(),
+                }?
+            }
+            // Only a home's root lies in another home than its directory: like a mount
+            // point, it stays.
+            (Err(MetaError::CrossHome(why)), _) if removing => {
+                return Err(MetaError::Busy(format!("the directory is the root of a metadata home ({why})")));
+            }
+            (written, _) => written?,
+        };
         let Some(again) = again else { return Ok(reply) };
         for other in all.all().iter().skip(1) {
             let (homes, id, ctx, req) = (all.clone(), other.id, ctx.clone(), again.clone());
@@ -1050,6 +1071,65 @@ impl Worker for SessionExpiry {
     async fn wait_for_work(&mut self) -> Step {
         every(self.period).await
     }
+}
+
+/// The `cross-home-recovery` worker: settles the prepared parts of renames and links
+/// between homes that their coordinator left in doubt (a crash, a cut), in the homes
+/// this meta holds, once they are older than the database timeout (`cross::recover`).
+struct CrossRecovery {
+    service: Weak<MetaService>,
+    done: cross::Recovered,
+}
+
+impl Worker for CrossRecovery {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "cross-home-recovery".into()
+    }
+
+    fn progress(&self) -> String {
+        let d = &self.done;
+        format!(
+            "{} in-doubt parts committed, {} rolled back, {} old decisions dropped",
+            d.committed, d.rolled_back, d.decisions_dropped
+        )
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        let placed = service.placed();
+        let handed_over: Vec<HomeId> = lock(&service.handed_over).keys().copied().collect();
+        let held: Vec<HomeId> = placed
+            .homes
+            .all()
+            .iter()
+            .map(|h| h.id)
+            .filter(|h| !placed.forwarding.contains_key(h) && !handed_over.contains(h))
+            .collect();
+        let (age, now_ms) = (recovery_age(service.moves.db_timeout), service.ctx().now_ms);
+        let homes = placed.homes.clone();
+        let done = tokio::task::spawn_blocking(move || cross::recover(&homes, &held, age, now_ms))
+            .await
+            .map_err(|e| MetaError::Internal(format!("cross-home recovery task failed: {e}")))??;
+        self.done.committed += done.committed;
+        self.done.rolled_back += done.rolled_back;
+        self.done.decisions_dropped += done.decisions_dropped;
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        let period = self.service.upgrade().map_or(Duration::from_secs(1), |s| recovery_age(s.moves.db_timeout) / 2);
+        every(period.max(Duration::from_millis(500))).await
+    }
+}
+
+/// How old a prepared part must be before recovery settles it: a coordinator needs a
+/// round trip or two between preparing and deciding, and one slower than this loses
+/// nothing (its decision then conflicts with recovery's abort); meanwhile the part's
+/// rows stay locked, so not the whole database timeout.
+fn recovery_age(db_timeout: Duration) -> Duration {
+    db_timeout.min(Duration::from_secs(5))
 }
 
 /// The `primary-lease` worker: renews this meta's lease on the primary role at a

@@ -130,7 +130,7 @@ impl PgServer {
     fn launch(&self) {
         let options = format!(
             "-p {} -k {} -c listen_addresses={} -c fsync=off -c full_page_writes=off \
-             -c max_connections=400 -c shared_buffers=32MB",
+             -c max_connections=400 -c shared_buffers=32MB -c max_prepared_transactions=64",
             self.port,
             self.dir.path().display(),
             self.host

@@ -26,6 +26,7 @@ mod conn;
 mod kept;
 mod lease;
 pub mod moving;
+mod prepared;
 mod rows;
 mod schema;
 mod seen;
@@ -174,6 +175,7 @@ pub fn open(
         lease: lease.map(|l| l as Arc<dyn WriterLease>),
         epoch: epoch as u64,
         positions: Some(positions),
+        two_phase: Some(prepared::opener(config, shown, answer_timeout)),
     })
 }
 

@@ -159,6 +159,7 @@ pub fn open(path: &Path, init: bool) -> Result<Backend, MetaError> {
         lease: None,
         epoch: EPOCH,
         positions: None,
+        two_phase: None,
     })
 }
 

@@ -330,6 +330,42 @@ pub struct Backend {
     /// Where commits are in the primary's log, for a backend whose metas may read at a
     /// hot standby (PostgreSQL); `None` where every meta reads what it wrote (SQLite).
     pub positions: Option<std::sync::Arc<dyn CommitPositions>>,
+    /// Opens a connection for transactions spanning engines (`TwoPhaseConn`): a
+    /// backend with prepared transactions (PostgreSQL) has one, SQLite none.
+    pub two_phase: Option<TwoPhaseOpener>,
+}
+
+/// Opens a `TwoPhaseConn` to a backend's primary.
+pub type TwoPhaseOpener = Box<dyn Fn() -> Result<Box<dyn TwoPhaseConn>, MetaError> + Send + Sync>;
+
+/// A connection to a database's primary for one part of a transaction that spans
+/// engines (a rename or link between metadata homes, `crate::cross`): its writes are
+/// prepared (two-phase commit) and committed or rolled back once the coordinating
+/// engine has decided. Behind a trait so that `cross` never names the backend.
+pub trait TwoPhaseConn: Send {
+    /// Starts a serializable transaction, refused (`MetaError::Fenced`) unless the
+    /// database is still at `epoch` (a home that moved or failed over since this meta
+    /// opened it); the epoch's row stays locked until the transaction ends, so that a
+    /// move's fence waits for a prepared transaction to be decided.
+    fn begin(&mut self, epoch: u64) -> Result<(), MetaError>;
+    /// The row operations, inside the open transaction.
+    fn txn(&mut self) -> &mut dyn Txn;
+    /// Prepares the open transaction under `gid` (PREPARE TRANSACTION): it survives a
+    /// crash of anyone, and waits for `finish`.
+    fn prepare(&mut self, gid: &str) -> Result<(), MetaError>;
+    /// Commits the open transaction; answers where the commit is in the log.
+    fn commit(&mut self) -> Result<u64, MetaError>;
+    /// Abandons the open transaction, if any.
+    fn rollback(&mut self) -> Result<(), MetaError>;
+    /// Commits (or rolls back) the prepared transaction `gid`; `false` if no such
+    /// transaction is prepared (already finished by someone else).
+    fn finish(&mut self, gid: &str, commit: bool) -> Result<bool, MetaError>;
+    /// Tells the metas that keep rows of this database in memory that the rows named
+    /// by `payloads` changed (`kept`'s notifications); answers where the log is now.
+    fn notify(&mut self, payloads: &[String]) -> Result<u64, MetaError>;
+    /// The prepared transactions of this database whose gid starts with `prefix` and
+    /// that were prepared at least `age` ago.
+    fn in_doubt(&mut self, prefix: &str, age: std::time::Duration) -> Result<Vec<String>, MetaError>;
 }
 
 /// Read-your-writes across metas over one primary: a meta that forwards a write to
