@@ -40,6 +40,10 @@
 #           MOVE_FILES entries more (made once, at B, before the rounds) while a writer at B
 #           creates files in /hb and times each; the moves' own report (rows copied, how
 #           long the home's writes waited) and the writer's slowest operation
+#   rename  (home-b only) RN_FILES files renamed at B within /hb (home b), then each from
+#           /hb into a directory of home 0 (two-phase commit coordinated by B's meta, home
+#           0's part prepared at A's primary), then each back (coordinated by A's meta, the
+#           write forwarded there): each rename(2) timed (python3 loop)
 # `before` and `jfs-b` run ls -lR and stat on the first BEFORE_DIRS directories only (every file
 # costs it the same WAN round trips: the full 10,000 would take most of an hour) and
 # the table also gives its time scaled to all DIRS directories.
@@ -68,6 +72,7 @@ PM_FILES=${PM_FILES:-30}
 PM_TX=${PM_TX:-60}
 CR_FILES=${CR_FILES:-100}
 MOVE_FILES=${MOVE_FILES:-10000}
+RN_FILES=${RN_FILES:-20}
 WORKLOADS=${WORKLOADS:-ls stat create busy postmark}
 ROUNDS=${ROUNDS:-1}
 JUICEFS=${JUICEFS:-1}
@@ -435,6 +440,32 @@ EOF
         back=$(sed -n 's/.*: \([0-9]*\) rows copied, writes paused \([0-9]*\) ms/\1 \2/p' "$LOG/move-$ROUND-to-b.out")
         MOVES[$ROUND]="$(python3 -c "print(f'{$t1 - $t0:.2f} {$t3 - $t2:.2f}')") $there $back $(cat "$WORK/mover.out")"
         ;;
+    rename)
+        t0=$(now)
+        RENAMES[$ROUND]=$(python3 - "$MNT/hb/rn-$ROUND" "$MNT/rn-$ROUND" "$RN_FILES" <<'EOF'
+import os, statistics, sys, time
+inside, top, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.mkdir(inside)
+os.mkdir(top)
+for i in range(n):
+    os.close(os.open(f"{inside}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+def timed(pairs):
+    took = []
+    for src, dst in pairs:
+        t = time.perf_counter()
+        os.rename(src, dst)
+        took.append((time.perf_counter() - t) * 1000)
+    return f"{statistics.median(took):.1f}/{max(took):.1f}"
+within = timed((f"{inside}/f{i}", f"{inside}/g{i}") for i in range(n))
+out = timed((f"{inside}/g{i}", f"{top}/g{i}") for i in range(n))
+back = timed((f"{top}/g{i}", f"{inside}/h{i}") for i in range(n))
+if sorted(os.listdir(inside)) != sorted(f"h{i}" for i in range(n)) or os.listdir(top):
+    sys.exit("renames between the homes left the wrong names")
+print(within, out, back)
+EOF
+        ) || die "renames ($config) failed"
+        t1=$(now)
+        ;;
     postmark)
         printf 'set location %s\nset number %s\nset transactions %s\nset size 500 10000\nset seed 42\nrun\nquit\n' \
             "$MNT/$(base_of "$config")pm-$config-$ROUND" "$PM_FILES" "$PM_TX" >"$WORK/pm-$config.cfg"
@@ -448,7 +479,7 @@ EOF
     RESULT=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
 }
 
-declare -A SECS BUSY MOVES
+declare -A SECS BUSY MOVES RENAMES
 LOADS=()
 for r in $(seq 1 "$ROUNDS"); do
     ROUND=$r
@@ -457,7 +488,7 @@ for r in $(seq 1 "$ROUNDS"); do
             # JuiceFS at B takes minutes a postmark run: round 1 only.
             [[ $workload == postmark && $r -gt 1 && $config == jfs-b ]] && continue
             [[ $workload == busy && $config != after && $config != forward && $config != home-b ]] && continue
-            [[ $workload == move && $config != home-b ]] && continue
+            [[ ($workload == move || $workload == rename) && $config != home-b ]] && continue
             work "$config" "$workload"
             SECS[$r,$workload,$config]=$RESULT
             [[ $workload == busy ]] && BUSY[$r,$config]=$BUSY_RATE
@@ -477,7 +508,7 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
     local r workload
     for r in $(seq 1 "$ROUNDS"); do
         for workload in $WORKLOADS; do
-            [[ $workload == busy || $workload == move ]] && continue
+            [[ $workload == busy || $workload == move || $workload == rename ]] && continue
             [[ -n ${SECS[$r,$workload,single]:-} ]] || continue
             "$1" "$r" "$workload"
         done
@@ -582,6 +613,21 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
         cat "$LOG/meta-a.err" "$LOG/meta-h.err" | sed 's/\x1b\[[0-9;]*m//g' | grep 'home moved' | sort |
             sed 's/^\([^ ]*\) .*home moved /\1 /; s/_ms=/=/g'
         echo '```'
+        echo
+    fi
+    if [[ " $WORKLOADS " == *" rename "* ]]; then
+        echo "Renames at B ($RN_FILES files, each rename(2) timed; median/slowest ms; RTT $PING ms): within home b,"
+        echo "from home b into home 0 (two-phase commit coordinated by B's meta, home 0's part prepared at A's"
+        echo "primary across the WAN), and back (coordinated by A's meta, the request forwarded there):"
+        echo
+        echo "| round | within home b | home b -> home 0 | in RTTs | home 0 -> home b | in RTTs |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        for r in $(seq 1 "$ROUNDS"); do
+            [[ -n ${RENAMES[$r]:-} ]] || continue
+            read -r within out back <<<"${RENAMES[$r]}"
+            echo "| $r | $within | $out | $(python3 -c "print(f'{${out%/*} / $PING:.1f}')") | $back |" \
+                "$(python3 -c "print(f'{${back%/*} / $PING:.1f}')") |"
+        done
         echo
     fi
     if [[ " $WORKLOADS " == *" postmark "* ]]; then

@@ -238,7 +238,7 @@ fn attempt(
     for &part in &others {
         let payloads = cross.payloads(part);
         let Part { store, conn } = cross.part(part)?;
-        let done = conn.finish(&gid(part), true).and_then(|_| conn.notify(&payloads));
+        let done = conn.commit_prepared_and_notify(&gid(part), &payloads);
         match done {
             Ok(position) => store.committed_elsewhere(position, true),
             Err(e) => {

@@ -8,7 +8,7 @@ use crate::store::{TwoPhaseConn, TwoPhaseOpener, Txn};
 use std::time::Duration;
 use tokio_postgres::Config;
 
-use super::conn::{PgConn, connect};
+use super::conn::{Answer, Last, PgConn, connect};
 
 /// SQLSTATE of "no prepared transaction with that identifier".
 const UNDEFINED_OBJECT: &str = "42704";
@@ -42,6 +42,19 @@ fn checked(gid: &str) -> Result<&str, MetaError> {
     }
 }
 
+/// Notifies the metas keeping rows of the rows in `$1` and answers where the log is.
+const NOTIFY: &str = concat!(
+    "SELECT (SELECT count(pg_notify('",
+    kept_rows_channel!(),
+    "', p)) FROM unnest($1::text[]) p), pg_current_wal_insert_lsn()::text"
+);
+
+/// The log position in the second column of `NOTIFY`'s one row.
+fn position_of(rows: &[postgres::Row]) -> Result<u64, MetaError> {
+    let at: String = rows.first().ok_or_else(|| MetaError::Internal("no WAL position".into()))?.try_get(1)?;
+    Ok(super::standby::parse_lsn(&at).unwrap_or(0))
+}
+
 impl PreparedConn {
     /// Where the server's log is now (past every commit this connection made).
     fn position(&mut self) -> Result<u64, MetaError> {
@@ -53,7 +66,9 @@ impl PreparedConn {
 impl TwoPhaseConn for PreparedConn {
     fn begin(&mut self, epoch: u64) -> Result<(), MetaError> {
         self.rollback()?;
-        self.conn.ensure_begun(begin_write!())?;
+        // BEGIN goes out with the epoch's check, in its round trip.
+        self.conn.begin_pending = Some(begin_write!());
+        self.conn.begun = true;
         let now: i64 = self.conn.one("SELECT epoch FROM primary_epoch FOR SHARE", &[])?.try_get(0)?;
         if now as u64 != epoch {
             return Err(MetaError::Fenced(format!(
@@ -91,7 +106,8 @@ impl TwoPhaseConn for PreparedConn {
     fn rollback(&mut self) -> Result<(), MetaError> {
         self.conn.reconnect_if_closed()?;
         self.conn.deferred.clear();
-        if std::mem::take(&mut self.conn.begun) {
+        // A BEGIN not sent yet began nothing.
+        if std::mem::take(&mut self.conn.begun) && self.conn.begin_pending.take().is_none() {
             self.conn.boundary(&["ROLLBACK"])?;
         }
         Ok(())
@@ -107,11 +123,20 @@ impl TwoPhaseConn for PreparedConn {
         }
     }
 
+    fn commit_prepared_and_notify(&mut self, gid: &str, payloads: &[String]) -> Result<u64, MetaError> {
+        self.rollback()?;
+        let commit = format!("COMMIT PREPARED '{}'", checked(gid)?);
+        let st = self.conn.statement(NOTIFY)?;
+        let answers = self.conn.pipeline_all(vec![Last::Batch(&commit), Last::Rows(&st, &[&payloads])])?;
+        match answers.last() {
+            Some(Answer::Rows(rows)) => position_of(rows),
+            _ => Err(MetaError::Internal("no WAL position after a notification".into())),
+        }
+    }
+
     fn notify(&mut self, payloads: &[String]) -> Result<u64, MetaError> {
         self.rollback()?;
-        let sql = concat!("SELECT count(pg_notify('", kept_rows_channel!(), "', p)) FROM unnest($1::text[]) p");
-        self.conn.one(sql, &[&payloads])?;
-        self.position()
+        position_of(&self.conn.query(NOTIFY, &[&payloads])?)
     }
 
     fn in_doubt(&mut self, prefix: &str, age: Duration) -> Result<Vec<String>, MetaError> {

@@ -360,6 +360,9 @@ pub trait TwoPhaseConn: Send {
     /// Commits (or rolls back) the prepared transaction `gid`; `false` if no such
     /// transaction is prepared (already finished by someone else).
     fn finish(&mut self, gid: &str, commit: bool) -> Result<bool, MetaError>;
+    /// `finish(gid, true)` and `notify(payloads)` in one round trip (a `gid` no longer
+    /// prepared fails).
+    fn commit_prepared_and_notify(&mut self, gid: &str, payloads: &[String]) -> Result<u64, MetaError>;
     /// Tells the metas that keep rows of this database in memory that the rows named
     /// by `payloads` changed (`kept`'s notifications); answers where the log is now.
     fn notify(&mut self, payloads: &[String]) -> Result<u64, MetaError>;
