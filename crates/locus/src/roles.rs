@@ -87,6 +87,13 @@ pub async fn promote(args: PromoteArgs) -> anyhow::Result<ExitCode> {
         done.waited_for_leases.as_millis(),
         started.elapsed().as_millis()
     );
+    // What a failover from an asynchronous standby loses, for the operator to tell.
+    if let Some((at, lsn)) = &done.replayed {
+        println!(
+            "the standby had replayed every commit up to {at} (log position {lsn}): under asynchronous \
+             replication, writes the lost primary acknowledged after that are lost; under sync, none was"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -323,6 +323,7 @@ fn each_site_commits_the_home_it_holds() {
     let home_at_a = &sites.home_at_a;
     let promoted = text(&c.locus(&["meta", "promote", "--db", home_at_a]));
     assert!(promoted.contains("promoted: epoch"), "{promoted}");
+    assert!(promoted.contains("the standby had replayed every commit up to"), "{promoted}");
     for flag in ["--home", "--read-db", "--forward-writes-to"] {
         c.drop_meta_flag(flag);
     }

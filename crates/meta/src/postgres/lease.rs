@@ -107,6 +107,9 @@ pub struct Promotion {
     pub waited_for_leases: Duration,
     /// The new epoch: metas of older ones have their writes refused here.
     pub epoch: i64,
+    /// A standby's last replayed commit, as its time and log position: commits the
+    /// lost primary acknowledged after it (asynchronous replication) are lost.
+    pub replayed: Option<(String, String)>,
 }
 
 /// Makes the database at `url` the primary of a new epoch: promotes the server if it
@@ -119,6 +122,14 @@ pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     let (config, shown) = parse(url)?;
     let mut c = connect(&config, &shown, None)?;
     let was_standby: bool = c.one("SELECT pg_is_in_recovery()", &[])?.try_get(0)?;
+    let replayed = match was_standby {
+        false => None,
+        true => {
+            let row = c.one("SELECT pg_last_xact_replay_timestamp()::text, pg_last_wal_replay_lsn()::text", &[])?;
+            let at: Option<String> = row.try_get(0)?;
+            at.zip(row.try_get::<_, Option<String>>(1)?)
+        }
+    };
     if was_standby {
         let done: bool = c.one("SELECT pg_promote(true, 60)", &[])?.try_get(0)?;
         if !done {
@@ -144,5 +155,5 @@ pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     }
     let epoch: i64 = c.one("UPDATE primary_epoch SET epoch = epoch + 1 RETURNING epoch", &[])?.try_get(0)?;
     c.exec("DELETE FROM primary_leases WHERE epoch < $1", &[&epoch])?;
-    Ok(Promotion { was_standby, waited_for_leases: started.elapsed(), epoch })
+    Ok(Promotion { was_standby, waited_for_leases: started.elapsed(), epoch, replayed })
 }
