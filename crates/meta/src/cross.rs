@@ -359,6 +359,11 @@ pub(crate) fn recover(homes: &Homes, held: &[HomeId], age: Duration, now_ms: i64
         }
         let mut conn = store.two_phase()?;
         let settled = (|| -> Result<(), MetaError> {
+            if let Err(e @ MetaError::Fenced(_)) = conn.begin(store.epoch()) {
+                // The home moved away just now: its new holder settles it.
+                tracing::debug!(home, error = %e, "not recovering a home that moved");
+                return Ok(());
+            }
             for gid in conn.in_doubt(GID_PREFIX, age)? {
                 let Some((coordinator, txid)) = parse_gid(&gid) else {
                     tracing::warn!(

@@ -97,7 +97,8 @@ pub fn open(
         let others = s.spawn(|| {
             let lease_conn = lease.as_ref().map(|_| connect(&config, &shown, timeout)).transpose()?;
             let readers = connect_each(|| {
-                let standby = standby.as_ref().map(|(c, shown)| connect(c, shown, timeout)).transpose()?;
+                let standby =
+                    standby.as_ref().map(|(c, shown)| connect_replica(c, shown, answer_timeout)).transpose()?;
                 Ok((standby, connect(&config, &shown, timeout)?))
             })?;
             Ok::<_, MetaError>((lease_conn, readers))
@@ -192,6 +193,20 @@ pub fn open(
         positions: Some(positions),
         two_phase: Some(prepared::opener(config, shown, answer_timeout)),
     })
+}
+
+/// Connects to a hot standby, waiting (up to `answer_timeout`) for a database that
+/// its primary has just made (a home's next place in a move) to be replayed there.
+fn connect_replica(config: &Config, shown: &str, answer_timeout: Duration) -> Result<PgConn, MetaError> {
+    let until = Instant::now() + answer_timeout;
+    loop {
+        match connect(config, shown, Some(answer_timeout)) {
+            Err(MetaError::Connect { detail, .. }) if detail.contains("(3D000)") && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            connected => return connected,
+        }
+    }
 }
 
 /// `READERS` connections made at once, one thread each: a primary across the WAN costs
