@@ -359,10 +359,14 @@ pub(crate) fn recover(homes: &Homes, held: &[HomeId], age: Duration, now_ms: i64
         }
         let mut conn = store.two_phase()?;
         let settled = (|| -> Result<(), MetaError> {
-            if let Err(e @ MetaError::Fenced(_)) = conn.begin(store.epoch()) {
-                // The home moved away just now: its new holder settles it.
-                tracing::debug!(home, error = %e, "not recovering a home that moved");
-                return Ok(());
+            // Its own old decisions first: that transaction also finds a home that moved
+            // away just now, which its new holder settles.
+            match drop_old_decisions(&store, &mut *conn, now_ms) {
+                Err(e @ MetaError::Fenced(_)) => {
+                    tracing::debug!(home, error = %e, "not recovering a home that moved");
+                    return Ok(());
+                }
+                dropped => done.decisions_dropped += dropped?,
             }
             for gid in conn.in_doubt(GID_PREFIX, age)? {
                 let Some((coordinator, txid)) = parse_gid(&gid) else {
@@ -385,7 +389,6 @@ pub(crate) fn recover(homes: &Homes, held: &[HomeId], age: Duration, now_ms: i64
                     tracing::warn!(gid, commit = decision.commit, "settled a prepared part of a cross-home operation");
                 }
             }
-            done.decisions_dropped += drop_old_decisions(&store, &mut *conn, now_ms)?;
             Ok(())
         })();
         give_back(&store, conn, false);

@@ -486,12 +486,19 @@ pub async fn read_async<R: Send + 'static>(
     point: bool,
     f: impl FnMut(&mut dyn Txn) -> Result<R, MetaError> + Send + 'static,
 ) -> Result<R, MetaError> {
-    use tokio::runtime::{Handle, RuntimeFlavor};
     if point && store.local_reads {
         return store.read(f);
     }
+    blocking_here(|| store.read(f))
+}
+
+/// Runs blocking `f` on the caller's thread: in `block_in_place` on a multi-threaded
+/// runtime (its other tasks move elsewhere meanwhile), inline anywhere else (a
+/// current-thread runtime of tests, where nothing else could run anyway).
+pub(crate) fn blocking_here<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| store.read(f)),
-        _ => store.read(f),
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }

@@ -878,11 +878,7 @@ impl MetaService {
         let reply = match (written, spanning) {
             // A rename or link between homes: two-phase commit across their engines.
             (Err(MetaError::CrossHome(_)), Some((req, ctx))) if all.all().iter().all(|h| h.store.has_two_phase()) => {
-                let run = || cross::run(|| self.homes(), home, &ctx, &req);
-                match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-                    Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
-                    _ => run(),
-                }?
+                engine::blocking_here(|| cross::run(|| self.homes(), home, &ctx, &req))?
             }
             // Only a home's root lies in another home than its directory: like a mount
             // point, it stays.
@@ -1075,7 +1071,7 @@ impl Worker for SessionExpiry {
 
 /// The `cross-home-recovery` worker: settles the prepared parts of renames and links
 /// between homes that their coordinator left in doubt (a crash, a cut), in the homes
-/// this meta holds, once they are older than the database timeout (`cross::recover`).
+/// this meta holds, once they are older than `recovery_age` (`cross::recover`).
 struct CrossRecovery {
     service: Weak<MetaService>,
     done: cross::Recovered,

@@ -66,6 +66,10 @@ impl PreparedConn {
 impl TwoPhaseConn for PreparedConn {
     fn begin(&mut self, epoch: u64) -> Result<(), MetaError> {
         self.rollback()?;
+        // The row operations note what they wrote for a writer's kept rows; nothing
+        // reads that here, and it must not pile up across the pooled connection's uses.
+        self.conn.written = Default::default();
+        self.conn.assumed = Default::default();
         // BEGIN goes out with the epoch's check, in its round trip.
         self.conn.begin_pending = Some(begin_write!());
         self.conn.begun = true;
