@@ -46,8 +46,6 @@ const MAX_TRIES: u32 = 20;
 /// Name of the sender of the kept-row notifications a cross-home commit sends (any
 /// name no meta goes by).
 const SENDER: &str = "cross-home";
-/// Longest payload of one notification (`kept`'s limit).
-const MAX_PAYLOAD: usize = 7000;
 /// How long decision rows whose parts may still be prepared are kept at least.
 const DECISION_KEPT: Duration = Duration::from_secs(24 * 3600);
 
@@ -60,8 +58,6 @@ pub(crate) struct Cross {
     parts: BTreeMap<HomeId, Part>,
     /// The homes whose rows were written.
     written: BTreeSet<HomeId>,
-    /// The kept rows each home's writes changed (`kept`'s notification words).
-    changed: BTreeMap<HomeId, BTreeSet<String>>,
     /// The home whose chunk catalogue the next refcount change goes to: that of the
     /// extents changed last (`HomesTxn::catalogue`).
     pub(crate) catalogue: HomeId,
@@ -75,7 +71,7 @@ struct Part {
 
 impl Cross {
     fn new(home: HomeId) -> Cross {
-        Cross { parts: BTreeMap::new(), written: BTreeSet::new(), changed: BTreeMap::new(), catalogue: home }
+        Cross { parts: BTreeMap::new(), written: BTreeSet::new(), catalogue: home }
     }
 
     /// Home `home`'s part, begun at its first use.
@@ -101,34 +97,15 @@ impl Cross {
         self.open(homes, home)
     }
 
-    /// Notes a kept row of `home` that a write changed.
-    pub(crate) fn changed(&mut self, home: HomeId, word: String) {
-        self.changed.entry(home).or_default().insert(word);
-    }
-
-    /// The notifications that name home `home`'s changed rows.
-    fn payloads(&self, home: HomeId) -> Vec<String> {
-        payloads(self.changed.get(&home).into_iter().flatten().map(String::as_str))
+    /// The notifications that name the rows each written home's part wrote.
+    fn notifications(&self) -> BTreeMap<HomeId, Vec<String>> {
+        let parts = self.parts.iter().filter(|(home, _)| self.written.contains(home));
+        parts.map(|(home, part)| (*home, part.conn.notifications(SENDER))).collect()
     }
 
     fn part(&mut self, home: HomeId) -> Result<&mut Part, MetaError> {
         self.parts.get_mut(&home).ok_or_else(|| MetaError::Internal(format!("no part of home {home} is open")))
     }
-}
-
-/// `words` as notifications of at most `MAX_PAYLOAD` bytes each.
-fn payloads<'a>(words: impl Iterator<Item = &'a str>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for word in words {
-        match out.last_mut() {
-            Some(last) if last.len() + 1 + word.len() <= MAX_PAYLOAD => {
-                last.push(' ');
-                last.push_str(word);
-            }
-            _ => out.push(format!("{SENDER} {word}")),
-        }
-    }
-    out
 }
 
 /// Ends whatever `conn` has open (unless `clean`) and keeps it for the next use.
@@ -197,6 +174,8 @@ fn attempt(
     let txid = crate::store::values::random_hex()?;
     let others: Vec<HomeId> = cross.written.iter().copied().filter(|h| *h != home).collect();
     let gid = |part: HomeId| format!("{GID_PREFIX}{home}-{txid}-{part}");
+    // Before anything ends a part's transaction.
+    let notifications = cross.notifications();
     let mut prepared = Vec::new();
     for &part in &others {
         if let Err(e) = cross.part(part)?.conn.prepare(&gid(part)) {
@@ -207,7 +186,7 @@ fn attempt(
     }
     util::crash_point!("cross-after-prepare");
     // The commit point: the decision row, in the coordinator's own transaction.
-    let decision = Decision { commit: true, at_ms: ctx.now_ms, parts: others.clone(), changed: cross.changed.clone() };
+    let decision = Decision { commit: true, at_ms: ctx.now_ms, parts: others.clone(), notifications };
     let key = decision_key(&txid);
     let own = cross.open(homes, home)?;
     if own.get_xattr(0, &key)?.is_some() {
@@ -236,9 +215,9 @@ fn attempt(
     // (a part's commit, the decision row's deletion) is recovery's.
     let mut finished = true;
     for &part in &others {
-        let payloads = cross.payloads(part);
+        let payloads = decision.of(part);
         let Part { store, conn } = cross.part(part)?;
-        let done = conn.commit_prepared_and_notify(&gid(part), &payloads);
+        let done = conn.commit_prepared_and_notify(&gid(part), payloads);
         match done {
             Ok(position) => store.committed_elsewhere(position, true),
             Err(e) => {
@@ -247,7 +226,7 @@ fn attempt(
             }
         }
     }
-    let payloads = cross.payloads(home);
+    let payloads = decision.of(home);
     let Part { store: own_store, conn } = cross.part(home)?;
     let deleted = (|| {
         conn.begin(own_store.epoch())?;
@@ -255,7 +234,7 @@ fn attempt(
             conn.txn().delete_xattr(0, &key)?;
         }
         conn.commit()?;
-        conn.notify(&payloads)
+        conn.notify(payloads)
     })();
     match deleted {
         Ok(position) => own_store.committed_elsewhere(position, true),
@@ -280,26 +259,30 @@ fn decision_key(txid: &str) -> Vec<u8> {
     format!("{DECISION_PREFIX}{txid}").into_bytes()
 }
 
-/// A decision row's value: "commit|abort <at_ms> <part,part,...>", then a line per part
-/// "<home> <changed row> ..." (what recovery notifies once it commits the part).
+/// A decision row's value: "commit|abort <at_ms> <part,part,...>", then a line
+/// "<home> <notification>" for each notification of a part (what recovery sends once
+/// it commits the part).
 #[derive(Debug, PartialEq)]
 struct Decision {
     commit: bool,
     at_ms: i64,
     parts: Vec<HomeId>,
-    changed: BTreeMap<HomeId, BTreeSet<String>>,
+    notifications: BTreeMap<HomeId, Vec<String>>,
 }
 
 impl Decision {
+    /// The notifications of home `home`'s part.
+    fn of(&self, home: HomeId) -> &[String] {
+        self.notifications.get(&home).map_or(&[], Vec::as_slice)
+    }
+
     fn encode(&self) -> String {
         let verb = if self.commit { "commit" } else { "abort" };
         let parts: Vec<String> = self.parts.iter().map(HomeId::to_string).collect();
         let mut out = format!("{verb} {} {}", self.at_ms, parts.join(","));
-        for (home, words) in self.changed.iter().filter(|(h, _)| self.parts.contains(h)) {
-            out.push_str(&format!("\n{home}"));
-            for word in words {
-                out.push(' ');
-                out.push_str(word);
+        for (home, notifications) in self.notifications.iter().filter(|(h, _)| self.parts.contains(h)) {
+            for notification in notifications {
+                out.push_str(&format!("\n{home} {notification}"));
             }
         }
         out
@@ -319,13 +302,12 @@ impl Decision {
             None | Some("") => Vec::new(),
             Some(list) => list.split(',').map(|h| h.parse().ok()).collect::<Option<Vec<HomeId>>>()?,
         };
-        let mut changed = BTreeMap::new();
+        let mut notifications: BTreeMap<HomeId, Vec<String>> = BTreeMap::new();
         for line in lines {
-            let mut words = line.split(' ');
-            let home: HomeId = words.next()?.parse().ok()?;
-            changed.insert(home, words.map(String::from).collect());
+            let (home, notification) = line.split_once(' ')?;
+            notifications.entry(home.parse().ok()?).or_default().push(notification.to_string());
         }
-        Some(Decision { commit, at_ms, parts, changed })
+        Some(Decision { commit, at_ms, parts, notifications })
     }
 }
 
@@ -379,8 +361,8 @@ pub(crate) fn recover(homes: &Homes, held: &[HomeId], age: Duration, now_ms: i64
                 let decision = decide(homes, coordinator, txid, now_ms)?;
                 if conn.finish(&gid, decision.commit)? {
                     if decision.commit {
-                        let words = decision.changed.get(&home).into_iter().flatten().map(String::as_str);
-                        let position = conn.notify(&payloads(words))?;
+                        let payloads = decision.of(home);
+                        let position = conn.notify(payloads)?;
                         store.committed_elsewhere(position, true);
                         done.committed += 1;
                     } else {
@@ -411,7 +393,7 @@ fn decide(homes: &Homes, coordinator: HomeId, txid: &str, now_ms: i64) -> Result
                 MetaError::Corrupt(format!("decision row {txid}: {:?}", String::from_utf8_lossy(&value)))
             });
         }
-        let abort = Decision { commit: false, at_ms: now_ms, parts: Vec::new(), changed: BTreeMap::new() };
+        let abort = Decision { commit: false, at_ms: now_ms, parts: Vec::new(), notifications: BTreeMap::new() };
         conn.txn().set_xattr(0, &key, abort.encode().as_bytes())?;
         conn.commit()?;
         Ok(abort)
@@ -449,20 +431,19 @@ mod tests {
 
     #[test]
     fn decisions_and_gids_read_back_as_written() {
-        let changed = BTreeMap::from([(2, BTreeSet::from(["i5".to_string(), "e7:6162".into()])), (0, BTreeSet::new())]);
-        let d = Decision { commit: true, at_ms: 17, parts: vec![2], changed };
+        let sent = vec![format!("{SENDER} i5 e7:6162"), format!("{SENDER} i6")];
+        let notifications = BTreeMap::from([(2, sent), (0, vec![format!("{SENDER} i1")])]);
+        let d = Decision { commit: true, at_ms: 17, parts: vec![2], notifications };
         let back = Decision::parse(d.encode().as_bytes()).unwrap();
         assert_eq!((back.commit, back.at_ms, back.parts.clone()), (true, 17, vec![2]));
-        assert_eq!(back.changed.get(&2).unwrap().len(), 2);
-        let abort = Decision { commit: false, at_ms: 3, parts: Vec::new(), changed: BTreeMap::new() };
+        assert_eq!(back.notifications, BTreeMap::from([(2, d.notifications[&2].clone())]), "only the parts'");
+        let abort = Decision { commit: false, at_ms: 3, parts: Vec::new(), notifications: BTreeMap::new() };
         assert_eq!(Decision::parse(abort.encode().as_bytes()), Some(abort));
         assert!(Decision::parse(b"maybe 1 2").is_none());
         assert_eq!(parse_gid("locus-x-1-abc123-2"), Some((1, "abc123")));
         for bad in ["locus-x-1-abc", "locus-x--abc-2", "other-1-ab-2", "locus-x-1-xyz-2"] {
             assert_eq!(parse_gid(bad), None, "{bad}");
         }
-        let many = payloads((0..2000).map(|_| "i123456789").collect::<Vec<_>>().into_iter());
-        assert!(many.len() > 1 && many.iter().all(|p| p.len() <= MAX_PAYLOAD && p.starts_with(SENDER)));
     }
 
     use crate::conformance::test_config;
@@ -641,7 +622,7 @@ mod tests {
         prepare("locus-x-0-aa11-1", "undecided");
         prepare("locus-x-0-bb22-1", "decided");
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-        let decision = Decision { commit: true, at_ms: now, parts: vec![1], changed: BTreeMap::new() };
+        let decision = Decision { commit: true, at_ms: now, parts: vec![1], notifications: BTreeMap::new() };
         let mut c = postgres::Client::connect(&root, postgres::NoTls).unwrap();
         c.execute(
             "INSERT INTO xattrs (ino, name, value) VALUES (0, 'locus.cross.bb22', $1)",

@@ -194,13 +194,6 @@ impl HomesTxn<'_> {
         self.rows_of(home_of(parent), &format!("directory {parent}"))
     }
 
-    /// Notes (spanning homes) which kept row a write changed, for other metas.
-    fn changed(&mut self, home: HomeId, key: String) {
-        if let Rows::Cross(cross) = &mut self.rows {
-            cross.changed(home, key);
-        }
-    }
-
     /// Notes (spanning homes) that the chunk catalogue to change next is that of the
     /// home whose extents are being changed (each home catalogues its own extents').
     fn extents_of(&mut self, ino: InodeId) {
@@ -243,9 +236,7 @@ impl Txn for HomesTxn<'_> {
     }
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
         let ino = inode.attr.ino;
-        self.of_inode(ino)?.put_inode(inode)?;
-        self.changed(home_of(ino), format!("i{ino}"));
-        Ok(())
+        self.of_inode(ino)?.put_inode(inode)
     }
     fn delete_inode(&mut self, ino: InodeId) -> Result<(), MetaError> {
         // A home's root stays, like a mount point, while the home is there.
@@ -254,9 +245,7 @@ impl Txn for HomesTxn<'_> {
         {
             return Err(MetaError::Busy(format!("directory {ino} is the root of metadata home {}", home_of(ino))));
         }
-        self.of_inode(ino)?.delete_inode(ino)?;
-        self.changed(home_of(ino), format!("i{ino}"));
-        Ok(())
+        self.of_inode(ino)?.delete_inode(ino)
     }
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
         Ok(self.each(|t| t.count_inodes())?.into_iter().sum())
@@ -289,14 +278,10 @@ impl Txn for HomesTxn<'_> {
     fn put_dentry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, cookie: u64) -> Result<(), MetaError> {
         let t = self.of_dir(parent)?;
         let cookie = if cookie >= PLACEHOLDER_COOKIE { t.next_id(Counter::Cookie)? } else { cookie };
-        t.put_dentry(parent, name, ino, cookie)?;
-        self.changed(home_of(parent), format!("e{parent}:{}", hex::encode(name)));
-        Ok(())
+        t.put_dentry(parent, name, ino, cookie)
     }
     fn delete_dentry(&mut self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
-        self.of_dir(parent)?.delete_dentry(parent, name)?;
-        self.changed(home_of(parent), format!("e{parent}:{}", hex::encode(name)));
-        Ok(())
+        self.of_dir(parent)?.delete_dentry(parent, name)
     }
     fn list_dentries(&mut self, parent: InodeId, after: u64, limit: u32) -> Result<Vec<DentryRow>, MetaError> {
         self.at(home_of(parent), |t| t.list_dentries(parent, after, limit))

@@ -138,6 +138,10 @@ impl TwoPhaseConn for PreparedConn {
         }
     }
 
+    fn notifications(&self, sender: &str) -> Vec<String> {
+        self.conn.written.payloads(sender)
+    }
+
     fn notify(&mut self, payloads: &[String]) -> Result<u64, MetaError> {
         self.rollback()?;
         position_of(&self.conn.query(NOTIFY, &[&payloads])?)

@@ -350,6 +350,10 @@ pub trait TwoPhaseConn: Send {
     fn begin(&mut self, epoch: u64) -> Result<(), MetaError>;
     /// The row operations, inside the open transaction.
     fn txn(&mut self) -> &mut dyn Txn;
+    /// The notifications, from `sender`, that name the rows the open transaction
+    /// wrote, for the metas that keep rows: sent by `commit_prepared_and_notify` or
+    /// `notify` once it commits, and kept meanwhile (in the decision) for recovery.
+    fn notifications(&self, sender: &str) -> Vec<String>;
     /// Prepares the open transaction under `gid` (PREPARE TRANSACTION): it survives a
     /// crash of anyone, and waits for `finish`.
     fn prepare(&mut self, gid: &str) -> Result<(), MetaError>;
