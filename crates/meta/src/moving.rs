@@ -464,12 +464,56 @@ impl MetaService {
     /// `PrepareHome`, at the meta holding the home: opens its engine at the place the
     /// move takes it to (across the WAN, a couple of dozen round trips) while the home's
     /// writes still go on, and answers once it is open.
-    pub(crate) async fn prepare_home(&self, m: PrepareHome) -> Result<(), MetaError> {
+    /// The engine is kept only for the move that asked, and only for a while: a mover
+    /// that stopped waiting for it (a slow WAN) hands the home over without it, and an
+    /// engine nobody takes would hold a lease on the new database and show a move in
+    /// progress for good.
+    pub(crate) async fn prepare_home(self: &Arc<Self>, m: PrepareHome) -> Result<(), MetaError> {
         let current = self.held(&m.cluster, m.home)?;
         let to = Placement { site: m.site, database: m.database, moves: current.placement.moves + 1 };
         let opened = self.moves.placed(self.homes().name_of(m.home)?, &to)?;
         let store = blocking(self.moves.opener(opened.clone())).await?;
-        lock(&self.preparing).insert(m.home, (opened, store));
+        let since = Instant::now();
+        {
+            // Under `preparing`'s lock, as `hand_over` takes it: no hand-over between
+            // the check and the insert.
+            let mut preparing = lock(&self.preparing);
+            let unchanged = lock(&self.opened).get(&m.home).is_some_and(|o| o.placement == current.placement);
+            if !unchanged || lock(&self.handed_over).contains_key(&m.home) {
+                drop(preparing);
+                blocking(move || {
+                    drop(store);
+                    Ok(())
+                })
+                .await?;
+                return Err(MetaError::Busy(format!(
+                    "home {} was handed over or moved while its new engine opened: the move went on without it",
+                    m.home
+                )));
+            }
+            preparing.insert(m.home, (since, (opened, store)));
+        }
+        let me = Arc::downgrade(self);
+        let unused_after = self.moves.db_timeout * 4;
+        tokio::spawn(async move {
+            tokio::time::sleep(unused_after).await;
+            let Some(me) = me.upgrade() else { return };
+            let stale = {
+                let mut preparing = lock(&me.preparing);
+                match preparing.get(&m.home) {
+                    Some((at, _)) if *at == since => preparing.remove(&m.home),
+                    _ => None,
+                }
+            };
+            if let Some((_, (_, store))) = stale {
+                tracing::warn!(home = m.home, "no move took the engine opened for it: closed");
+                let _ = blocking(move || {
+                    drop(store);
+                    Ok(())
+                })
+                .await;
+            }
+        });
         Ok(())
     }
 
@@ -492,9 +536,13 @@ impl MetaService {
         let (url, timeout) = (current.writer.clone(), self.moves.db_timeout);
         let (epoch, position) = blocking(move || pg::fence(&url, timeout)).await?;
         util::crash_point!("hand-over-after-fence");
-        let ready = lock(&self.preparing).remove(&m.home);
         let since = Instant::now();
-        lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready, since });
+        {
+            // `prepare_home` checks for a hand-over under this lock.
+            let mut preparing = lock(&self.preparing);
+            let ready = preparing.remove(&m.home).map(|(_, opening)| opening);
+            lock(&self.handed_over).insert(m.home, HandedOverHome { gate, ready, since });
+        }
         let me = Arc::downgrade(self);
         // The watchdog of this hand-over only (a later one of the same home has its own).
         tokio::spawn(async move {
@@ -662,7 +710,7 @@ impl MetaService {
         }
         lock(&self.preparing)
             .get(&id)
-            .map(|(o, _)| format!("opening its database at site {} for a move", o.placement.site))
+            .map(|(_, (o, _))| format!("opening its database at site {} for a move", o.placement.site))
     }
 
     /// Counts one write of home `id` from `site` towards moving it there (nothing

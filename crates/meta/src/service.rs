@@ -106,8 +106,9 @@ pub struct MetaService {
     pub(crate) gates: HashMap<HomeId, Arc<tokio::sync::RwLock<()>>>,
     /// The gates of the homes this meta handed over to a mover, closed until it is done.
     pub(crate) handed_over: Mutex<HashMap<HomeId, crate::moving::HandedOverHome>>,
-    /// The engines of homes this meta holds at their next place, opening for a move.
-    pub(crate) preparing: Mutex<HashMap<HomeId, crate::moving::Opening>>,
+    /// The engines of homes this meta holds at their next place, opened for a move
+    /// (and when).
+    pub(crate) preparing: Mutex<HashMap<HomeId, (std::time::Instant, crate::moving::Opening)>>,
     /// How each home's engine was opened (where it is placed), by home.
     pub(crate) opened: Mutex<HashMap<HomeId, crate::moving::Opened>>,
     /// The sites and settings moves open engines with.
