@@ -21,7 +21,11 @@
 //! - `move-after-record`: the destination recorded the home's new place (the move's
 //!   commit point), neither meta has taken it up yet;
 //! - `hand-over-after-fence`: the holder fenced the home's primary, the mover not yet
-//!   answered.
+//!   answered;
+//! - `cross-after-prepare`: a rename or link between homes prepared the other homes'
+//!   parts, its decision not yet taken (recovery rolls them back);
+//! - `cross-after-decision`: its decision committed, the prepared parts not yet
+//!   (recovery commits them).
 
 pub use fail;
 
