@@ -34,6 +34,8 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per process: a boxed variant would only make every match on it clumsier.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Run meta (SQLite), one node and a mount in one process; Ctrl-C unmounts and stops.
     Up(UpArgs),
@@ -432,6 +434,13 @@ pub struct MetaArgs {
     /// 0: no lease (no fencing).
     #[arg(long, default_value_t = 10_000)]
     pub primary_lease_ms: u64,
+    /// PostgreSQL, asynchronous replication: the metadata RPO, e.g. 10s. Writes are
+    /// refused (EROFS) once no standby has confirmed what the primary wrote this long
+    /// ago, so that a failover loses at most this much; they resume when a standby
+    /// catches up. Needs a lease, and a role that may read pg_stat_replication
+    /// (superuser or pg_monitor). Unset: writes never wait for the standbys.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub metadata_rpo: Option<std::time::Duration>,
     /// PostgreSQL: longest wait for the database's answer to one request; a stopped,
     /// overloaded or unreachable server then fails the operation (ETIMEDOUT) instead of
     /// holding it (and every operation queued behind it), e.g. 30s.

@@ -143,6 +143,17 @@ fn sites(args: &MetaArgs) -> anyhow::Result<Vec<meta::SiteConfig>> {
 
 pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!args.db_timeout.is_zero(), "--db-timeout must be longer than 0, e.g. 30s");
+    if let Some(rpo) = args.metadata_rpo {
+        anyhow::ensure!(
+            args.primary_lease_ms > 0 && args.db.starts_with("postgres"),
+            "--metadata-rpo {rpo:?} needs a PostgreSQL --db and a lease (--primary-lease-ms > 0): it is watched \
+             by the lease's renewals"
+        );
+        anyhow::ensure!(
+            !rpo.is_zero(),
+            "--metadata-rpo must be more than 0 (for no loss at all, replicate synchronously)"
+        );
+    }
     for (flag, values) in [("--read-db", &args.read_db), ("--forward-writes-to", &args.forward_writes_to)] {
         for (i, (name, value)) in values.iter().enumerate() {
             let home = name.as_deref().unwrap_or(meta::ROOT_HOME);
@@ -169,6 +180,7 @@ pub async fn meta(args: MetaArgs) -> anyhow::Result<ExitCode> {
         heartbeat: HEARTBEAT,
         session_expiry: expiry,
         primary_lease: lease,
+        metadata_rpo: args.metadata_rpo,
         db_timeout: args.db_timeout,
         audit_log: args.audit_log.clone(),
         root_policy: None,
@@ -428,6 +440,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         heartbeat: HEARTBEAT,
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
+        metadata_rpo: None,
         db_timeout: meta::DEFAULT_DB_TIMEOUT,
         audit_log: Some(data_dir.join("audit.log")),
         // One node: one copy is what its site can hold (the default wants two).

@@ -68,6 +68,7 @@ fn a_damaged_database_is_refused() {
             heartbeat: std::time::Duration::from_secs(2),
             session_expiry: std::time::Duration::from_secs(30),
             primary_lease: None,
+            metadata_rpo: None,
             db_timeout: meta::DEFAULT_DB_TIMEOUT,
             audit_log: None,
             root_policy: None,

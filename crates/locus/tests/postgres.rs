@@ -199,6 +199,50 @@ fn meta_reading_from_a_hot_standby_serves_a_mount() {
     fsck_clean(&c);
 }
 
+/// `locus meta --metadata-rpo`: with an asynchronous standby that stops confirming
+/// (paused, as a hung site), creates through a mount fail with EROFS once the RPO has
+/// passed, so that a failover to it would lose at most that much; `locus status`
+/// shows how far behind the standby is; once it resumes, writes are accepted again.
+/// A careless operator's `--metadata-rpo` on SQLite is refused with a clear message.
+#[test]
+fn writes_stop_at_the_metadata_rpo_while_the_standby_is_behind() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let primary = PgServer::start();
+    let url = primary.create_database();
+    let standby = primary.start_standby();
+    let mut c = Cluster::start_on_db_with(bin(), 1, &url, &["--metadata-rpo", "2s"]);
+    let m = c.mount();
+    fs::write(m.join("before"), b"before").unwrap();
+    let status = || String::from_utf8_lossy(&c.locus(&["status", "--meta", &c.meta.addr]).stdout).into_owned();
+    wait_until("status shows the standby", std::time::Duration::from_secs(30), || status().contains("s behind"));
+    standby.pause();
+    let paused = std::time::Instant::now();
+    let refused = (0..).find_map(|i| {
+        assert!(paused.elapsed() < std::time::Duration::from_secs(15), "creates still accepted after the RPO");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        fs::write(m.join(format!("during{i}")), b"x").err()
+    });
+    let refused = refused.unwrap();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    assert!(paused.elapsed() >= std::time::Duration::from_millis(1500), "refused before the RPO passed");
+    standby.resume();
+    wait_until("writes accepted once the standby caught up", std::time::Duration::from_secs(30), || {
+        fs::write(m.join("after"), b"after").is_ok()
+    });
+    assert_eq!(fs::read(m.join("before")).unwrap(), b"before");
+
+    let out = std::process::Command::new(bin())
+        .args(["meta", "--db", "sqlite:///nonexistent/meta.db", "--metadata-rpo", "5s", "--insecure-no-tls"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("--metadata-rpo") && said.contains("PostgreSQL"), "{said}");
+}
+
 /// A meta told to stop while a write waits on a hung database (every process of the
 /// server stopped) exits within seconds, not after the write's --db-timeout (30 s): an
 /// operator replacing it, or a failover waiting for it, is not held up.

@@ -269,14 +269,14 @@ impl Store {
 /// have been formatted by meta; with it, a missing or empty database is formatted with
 /// a new cluster id.
 /// `standby` (PostgreSQL only) names a hot standby of `url` to read from.
-/// `lease` (a holder name and duration) makes a PostgreSQL writer hold a lease on the
-/// primary role (SQLite has no failover and ignores it).
+/// `lease` makes a PostgreSQL writer hold a lease on the primary role (SQLite has no
+/// failover and ignores it).
 /// `answer_timeout` (PostgreSQL only) bounds every wait for the server's answer.
 pub fn open_store(
     url: &str,
     standby: Option<&str>,
     init: bool,
-    lease: Option<(String, Duration)>,
+    lease: Option<crate::store::LeaseTerms>,
     answer_timeout: Duration,
 ) -> Result<Store, MetaError> {
     let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };

@@ -200,7 +200,7 @@ impl Drop for Progress<'_> {
 pub(crate) struct MoveSetup {
     pub sites: Vec<SiteConfig>,
     pub own_site: Option<String>,
-    pub lease: Option<(String, Duration)>,
+    pub lease: Option<crate::store::LeaseTerms>,
     pub db_timeout: Duration,
     pub auto: AutoMove,
 }

@@ -42,6 +42,10 @@ pub struct MetaConfig {
     /// PostgreSQL: hold a lease on the primary role of this duration; writes are
     /// refused once it could not be renewed for that long (failover fencing).
     pub primary_lease: Option<Duration>,
+    /// PostgreSQL, with a lease: writes are refused once no standby has confirmed what
+    /// the primary wrote this long ago (the metadata RPO under asynchronous
+    /// replication: what a failover may lose).
+    pub metadata_rpo: Option<Duration>,
     /// PostgreSQL: how long a request may wait for the server's answer before it is
     /// cancelled and fails with ETIMEDOUT, so that a stopped or unreachable server
     /// costs each caller a bounded wait.
@@ -243,7 +247,11 @@ impl Forwarding {
 impl MetaService {
     /// Opens the database named by `config.db_url` (see `open_store`).
     pub fn open(config: &MetaConfig) -> Result<Arc<MetaService>, MetaError> {
-        let lease = config.primary_lease.map(|d| (format!("meta-pid{}", std::process::id()), d));
+        let lease = config.primary_lease.map(|duration| crate::store::LeaseTerms {
+            holder: format!("meta-pid{}", std::process::id()),
+            duration,
+            rpo: config.metadata_rpo,
+        });
         let audit = AuditLog::open(config.audit_log.as_deref())?;
         let store = engine::open_store(
             &config.db_url,
@@ -440,6 +448,7 @@ impl MetaService {
                     name: home.name.clone(),
                     renewed: 0,
                     epoch: 0,
+                    standby_behind: None,
                 });
             }
         }
@@ -1141,6 +1150,8 @@ struct LeaseRenewal {
     renewed: u64,
     /// The epoch of the latest renewal (a moved home's engine starts a new one).
     epoch: i64,
+    /// As the latest renewal saw them (`WriterLease::standby_behind`).
+    standby_behind: Option<Duration>,
 }
 
 impl Worker for LeaseRenewal {
@@ -1154,7 +1165,11 @@ impl Worker for LeaseRenewal {
     }
 
     fn progress(&self) -> String {
-        format!("epoch {}, {} renewals", self.epoch, self.renewed)
+        let behind = match self.standby_behind {
+            Some(behind) => format!(", standbys {:.1} s behind", behind.as_secs_f64()),
+            None => String::new(),
+        };
+        format!("epoch {}, {} renewals{behind}", self.epoch, self.renewed)
     }
 
     async fn work(&mut self) -> Result<Step, MetaError> {
@@ -1167,9 +1182,10 @@ impl Worker for LeaseRenewal {
         let store = service.homes().store(self.home)?.clone();
         let Some(lease) = store.primary_lease() else { return Ok(Step::Idle) };
         self.epoch = lease.epoch();
-        let renewed = tokio::task::spawn_blocking(move || lease.renew())
+        let (renewed, behind) = tokio::task::spawn_blocking(move || (lease.renew(), lease.standby_behind()))
             .await
             .map_err(|e| MetaError::Internal(format!("lease renewal task failed: {e}")))?;
+        self.standby_behind = behind;
         match renewed {
             // Fenced by a move that has swapped the engine since: nothing to say.
             Err(MetaError::Fenced(_)) if !Arc::ptr_eq(&store, service.homes().store(self.home)?) => {}
@@ -1181,7 +1197,7 @@ impl Worker for LeaseRenewal {
 
     async fn wait_for_work(&mut self) -> Step {
         let lease = self.service.upgrade().and_then(|s| s.homes().store(self.home).ok()?.primary_lease());
-        every(lease.map_or(Duration::from_secs(1), |l| l.duration() / 3)).await
+        every(lease.map_or(Duration::from_secs(1), |l| l.renew_every())).await
     }
 }
 

@@ -682,6 +682,7 @@ impl Env {
                 heartbeat: Duration::from_secs(2),
                 session_expiry: Duration::from_secs(30),
                 primary_lease: None,
+                metadata_rpo: None,
                 db_timeout: meta::DEFAULT_DB_TIMEOUT,
                 audit_log: None,
                 root_policy: None,

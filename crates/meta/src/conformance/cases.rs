@@ -18,6 +18,7 @@ pub fn test_config(db_path: std::path::PathBuf) -> MetaConfig {
         heartbeat: Duration::from_secs(5),
         session_expiry: Duration::from_secs(30),
         primary_lease: None,
+        metadata_rpo: None,
         db_timeout: crate::service::DEFAULT_DB_TIMEOUT,
         audit_log: None,
         root_policy: None,

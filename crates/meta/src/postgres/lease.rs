@@ -4,6 +4,7 @@
 
 use crate::error::MetaError;
 use postgres::types::ToSql;
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use util::sync::lock;
@@ -34,6 +35,59 @@ pub struct PrimaryLease {
     /// A connection of its own: a renewal may block (waiting for a cut-off
     /// synchronous standby) without holding the writer.
     pub(super) conn: Mutex<PgConn>,
+    /// The metadata RPO (`LeaseTerms::rpo`): writes are refused once the standbys are
+    /// further behind.
+    pub(super) rpo: Option<Duration>,
+    /// How far the standbys are, as each renewal saw it.
+    pub(super) standbys: Mutex<StandbyWatch>,
+}
+
+/// How far this primary's standbys are behind it, in time: each renewal notes the
+/// primary's WAL insert position (every commit acknowledged before the renewal began
+/// lies at or before it) and the furthest position a standby has flushed; the moment
+/// of the newest noted position a standby has flushed is the moment up to which a
+/// failover to it would lose nothing.
+#[derive(Debug)]
+pub(super) struct StandbyWatch {
+    /// Positions not yet flushed by any standby, oldest first, with when they were noted.
+    pending: VecDeque<(Instant, i64)>,
+    /// Up to when a standby had everything (at first, when the lease was taken: the
+    /// RPO then counts from there).
+    confirmed: Instant,
+    /// Whether any standby has reported.
+    seen: bool,
+}
+
+/// Positions kept while no standby flushes them (a renewal a second for 3 hours):
+/// dropping the oldest only makes `confirmed` later, never earlier than the truth.
+const PENDING_KEPT: usize = 10_000;
+
+impl StandbyWatch {
+    pub(super) fn new(now: Instant) -> StandbyWatch {
+        StandbyWatch { pending: VecDeque::new(), confirmed: now, seen: false }
+    }
+
+    /// Notes that at `at` the primary had written up to `inserted`, and that a standby
+    /// has flushed up to `flushed` (`None`: no standby streams).
+    pub(super) fn note(&mut self, at: Instant, inserted: i64, flushed: Option<i64>) {
+        self.pending.push_back((at, inserted));
+        if self.pending.len() > PENDING_KEPT {
+            self.pending.pop_front();
+        }
+        let Some(flushed) = flushed else { return };
+        self.seen = true;
+        while let Some(&(noted, position)) = self.pending.front()
+            && position <= flushed
+        {
+            self.confirmed = self.confirmed.max(noted);
+            self.pending.pop_front();
+        }
+    }
+
+    /// Up to when a standby had everything this primary wrote.
+    pub(super) fn confirmed(&self) -> Instant {
+        self.confirmed
+    }
 }
 
 impl WriterLease for PrimaryLease {
@@ -45,20 +99,32 @@ impl WriterLease for PrimaryLease {
         self.duration
     }
 
-    /// By a synchronously replicated commit of its row.
+    fn renew_every(&self) -> Duration {
+        let every = self.duration / 3;
+        self.rpo.map_or(every, |rpo| every.min(rpo / 4))
+    }
+
+    /// By a synchronously replicated commit of its row; the same statement notes how
+    /// far the standbys are.
     fn renew(&self) -> Result<(), MetaError> {
         let started = Instant::now();
         let ms = self.duration.as_millis() as i64;
         let mut conn = lock(&self.conn);
         // A renewal abandoned in a cut dropped the connection: this one connects again.
         conn.reconnect_if_closed()?;
-        let renewed = conn.exec(
-            "INSERT INTO primary_leases (holder, epoch, expires_at) \
+        // `flush_lsn` is NULL unless the role may see it (superuser or pg_monitor).
+        let row = conn.one(
+            "WITH renewed AS (INSERT INTO primary_leases (holder, epoch, expires_at) \
              SELECT $1, epoch, now() + $2::bigint * interval '1 millisecond' FROM primary_epoch WHERE epoch = $3 \
-             ON CONFLICT (holder) DO UPDATE SET epoch = EXCLUDED.epoch, expires_at = EXCLUDED.expires_at",
+             ON CONFLICT (holder) DO UPDATE SET epoch = EXCLUDED.epoch, expires_at = EXCLUDED.expires_at \
+             RETURNING 1) \
+             SELECT (SELECT COUNT(*) FROM renewed), (pg_current_wal_insert_lsn() - '0/0')::bigint, \
+             (SELECT MAX(flush_lsn - '0/0') FROM pg_stat_replication WHERE state = 'streaming')::bigint",
             &[&self.holder as &(dyn ToSql + Sync), &ms, &self.epoch],
         )?;
         drop(conn);
+        let (renewed, inserted, flushed): (i64, i64, Option<i64>) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        lock(&self.standbys).note(started, inserted, flushed);
         if renewed == 0 {
             return Err(MetaError::Fenced(format!(
                 "the primary role moved on past epoch {}: this meta no longer accepts writes (restart it \
@@ -74,6 +140,11 @@ impl WriterLease for PrimaryLease {
     fn held(&self) -> bool {
         Instant::now() < self.valid_until()
     }
+
+    fn standby_behind(&self) -> Option<Duration> {
+        let standbys = lock(&self.standbys);
+        standbys.seen.then(|| standbys.confirmed().elapsed())
+    }
 }
 
 impl PrimaryLease {
@@ -82,18 +153,30 @@ impl PrimaryLease {
         *lock(&self.valid_until)
     }
 
-    /// Refuses a write once the lease has run out.
+    /// Refuses a write once the lease has run out, or once the standbys are further
+    /// behind than the metadata RPO.
     pub(super) fn check(&self) -> Result<(), MetaError> {
+        let now = Instant::now();
         let until = *lock(&self.valid_until);
-        if Instant::now() < until {
+        if now >= until {
+            tracing::error!(holder = %self.holder, epoch = self.epoch, "lease on the primary role expired: refusing writes");
+            return Err(MetaError::Fenced(format!(
+                "this meta's lease on the primary role (epoch {}) ran out {:?} ago without a renewal: the primary \
+                 or its synchronous standby is unreachable; writes are refused until a renewal succeeds",
+                self.epoch,
+                now - until
+            )));
+        }
+        let Some(rpo) = self.rpo else { return Ok(()) };
+        let behind = now.saturating_duration_since(lock(&self.standbys).confirmed());
+        if behind <= rpo {
             return Ok(());
         }
-        tracing::error!(holder = %self.holder, epoch = self.epoch, "lease on the primary role expired: refusing writes");
+        tracing::error!(holder = %self.holder, ?behind, ?rpo, "standbys behind the metadata RPO: refusing writes");
         Err(MetaError::Fenced(format!(
-            "this meta's lease on the primary role (epoch {}) ran out {:?} ago without a renewal: the primary \
-             or its synchronous standby is unreachable; writes are refused until a renewal succeeds",
-            self.epoch,
-            Instant::now() - until
+            "no standby has confirmed what this primary wrote in the last {behind:.1?}, more than the metadata \
+             RPO ({rpo:?}): writes are refused, so that a failover cannot lose more, until a standby catches up \
+             (or meta restarts without --metadata-rpo)"
         )))
     }
 }
@@ -156,4 +239,30 @@ pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     let epoch: i64 = c.one("UPDATE primary_epoch SET epoch = epoch + 1 RETURNING epoch", &[])?.try_get(0)?;
     c.exec("DELETE FROM primary_leases WHERE epoch < $1", &[&epoch])?;
     Ok(Promotion { was_standby, waited_for_leases: started.elapsed(), epoch, replayed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The standbys are up to date to the newest noted position they have flushed,
+    /// never further; positions no standby reports move nothing.
+    #[test]
+    fn a_standby_confirms_the_moments_whose_positions_it_has_flushed() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut watch = StandbyWatch::new(t0);
+        watch.note(at(10), 100, None);
+        assert_eq!((watch.confirmed(), watch.seen), (t0, false), "no standby: nothing confirmed");
+        watch.note(at(20), 200, Some(150));
+        assert_eq!(watch.confirmed(), at(10), "100 flushed, 200 not yet");
+        watch.note(at(30), 300, Some(199));
+        assert_eq!(watch.confirmed(), at(10));
+        watch.note(at(40), 300, Some(300));
+        assert_eq!((watch.confirmed(), watch.pending.len()), (at(40), 0));
+        for i in 0..PENDING_KEPT as u64 + 5 {
+            watch.note(at(50 + i), 400 + i as i64, Some(300));
+        }
+        assert_eq!((watch.confirmed(), watch.pending.len()), (at(40), PENDING_KEPT), "bounded while none flushes");
+    }
 }

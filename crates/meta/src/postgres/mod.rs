@@ -41,7 +41,7 @@ pub(crate) use schema::{connect_empty, create_tables};
 
 use crate::error::MetaError;
 use crate::store::values::secret_of;
-use crate::store::{Backend, CommitPositions, ReadConn};
+use crate::store::{Backend, CommitPositions, LeaseTerms, ReadConn};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,7 +51,7 @@ use tokio_postgres::Config;
 use crate::store::WriterLease;
 use conn::{CONNECT_TIMEOUT, PgConn, connect, on_this_machine, shown};
 use kept::{KEPT_ROW_STALE_SQLSTATE, SharedRows};
-use lease::{FENCED_SQLSTATE, PrimaryLease};
+use lease::{FENCED_SQLSTATE, PrimaryLease, StandbyWatch};
 use schema::init_schema;
 use standby::StandbyReader;
 
@@ -78,38 +78,61 @@ fn parse(url: &str) -> Result<(Config, String), MetaError> {
 /// tables) is formatted with a new cluster id. A database holding anything else is
 /// refused either way. With `standby` (a hot standby of `url`'s server, at this
 /// site), reads go there once it has replayed this meta's latest commit.
-/// With `lease` (a holder name and duration), the writer holds a lease on the
-/// primary role (`PrimaryLease`), taken here and renewed by the meta's `primary-lease`
-/// worker. Every request waits at most `answer_timeout` for the server's answer.
+/// With `lease`, the writer holds a lease on the primary role (`PrimaryLease`), taken
+/// here and renewed by the meta's `primary-lease` worker. Every request waits at most `answer_timeout` for the server's answer.
 pub fn open(
     url: &str,
     standby: Option<&str>,
     init: bool,
-    lease: Option<(String, Duration)>,
+    lease: Option<LeaseTerms>,
     answer_timeout: Duration,
 ) -> Result<Backend, MetaError> {
     let (config, shown) = parse(url)?;
     let timeout = Some(answer_timeout);
-    let mut writer = connect(&config, &shown, timeout)?;
-    let formatted = init_schema(&mut writer, &shown, init)?;
-    let row = writer.one("SELECT id, secret FROM cluster", &[])?;
-    let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
-    let epoch: i64 = writer.one("SELECT epoch FROM primary_epoch", &[])?.try_get(0)?;
-    let lease = match lease {
-        None => None,
-        Some((holder, duration)) => {
+    let standby = standby.map(parse).transpose()?;
+    // Every other connection is made while the writer checks the schema: across a WAN
+    // (a meta opening a home that moved) each costs round trips of its own.
+    let (writer, others) = std::thread::scope(|s| {
+        let others = s.spawn(|| {
+            let lease_conn = lease.as_ref().map(|_| connect(&config, &shown, timeout)).transpose()?;
+            let readers = connect_each(|| {
+                let standby =
+                    standby.as_ref().map(|(c, shown)| connect_replica(c, shown, answer_timeout)).transpose()?;
+                Ok((standby, connect(&config, &shown, timeout)?))
+            })?;
+            Ok::<_, MetaError>((lease_conn, readers))
+        });
+        let writer = (|| {
+            let mut writer = connect(&config, &shown, timeout)?;
+            let formatted = init_schema(&mut writer, &shown, init)?;
+            let row = writer.one("SELECT c.id, c.secret, e.epoch FROM cluster c, primary_epoch e", &[])?;
+            let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
+            let epoch: i64 = row.try_get(2)?;
+            Ok::<_, MetaError>((writer, formatted, cluster_id, cluster_secret, epoch))
+        })();
+        let others =
+            others.join().unwrap_or_else(|_| Err(MetaError::Internal("connecting to PostgreSQL panicked".into())));
+        (writer, others)
+    });
+    let (mut writer, formatted, cluster_id, cluster_secret, epoch) = writer?;
+    let (lease_conn, connected) = others?;
+    let lease = match (lease, lease_conn) {
+        (Some(LeaseTerms { holder, duration, rpo }), Some(conn)) => {
             let lease = Arc::new(PrimaryLease {
                 holder,
                 epoch,
                 duration,
                 valid_until: Mutex::new(Instant::now()),
-                conn: Mutex::new(connect(&config, &shown, timeout)?),
+                conn: Mutex::new(conn),
+                rpo,
+                standbys: Mutex::new(StandbyWatch::new(Instant::now())),
             });
             lease.renew()?;
-            tracing::info!(epoch, ?duration, "holding a lease on the primary role");
+            tracing::info!(epoch, ?duration, ?rpo, "holding a lease on the primary role");
             writer.fence = Some(lease.clone());
             Some(lease)
         }
+        _ => None,
     };
     let mut readers: Vec<Box<dyn ReadConn>> = Vec::with_capacity(READERS);
     // Every writer notifies the metas that keep rows of what it commits. The writer
@@ -133,33 +156,27 @@ pub fn open(
         conn.cache = Some(shared.clone());
         conn
     };
-    match standby {
-        None => {
-            writer.setup = WRITER_SETUP_ASYNC;
-            for conn in connect_each(|| connect(&config, &shown, timeout))? {
-                readers.push(Box::new(kept(conn)));
-            }
+    for (standby_conn, primary) in connected {
+        match standby_conn {
+            None => readers.push(Box::new(kept(primary))),
+            Some(standby_conn) => readers.push(Box::new(StandbyReader {
+                standby: kept(standby_conn),
+                // Keeps nothing: rows newer than the standby's would mix with its
+                // older ones in later reads there.
+                primary,
+                committed: committed.clone(),
+                replayed: 0,
+            })),
         }
-        // Commits are flushed before they are answered: WAL reaches the standby only
-        // once flushed, and an unflushed commit would keep its writer's reads waiting.
-        Some(standby_url) => {
-            writer.setup = writer_setup!();
-            writer.flushes_every_commit = true;
-            let (standby_config, standby_shown) = parse(standby_url)?;
-            let pairs = connect_each(|| {
-                Ok((connect(&standby_config, &standby_shown, timeout)?, connect(&config, &shown, timeout)?))
-            })?;
-            for (standby, primary) in pairs {
-                readers.push(Box::new(StandbyReader {
-                    standby: kept(standby),
-                    // Keeps nothing: rows newer than the standby's would mix with its
-                    // older ones in later reads there.
-                    primary,
-                    committed: committed.clone(),
-                    replayed: 0,
-                }));
-            }
-        }
+    }
+    // Commits are flushed before they are answered where reads go to a standby: WAL
+    // reaches the standby only once flushed, and an unflushed commit would keep its
+    // writer's reads waiting.
+    if standby.is_some() {
+        writer.setup = writer_setup!();
+        writer.flushes_every_commit = true;
+    } else {
+        writer.setup = WRITER_SETUP_ASYNC;
     }
     writer.batch(writer.setup)?;
     kept::listen(config.clone(), shown.clone(), &shared);
@@ -177,6 +194,20 @@ pub fn open(
         positions: Some(positions),
         two_phase: Some(prepared::opener(config, shown, answer_timeout)),
     })
+}
+
+/// Connects to a hot standby, waiting (up to `answer_timeout`) for a database that
+/// its primary has just made (a home's next place in a move) to be replayed there.
+fn connect_replica(config: &Config, shown: &str, answer_timeout: Duration) -> Result<PgConn, MetaError> {
+    let until = Instant::now() + answer_timeout;
+    loop {
+        match connect(config, shown, Some(answer_timeout)) {
+            Err(MetaError::Connect { detail, .. }) if detail.contains("(3D000)") && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            connected => return connected,
+        }
+    }
 }
 
 /// `READERS` connections made at once, one thread each: a primary across the WAN costs

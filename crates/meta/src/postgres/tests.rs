@@ -729,7 +729,7 @@ fn only_metas_that_keep_rows_are_notified() {
 
 /// A meta over `url` holding a lease of `duration` (not renewed: no workers run).
 fn with_lease(url: &str, duration: Duration) -> (Arc<MetaService>, Arc<dyn WriterLease>) {
-    let backend = open(url, None, false, Some(("test".into(), duration)), DEFAULT_DB_TIMEOUT).unwrap();
+    let backend = open(url, None, false, Some(lease_terms(duration, None)), DEFAULT_DB_TIMEOUT).unwrap();
     let lease = backend.lease.clone().unwrap();
     let store = Arc::new(crate::engine::Store::new(backend).unwrap());
     (MetaService::with_store(store, &test_config(Default::default())), lease)
@@ -831,7 +831,7 @@ fn a_commit_stuck_on_a_lost_standby_is_answered_erofs_when_the_lease_ends() {
     let url = server.create_database();
     drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
     let lease_for = Duration::from_millis(1500);
-    let backend = open(&url, None, false, Some(("test".into(), lease_for)), DEFAULT_DB_TIMEOUT).unwrap();
+    let backend = open(&url, None, false, Some(lease_terms(lease_for, None)), DEFAULT_DB_TIMEOUT).unwrap();
     let lease = backend.lease.clone().unwrap();
     let store = crate::engine::Store::new(backend).unwrap();
     put_entry(&store, false, "before").unwrap();
@@ -857,6 +857,76 @@ fn a_commit_stuck_on_a_lost_standby_is_answered_erofs_when_the_lease_ends() {
     std::thread::sleep(Duration::from_millis(200));
     lease.renew().unwrap();
     put_entry(&store, true, "after").unwrap();
+}
+
+/// Under asynchronous replication with a metadata RPO, a primary whose standby stops
+/// confirming (paused, as a hung site would be) refuses writes once the RPO has
+/// passed since the standby last had everything: what it acknowledged after the
+/// pause, all that a failover to that standby could lose, spans no more than the RPO.
+/// Writes are accepted again once the standby catches up.
+#[test]
+fn writes_are_refused_once_the_standby_is_further_behind_than_the_metadata_rpo() {
+    let server = PgServer::start();
+    let standby = server.start_standby();
+    let url = server.create_database();
+    drop(open(&url, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
+    let rpo = Duration::from_millis(1500);
+    let terms = lease_terms(Duration::from_secs(10), Some(rpo));
+    let backend = open(&url, None, false, Some(terms), DEFAULT_DB_TIMEOUT).unwrap();
+    let lease = backend.lease.clone().unwrap();
+    assert_eq!(lease.renew_every(), rpo / 4, "renewed often enough to watch the RPO");
+    let store = crate::engine::Store::new(backend).unwrap();
+    // Renewals as meta's worker makes them, each also asking how far the standby is.
+    let mut renewed = Instant::now();
+    let mut written = 0u64;
+    let mut write = || {
+        if renewed.elapsed() >= lease.renew_every() {
+            lease.renew().unwrap();
+            renewed = Instant::now();
+        }
+        written += 1;
+        let ino = 3_000_000 + written;
+        crate::engine::write(&store, false, move |t| t.put_dentry(ROOT_INODE, format!("e{ino}").as_bytes(), ino, ino))
+            .map_err(|e| e.code())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if lease.standby_behind().is_some_and(|behind| behind < rpo / 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the standby never reported: {:?}", lease.standby_behind());
+        write().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    standby.pause();
+    let paused = Instant::now();
+    let mut last_acknowledged = paused;
+    let refused = std::iter::repeat(()).find_map(|()| {
+        let since = paused.elapsed();
+        assert!(since < rpo + Duration::from_secs(5), "writes still accepted {since:?} after the pause");
+        std::thread::sleep(Duration::from_millis(50));
+        match write() {
+            Ok(()) => {
+                last_acknowledged = Instant::now();
+                None
+            }
+            Err(code) => Some(code),
+        }
+    });
+    assert_eq!(refused, Some(ErrorCode::ReadOnly));
+    let at_risk = last_acknowledged - paused;
+    assert!(at_risk <= rpo + Duration::from_millis(300), "acknowledged for {at_risk:?} past the pause");
+    assert!(at_risk + lease.renew_every() + Duration::from_millis(500) >= rpo, "refused early, after {at_risk:?}");
+    standby.resume();
+    let resumed = Instant::now();
+    while write().is_err() {
+        assert!(resumed.elapsed() < Duration::from_secs(20), "writes still refused after the standby caught up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn lease_terms(duration: Duration, rpo: Option<Duration>) -> crate::store::LeaseTerms {
+    crate::store::LeaseTerms { holder: "test".into(), duration, rpo }
 }
 
 /// Writes an entry of the root in a transaction of its own (`durable`: as an

@@ -388,6 +388,20 @@ pub trait CommitPositions: Send + Sync {
     fn committed_elsewhere(&self, position: u64, namespace: bool);
 }
 
+/// What a writer's lease on the primary role is taken with (PostgreSQL; SQLite has no
+/// failover and ignores it).
+#[derive(Clone, Debug)]
+pub struct LeaseTerms {
+    /// Who holds it (one name per meta process).
+    pub holder: String,
+    /// How long it lasts without a renewal.
+    pub duration: std::time::Duration,
+    /// The metadata RPO under asynchronous replication: writes are refused once no
+    /// standby has confirmed what this primary wrote this long ago, so that a failover
+    /// to a standby loses at most this much of acknowledged writing.
+    pub rpo: Option<std::time::Duration>,
+}
+
 /// A writer's lease on the primary role of its database: while it holds, the backend
 /// accepts writes; once a renewal has failed for the lease's whole duration, every
 /// write is refused (`MetaError::Fenced`). Behind a trait so that the engine and the
@@ -395,12 +409,19 @@ pub trait CommitPositions: Send + Sync {
 pub trait WriterLease: Send + Sync {
     /// The epoch of the primary role the lease belongs to.
     fn epoch(&self) -> i64;
-    /// How long the lease lasts; the renewal worker runs at a third of it.
+    /// How long the lease lasts.
     fn duration(&self) -> std::time::Duration;
+    /// How often the renewal worker renews it: a third of its duration, and a quarter
+    /// of the metadata RPO when there is one (each renewal also asks how far the
+    /// standbys are).
+    fn renew_every(&self) -> std::time::Duration;
     /// Extends the lease (blocking); refused for good once the epoch moved on.
     fn renew(&self) -> Result<(), MetaError>;
     /// Whether writes are accepted now (the last renewal is recent enough).
     fn held(&self) -> bool;
+    /// How far behind the standbys are, as the age of the newest moment up to which a
+    /// standby had everything this primary wrote (`None`: no standby has reported).
+    fn standby_behind(&self) -> Option<std::time::Duration>;
 }
 
 /// `Txn::drop_open` by reading the record and writing it back.
