@@ -535,6 +535,25 @@ pub enum MetaAction {
     /// wait out the old epoch's leases, bump the epoch); then restart the metas with
     /// --db at it. Run it only once the old primary's site is lost or fenced.
     Promote(PromoteArgs),
+    /// After a failover from an asynchronous standby: list what the lost primary had
+    /// acknowledged past the standby's last replayed commit (the old primary's server
+    /// started again, read only; the promoted database names that point). Exits 3
+    /// when something was lost.
+    Lost(LostArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct LostArgs {
+    /// The old primary's database: `postgres://user@host:port/database`.
+    #[arg(long)]
+    pub old: String,
+    /// The promoted database.
+    #[arg(long)]
+    pub new: String,
+    /// The failover point in ms since the Unix epoch, for a database not promoted by
+    /// `locus meta promote` (which records it).
+    #[arg(long, value_name = "MS")]
+    pub since_ms: Option<i64>,
 }
 
 #[derive(Args, Debug)]

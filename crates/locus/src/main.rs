@@ -128,6 +128,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Up(a) => roles::up(a, args.tls).await,
         Meta(cli::MetaArgs { action: Some(cli::MetaAction::Migrate(m)), .. }) => roles::migrate(m).await,
         Meta(cli::MetaArgs { action: Some(cli::MetaAction::Promote(p)), .. }) => roles::promote(p).await,
+        Meta(cli::MetaArgs { action: Some(cli::MetaAction::Lost(l)), .. }) => roles::lost(l).await,
         Meta(a) => roles::meta(a).await,
         Node(a) => roles::node(*a).await,
         Mount(a) => roles::mount(a).await,

@@ -1,6 +1,6 @@
 //! The long-running roles: meta, node, mount, and `up` which embeds all three.
 
-use crate::cli::{ClientTuning, MetaArgs, MigrateArgs, MountArgs, NodeArgs, PromoteArgs, TlsArgs, UpArgs};
+use crate::cli::{ClientTuning, LostArgs, MetaArgs, MigrateArgs, MountArgs, NodeArgs, PromoteArgs, TlsArgs, UpArgs};
 use crate::local::LocalCluster;
 use crate::pki::{LOCAL_NODE, LOCAL_SITE, LocalPki};
 use anyhow::{Context, anyhow, bail};
@@ -91,10 +91,29 @@ pub async fn promote(args: PromoteArgs) -> anyhow::Result<ExitCode> {
     if let Some((at, lsn)) = &done.replayed {
         println!(
             "the standby had replayed every commit up to {at} (log position {lsn}): under asynchronous \
-             replication, writes the lost primary acknowledged after that are lost; under sync, none was"
+             replication, writes the lost primary acknowledged after that are lost (once its server is back, \
+             `locus meta lost --old URL --new URL` lists them); under sync, none was"
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `locus meta lost`: what a failover from an asynchronous standby lost, path by path.
+pub async fn lost(args: LostArgs) -> anyhow::Result<ExitCode> {
+    let found = tokio::task::spawn_blocking(move || meta::lost(&args.old, &args.new, args.since_ms)).await??;
+    println!(
+        "failover point: the promoted standby had replayed every commit up to {} UTC",
+        crate::admin::utc(found.since_ms)
+    );
+    for change in &found.changes {
+        println!("lost  {}  {}", change.path, change.what);
+    }
+    if found.changes.is_empty() {
+        println!("nothing the old primary acknowledged after it is missing");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{} change(s) acknowledged at the old primary are missing at the promoted one", found.changes.len());
+    Ok(ExitCode::from(3))
 }
 
 /// `locus meta migrate`: copies a SQLite namespace into an empty PostgreSQL database

@@ -29,7 +29,7 @@ pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_ma
 pub use locks::Held;
 pub use migrate::migrate;
 pub use moving::{AutoMove, SiteConfig};
-pub use postgres::{Promotion, promote};
+pub use postgres::{Lost, LostChange, LostKind, Promotion, lost, promote};
 pub use service::{DEFAULT_DB_TIMEOUT, HomeConfig, InProcessClient, MetaConfig, MetaService, ROOT_HOME};
 pub use store::{
     Backend, Counter, DentryRow, Inode, OpenRow, ReadConn, ReadOp, SessionRow, Txn, WriteConn, WriterLease,

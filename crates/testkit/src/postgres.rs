@@ -247,6 +247,12 @@ impl PgServer {
         self.run("pg_ctl", &["stop", "-w", "-t", "30", "-m", "immediate", "-D", &self.data_dir()]);
     }
 
+    /// Starts the server again after `crash`, on its data as the crash left it (a lost
+    /// site's primary back after a failover).
+    pub fn restart(&self) {
+        self.launch();
+    }
+
     /// The server's directory (its log is `server.log` there).
     pub fn path(&self) -> &Path {
         self.dir.path()

@@ -205,12 +205,16 @@ pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     let (config, shown) = parse(url)?;
     let mut c = connect(&config, &shown, None)?;
     let was_standby: bool = c.one("SELECT pg_is_in_recovery()", &[])?.try_get(0)?;
-    let replayed = match was_standby {
-        false => None,
+    let (replayed, replayed_ms) = match was_standby {
+        false => (None, None),
         true => {
-            let row = c.one("SELECT pg_last_xact_replay_timestamp()::text, pg_last_wal_replay_lsn()::text", &[])?;
+            let row = c.one(
+                "SELECT pg_last_xact_replay_timestamp()::text, pg_last_wal_replay_lsn()::text, \
+                 (EXTRACT(EPOCH FROM pg_last_xact_replay_timestamp()) * 1000)::bigint",
+                &[],
+            )?;
             let at: Option<String> = row.try_get(0)?;
-            at.zip(row.try_get::<_, Option<String>>(1)?)
+            (at.zip(row.try_get::<_, Option<String>>(1)?), row.try_get::<_, Option<i64>>(2)?)
         }
     };
     if was_standby {
@@ -238,6 +242,13 @@ pub fn promote(url: &str) -> Result<Promotion, MetaError> {
     }
     let epoch: i64 = c.one("UPDATE primary_epoch SET epoch = epoch + 1 RETURNING epoch", &[])?.try_get(0)?;
     c.exec("DELETE FROM primary_leases WHERE epoch < $1", &[&epoch])?;
+    // The failover point, for `locus meta lost` once the old primary is back.
+    if let Some(ms) = replayed_ms {
+        c.exec(
+            "INSERT INTO counters (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+            &[&super::lost::replayed_counter(epoch), &ms],
+        )?;
+    }
     Ok(Promotion { was_standby, waited_for_leases: started.elapsed(), epoch, replayed })
 }
 

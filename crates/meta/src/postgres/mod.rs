@@ -25,6 +25,7 @@ mod codec;
 mod conn;
 mod kept;
 mod lease;
+mod lost;
 pub mod moving;
 mod prepared;
 mod rows;
@@ -37,6 +38,7 @@ mod txn;
 mod wire;
 
 pub use lease::{Promotion, promote};
+pub use lost::{Lost, LostChange, LostKind, lost};
 pub(crate) use schema::{connect_empty, create_tables};
 
 use crate::error::MetaError;

@@ -937,6 +937,48 @@ fn put_entry(store: &crate::engine::Store, durable: bool, name: &str) -> Result<
     crate::engine::write(store, durable, move |t| t.put_dentry(ROOT_INODE, &name, ino, ino)).map_err(|e| e.code())
 }
 
+/// A failover from an asynchronous standby that stopped before the primary's last
+/// write: once the old primary's server is back, `lost` names that write (the file
+/// made, and the root's entry for it) from the failover point `promote` recorded, and
+/// nothing the standby had.
+#[test]
+fn lost_lists_what_the_old_primary_acknowledged_past_the_failover_point() {
+    let (primary, url, standby, standby_url) = formatted_with_standby();
+    let old = MetaService::open(&MetaConfig { db_url: url.clone(), ..test_config(Default::default()) }).unwrap();
+    create(&old, "kept").unwrap();
+    replayed(&url, &standby_url);
+    // The standby stops receiving (as behind a cut), and the write after it is on the
+    // primary's disk before the crash.
+    standby.sql("postgres", "ALTER SYSTEM SET primary_conninfo = ''");
+    standby.sql("postgres", "SELECT pg_reload_conf()");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while standby.sql("postgres", "SELECT COUNT(*) FROM pg_stat_wal_receiver") != "0" {
+        assert!(Instant::now() < deadline, "the standby's WAL receiver did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    create(&old, "lost").unwrap();
+    primary.sql("postgres", "CHECKPOINT");
+    drop(old);
+    primary.crash();
+    promote(&standby_url).unwrap();
+    primary.restart();
+    let found = crate::postgres::lost(&url, &standby_url, None).unwrap();
+    let said: Vec<String> = found.changes.iter().map(|c| format!("{} {}", c.path, c.what)).collect();
+    let made = crate::postgres::LostChange { path: "/lost".into(), what: crate::postgres::LostKind::OnlyAtOld };
+    assert!(found.changes.contains(&made), "{said:?}");
+    let entries = crate::postgres::LostKind::Entries { only_at_old: vec!["lost".into()], only_at_new: Vec::new() };
+    assert!(found.changes.contains(&crate::postgres::LostChange { path: "/".into(), what: entries }), "{said:?}");
+    assert!(found.changes.iter().all(|c| c.path != "/kept"), "{said:?}");
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    assert!((now_ms - 60_000..=now_ms).contains(&found.since_ms), "the failover point {}", found.since_ms);
+    // A database no promotion wrote a failover point into.
+    let server = testkit::postgres::shared();
+    let other = server.create_database();
+    drop(open(&other, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
+    let refused = crate::postgres::lost(&url, &other, None).unwrap_err().to_string();
+    assert!(refused.contains("no failover point"), "{refused}");
+}
+
 /// `promote` on a hot standby: promotes it, waits out the primary's lease, bumps
 /// the epoch; a meta over the promoted server writes, and every committed entry
 /// is there.
