@@ -4,7 +4,7 @@
 
 use crate::error::MetaError;
 use postgres::types::ToSql;
-use postgres::{Row, SimpleQueryMessage, Statement};
+use postgres::{Row, SimpleQueryMessage, SimpleQueryRow, Statement};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -342,6 +342,13 @@ impl PgConn {
     /// Runs statements without parameters in one round trip (after the deferred
     /// writes). Every transaction or savepoint boundary goes through here, so it
     /// forgets the rows seen.
+    /// The first row `sql` (no parameters) answers, by the simple protocol: one round
+    /// trip, where a statement's first use on a connection costs two (it is prepared
+    /// first), which counts across a WAN for a connection just made.
+    pub(super) fn simple_row(&mut self, sql: &str) -> Result<Option<SimpleQueryRow>, MetaError> {
+        first_row(self.pipeline(Last::Simple(sql))?)
+    }
+
     pub(crate) fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
         self.seen = Seen::default();
         self.pipeline(Last::Batch(sql)).map(drop)
@@ -415,4 +422,15 @@ pub(super) fn on_this_machine(config: &Config) -> bool {
         }
         tokio_postgres::config::Host::Unix(_) => true,
     })
+}
+
+/// The first row of a simple query's answer.
+pub(super) fn first_row(answer: Answer) -> Result<Option<SimpleQueryRow>, MetaError> {
+    match answer {
+        Answer::Simple(messages) => Ok(messages.into_iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })),
+        _ => Err(MetaError::Internal("a simple query was answered as another kind".into())),
+    }
 }

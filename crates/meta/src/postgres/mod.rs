@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Config;
 
 use crate::store::WriterLease;
-use conn::{CONNECT_TIMEOUT, PgConn, connect, on_this_machine, shown};
+use conn::{CONNECT_TIMEOUT, Last, PgConn, connect, on_this_machine, shown};
 use kept::{KEPT_ROW_STALE_SQLSTATE, SharedRows};
 use lease::{FENCED_SQLSTATE, PrimaryLease, StandbyWatch};
 use schema::init_schema;
@@ -107,9 +107,7 @@ pub fn open(
         let writer = (|| {
             let mut writer = connect(&config, &shown, timeout)?;
             let formatted = init_schema(&mut writer, &shown, init)?;
-            let row = writer.one("SELECT c.id, c.secret, e.epoch FROM cluster c, primary_epoch e", &[])?;
-            let (cluster_id, cluster_secret): (String, [u8; 32]) = (row.try_get(0)?, secret_of(row.try_get(1)?)?);
-            let epoch: i64 = row.try_get(2)?;
+            let (cluster_id, cluster_secret, epoch) = cluster_row(&mut writer)?;
             Ok::<_, MetaError>((writer, formatted, cluster_id, cluster_secret, epoch))
         })();
         let others =
@@ -129,9 +127,6 @@ pub fn open(
                 rpo,
                 standbys: Mutex::new(StandbyWatch::new(Instant::now())),
             });
-            lease.renew()?;
-            tracing::info!(epoch, ?duration, ?rpo, "holding a lease on the primary role");
-            writer.fence = Some(lease.clone());
             Some(lease)
         }
         _ => None,
@@ -142,15 +137,45 @@ pub fn open(
     // it, again with a later write transaction; the listener listens at the primary.
     let shared = SharedRows::new(standby.is_some());
     writer.publish = Some(shared.clone());
-    // Reads at a standby see no less than this open did at the primary (a database it
-    // just formatted, above all: its tables may not have reached the standby yet).
-    let opened_at = match standby {
-        Some(_) => {
-            let at: String = writer.one("SELECT pg_current_wal_flush_lsn()::text", &[])?.try_get(0)?;
-            standby::parse_lsn(&at).unwrap_or(0)
-        }
-        None => 0,
-    };
+    // Commits are flushed before they are answered where reads go to a standby: WAL
+    // reaches the standby only once flushed, and an unflushed commit would keep its
+    // writer's reads waiting.
+    if standby.is_some() {
+        writer.setup = writer_setup!();
+        writer.flushes_every_commit = true;
+    } else {
+        writer.setup = WRITER_SETUP_ASYNC;
+    }
+    // The rest on the writer, in two round trips, while the lease is renewed on its own
+    // connection: across a WAN (a meta opening a home that moved) each costs one.
+    let (opened_at, renewed) = std::thread::scope(|s| {
+        let renewing = lease.as_ref().map(|lease| s.spawn(|| lease.renew()));
+        // Reads at a standby see no less than this open did at the primary (a database
+        // it just formatted, above all: its tables may not have reached the standby yet).
+        let opened_at = (|| {
+            let mut asked = vec![Last::Batch(writer.setup)];
+            if standby.is_some() {
+                asked.push(Last::Simple("SELECT pg_current_wal_flush_lsn()::text"));
+            }
+            let mut answers = writer.pipeline_all(asked)?;
+            if standby.is_none() {
+                return Ok::<_, MetaError>(0);
+            }
+            let at = conn::first_row(answers.pop().expect("two requests, two answers"))?;
+            Ok(at.and_then(|r| r.get(0).and_then(standby::parse_lsn)).unwrap_or(0))
+        })();
+        let renewed = renewing.map_or(Ok(()), |r| {
+            r.join().unwrap_or_else(|_| Err(MetaError::Internal("renewing the lease panicked".into())))
+        });
+        (opened_at, renewed)
+    });
+    renewed?;
+    // Only now: the writer's requests wait no longer than a lease that holds.
+    writer.fence = lease.clone();
+    if let Some(lease) = &lease {
+        tracing::info!(epoch, duration = ?lease.duration, rpo = ?lease.rpo, "holding a lease on the primary role");
+    }
+    let opened_at = opened_at?;
     let committed = Arc::new(AtomicU64::new(opened_at));
     writer.committed = Some(committed.clone());
     let positions = Arc::new(Positions { committed: committed.clone(), rows: shared.clone() });
@@ -171,16 +196,6 @@ pub fn open(
             })),
         }
     }
-    // Commits are flushed before they are answered where reads go to a standby: WAL
-    // reaches the standby only once flushed, and an unflushed commit would keep its
-    // writer's reads waiting.
-    if standby.is_some() {
-        writer.setup = writer_setup!();
-        writer.flushes_every_commit = true;
-    } else {
-        writer.setup = WRITER_SETUP_ASYNC;
-    }
-    writer.batch(writer.setup)?;
     kept::listen(config.clone(), shown.clone(), &shared);
     writer.take_kept_rows_lock()?;
     Ok(Backend {
@@ -210,6 +225,17 @@ fn connect_replica(config: &Config, shown: &str, answer_timeout: Duration) -> Re
             connected => return connected,
         }
     }
+}
+
+/// The cluster's id and secret and the primary's epoch, in one round trip.
+fn cluster_row(w: &mut PgConn) -> Result<(String, [u8; 32], i64), MetaError> {
+    let row = w.simple_row("SELECT c.id, encode(c.secret, 'hex'), e.epoch FROM cluster c, primary_epoch e")?;
+    let text = |i: usize| row.as_ref().and_then(|r| r.get(i));
+    let missing = || MetaError::Corrupt("the database has no cluster row, secret or epoch".into());
+    let secret = hex::decode(text(1).ok_or_else(missing)?)
+        .map_err(|e| MetaError::Corrupt(format!("the cluster secret does not decode: {e}")))?;
+    let epoch = text(2).and_then(|e| e.parse().ok()).ok_or_else(missing)?;
+    Ok((text(0).ok_or_else(missing)?.to_string(), secret_of(secret)?, epoch))
 }
 
 /// `READERS` connections made at once, one thread each: a primary across the WAN costs

@@ -170,20 +170,18 @@ impl PgConn {
         self.lock_tried = Some(Instant::now());
         // The WAL position is asked after the lock is taken: every commit that did not
         // notify this meta (it ended before the lock was granted) is behind it.
-        let row = self.one(
-            concat!(
-                "SELECT pg_try_advisory_lock_shared(",
-                kept_rows_lock!(),
-                "), pg_backend_pid(), pg_current_wal_insert_lsn()::text"
-            ),
-            &[],
-        )?;
-        if row.try_get(0)? {
+        let row = self.simple_row(concat!(
+            "SELECT pg_try_advisory_lock_shared(",
+            kept_rows_lock!(),
+            "), pg_backend_pid(), pg_current_wal_insert_lsn()::text"
+        ))?;
+        let text = |i: usize| row.as_ref().and_then(|r| r.get(i));
+        if text(0) == Some("t") {
             if self.lock_missed.take().is_some_and(|(_, logged)| logged) {
                 tracing::info!("took the kept-rows lock at last");
             }
-            let at: String = row.try_get(2)?;
-            publish.set_holder(row.try_get(1)?, parse_lsn(&at).unwrap_or(u64::MAX));
+            let pid = text(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+            publish.set_holder(pid, text(2).and_then(parse_lsn).unwrap_or(u64::MAX));
         } else {
             let (since, logged) = self.lock_missed.get_or_insert((Instant::now(), false));
             if !*logged && since.elapsed() >= LOCK_MISSED_WARNING {
