@@ -195,11 +195,11 @@ fn attempt(
     }
     own.set_xattr(0, &key, decision.encode().as_bytes())?;
     let store = homes.store(home)?.clone();
-    if store.primary_lease().is_some_and(|l| !l.held()) {
+    // As any commit of this meta's: not once its lease ran out or its standbys are
+    // behind the metadata RPO (nothing is changed then).
+    if let Some(Err(refused)) = store.primary_lease().map(|l| l.check()) {
         abort(cross, &prepared, &gid);
-        return Err(MetaError::Fenced(format!(
-            "this meta's lease on home {home} lapsed during a rename or link between homes: nothing was changed"
-        )));
+        return Err(refused);
     }
     match cross.part(home)?.conn.commit() {
         Ok(_) => {}

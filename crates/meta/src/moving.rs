@@ -481,11 +481,7 @@ impl MetaService {
             let unchanged = lock(&self.opened).get(&m.home).is_some_and(|o| o.placement == current.placement);
             if !unchanged || lock(&self.handed_over).contains_key(&m.home) {
                 drop(preparing);
-                blocking(move || {
-                    drop(store);
-                    Ok(())
-                })
-                .await?;
+                close(store).await;
                 return Err(MetaError::Busy(format!(
                     "home {} was handed over or moved while its new engine opened: the move went on without it",
                     m.home
@@ -507,11 +503,7 @@ impl MetaService {
             };
             if let Some((_, (_, store))) = stale {
                 tracing::warn!(home = m.home, "no move took the engine opened for it: closed");
-                let _ = blocking(move || {
-                    drop(store);
-                    Ok(())
-                })
-                .await;
+                close(store).await;
             }
         });
         Ok(())
@@ -779,6 +771,18 @@ async fn ask_on<C: proto::Call>(
 }
 
 /// Runs blocking work (database connections) off the runtime's workers.
+/// Drops an engine where blocking is allowed (closing its connections waits on them).
+async fn close(store: Store) {
+    if let Err(e) = blocking(move || {
+        drop(store);
+        Ok(())
+    })
+    .await
+    {
+        tracing::warn!(error = %e, "closing an engine failed");
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MetaError> + Send + 'static,
 ) -> Result<T, MetaError> {

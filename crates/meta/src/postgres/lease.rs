@@ -141,21 +141,9 @@ impl WriterLease for PrimaryLease {
         Instant::now() < self.valid_until()
     }
 
-    fn standby_behind(&self) -> Option<Duration> {
-        let standbys = lock(&self.standbys);
-        standbys.seen.then(|| standbys.confirmed().elapsed())
-    }
-}
-
-impl PrimaryLease {
-    /// Until when the lease holds (renewals that succeed move it later).
-    pub(super) fn valid_until(&self) -> Instant {
-        *lock(&self.valid_until)
-    }
-
-    /// Refuses a write once the lease has run out, or once the standbys are further
-    /// behind than the metadata RPO.
-    pub(super) fn check(&self) -> Result<(), MetaError> {
+    /// Refused once the lease has run out, or once the standbys are further behind
+    /// than the metadata RPO.
+    fn check(&self) -> Result<(), MetaError> {
         let now = Instant::now();
         let until = *lock(&self.valid_until);
         if now >= until {
@@ -178,6 +166,18 @@ impl PrimaryLease {
              RPO ({rpo:?}): writes are refused, so that a failover cannot lose more, until a standby catches up \
              (or meta restarts without --metadata-rpo)"
         )))
+    }
+
+    fn standby_behind(&self) -> Option<Duration> {
+        let standbys = lock(&self.standbys);
+        standbys.seen.then(|| standbys.confirmed().elapsed())
+    }
+}
+
+impl PrimaryLease {
+    /// Until when the lease holds (renewals that succeed move it later).
+    pub(super) fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
     }
 }
 

@@ -81,7 +81,8 @@ fn parse(url: &str) -> Result<(Config, String), MetaError> {
 /// refused either way. With `standby` (a hot standby of `url`'s server, at this
 /// site), reads go there once it has replayed this meta's latest commit.
 /// With `lease`, the writer holds a lease on the primary role (`PrimaryLease`), taken
-/// here and renewed by the meta's `primary-lease` worker. Every request waits at most `answer_timeout` for the server's answer.
+/// here and renewed by the meta's `primary-lease` worker. Every request waits at most
+/// `answer_timeout` for the server's answer.
 pub fn open(
     url: &str,
     standby: Option<&str>,

@@ -3,7 +3,7 @@
 //! ran out, reconnecting; and a read's try without a transaction.
 
 use crate::error::MetaError;
-use crate::store::{ReadConn, ReadOp, Txn, WriteConn};
+use crate::store::{ReadConn, ReadOp, Txn, WriteConn, WriterLease};
 use std::time::{Duration, Instant};
 
 use super::conn::{CANCEL_TIMEOUT, Owned, PgConn, Probe, WaitLimit};

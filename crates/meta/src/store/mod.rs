@@ -419,6 +419,9 @@ pub trait WriterLease: Send + Sync {
     fn renew(&self) -> Result<(), MetaError>;
     /// Whether writes are accepted now (the last renewal is recent enough).
     fn held(&self) -> bool;
+    /// Refuses a write now (`MetaError::Fenced`, saying why): the lease ran out, or
+    /// the standbys are further behind than the metadata RPO.
+    fn check(&self) -> Result<(), MetaError>;
     /// How far behind the standbys are, as the age of the newest moment up to which a
     /// standby had everything this primary wrote (`None`: no standby has reported).
     fn standby_behind(&self) -> Option<std::time::Duration>;
