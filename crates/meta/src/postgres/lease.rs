@@ -164,7 +164,8 @@ impl WriterLease for PrimaryLease {
         Err(MetaError::Fenced(format!(
             "no standby has confirmed what this primary wrote in the last {behind:.1?}, more than the metadata \
              RPO ({rpo:?}): writes are refused, so that a failover cannot lose more, until a standby catches up \
-             (or meta restarts without --metadata-rpo)"
+             (or meta restarts without --metadata-rpo); a role that may not read pg_stat_replication \
+             (superuser or pg_monitor) sees no standby at all"
         )))
     }
 
