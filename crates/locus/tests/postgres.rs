@@ -176,6 +176,14 @@ fn two_metas_over_one_database_serialise_conflicting_operations() {
     fsck_clean(&c);
 }
 
+/// A PostgreSQL server with a database of its own, and a hot standby of the server.
+fn primary_and_standby_database() -> (PgServer, String, PgServer) {
+    let primary = PgServer::start();
+    let url = primary.create_database();
+    let standby = primary.start_standby();
+    (primary, url, standby)
+}
+
 /// `locus meta --read-db`: meta reads from a hot standby of its primary; a mount
 /// writes and reads back at once (read-your-writes), and fsck is clean.
 #[test]
@@ -184,9 +192,7 @@ fn meta_reading_from_a_hot_standby_serves_a_mount() {
         eprintln!("SKIPPED: needs root and /dev/fuse");
         return;
     }
-    let primary = PgServer::start();
-    let url = primary.create_database();
-    let standby = primary.start_standby();
+    let (_primary, url, standby) = primary_and_standby_database();
     let read_url = standby.url(url.rsplit('/').next().unwrap());
     let mut c = Cluster::start_on_db_with(bin(), 1, &url, &["--read-db", &read_url]);
     let m = c.mount();
@@ -210,9 +216,7 @@ fn writes_stop_at_the_metadata_rpo_while_the_standby_is_behind() {
         eprintln!("SKIPPED: needs root and /dev/fuse");
         return;
     }
-    let primary = PgServer::start();
-    let url = primary.create_database();
-    let standby = primary.start_standby();
+    let (_primary, url, standby) = primary_and_standby_database();
     let mut c = Cluster::start_on_db_with(bin(), 1, &url, &["--metadata-rpo", "2s"]);
     let m = c.mount();
     fs::write(m.join("before"), b"before").unwrap();

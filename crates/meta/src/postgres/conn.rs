@@ -339,9 +339,6 @@ impl PgConn {
         }
     }
 
-    /// Runs statements without parameters in one round trip (after the deferred
-    /// writes). Every transaction or savepoint boundary goes through here, so it
-    /// forgets the rows seen.
     /// The first row `sql` (no parameters) answers, by the simple protocol: one round
     /// trip, where a statement's first use on a connection costs two (it is prepared
     /// first), which counts across a WAN for a connection just made.
@@ -349,6 +346,9 @@ impl PgConn {
         first_row(self.pipeline(Last::Simple(sql))?)
     }
 
+    /// Runs statements without parameters in one round trip (after the deferred
+    /// writes). Every transaction or savepoint boundary goes through here, so it
+    /// forgets the rows seen.
     pub(crate) fn batch(&mut self, sql: &str) -> Result<(), MetaError> {
         self.seen = Seen::default();
         self.pipeline(Last::Batch(sql)).map(drop)

@@ -118,17 +118,18 @@ pub fn lost(old_url: &str, new_url: &str, since_ms: Option<i64>) -> Result<Lost,
             Some(other) if other != row => Some(LostKind::Changed),
             Some(_) => None,
         };
-        if let Some(what) = what {
-            changes.push(LostChange { path: path_of(&mut old, *ino)?, what });
-        }
+        let mut found: Vec<LostKind> = what.into_iter().collect();
         if row[0] == directory && at_new.contains_key(ino) {
             let (names_old, names_new) = (names(&mut old, *ino)?, names(&mut new, *ino)?);
             let only_at_old: Vec<String> = names_old.difference(&names_new).cloned().collect();
             let only_at_new: Vec<String> = names_new.difference(&names_old).cloned().collect();
             if !only_at_old.is_empty() || !only_at_new.is_empty() {
-                let path = path_of(&mut old, *ino)?;
-                changes.push(LostChange { path, what: LostKind::Entries { only_at_old, only_at_new } });
+                found.push(LostKind::Entries { only_at_old, only_at_new });
             }
+        }
+        if !found.is_empty() {
+            let path = path_of(&mut old, *ino)?;
+            changes.extend(found.into_iter().map(|what| LostChange { path: path.clone(), what }));
         }
     }
     Ok(Lost { since_ms, changes })

@@ -66,8 +66,8 @@ impl PreparedConn {
 impl TwoPhaseConn for PreparedConn {
     fn begin(&mut self, epoch: u64) -> Result<(), MetaError> {
         self.rollback()?;
-        // The row operations note what they wrote for a writer's kept rows; nothing
-        // reads that here, and it must not pile up across the pooled connection's uses.
+        // The row operations note what they wrote (`notifications` reads it for this
+        // transaction): nothing of an earlier use of the pooled connection may stay.
         self.conn.written = Default::default();
         self.conn.assumed = Default::default();
         // BEGIN goes out with the epoch's check, in its round trip.

@@ -124,13 +124,8 @@ pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<boo
 /// Whether the database holds a Locus schema of this binary's version (any failure,
 /// such as no `meta_version` table: no, and the careful path finds out why).
 fn at_this_version(w: &mut PgConn) -> bool {
-    match w.pipeline(Last::Simple("SELECT MAX(version) FROM meta_version")) {
-        Ok(Answer::Simple(answers)) => answers.iter().any(|m| match m {
-            SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse::<i64>().ok()) == Some(SCHEMA_VERSION),
-            _ => false,
-        }),
-        _ => false,
-    }
+    let row = w.simple_row("SELECT MAX(version) FROM meta_version").ok().flatten();
+    row.and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok())) == Some(SCHEMA_VERSION)
 }
 
 /// Formats an empty database (with `init`), or checks the schema version of a

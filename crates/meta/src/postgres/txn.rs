@@ -180,7 +180,9 @@ impl PgConn {
             if self.lock_missed.take().is_some_and(|(_, logged)| logged) {
                 tracing::info!("took the kept-rows lock at last");
             }
-            let pid = text(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+            let pid = text(1).and_then(|p| p.parse().ok());
+            let pid =
+                pid.ok_or_else(|| MetaError::Internal("the kept-rows lock's answer has no backend pid".into()))?;
             publish.set_holder(pid, text(2).and_then(parse_lsn).unwrap_or(u64::MAX));
         } else {
             let (since, logged) = self.lock_missed.get_or_insert((Instant::now(), false));
