@@ -83,6 +83,17 @@ macro_rules! inode_columns {
 pub fn lost(old_url: &str, new_url: &str, since_ms: Option<i64>) -> Result<Lost, MetaError> {
     let mut old = open(old_url)?;
     let mut new = open(new_url)?;
+    // A database of another cluster (a careless operator's wrong URL) would differ
+    // everywhere: refused, not listed.
+    let cluster_of =
+        |conn: &mut PgConn| -> Result<String, MetaError> { Ok(conn.one("SELECT id FROM cluster", &[])?.try_get(0)?) };
+    let (old_cluster, new_cluster) = (cluster_of(&mut old)?, cluster_of(&mut new)?);
+    if old_cluster != new_cluster {
+        return Err(MetaError::InvalidArgument(format!(
+            "{old_url} holds cluster {old_cluster} and {new_url} cluster {new_cluster}: not a primary and the \
+             standby promoted in its place"
+        )));
+    }
     let since_ms = match since_ms {
         Some(ms) => ms,
         None => {

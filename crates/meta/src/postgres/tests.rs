@@ -972,11 +972,14 @@ fn lost_lists_what_the_old_primary_acknowledged_past_the_failover_point() {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     assert!((now_ms - 60_000..=now_ms).contains(&found.since_ms), "the failover point {}", found.since_ms);
     // A database no promotion wrote a failover point into.
+    let refused = crate::postgres::lost(&url, &url, None).unwrap_err().to_string();
+    assert!(refused.contains("no failover point"), "{refused}");
+    // A database of another cluster.
     let server = testkit::postgres::shared();
     let other = server.create_database();
     drop(open(&other, None, true, None, DEFAULT_DB_TIMEOUT).unwrap());
     let refused = crate::postgres::lost(&url, &other, None).unwrap_err().to_string();
-    assert!(refused.contains("no failover point"), "{refused}");
+    assert!(refused.contains("holds cluster"), "{refused}");
 }
 
 /// `promote` on a hot standby: promotes it, waits out the primary's lease, bumps
