@@ -24,9 +24,10 @@ use crate::homes::{Home, HomeId};
 use crate::postgres::moving as pg;
 use crate::service::{Forwarding, MetaService, Placed};
 use proto::meta::{HandOverHome, HandedOver, HomeMoved, HomeTaken, MoveHome, MoveRecord, PrepareHome};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use util::sync::lock;
+use util::worker::{Step, Worker};
 
 /// How this meta reaches one site's PostgreSQL server and meta (`locus meta
 /// --site-db`, `--site-read-db`, `--site-meta`): a home placed at that site is the
@@ -285,7 +286,7 @@ impl MetaService {
             let addr = setup.site(&m.to_site)?.meta.clone().ok_or_else(|| {
                 MetaError::InvalidArgument(format!("no --site-meta {}=HOST:PORT at this meta", m.to_site))
             })?;
-            let link = connect_meta(&addr, setup.db_timeout * 4).await?;
+            let link = self.meta_link(&addr).await?;
             return ask_on(&link, &addr, m, setup.db_timeout * 4).await;
         }
         let homes = self.homes();
@@ -337,12 +338,18 @@ impl MetaService {
             since: started,
         });
         let progress = Progress(&self.moving);
-        // One connection to the holder for every step: none of them waits for a new
-        // connection's round trips across the WAN (the pause's steps least of all).
-        let link = connect_meta(&holder, timeout * 2).await?;
-        // The new database, before anything pauses.
+        // The new database, before anything pauses, and meanwhile the one link to the
+        // holder for every step.
         let (database, server2, source2) = (wanted.database.clone(), server.clone(), source.clone());
-        let target = blocking(move || pg::create_database(&server2, &database, &source2, timeout)).await?;
+        let (made, link) = tokio::join!(
+            blocking(move || pg::create_database(&server2, &database, &source2, timeout)),
+            self.meta_link(&holder)
+        );
+        let ((target, took_spare), link) = (made?, link?);
+        if took_spare {
+            // Made again once this move is over (the worker waits for it).
+            self.spare_taken.notify_one();
+        }
         let created_ms = started.elapsed().as_millis() as u64;
         let cluster = self.cluster_id().to_string();
         // The holder opens the new database while the home's writes go on (a failure
@@ -444,6 +451,7 @@ impl MetaService {
             to = own,
             rows,
             fenced_epoch = handed.epoch,
+            took_spare,
             created_ms,
             prepared_ms,
             handed_ms,
@@ -630,15 +638,20 @@ impl MetaService {
         let (writer, root, home_name) = (wanted.writer.clone(), self.root_store().clone(), name.clone());
         let open = self.moves.opener(wanted.clone());
         let store = blocking(move || {
-            let store = match ready {
-                Some(store) => store,
-                None => open()?,
+            let (store, opened_here) = match ready {
+                Some(store) => (store, false),
+                None => (open()?, true),
             };
             if let Some(position) = copied {
                 store.committed_elsewhere(position, true);
             }
-            // The same home of this cluster, as its identity says.
-            crate::homes::adopt(&root, &store, &home_name, &writer)?;
+            // The same home of this cluster, as its identity says. An engine opened for
+            // this move is at the database its mover made for this home of this cluster:
+            // reading the identity would only wait for the copied rows to reach this
+            // site's standby, and keep the move's pause going meanwhile.
+            if opened_here {
+                crate::homes::adopt(&root, &store, &home_name, &writer)?;
+            }
             Ok(store)
         })
         .await?;
@@ -749,8 +762,81 @@ impl MetaService {
 
 /// A connection to the meta at `addr` (another site's), as this meta; `timeout` bounds
 /// the connect and any one request on it.
-async fn connect_meta(addr: &str, timeout: Duration) -> Result<net::RpcClient, MetaError> {
-    net::RpcClient::connect(addr, 1, timeout).await.map_err(|e| MetaError::unreachable(addr, &e))
+impl MetaService {
+    /// This meta's link to the meta at `addr`, kept from one move to the next: a new one
+    /// costs the TCP and TLS handshakes, two round trips across the WAN. Each ask on it
+    /// is bounded by its caller (`ask_on`); it reconnects by itself after a failure.
+    async fn meta_link(&self, addr: &str) -> Result<Arc<net::RpcClient>, MetaError> {
+        if let Some(link) = lock(&self.meta_links).get(addr) {
+            return Ok(link.clone());
+        }
+        // Not connected under the lock: a peer that does not answer holds up no other.
+        let link = connect_meta(addr, self.moves.db_timeout).await?;
+        Ok(self.keep_link(addr, link))
+    }
+
+    /// Keeps `link` as the link to `addr`, unless one was kept meanwhile.
+    fn keep_link(&self, addr: &str, link: net::RpcClient) -> Arc<net::RpcClient> {
+        lock(&self.meta_links).entry(addr.to_string()).or_insert_with(|| Arc::new(link)).clone()
+    }
+
+    /// The `meta-links` worker, when this meta knows other sites' metas.
+    pub(crate) fn meta_linker(self: &Arc<Self>) -> Option<MetaLinks> {
+        let own = self.moves.own_site.as_deref();
+        let addrs: Vec<String> =
+            self.moves.sites.iter().filter(|s| Some(s.name.as_str()) != own).filter_map(|s| s.meta.clone()).collect();
+        (!addrs.is_empty()).then(|| MetaLinks { service: Arc::downgrade(self), timeout: self.moves.db_timeout, addrs })
+    }
+}
+
+/// The `meta-links` worker: opens this meta's links to the other sites' metas
+/// (`meta_link`) ahead of the first move, trying again until each is open (the metas of
+/// a grid start one after another); done once all are.
+pub(crate) struct MetaLinks {
+    service: Weak<MetaService>,
+    timeout: Duration,
+    /// The metas not linked yet.
+    addrs: Vec<String>,
+}
+
+impl Worker for MetaLinks {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "meta-links".into()
+    }
+
+    fn progress(&self) -> String {
+        match self.addrs.len() {
+            0 => "every other site's meta linked".into(),
+            n => format!("{n} other site meta(s) not reached yet: {}", self.addrs.join(", ")),
+        }
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let mut left = Vec::new();
+        for addr in std::mem::take(&mut self.addrs) {
+            match connect_meta(&addr, self.timeout).await {
+                Ok(link) => match self.service.upgrade() {
+                    Some(me) => drop(me.keep_link(&addr, link)),
+                    None => return Ok(Step::Done),
+                },
+                Err(_) => left.push(addr),
+            }
+        }
+        self.addrs = left;
+        Ok(if self.addrs.is_empty() { Step::Done } else { Step::Idle })
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        util::worker::every(Duration::from_secs(2)).await
+    }
+}
+
+/// A link to the meta at `addr`, each connect, send and answer bounded by a move's
+/// longest step.
+async fn connect_meta(addr: &str, db_timeout: Duration) -> Result<net::RpcClient, MetaError> {
+    net::RpcClient::connect(addr, 1, db_timeout * 4).await.map_err(|e| MetaError::unreachable(addr, &e))
 }
 
 /// Asks `req` on `link` (to the meta at `addr`), answered within `timeout`.
@@ -770,7 +856,60 @@ async fn ask_on<C: proto::Call>(
     }
 }
 
-/// Runs blocking work (database connections) off the runtime's workers.
+/// The `spare-database` worker, at a meta that knows its own site's PostgreSQL server:
+/// keeps a spare database made there ahead of the next move into this site
+/// (`pg::make_spare`), made again once a move took it, after that move.
+pub(crate) struct SpareDatabase {
+    service: Weak<MetaService>,
+    server: String,
+    made: u64,
+}
+
+impl Worker for SpareDatabase {
+    type Error = MetaError;
+
+    fn name(&self) -> String {
+        "spare-database".into()
+    }
+
+    fn progress(&self) -> String {
+        format!("{} spare database(s) made ahead of moves into this site", self.made)
+    }
+
+    async fn work(&mut self) -> Result<Step, MetaError> {
+        let Some(service) = self.service.upgrade() else { return Ok(Step::Done) };
+        // Not beside a move: its new database and the holder's standby come first.
+        drop(service.moving_now.lock().await);
+        let (server, timeout) = (self.server.clone(), service.moves.db_timeout);
+        if blocking(move || pg::make_spare(&server, timeout)).await? {
+            self.made += 1;
+        }
+        Ok(Step::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> Step {
+        let Some(taken) = self.service.upgrade().map(|s| s.spare_taken.clone()) else { return Step::Done };
+        tokio::select! {
+            () = taken.notified() => Step::Idle,
+            step = util::worker::every(SPARE_CHECKED_EVERY) => step,
+        }
+    }
+}
+
+/// How often the `spare-database` worker looks for the spare without being told a move
+/// took it (another meta of the site may have).
+const SPARE_CHECKED_EVERY: Duration = Duration::from_secs(30);
+
+impl MetaService {
+    /// The `spare-database` worker, when this meta could be a move's destination: it
+    /// knows its site, and its site's server is PostgreSQL.
+    pub(crate) fn spare_maker(self: &Arc<Self>) -> Option<SpareDatabase> {
+        let own = self.moves.own_site.as_deref()?;
+        let server = self.moves.sites.iter().find(|s| s.name == own)?.db_url.clone()?;
+        server.starts_with("postgres").then(|| SpareDatabase { service: Arc::downgrade(self), server, made: 0 })
+    }
+}
+
 /// Drops an engine where blocking is allowed (closing its connections waits on them).
 async fn close(store: Store) {
     if let Err(e) = blocking(move || {
@@ -783,6 +922,7 @@ async fn close(store: Store) {
     }
 }
 
+/// Runs blocking work (database connections) off the runtime's workers.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MetaError> + Send + 'static,
 ) -> Result<T, MetaError> {

@@ -121,6 +121,10 @@ pub struct MetaService {
     pub(crate) moving_now: Arc<tokio::sync::Mutex<()>>,
     /// That move's progress, for `locus status`.
     pub(crate) moving: Mutex<Option<crate::moving::MoveInProgress>>,
+    /// Links to the other sites' metas that moves ask, by address (`meta_link`).
+    pub(crate) meta_links: Mutex<HashMap<String, Arc<net::RpcClient>>>,
+    /// Told when a move took this site's spare database, to make the next one.
+    pub(crate) spare_taken: Arc<tokio::sync::Notify>,
     /// The writes of the homes this meta holds, by site, for automatic moves.
     pub(crate) tallies: Mutex<crate::moving::Tallies>,
     cluster_id: Arc<str>,
@@ -363,6 +367,8 @@ impl MetaService {
             opened: Mutex::new(opened),
             moves,
             moving_now: Arc::default(),
+            meta_links: Default::default(),
+            spare_taken: Arc::default(),
             moving: Mutex::default(),
             tallies: Mutex::default(),
         })
@@ -457,6 +463,12 @@ impl MetaService {
         }
         if let Some(mover) = self.home_mover() {
             self.workers.spawn(mover);
+        }
+        if let Some(spare) = self.spare_maker() {
+            self.workers.spawn(spare);
+        }
+        if let Some(linker) = self.meta_linker() {
+            self.workers.spawn(linker);
         }
         let homes = self.homes();
         if homes.all().len() > 1 && homes.all().iter().any(|h| h.store.has_two_phase()) {

@@ -54,7 +54,7 @@ use crate::store::WriterLease;
 use conn::{CONNECT_TIMEOUT, Last, PgConn, connect, on_this_machine, shown};
 use kept::{KEPT_ROW_STALE_SQLSTATE, SharedRows};
 use lease::{FENCED_SQLSTATE, PrimaryLease, StandbyWatch};
-use schema::init_schema;
+use schema::{SCHEMA_VERSION, init_schema};
 use standby::StandbyReader;
 
 /// Read connections: each read holds one for its round trips to the server.
@@ -107,8 +107,17 @@ pub fn open(
         });
         let writer = (|| {
             let mut writer = connect(&config, &shown, timeout)?;
-            let formatted = init_schema(&mut writer, &shown, init)?;
-            let (cluster_id, cluster_secret, epoch) = cluster_row(&mut writer)?;
+            // A database formatted at this version needs nothing more than its cluster
+            // row: one round trip (a failure here is found again, and explained, below).
+            let known = cluster_row(&mut writer).ok().flatten().filter(|row| row.version == SCHEMA_VERSION);
+            let (formatted, ClusterRow { id: cluster_id, secret: cluster_secret, epoch, .. }) = match known {
+                Some(row) => (false, row),
+                None => {
+                    let formatted = init_schema(&mut writer, &shown, init)?;
+                    let missing = || MetaError::Corrupt("the database has no cluster row, secret or epoch".into());
+                    (formatted, cluster_row(&mut writer)?.ok_or_else(missing)?)
+                }
+            };
             Ok::<_, MetaError>((writer, formatted, cluster_id, cluster_secret, epoch))
         })();
         let others =
@@ -228,15 +237,37 @@ fn connect_replica(config: &Config, shown: &str, answer_timeout: Duration) -> Re
     }
 }
 
-/// The cluster's id and secret and the primary's epoch, in one round trip.
-fn cluster_row(w: &mut PgConn) -> Result<(String, [u8; 32], i64), MetaError> {
-    let row = w.simple_row("SELECT c.id, encode(c.secret, 'hex'), e.epoch FROM cluster c, primary_epoch e")?;
-    let text = |i: usize| row.as_ref().and_then(|r| r.get(i));
-    let missing = || MetaError::Corrupt("the database has no cluster row, secret or epoch".into());
-    let secret = hex::decode(text(1).ok_or_else(missing)?)
-        .map_err(|e| MetaError::Corrupt(format!("the cluster secret does not decode: {e}")))?;
-    let epoch = text(2).and_then(|e| e.parse().ok()).ok_or_else(missing)?;
-    Ok((text(0).ok_or_else(missing)?.to_string(), secret_of(secret)?, epoch))
+/// What opening a database reads before anything else.
+struct ClusterRow {
+    /// The schema's version.
+    version: i64,
+    id: String,
+    secret: [u8; 32],
+    /// The primary's epoch.
+    epoch: i64,
+}
+
+/// The opening's first read, in one round trip; `None` when a row is missing.
+fn cluster_row(w: &mut PgConn) -> Result<Option<ClusterRow>, MetaError> {
+    let Some(row) = w.simple_row(concat!(
+        "SELECT COALESCE((SELECT MAX(version) FROM meta_version), 0), c.id, encode(c.secret, 'hex'), e.epoch ",
+        "FROM cluster c, primary_epoch e"
+    ))?
+    else {
+        return Ok(None);
+    };
+    let (Some(version), Some(id), Some(secret), Some(epoch)) = (row.get(0), row.get(1), row.get(2), row.get(3)) else {
+        return Ok(None);
+    };
+    let secret =
+        hex::decode(secret).map_err(|e| MetaError::Corrupt(format!("the cluster secret does not decode: {e}")))?;
+    let number = |text: &str| text.parse::<i64>().map_err(|e| MetaError::Corrupt(format!("{text:?}: {e}")));
+    Ok(Some(ClusterRow {
+        version: number(version)?,
+        id: id.to_string(),
+        secret: secret_of(secret)?,
+        epoch: number(epoch)?,
+    }))
 }
 
 /// `READERS` connections made at once, one thread each: a primary across the WAN costs

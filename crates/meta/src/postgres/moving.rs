@@ -66,27 +66,74 @@ const MAINTENANCE: &str = "postgres";
 /// the rows are copied.
 const MADE_WITH_THE_DATABASE: [&str; 4] = ["cluster", "meta_version", "primary_epoch", "primary_leases"];
 
+/// The database a destination's server keeps made ahead of the next move (schema and
+/// version, no cluster row, no namespace): a move's new database is then a rename, and
+/// every site's standby of the server has had it for long. CREATE DATABASE copies its
+/// template through the log, megabytes that a holder 100 ms away waited a second or
+/// more to replay before it could open the new database. Named with the schema's
+/// version, so a meta of another version never takes it.
+fn spare_name() -> String {
+    format!("locus_spare_v{SCHEMA_VERSION}")
+}
+
+/// Makes the spare database on the server of `server_url` (a URL of any database there)
+/// unless it is there already; true when it made one. Made under another name and
+/// renamed once complete, so a move never takes a half-made one; metas sharing the
+/// server take turns (an advisory lock held by the maintenance connection).
+pub fn make_spare(server_url: &str, timeout: Duration) -> Result<bool, MetaError> {
+    let (spare, making) = (spare_name(), format!("{}_making", spare_name()));
+    let mut c = client(&with_database(server_url, MAINTENANCE)?, timeout)?;
+    c.execute("SELECT pg_advisory_lock(hashtext($1))", &[&spare])?;
+    if c.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&spare])?.is_some() {
+        return Ok(false);
+    }
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS \"{making}\" WITH (FORCE)"))?;
+    // Through the log: STRATEGY = FILE_COPY would send less, but in a bench run with it
+    // a move right after hung until its client gave up (30 s), not understood yet.
+    create_with_schema(&mut c, server_url, &making, timeout)?;
+    c.batch_execute(&format!("ALTER DATABASE \"{making}\" RENAME TO \"{spare}\""))?;
+    Ok(true)
+}
+
+/// Creates database `database` through `maintenance`, a client of the server of
+/// `server_url`, with the schema and its version and nothing else.
+fn create_with_schema(
+    maintenance: &mut postgres::Client,
+    server_url: &str,
+    database: &str,
+    timeout: Duration,
+) -> Result<(), MetaError> {
+    maintenance.batch_execute(&format!("CREATE DATABASE \"{database}\""))?;
+    let mut d = client(&with_database(server_url, database)?, timeout)?;
+    d.batch_execute(SCHEMA)?;
+    d.execute("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;
+    Ok(())
+}
+
 /// Makes database `database` on the server of `server_url` (a URL of any database
 /// there), with the schema and the cluster row of the home at `source_url`, and no
-/// namespace; one left by a move that failed half way is dropped first. Returns its URL.
+/// namespace; one left by a move that failed half way is dropped first. The server's
+/// spare database becomes it when there is one (`make_spare`). Returns its URL and
+/// whether the spare was taken.
 pub fn create_database(
     server_url: &str,
     database: &str,
     source_url: &str,
     timeout: Duration,
-) -> Result<String, MetaError> {
+) -> Result<(String, bool), MetaError> {
     check_name(database)?;
     let cluster = client(source_url, timeout)?.query_one("SELECT id, secret FROM cluster", &[])?;
     let (id, secret): (String, Option<Vec<u8>>) = (cluster.get(0), cluster.get(1));
     let mut c = client(&with_database(server_url, MAINTENANCE)?, timeout)?;
     c.batch_execute(&format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"))?;
-    c.batch_execute(&format!("CREATE DATABASE \"{database}\""))?;
+    // No spare (none made yet, or another meta's move took it) or one in use: made here.
+    let took = c.batch_execute(&format!("ALTER DATABASE \"{}\" RENAME TO \"{database}\"", spare_name())).is_ok();
     let url = with_database(server_url, database)?;
-    let mut d = client(&url, timeout)?;
-    d.batch_execute(SCHEMA)?;
-    d.execute("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;
-    d.execute("INSERT INTO cluster (id, secret) VALUES ($1, $2)", &[&id, &secret])?;
-    Ok(url)
+    if !took {
+        create_with_schema(&mut c, server_url, database, timeout)?;
+    }
+    client(&url, timeout)?.execute("INSERT INTO cluster (id, secret) VALUES ($1, $2)", &[&id, &secret])?;
+    Ok((url, took))
 }
 
 /// Drops database `database` of the server of `server_url` (the home moved away).

@@ -107,25 +107,12 @@ const SCHEMA_LOCK: i64 = 7483620003;
 /// `init_schema_locked` under `SCHEMA_LOCK`, taken before the transaction begins so
 /// that its snapshot shows what the previous holder committed.
 pub(super) fn init_schema(w: &mut PgConn, shown: &str, init: bool) -> Result<bool, MetaError> {
-    // A database formatted at this version (the version row commits with the tables)
-    // needs nothing more: one round trip, where a meta opening a home across the WAN
-    // (a move) would otherwise pay a dozen.
-    if at_this_version(w) {
-        return Ok(false);
-    }
     w.exec("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])?;
     let done = init_schema_locked(w, shown, init);
     let unlocked = w.exec("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK]);
     let formatted = done?;
     unlocked?;
     Ok(formatted)
-}
-
-/// Whether the database holds a Locus schema of this binary's version (any failure,
-/// such as no `meta_version` table: no, and the careful path finds out why).
-fn at_this_version(w: &mut PgConn) -> bool {
-    let row = w.simple_row("SELECT MAX(version) FROM meta_version").ok().flatten();
-    row.and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok())) == Some(SCHEMA_VERSION)
 }
 
 /// Formats an empty database (with `init`), or checks the schema version of a

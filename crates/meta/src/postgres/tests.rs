@@ -1008,3 +1008,32 @@ fn promote_makes_the_standby_a_primary_of_a_new_epoch() {
     assert!(!again.was_standby && again.epoch == 3, "{again:?}");
     assert_eq!(create(&new, "fenced"), Err(ErrorCode::ReadOnly), "a meta of epoch 2 is fenced at epoch 3");
 }
+
+/// A move's new database is the server's spare when one was made ahead (a rename, not
+/// a CREATE DATABASE the standbys must replay), made by one of the metas making it at
+/// once, complete and with the home's cluster; without a spare it is made as before.
+#[test]
+fn a_move_takes_the_spare_database_made_ahead_and_makes_one_without() {
+    use super::moving::{create_database, make_spare};
+    let server = PgServer::start();
+    let source = server.create_database();
+    let cluster = open(&source, None, true, None, DEFAULT_DB_TIMEOUT).unwrap().cluster_id;
+    let spares = || server.sql("postgres", "SELECT count(*) FROM pg_database WHERE datname LIKE 'locus_spare%'");
+    let makers: Vec<_> = (0..3)
+        .map(|_| {
+            let url = source.clone();
+            std::thread::spawn(move || make_spare(&url, DEFAULT_DB_TIMEOUT).unwrap())
+        })
+        .collect();
+    let made: Vec<bool> = makers.into_iter().map(|m| m.join().unwrap()).collect();
+    assert_eq!(made.iter().filter(|m| **m).count(), 1, "one maker makes it, the others find it: {made:?}");
+    assert_eq!(spares(), "1");
+    for (database, spare) in [("hb_m1", true), ("hb_m2", false)] {
+        let (url, took) = create_database(&source, database, &source, DEFAULT_DB_TIMEOUT).unwrap();
+        assert_eq!(took, spare, "{database}");
+        assert_eq!(spares(), "0");
+        let opened = open(&url, None, false, None, DEFAULT_DB_TIMEOUT).unwrap();
+        assert_eq!(opened.cluster_id, cluster, "{database} belongs to the home's cluster");
+        assert!(!opened.formatted, "{database} came with its schema");
+    }
+}
