@@ -27,10 +27,14 @@ pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
         }
         HomeCommand::List => print_homes(&meta, meta.ask(ListHomes {}).await??).await,
         HomeCommand::Move { home, to_site } => {
-            let moved = meta
-                .ask(MoveHome { home: home.clone(), to_site: to_site.clone(), reason: None })
-                .await?
-                .with_context(|| format!("moving home {home} to site {to_site}"))?;
+            // The meta bounds each step of a move by its database timeout, and a move has
+            // several: this waits for its answer, error or not, and shows its steps.
+            let mover = crate::admin::connect_meta(&addr, MOVE_WAIT).await?;
+            // map-check: not a worker (the command's own progress lines, aborted once the move is answered)
+            let progress = tokio::spawn(show_move_steps(meta, home.clone()));
+            let moved = mover.ask(MoveHome { home: home.clone(), to_site: to_site.clone(), reason: None }).await;
+            progress.abort();
+            let moved = moved?.with_context(|| format!("moving home {home} to site {to_site}"))?;
             println!(
                 "home {} moved from site {} to site {} (database {}): {} rows copied, writes paused {} ms",
                 moved.home, moved.from_site, moved.to_site, moved.database, moved.rows, moved.paused_ms
@@ -38,6 +42,24 @@ pub async fn run(args: HomeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The longest `locus home move` waits for the meta's answer.
+const MOVE_WAIT: Duration = Duration::from_secs(600);
+
+/// Prints each step a move of home `name` goes through, as the meta shows it (to
+/// stderr, once a second at most; until aborted).
+async fn show_move_steps(meta: RpcClient, name: String) {
+    let mut shown = None;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(Ok(homes)) = meta.ask(ListHomes {}).await else { continue };
+        let step = homes.into_iter().find(|h| h.name == name).and_then(|h| h.moving);
+        if step.is_some() && step != shown {
+            eprintln!("home {name}: {}", step.as_deref().unwrap_or_default());
+            shown = step;
+        }
+    }
 }
 
 /// Every home as the meta at the other end sees it: which site writes it and through
