@@ -56,7 +56,8 @@
 #
 # Usage (as root):  bench/meta-site-b.sh
 # Environment: RTT_MS=50 DIRS=100 PER_DIR=100 BEFORE_DIRS=10 PM_FILES=30 PM_TX=60 CR_FILES=100 ROUNDS=1
-#   WORKLOADS="ls stat create busy postmark" SKIP_BUILD=0
+#   WORKLOADS="ls stat create busy postmark" SKIP_BUILD=0 STRACE_LS=0 (1: a second ls -lR under
+#   `strace -c -w`, its summary in the logs directory as strace-ls-CONFIG-ROUND.txt)
 #   CONFIGS="single after forward before" (and home-b with HOMES=1) HOMES=1 SYNC=0
 #   JUICEFS=1 (0: Locus only)
 #   WORK=/tmp/locus-msb PREFIX=lmsb- OUT=bench/results/meta-site-b.md
@@ -75,6 +76,7 @@ MOVE_FILES=${MOVE_FILES:-10000}
 RN_FILES=${RN_FILES:-20}
 WORKLOADS=${WORKLOADS:-ls stat create busy postmark}
 ROUNDS=${ROUNDS:-1}
+STRACE_LS=${STRACE_LS:-0}
 JUICEFS=${JUICEFS:-1}
 HOMES=${HOMES:-1}
 SYNC=${SYNC:-0}
@@ -379,6 +381,8 @@ work() { # config workload -> RESULT = seconds (and checks the result)
         t0=$(now)
         n=$(ls -lR "${list[@]}" | grep -c '^-')
         t1=$(now)
+        # Where ls's time goes, on the same mount once more (after the timed run).
+        [[ $STRACE_LS == 1 ]] && strace -c -w -o "$LOG/strace-ls-$config-$ROUND.txt" ls -lR "${list[@]}" >/dev/null
         [[ $n == $((dirs * PER_DIR)) ]] || die "ls -lR ($config) listed $n files, not $((dirs * PER_DIR))"
         ;;
     stat)
