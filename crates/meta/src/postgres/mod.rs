@@ -108,8 +108,14 @@ pub fn open(
         let writer = (|| {
             let mut writer = connect(&config, &shown, timeout)?;
             // A database formatted at this version needs nothing more than its cluster
-            // row: one round trip (a failure here is found again, and explained, below).
-            let known = cluster_row(&mut writer).ok().flatten().filter(|row| row.version == SCHEMA_VERSION);
+            // row: one round trip. A statement's failure (no such table) is found again,
+            // and explained, by the careful path; a server that does not answer is not
+            // waited for twice.
+            let known = match cluster_row(&mut writer) {
+                Ok(row) => row.filter(|row| row.version == SCHEMA_VERSION),
+                Err(MetaError::Database { .. }) => None,
+                Err(e) => return Err(e),
+            };
             let (formatted, ClusterRow { id: cluster_id, secret: cluster_secret, epoch, .. }) = match known {
                 Some(row) => (false, row),
                 None => {
