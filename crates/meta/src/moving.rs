@@ -760,8 +760,6 @@ impl MetaService {
     }
 }
 
-/// A connection to the meta at `addr` (another site's), as this meta; `timeout` bounds
-/// the connect and any one request on it.
 impl MetaService {
     /// This meta's link to the meta at `addr`, kept from one move to the next: a new one
     /// costs the TCP and TLS handshakes, two round trips across the WAN. Each ask on it
@@ -904,8 +902,7 @@ impl MetaService {
     /// The `spare-database` worker, when this meta could be a move's destination: it
     /// knows its site, and its site's server is PostgreSQL.
     pub(crate) fn spare_maker(self: &Arc<Self>) -> Option<SpareDatabase> {
-        let own = self.moves.own_site.as_deref()?;
-        let server = self.moves.sites.iter().find(|s| s.name == own)?.db_url.clone()?;
+        let server = self.moves.site(self.moves.own_site.as_deref()?).ok()?.db_url.clone()?;
         server.starts_with("postgres").then(|| SpareDatabase { service: Arc::downgrade(self), server, made: 0 })
     }
 }

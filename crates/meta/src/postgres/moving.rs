@@ -90,24 +90,26 @@ pub fn make_spare(server_url: &str, timeout: Duration) -> Result<bool, MetaError
     c.batch_execute(&format!("DROP DATABASE IF EXISTS \"{making}\" WITH (FORCE)"))?;
     // Through the log: STRATEGY = FILE_COPY would send less, but in a bench run with it
     // a move right after hung until its client gave up (30 s), not understood yet.
-    create_with_schema(&mut c, server_url, &making, timeout)?;
+    // Its client closed: a database is renamed only with nobody connected to it.
+    drop(create_with_schema(&mut c, server_url, &making, timeout)?);
     c.batch_execute(&format!("ALTER DATABASE \"{making}\" RENAME TO \"{spare}\""))?;
     Ok(true)
 }
 
 /// Creates database `database` through `maintenance`, a client of the server of
-/// `server_url`, with the schema and its version and nothing else.
+/// `server_url`, with the schema and its version and nothing else. Returns the client
+/// of the new database that made its schema.
 fn create_with_schema(
     maintenance: &mut postgres::Client,
     server_url: &str,
     database: &str,
     timeout: Duration,
-) -> Result<(), MetaError> {
+) -> Result<postgres::Client, MetaError> {
     maintenance.batch_execute(&format!("CREATE DATABASE \"{database}\""))?;
     let mut d = client(&with_database(server_url, database)?, timeout)?;
     d.batch_execute(SCHEMA)?;
     d.execute("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;
-    Ok(())
+    Ok(d)
 }
 
 /// Makes database `database` on the server of `server_url` (a URL of any database
@@ -129,10 +131,8 @@ pub fn create_database(
     // No spare (none made yet, or another meta's move took it) or one in use: made here.
     let took = c.batch_execute(&format!("ALTER DATABASE \"{}\" RENAME TO \"{database}\"", spare_name())).is_ok();
     let url = with_database(server_url, database)?;
-    if !took {
-        create_with_schema(&mut c, server_url, database, timeout)?;
-    }
-    client(&url, timeout)?.execute("INSERT INTO cluster (id, secret) VALUES ($1, $2)", &[&id, &secret])?;
+    let mut d = if took { client(&url, timeout)? } else { create_with_schema(&mut c, server_url, database, timeout)? };
+    d.execute("INSERT INTO cluster (id, secret) VALUES ($1, $2)", &[&id, &secret])?;
     Ok((url, took))
 }
 
