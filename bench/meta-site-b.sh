@@ -487,8 +487,12 @@ declare -A SECS BUSY MOVES RENAMES
 LOADS=()
 for r in $(seq 1 "$ROUNDS"); do
     ROUND=$r
+    # Odd rounds run the configurations in the given order, even rounds in reverse, so
+    # neither is always first after the other's run.
+    ORDER=("${CONFIGS[@]}")
+    ((r % 2)) || mapfile -t ORDER < <(printf '%s\n' "${CONFIGS[@]}" | tac)
     for workload in $WORKLOADS; do
-        for config in "${CONFIGS[@]}"; do
+        for config in "${ORDER[@]}"; do
             # JuiceFS at B takes minutes a postmark run: round 1 only.
             [[ $workload == postmark && $r -gt 1 && $config == jfs-b ]] && continue
             [[ $workload == busy && $config != after && $config != forward && $config != home-b ]] && continue
@@ -503,10 +507,16 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 label() { case $1 in ls) echo "ls -lR" ;; stat) echo "stat" ;; create) echo "create+unlink ($CR_FILES files)" ;; postmark) echo "postmark ($PM_FILES files, $PM_TX transactions)" ;; esac; }
-for_all_files() { # round workload config: its seconds, scaled to all DIRS directories if it ran on fewer ("-": not run)
-    local secs=${SECS[$1,$2,$3]:-}
+for_all_files() { # round|median workload config: its seconds, scaled to all DIRS directories if it ran on fewer ("-": not run)
+    local secs r
+    if [[ $1 == median ]]; then # the median over the rounds: one slow round on a shared machine moves it little
+        secs=$(for r in $(seq 1 "$ROUNDS"); do echo "${SECS[$r,$2,$3]:-}"; done |
+            python3 -c 'import statistics, sys; v = [float(l) for l in sys.stdin if l.strip()]; print(statistics.median(v) if v else "")')
+    else
+        secs=${SECS[$1,$2,$3]:-}
+    fi
     [[ -n $secs ]] || { echo "-"; return; }
-    if [[ $2 == postmark || $2 == create ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.1f}')"; fi
+    if [[ $2 == postmark || $2 == create ]]; then echo "$secs"; else python3 -c "print(f'{$secs * $DIRS / $(dirs_of "$3"):.2f}')"; fi
 }
 each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and workload measured
     local r workload
@@ -517,6 +527,11 @@ each_row() { # printer: runs `printer ROUND WORKLOAD` for every round and worklo
             "$1" "$r" "$workload"
         done
     done
+    if [[ $ROUNDS -ge 3 ]]; then
+        for workload in $WORKLOADS; do
+            [[ $workload == busy || $workload == move || $workload == rename ]] || "$1" median "$workload"
+        done
+    fi
 }
 LOCUS_CONFIGS=() JFS_CONFIGS=()
 for config in "${CONFIGS[@]}"; do
@@ -566,7 +581,7 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
     echo "\`--read-db\` at the standby, node.$([[ $HOMES == 1 ]] && echo " Home b: a second primary at B, a hot standby of it at A ($REPLICATION).") TLS on."
     echo "Tree: $DIRS directories of $PER_DIR empty files ($FILES), created at A through A's meta at 0 ms RTT in"
     echo "$CREATE_S s. Every measurement on a fresh mount (no kernel dentry/attribute cache, no client cache);"
-    echo "configurations interleaved workload by workload."
+    echo "configurations interleaved workload by workload (in reverse order in even rounds)$([[ $ROUNDS -ge 3 ]] && echo "; the median rows give each configuration's median over the rounds")."
     echo
     for c in "${CONFIGS[@]}"; do echo "- $c: $(describe "$c")"; done
     echo

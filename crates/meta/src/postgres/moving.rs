@@ -84,6 +84,7 @@ pub fn make_spare(server_url: &str, timeout: Duration) -> Result<bool, MetaError
     let (spare, making) = (spare_name(), format!("{}_making", spare_name()));
     let mut c = client(&with_database(server_url, MAINTENANCE)?, timeout)?;
     c.execute("SELECT pg_advisory_lock(hashtext($1))", &[&spare])?;
+    drop_older_spares(&mut c)?;
     if c.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&spare])?.is_some() {
         return Ok(false);
     }
@@ -96,6 +97,46 @@ pub fn make_spare(server_url: &str, timeout: Duration) -> Result<bool, MetaError
     Ok(true)
 }
 
+/// The error of making `database`, saying what to grant when meta's role may not make
+/// databases (a role made without CREATEDB: the move fails before it changes anything).
+fn creating(database: &str) -> impl FnOnce(postgres::Error) -> MetaError + '_ {
+    move |e| match e.code() {
+        Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => MetaError::PermissionDenied(format!(
+            "cannot make database {database} ({}): a home moved into a site lives in a database of its \
+             own on that site's PostgreSQL server, which meta's role must be allowed to make \
+             (ALTER ROLE <role> CREATEDB)",
+            super::pg_detail(&e)
+        )),
+        _ => e.into(),
+    }
+}
+
+/// Drops the spares (and half-made ones) of schema versions older than this meta's,
+/// left on the server by the metas an upgrade replaced: no meta of this version can take
+/// them, and each holds a database's worth of space at every site. One whose maker still
+/// runs (it holds that version's advisory lock) is left to it; newer versions' belong
+/// to newer metas.
+fn drop_older_spares(maintenance: &mut postgres::Client) -> Result<(), MetaError> {
+    let rows = maintenance.query(
+        "SELECT datname::text, substring(datname FROM '^locus_spare_v([0-9]+)')::int \
+         FROM pg_database WHERE datname ~ '^locus_spare_v[0-9]+(_making)?$'",
+        &[],
+    )?;
+    for row in rows {
+        let (database, version): (String, i32) = (row.get(0), row.get(1));
+        let theirs = format!("locus_spare_v{version}");
+        if i64::from(version) >= SCHEMA_VERSION {
+            continue;
+        }
+        let free: bool = maintenance.query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&theirs])?.get(0);
+        if free {
+            maintenance.batch_execute(&format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"))?;
+            maintenance.execute("SELECT pg_advisory_unlock(hashtext($1))", &[&theirs])?;
+        }
+    }
+    Ok(())
+}
+
 /// Creates database `database` through `maintenance`, a client of the server of
 /// `server_url`, with the schema and its version and nothing else. Returns the client
 /// of the new database that made its schema.
@@ -105,7 +146,7 @@ fn create_with_schema(
     database: &str,
     timeout: Duration,
 ) -> Result<postgres::Client, MetaError> {
-    maintenance.batch_execute(&format!("CREATE DATABASE \"{database}\""))?;
+    maintenance.batch_execute(&format!("CREATE DATABASE \"{database}\"")).map_err(creating(database))?;
     let mut d = client(&with_database(server_url, database)?, timeout)?;
     d.batch_execute(SCHEMA)?;
     d.execute("INSERT INTO meta_version (version) VALUES ($1)", &[&SCHEMA_VERSION])?;

@@ -1012,13 +1012,25 @@ fn promote_makes_the_standby_a_primary_of_a_new_epoch() {
 /// A move's new database is the server's spare when one was made ahead (a rename, not
 /// a CREATE DATABASE the standbys must replay), made by one of the metas making it at
 /// once, complete and with the home's cluster; without a spare it is made as before.
+/// Older schema versions' spares (an upgrade's leftovers) go; a newer version's stays.
 #[test]
 fn a_move_takes_the_spare_database_made_ahead_and_makes_one_without() {
     use super::moving::{create_database, make_spare};
     let server = PgServer::start();
     let source = server.create_database();
     let cluster = open(&source, None, true, None, DEFAULT_DB_TIMEOUT).unwrap().cluster_id;
-    let spares = || server.sql("postgres", "SELECT count(*) FROM pg_database WHERE datname LIKE 'locus_spare%'");
+    let (older, half_made, newer) = (
+        format!("locus_spare_v{}", SCHEMA_VERSION - 1),
+        format!("locus_spare_v{}_making", SCHEMA_VERSION - 2),
+        format!("locus_spare_v{}", SCHEMA_VERSION + 1),
+    );
+    for database in [&older, &half_made, &newer] {
+        server.sql("postgres", &format!("CREATE DATABASE \"{database}\""));
+    }
+    let spares = || {
+        let ours = format!("locus_spare_v{SCHEMA_VERSION}");
+        server.sql("postgres", &format!("SELECT count(*) FROM pg_database WHERE datname = '{ours}'"))
+    };
     let makers: Vec<_> = (0..3)
         .map(|_| {
             let url = source.clone();
@@ -1028,6 +1040,10 @@ fn a_move_takes_the_spare_database_made_ahead_and_makes_one_without() {
     let made: Vec<bool> = makers.into_iter().map(|m| m.join().unwrap()).collect();
     assert_eq!(made.iter().filter(|m| **m).count(), 1, "one maker makes it, the others find it: {made:?}");
     assert_eq!(spares(), "1");
+    let left = format!(
+        "SELECT string_agg(datname, ',') FROM pg_database WHERE datname IN ('{older}', '{half_made}', '{newer}')"
+    );
+    assert_eq!(server.sql("postgres", &left), newer, "older versions' spares dropped, a newer one's kept");
     for (database, spare) in [("hb_m1", true), ("hb_m2", false)] {
         let (url, took) = create_database(&source, database, &source, DEFAULT_DB_TIMEOUT).unwrap();
         assert_eq!(took, spare, "{database}");
@@ -1036,4 +1052,29 @@ fn a_move_takes_the_spare_database_made_ahead_and_makes_one_without() {
         assert_eq!(opened.cluster_id, cluster, "{database} belongs to the home's cluster");
         assert!(!opened.formatted, "{database} came with its schema");
     }
+}
+
+/// A role that may not make databases cannot receive a home: the move's first step fails
+/// with what to grant, and leaves no database behind.
+#[test]
+fn a_role_without_createdb_is_told_what_to_grant() {
+    use super::moving::{create_database, make_spare};
+    let server = PgServer::start();
+    let source = server.create_database();
+    open(&source, None, true, None, DEFAULT_DB_TIMEOUT).unwrap();
+    server.sql("postgres", "CREATE ROLE mover LOGIN NOCREATEDB");
+    let as_mover = source.replacen("://locus@", "://mover@", 1);
+    assert_ne!(as_mover, source);
+    for made in [
+        make_spare(&as_mover, DEFAULT_DB_TIMEOUT).map(|_| ()),
+        create_database(&as_mover, "hb_m", &source, DEFAULT_DB_TIMEOUT).map(|_| ()),
+    ] {
+        match made {
+            Err(MetaError::PermissionDenied(m)) => assert!(m.contains("CREATEDB"), "{m}"),
+            other => panic!("expected PermissionDenied naming CREATEDB, got {other:?}"),
+        }
+    }
+    let left = server
+        .sql("postgres", "SELECT count(*) FROM pg_database WHERE datname LIKE 'locus_spare%' OR datname = 'hb_m'");
+    assert_eq!(left, "0");
 }
