@@ -563,7 +563,14 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
         for c in "${CONFIGS_OF_TABLE[@]}"; do
             [[ $c == "$BASE_OF_TABLE" ]] && continue
             this=$(for_all_files "$1" "$2" "$c")
-            if [[ $this == - || $base == - ]]; then line+=" | -"; else line+=" | $(ratio "$this" "$base")"; fi
+            if [[ $this == - || $base == - ]]; then
+                line+=" | -"
+            elif [[ $1 == median ]]; then # the median of the rounds' ratios: each round's pair ran side by side
+                line+=" | $(for r in $(seq 1 "$ROUNDS"); do echo "$(for_all_files "$r" "$2" "$c") $(for_all_files "$r" "$2" "$BASE_OF_TABLE")"; done |
+                    python3 -c 'import statistics, sys; v = [float(a) / float(b) for a, b in (l.split() for l in sys.stdin) if "-" not in (a, b)]; print(f"{statistics.median(v):.2f}x")')"
+            else
+                line+=" | $(ratio "$this" "$base")"
+            fi
         done
         echo "$line |"
     }
@@ -581,7 +588,7 @@ table() { # baseline configs...: seconds of each (scaled to all files), and each
     echo "\`--read-db\` at the standby, node.$([[ $HOMES == 1 ]] && echo " Home b: a second primary at B, a hot standby of it at A ($REPLICATION).") TLS on."
     echo "Tree: $DIRS directories of $PER_DIR empty files ($FILES), created at A through A's meta at 0 ms RTT in"
     echo "$CREATE_S s. Every measurement on a fresh mount (no kernel dentry/attribute cache, no client cache);"
-    echo "configurations interleaved workload by workload (in reverse order in even rounds)$([[ $ROUNDS -ge 3 ]] && echo "; the median rows give each configuration's median over the rounds")."
+    echo "configurations interleaved workload by workload (in reverse order in even rounds)$([[ $ROUNDS -ge 3 ]] && echo "; the median rows give each configuration's median over the rounds and the median of the rounds' ratios")."
     echo
     for c in "${CONFIGS[@]}"; do echo "- $c: $(describe "$c")"; done
     echo

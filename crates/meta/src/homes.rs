@@ -24,7 +24,10 @@ use crate::store::{Counter, DentryRow, Inode, OpenRow, Prefetch, SessionRow, Txn
 use proto::meta::StoredChunk;
 use proto::policy::Policy;
 use proto::types::{ChunkId, ChunkRecord, Extent, InodeId, NodeInfo, SessionId};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use util::sync::lock;
 
 /// A home's number: home 0 is the root's.
 pub type HomeId = u16;
@@ -61,12 +64,60 @@ pub struct Home {
 /// Every home this meta serves, home 0 first.
 pub struct Homes {
     homes: Vec<Home>,
+    seen: Arc<Seen>,
+}
+
+/// How long a row of another home read for a transaction answers later transactions'
+/// reads of it. Every open checks its session, and every create and open finds its
+/// file's policy up to the nearest directory that sets one; for a file outside home 0
+/// both are reads of home 0's engine (at a standby of it) inside the transaction, and at
+/// site B they made creates a third slower than at A. Trusting a row for a second is no
+/// laxer than that standby read, which may lag too; a row this meta changes is
+/// forgotten at once.
+const TRUSTED_FOR: Duration = Duration::from_secs(1);
+
+/// Rows of other homes read lately: home 0's sessions, and policies (or their absence).
+#[derive(Default)]
+struct Seen {
+    sessions: Recent<SessionId, Option<SessionRow>>,
+    policies: Recent<InodeId, Option<Policy>>,
+}
+
+/// Values read at an instant, each trusted for `TRUSTED_FOR` after it.
+struct Recent<K, V>(Mutex<HashMap<K, (Instant, V)>>);
+
+impl<K, V> Default for Recent<K, V> {
+    fn default() -> Self {
+        Recent(Mutex::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> Recent<K, V> {
+    fn get(&self, key: &K) -> Option<V> {
+        lock(&self.0).get(key).filter(|(at, _)| at.elapsed() < TRUSTED_FOR).map(|(_, v)| v.clone())
+    }
+
+    fn keep(&self, key: K, value: V) {
+        let mut rows = lock(&self.0);
+        if rows.len() >= 10_000 {
+            rows.retain(|_, (at, _)| at.elapsed() < TRUSTED_FOR);
+        }
+        rows.insert(key, (Instant::now(), value));
+    }
+
+    fn forget(&self, key: &K) {
+        lock(&self.0).remove(key);
+    }
+
+    fn clear(&self) {
+        lock(&self.0).clear();
+    }
 }
 
 impl Homes {
     /// A single home: the root's, in `store` (a cluster without junctions).
     pub fn single(store: Arc<Store>) -> Homes {
-        Homes { homes: vec![Home { id: 0, name: "root".into(), store }] }
+        Homes { homes: vec![Home { id: 0, name: "root".into(), store }], seen: Default::default() }
     }
 
     /// Home 0 and the others; ids must be unique.
@@ -80,14 +131,14 @@ impl Homes {
                 home.store.reserve_foreign_reader();
             }
         }
-        Ok(Homes { homes })
+        Ok(Homes { homes, seen: Default::default() })
     }
 
     /// These homes with `home` in place of the one of its number (a home moved; its
     /// engine's foreign reader is reserved by the mover).
     pub(crate) fn replaced(&self, home: Home) -> Homes {
         let homes = self.homes.iter().map(|h| if h.id == home.id { home.clone() } else { h.clone() }).collect();
-        Homes { homes }
+        Homes { homes, seen: self.seen.clone() }
     }
 
     /// The name of home `id`.
@@ -97,6 +148,18 @@ impl Homes {
             .find(|h| h.id == id)
             .map(|h| h.name.as_str())
             .ok_or_else(|| MetaError::Internal(format!("inode of home {id}, which this meta does not serve")))
+    }
+
+    /// Forgets what was read of session `id` (it ended here).
+    pub(crate) fn forget_session(&self, id: SessionId) {
+        self.seen.sessions.forget(&id);
+    }
+
+    /// Forgets every row of other homes read lately: this meta had a write committed
+    /// elsewhere, whose client must see it in what it does next.
+    pub(crate) fn forget_seen(&self) {
+        self.seen.sessions.clear();
+        self.seen.policies.clear();
     }
 
     /// Home 0's engine: sessions, nodes, admission and principals live there.
@@ -163,6 +226,32 @@ impl HomesTxn<'_> {
             Rows::One(_) => self.homes.store(home)?.read_foreign(&mut f),
             Rows::Cross(cross) => f(cross.open(self.homes, home)?),
         }
+    }
+
+    /// `read` of home `home`'s row: in this transaction when it writes that home,
+    /// else from what `recent` remembers of a read less than `TRUSTED_FOR` ago, else
+    /// read from its engine and remembered; its absence too when `remembers_absence`
+    /// (not a session's: one just begun may not have reached the standby yet).
+    fn remembered<K: std::hash::Hash + Eq, T: Clone>(
+        &mut self,
+        home: HomeId,
+        recent: &Recent<K, Option<T>>,
+        key: K,
+        remembers_absence: bool,
+        mut read: impl FnMut(&mut dyn Txn) -> Result<Option<T>, MetaError>,
+    ) -> Result<Option<T>, MetaError> {
+        if home == self.home || matches!(self.rows, Rows::Cross(_)) {
+            return self.at(home, read);
+        }
+        if let Some(v) = recent.get(&key) {
+            return Ok(v);
+        }
+        let v = self.at(home, &mut read)?;
+        if !remembers_absence && v.is_none() {
+            return Ok(v);
+        }
+        recent.keep(key, v.clone());
+        Ok(v)
     }
 
     /// The transaction that writes home `home`'s rows; refused for another home than
@@ -380,12 +469,13 @@ impl Txn for HomesTxn<'_> {
         self.rows_of(0, "a session")?.put_session(session)
     }
     fn get_session(&mut self, id: SessionId) -> Result<Option<SessionRow>, MetaError> {
-        self.at(0, |t| t.get_session(id))
+        self.remembered(0, &self.homes.seen.sessions, id, false, |t| t.get_session(id))
     }
     fn list_sessions(&mut self) -> Result<Vec<SessionRow>, MetaError> {
         self.at(0, |t| t.list_sessions())
     }
     fn delete_session(&mut self, id: SessionId) -> Result<(), MetaError> {
+        self.homes.forget_session(id);
         self.rows_of(0, "a session")?.delete_session(id)
     }
 
@@ -427,15 +517,17 @@ impl Txn for HomesTxn<'_> {
     }
 
     fn get_policy(&mut self, ino: InodeId) -> Result<Option<Policy>, MetaError> {
-        self.at(home_of(ino), |t| t.get_policy(ino))
+        self.remembered(home_of(ino), &self.homes.seen.policies, ino, true, |t| t.get_policy(ino))
     }
     fn may_have_policies(&mut self) -> Result<bool, MetaError> {
         Ok(self.each(|t| t.may_have_policies())?.into_iter().any(|may| may))
     }
     fn put_policy(&mut self, ino: InodeId, policy: &Policy) -> Result<(), MetaError> {
+        self.homes.seen.policies.forget(&ino);
         self.of_inode(ino)?.put_policy(ino, policy)
     }
     fn delete_policy(&mut self, ino: InodeId) -> Result<(), MetaError> {
+        self.homes.seen.policies.forget(&ino);
         self.of_inode(ino)?.delete_policy(ino)
     }
     fn list_policies(&mut self) -> Result<Vec<(InodeId, Policy)>, MetaError> {
@@ -940,6 +1032,45 @@ mod tests {
             MetaReply::Homes(h) => assert_eq!(h[1].junctions, vec![b.ino]),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// An open in a home other than 0 checks its session and finds its policy in home 0
+    /// (rows remembered for a moment: `TRUSTED_FOR`); a policy set at this meta applies
+    /// at once, and a session that ends, by goodbye or by expiry, opens nothing more.
+    #[test]
+    fn home_0_s_sessions_and_policies_changed_here_apply_at_once_in_another_home() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let b = junction(&s, ROOT_INODE, "b", "b").unwrap();
+        let file = mk(&s, b.ino, "f", NewNode::File);
+        let hello = || {
+            let session = SessionInfo { site: "a".into(), host: "h".into(), pid: 1, purpose: "t".into() };
+            match ok(&s, MetaRequest::Hello(Hello { protocol: proto::PROTOCOL_VERSION, session })) {
+                MetaReply::Welcome(w) => w.session,
+                other => panic!("{other:?}"),
+            }
+        };
+        let open_file = |session| {
+            let access = OpenAccess { read: true, write: false };
+            match s.handle_blocking(MetaRequest::Open(Open { ino: file.ino, session, truncate: false, access })) {
+                Ok(MetaReply::Opened(o)) => Ok(o.policy),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.code),
+            }
+        };
+        let (left, expired) = (hello(), hello());
+        for session in [left, expired] {
+            assert_eq!(open_file(session), Ok(Policy::default()));
+        }
+        // The root's policy, set at this meta, applies to the next open at once.
+        let policy = Policy { copies: 1, rpo_secs: 7, ..Policy::default() };
+        ok(&s, MetaRequest::SetPolicy(SetPolicy { ino: ROOT_INODE, policy: Some(policy.clone()) }));
+        assert_eq!(open_file(left), Ok(policy));
+        ok(&s, MetaRequest::Goodbye(Goodbye { session: left }));
+        assert_eq!(open_file(left), Err(ErrorCode::SessionUnknown));
+        let now = Timestamp::now().millis() + 3_600_000;
+        assert!(s.expire_sessions_at(now).unwrap().contains(&expired));
+        assert_eq!(open_file(expired), Err(ErrorCode::SessionUnknown));
     }
 
     const ROOT_HOME_NAME: &str = crate::service::ROOT_HOME;

@@ -236,6 +236,9 @@ impl Forwarding {
         let reply = proto::frame::decode(&answer.reply)
             .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
         store.committed_elsewhere(answer.position, namespace);
+        if !matches!(req, MetaRequest::Heartbeat(_)) {
+            homes.forget_seen();
+        }
         if crate::cross::joins_homes(&req) {
             // It may have changed other homes' rows too (`cross`): nothing kept of them
             // is answered any more.
@@ -691,6 +694,7 @@ impl MetaService {
         })?;
         // A session's locks and opens in the other homes go with it; their orphans too.
         let homes = self.homes();
+        expired.iter().for_each(|s| homes.forget_session(*s));
         for home in &homes.all()[1..] {
             let (homes, id, ended) = (homes.clone(), home.id, expired.clone());
             engine::write(&home.store, false, move |t| {
