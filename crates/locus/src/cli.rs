@@ -717,6 +717,17 @@ pub struct MountArgs {
     /// sent with that user's requests (made sticky and world-writable if new).
     #[arg(long, default_value = DEFAULT_LOGINS)]
     pub logins: PathBuf,
+    /// Return once mounted, leaving the mount served by a process of its own (what
+    /// mount(8) expects of `mount -t fuse.locus` and fstab; `umount` stops it).
+    #[arg(long)]
+    pub background: bool,
+    /// With --background: where the mount's log goes (appended); without one it is
+    /// discarded.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+    /// Started by --background: lets go of the starter's output once mounted.
+    #[arg(long, hide = true)]
+    pub detached: bool,
     #[command(flatten)]
     pub tuning: ClientTuning,
 }
@@ -828,10 +839,21 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs(n * mult))
 }
 
-/// Parses the command line, splicing in the config file's table for the command.
-pub fn parse() -> anyhow::Result<Cli> {
-    let argv: Vec<String> = std::env::args().collect();
-    let first = Cli::try_parse_from(&argv).unwrap_or_else(|e| e.exit());
+/// Parses the command line (as mount(8)'s helper, the `locus mount` it stands for;
+/// `None`: nothing to do), splicing in the config file's table for the command.
+/// Returns the arguments parsed too (before the splice).
+pub fn parse() -> anyhow::Result<Option<(Cli, Vec<String>)>> {
+    let argv = match crate::mount_helper::invocation(std::env::args().collect()) {
+        Ok(crate::mount_helper::Invocation::Run(argv)) => argv,
+        Ok(crate::mount_helper::Invocation::Nothing) => return Ok(None),
+        Err(e) => anyhow::bail!("{e}"),
+    };
+    parse_from(&argv).map(|cli| Some((cli, argv)))
+}
+
+/// The command line `argv` with its config file's flags (`--config`) spliced in.
+fn parse_from(argv: &[String]) -> anyhow::Result<Cli> {
+    let first = Cli::try_parse_from(argv).unwrap_or_else(|e| e.exit());
     let Some(path) = &first.config else {
         return Ok(first);
     };

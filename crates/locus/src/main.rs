@@ -7,6 +7,7 @@ mod block;
 mod cli;
 mod home;
 mod local;
+mod mount_helper;
 mod pki;
 mod policy;
 mod roles;
@@ -28,8 +29,9 @@ fn main() -> std::process::ExitCode {
     tune_allocator();
     // Test builds only: arms the crash points named in FAILPOINTS (see util::failpoint).
     let _crash_points = util::failpoint::fail::FailScenario::setup();
-    let args = match cli::parse() {
-        Ok(args) => args,
+    let (args, argv) = match cli::parse() {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => return std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("locus: {}", report(&e));
             return std::process::ExitCode::from(2);
@@ -41,7 +43,19 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log(&args.command))),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: not in journald, files or pipes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let cli::Command::Mount(m) = &args.command
+        && m.background
+    {
+        // Bounded by the mount's own wait for meta, and a margin for mounting.
+        let wait = m.tuning.rpc_timeout + std::time::Duration::from_secs(30);
+        return mount_helper::start_in_background(&argv, wait).unwrap_or_else(|e| {
+            eprintln!("locus: {}", report(&e));
+            std::process::ExitCode::FAILURE
+        });
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -367,7 +367,14 @@ fn clear_dead_mount(path: &Path) -> anyhow::Result<()> {
 /// Serves the mount until a signal or an unmount from outside. A busy mount (a
 /// process has its cwd or a file in it) is detached lazily on a signal, and that is
 /// an error: the processes inside lose their files.
-async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyhow::Result<()> {
+/// `detach`: started by `--background`, whose starter stops reading this process's
+/// output once it is mounted: the output goes there from then on.
+async fn serve_mount(
+    vfs: Arc<client::Vfs>,
+    mountpoint: &Path,
+    ttl: f64,
+    detach: Option<std::fs::File>,
+) -> anyhow::Result<()> {
     let mut stop = StopSignals::new()?;
     let config = fuse::MountConfig { ttl: Duration::from_secs_f64(ttl.max(0.0)), ..fuse::MountConfig::default() };
     let mut mounted = fuse::mount(vfs.clone(), tokio::runtime::Handle::current(), mountpoint, &config)
@@ -378,7 +385,10 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
         Ok(Err(e)) => tracing::info!("read-ahead of {} left at the kernel's default: {e}", mountpoint.display()),
         Err(e) => tracing::warn!("raising the read-ahead of {} failed: {e}", mountpoint.display()),
     }
-    println!("locus mounted on {}", mountpoint.display());
+    println!("{} {}", crate::mount_helper::MOUNTED, mountpoint.display());
+    if let Some(target) = &detach {
+        crate::mount_helper::detach_output(target)?;
+    }
     let ended_elsewhere = async {
         while !mounted.is_finished() {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -416,6 +426,10 @@ async fn serve_mount(vfs: Arc<client::Vfs>, mountpoint: &Path, ttl: f64) -> anyh
 
 pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
+    if args.log_file.is_some() && !args.detached {
+        bail!("--log-file is where a mount started with --background logs; in the foreground it logs to stderr");
+    }
+    let detach = args.detached.then(|| crate::mount_helper::output_target(args.log_file.as_deref())).transpose()?;
     let purpose = format!("mount {}", mountpoint.display());
     let logins = match prepare_logins(&args.logins) {
         Ok(()) => Some(args.logins.clone()),
@@ -426,7 +440,7 @@ pub async fn mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     };
     let config = client::ClientConfig { logins, ..client_config(args.meta.clone(), args.site, purpose, &args.tuning) };
     let vfs = client::Vfs::connect(config).await.with_context(|| format!("cannot reach meta at {}", args.meta))?;
-    serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await?;
+    serve_mount(vfs, &mountpoint, args.tuning.attr_ttl, detach).await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -530,7 +544,7 @@ pub async fn up(args: UpArgs, tls: TlsArgs) -> anyhow::Result<ExitCode> {
         tls: local_pki.map(|p| p.dir),
     };
     record.save(&data_dir)?;
-    let served = serve_mount(vfs, &mountpoint, args.tuning.attr_ttl).await;
+    let served = serve_mount(vfs, &mountpoint, args.tuning.attr_ttl, None).await;
     record.remove(&data_dir);
     served?;
     Ok(ExitCode::SUCCESS)

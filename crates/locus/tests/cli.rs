@@ -154,3 +154,61 @@ fn unwritable_data_directory_is_named() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("/proc/locus-cannot-be-here"), "{}", stderr(&o));
 }
+
+/// `mount -t fuse.locus META DIR -o OPTIONS` (and an fstab line) runs
+/// `/sbin/mount.fuse.locus`, a link to the binary: it returns once mounted and leaves
+/// the mount served in the background until `umount`; a mount that cannot start says
+/// why and leaves nothing running; `-f` (a fake mount) does nothing.
+#[test]
+fn the_mount_helper_mounts_in_the_background_and_says_why_not() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse");
+        return;
+    }
+    let mut c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 1);
+    let tls = c.cert("client", "client-default", "default");
+    let scratch = tempfile::tempdir().unwrap();
+    let helper = scratch.path().join("mount.fuse.locus");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_locus"), &helper).unwrap();
+    let (mnt, log) = (scratch.path().join("mnt"), scratch.path().join("mount.log"));
+    std::fs::create_dir(&mnt).unwrap();
+    // As fstab gives them: generic options beside Locus's, the certificates among them.
+    let options =
+        format!("rw,_netdev,nofail,site=default,log={},ca={},cert={},key={}", log.display(), tls[1], tls[3], tls[5]);
+    let helper_run = |meta: &str, extra: &str| {
+        let options = format!("{options}{extra}");
+        let args = [meta, mnt.to_str().unwrap(), "-o", options.as_str()];
+        let started = std::time::Instant::now();
+        let out = Command::new(&helper).args(args).stdin(Stdio::null()).output().unwrap();
+        (out, started.elapsed())
+    };
+    let mounted = || std::fs::read_to_string("/proc/self/mountinfo").unwrap().contains(mnt.to_str().unwrap());
+    let (out, _) = helper_run(&c.meta.addr, "");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && said.contains("locus mounted on"), "{said} {}", stderr(&out));
+    assert!(mounted());
+    std::fs::write(mnt.join("through-the-helper"), b"fstab").unwrap();
+    let other = c.mount();
+    assert_eq!(std::fs::read(other.join("through-the-helper")).unwrap(), b"fstab");
+    // umount stops it.
+    let pid: u32 = said.rsplit("process ").next().unwrap().trim_end_matches([')', '\n']).parse().unwrap();
+    let o = Command::new("fusermount3").arg("-u").arg(&mnt).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let gone = std::time::Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(gone.elapsed() < std::time::Duration::from_secs(15), "the mount's process outlived its umount");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(std::fs::read_to_string(&log).unwrap().contains("unmounted"), "its log went to log=");
+    // Nothing to mount: said, bounded, nothing left running or mounted.
+    let (out, took) = helper_run("127.0.0.1:1", ",rpc_timeout=3s");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("cannot reach meta at 127.0.0.1:1"), "{}", stderr(&out));
+    assert!(took < std::time::Duration::from_secs(40), "{took:?}");
+    assert!(!mounted());
+    let (out, _) = helper_run(&c.meta.addr, ",sitte=a");
+    assert!(!out.status.success() && stderr(&out).contains("unknown mount option"), "{}", stderr(&out));
+    let fake = Command::new(&helper).args([&c.meta.addr, mnt.to_str().unwrap(), "-f"]).output().unwrap();
+    assert!(fake.status.success(), "{}", stderr(&fake));
+    assert!(!mounted());
+}
