@@ -47,6 +47,11 @@ pub enum Command {
     Mount(MountArgs),
     /// Show nodes, capacity, chunks and sessions.
     Status(StatusArgs),
+    /// Check this host for what its Locus roles need (FUSE, certificates, listen
+    /// ports, databases, meta's reachability, the clock against meta's) and say what
+    /// to fix; with --config, everything its tables name. Exits 0 when all is well, 1
+    /// when something is wrong, 3 when something only needs watching.
+    Doctor(DoctorArgs),
     /// Check every chunk against its id and every extent against the catalogue. Exits 0
     /// when clean, 1 when something is damaged (or fsck failed), 3 when nothing is
     /// damaged but chunks have fewer copies than their policy asks for (degraded).
@@ -145,6 +150,24 @@ pub fn parse_export(s: &str) -> Result<ExportSpec, String> {
         return Err(format!("{s:?}: size= makes or grows the file, which a read-only export cannot"));
     }
     Ok(spec)
+}
+
+#[derive(Args, Debug, Default)]
+pub struct DoctorArgs {
+    /// A meta to reach (repeatable): it must accept this host's certificate and its
+    /// clock agree with this host's.
+    #[arg(long)]
+    pub meta: Vec<String>,
+    /// An address a role of this host listens on (repeatable): it must be free.
+    #[arg(long)]
+    pub listen: Vec<String>,
+    /// A database meta uses (repeatable; a PostgreSQL URL or a SQLite file): reachable
+    /// and formatted by Locus. Nothing is changed.
+    #[arg(long)]
+    pub db: Vec<String>,
+    /// Longest wait for each meta.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -897,7 +920,7 @@ pub fn config_flags(text: &str, command: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc", "bench", "nbd"];
+const COMMANDS: &[&str] = &["up", "meta", "node", "mount", "status", "fsck", "gc", "bench", "nbd", "doctor"];
 
 /// `locus completions SHELL`: the script, written to stdout.
 pub fn completions(shell: clap_complete::Shell) {

@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod block;
 mod cli;
+mod doctor;
 mod home;
 mod local;
 mod mount_helper;
@@ -92,6 +93,7 @@ fn default_log(command: &cli::Command) -> &'static str {
         Meta(_)
         | Node(_)
         | Status(_)
+        | Doctor(_)
         | Fsck(_)
         | Gc(_)
         | Policy(_)
@@ -147,6 +149,14 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Node(a) => roles::node(*a).await,
         Mount(a) => roles::mount(a).await,
         Status(a) => admin::status(a).await,
+        Doctor(a) => {
+            let given = args.tls.insecure_no_tls || args.tls.cert.is_some();
+            // A certificate that does not load is one of the findings, not the end.
+            if given && let Err(e) = pki::install(&args.tls, "locus doctor") {
+                tracing::debug!("doctor's own certificate: {e:#}");
+            }
+            doctor::run(a, args.tls, args.config.as_deref()).await
+        }
         Fsck(a) => admin::fsck(a).await,
         Gc(a) => admin::gc(a).await,
         Policy(a) => policy::run(a).await,
@@ -184,6 +194,8 @@ fn credentials(command: &cli::Command) -> Option<Credentials<'_>> {
     use cli::Command::*;
     match command {
         Up(_) | Ca(_) | Meta(cli::MetaArgs { action: Some(_), .. }) | Completions { .. } | Man { .. } => None,
+        // It checks the certificate files itself, and uses them only if they load.
+        Doctor(_) => None,
         Meta(_) => Some(Own("locus meta")),
         Node(a) => Some(match &a.action {
             Some(action) => Operator("locus node", action.meta()),

@@ -14,7 +14,7 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn every_command_has_help() {
-    for cmd in ["up", "meta", "node", "mount", "status", "fsck", "gc", "nbd"] {
+    for cmd in ["up", "meta", "node", "mount", "status", "fsck", "gc", "nbd", "doctor"] {
         let o = locus(&[cmd, "--help"]);
         assert!(o.status.success(), "{cmd} --help failed");
         let text = String::from_utf8_lossy(&o.stdout);
@@ -211,4 +211,69 @@ fn the_mount_helper_mounts_in_the_background_and_says_why_not() {
     let fake = Command::new(&helper).args([&c.meta.addr, mnt.to_str().unwrap(), "-f"]).output().unwrap();
     assert!(fake.status.success(), "{}", stderr(&fake));
     assert!(!mounted());
+}
+
+/// `locus doctor` checks what a host's roles need and says what to fix, its exit code
+/// telling all well (0), something to watch (3) and something wrong (1); nothing it
+/// checks is changed.
+#[test]
+fn doctor_says_what_is_wrong_with_a_host_and_how_to_fix_it() {
+    if !testkit::can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse (the doctor checks FUSE first)");
+        return;
+    }
+    let c = Cluster::start(Path::new(env!("CARGO_BIN_EXE_locus")), 1);
+    let tls = c.cert("client", "doctor", "default");
+    let doctor = |extra: &[&str], tls: &[String]| {
+        let mut args: Vec<String> = ["doctor", "--timeout", "5s"].iter().map(|s| s.to_string()).collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend_from_slice(tls);
+        let o = Command::new(env!("CARGO_BIN_EXE_locus")).args(&args).stdin(Stdio::null()).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let free_addr = free.local_addr().unwrap().to_string();
+    drop(free);
+    let (code, said) = doctor(&["--meta", &c.meta.addr, "--listen", &free_addr], &tls);
+    assert_eq!(code, Some(0), "{said}");
+    for line in [
+        "ok    FUSE",
+        "ok    certificate",
+        "doctor (client of site default)",
+        "ok    meta",
+        "ok    clock",
+        "nothing to fix",
+    ] {
+        assert!(said.contains(line), "{line:?} missing:\n{said}");
+    }
+    // A port in use is worth a look; a meta that is not there, a database that is not
+    // one and a certificate past its end are wrong, each said with what to do.
+    let (code, said) = doctor(&["--listen", &c.meta.addr], &tls);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.contains("WARN  listen") && said.contains("in use"), "{said}");
+    let not_a_db = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_a_db.path(), b"not a database").unwrap();
+    let (code, said) = doctor(&["--meta", "127.0.0.1:1", "--db", not_a_db.path().to_str().unwrap()], &tls);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("FAIL  meta 127.0.0.1:1: unreachable"), "{said}");
+    assert!(said.contains("FAIL  database"), "{said}");
+    assert_eq!(std::fs::read(not_a_db.path()).unwrap(), b"not a database", "the doctor changed it");
+    let dir = c.tls_dir();
+    let issue = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["ca", "issue", "--role", "client", "--name", "stale", "--site", "default", "--days", "0", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(issue.status.success(), "{}", stderr(&issue));
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let stale: Vec<String> = ["--ca", "ca.pem", "--cert", "stale.pem", "--key", "stale.key"]
+        .chunks(2)
+        .flat_map(|p| [p[0].to_string(), dir.join(p[1]).display().to_string()])
+        .collect();
+    let (code, said) = doctor(&[], &stale);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("FAIL  certificate") && said.contains("expired") && said.contains("locus ca issue"),
+        "{said}"
+    );
 }

@@ -295,6 +295,20 @@ pub fn open_store(
     Store::new(crate::sqlite::open(std::path::Path::new(path), init)?)
 }
 
+/// Says what the database at `url` is, without changing it (`locus doctor`): its
+/// server, and whether Locus formatted it and at which schema version; an error says
+/// why it cannot be reached or read.
+pub fn probe_database(url: &str, timeout: Duration) -> Result<String, MetaError> {
+    match url.split_once("://") {
+        Some(("postgres" | "postgresql", _)) => crate::postgres::probe(url, timeout),
+        Some(("sqlite", path)) => crate::sqlite::probe(std::path::Path::new(path)),
+        None => crate::sqlite::probe(std::path::Path::new(url)),
+        Some((scheme, _)) => {
+            Err(MetaError::UnsupportedUrl { url: url.into(), reason: format!("unknown scheme {scheme:?}") })
+        }
+    }
+}
+
 /// Runs `f` on a consistent snapshot of `conn` (see `Store::read`).
 fn read_on<R>(
     conn: &mut dyn ReadConn,

@@ -23,7 +23,7 @@ mod store;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
-pub use engine::{Store, open_store};
+pub use engine::{Store, open_store, probe_database};
 pub use error::MetaError;
 pub use identity::{Acting, Identities, MapFile, NOBODY, PRINCIPAL_BASE, parse_map};
 pub use locks::Held;

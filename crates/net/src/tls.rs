@@ -205,6 +205,36 @@ impl Tls {
         Ok(Tls { server: Arc::new(server), client: Arc::new(client), own })
     }
 
+    /// Checks a process's certificate files as its peers would (`locus doctor`): they
+    /// load (the key is the certificate's), and the certificate chains to the CA and is
+    /// valid now. Returns who the certificate names and when it expires (Unix seconds),
+    /// that expiry also when the check fails for it.
+    pub fn check_files(ca: &Path, cert: &Path, key: &Path) -> (Result<String, TlsError>, Option<i64>) {
+        let read = |p: &Path| std::fs::read(p).map_err(|source| TlsError::Io { path: p.display().to_string(), source });
+        let expires = read(cert).ok().and_then(|pem| {
+            let der = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
+            let (_, parsed) = x509_parser::parse_x509_certificate(&der).ok()?;
+            Some(parsed.validity().not_after.timestamp())
+        });
+        let checked = Tls::load(ca, cert, key).and_then(|tls| {
+            let (roots, chain) = (read(ca)?, read(cert)?);
+            let mut store = RootCertStore::empty();
+            for root in CertificateDer::pem_slice_iter(&roots) {
+                store.add(root.map_err(|e| TlsError::Certificate(e.to_string()))?)?;
+            }
+            let chain: Vec<_> = CertificateDer::pem_slice_iter(&chain)
+                .collect::<Result<_, _>>()
+                .map_err(|e| TlsError::Certificate(e.to_string()))?;
+            WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
+                .build()
+                .map_err(|e| TlsError::Certificate(format!("client verifier: {e}")))?
+                .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
+                .map_err(|e| TlsError::Certificate(format!("not accepted under this CA: {e}")))?;
+            Ok(tls.identity().to_string())
+        });
+        (checked, expires)
+    }
+
     /// Who this process is.
     pub fn identity(&self) -> &PeerIdentity {
         &self.own

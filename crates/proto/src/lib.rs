@@ -117,7 +117,7 @@ pub mod types;
 
 /// Version of the RPC protocol; meta refuses a `Hello` that names any other version
 /// (an exact match: there are no compatible minor versions yet).
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// A typed request: the wire form it travels in and what its caller gets back, so a
 /// transport can offer one typed `ask` for every protocol.

@@ -897,6 +897,10 @@ pub struct ClusterStatus {
     /// --forward-writes-to`): the home, the meta holding it, and how many writes it has
     /// forwarded there since it started.
     pub forwarding: Vec<(String, String, u64)>,
+    /// Meta's wall clock when it answered (milliseconds since the Unix epoch): hosts
+    /// compare theirs with it (`locus doctor`), as sessions and leases assume clocks
+    /// that agree.
+    pub now_ms: i64,
 }
 
 /// One administrative action as meta's audit log keeps it.

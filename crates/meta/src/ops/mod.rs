@@ -203,6 +203,7 @@ pub fn read(t: &mut dyn Txn, ctx: &Ctx, req: MetaRequest) -> Result<MetaReply, M
                 audit: Vec::new(),
                 forwarding: Vec::new(),
                 cluster_id: ctx.cluster_id.to_string(),
+                now_ms: ctx.now_ms,
             })
         }),
         R::GetPolicy(m) => serve(m, |m| {

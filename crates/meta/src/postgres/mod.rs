@@ -75,6 +75,25 @@ fn parse(url: &str) -> Result<(Config, String), MetaError> {
     Ok((config, shown))
 }
 
+/// `engine::probe_database` for PostgreSQL: connects (bounded by `timeout`), reads
+/// the server's version and the schema's, and changes nothing.
+pub(crate) fn probe(url: &str, timeout: Duration) -> Result<String, MetaError> {
+    let (mut config, shown) = parse(url)?;
+    config.connect_timeout(timeout).options(format!("-c statement_timeout={}", timeout.as_millis()));
+    let mut c = postgres::Config::from(config)
+        .connect(postgres::NoTls)
+        .map_err(|e| MetaError::Connect { url: shown.clone(), detail: e.to_string() })?;
+    let server: String = c.query_one("SELECT current_setting('server_version')", &[])?.get(0);
+    let formatted: bool = c.query_one("SELECT to_regclass('meta_version') IS NOT NULL", &[])?.get(0);
+    let schema = if formatted {
+        let version: Option<i64> = c.query_one("SELECT max(version) FROM meta_version", &[])?.get(0);
+        format!("schema version {} (this binary's: {})", version.unwrap_or(0), schema::SCHEMA_VERSION)
+    } else {
+        "not formatted by Locus (`locus meta --init` formats an empty database)".into()
+    };
+    Ok(format!("{shown}: PostgreSQL {server}, {schema}"))
+}
+
 /// Opens the PostgreSQL database at `url` for the shared engine. Without `init` the
 /// database must already hold a Locus namespace; with it, an empty database (no
 /// tables) is formatted with a new cluster id. A database holding anything else is

@@ -1078,3 +1078,20 @@ fn a_role_without_createdb_is_told_what_to_grant() {
         .sql("postgres", "SELECT count(*) FROM pg_database WHERE datname LIKE 'locus_spare%' OR datname = 'hb_m'");
     assert_eq!(left, "0");
 }
+
+/// `probe_database` (`locus doctor`) says what a database is and changes nothing: an
+/// empty one stays empty.
+#[test]
+fn a_probe_says_what_a_database_is_without_changing_it() {
+    let server = PgServer::start();
+    let (formatted, empty) = (server.create_database(), server.create_database());
+    open(&formatted, None, true, None, DEFAULT_DB_TIMEOUT).unwrap();
+    let said = crate::probe_database(&formatted, Duration::from_secs(5)).unwrap();
+    assert!(said.contains("PostgreSQL") && said.contains(&format!("schema version {SCHEMA_VERSION}")), "{said}");
+    let said = crate::probe_database(&empty, Duration::from_secs(5)).unwrap();
+    assert!(said.contains("not formatted"), "{said}");
+    let tables = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'";
+    assert_eq!(server.sql(empty.rsplit('/').next().unwrap(), tables), "0");
+    let refused = crate::probe_database("postgres://locus@127.0.0.1:1/x", Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(refused, MetaError::Connect { .. }), "{refused}");
+}

@@ -864,6 +864,31 @@ impl From<rusqlite::Error> for MetaError {
     }
 }
 
+/// `engine::probe_database` for SQLite: the file opened read-only, its schema's
+/// version read; nothing made or changed.
+pub(crate) fn probe(path: &std::path::Path) -> Result<String, MetaError> {
+    let shown = path.display().to_string();
+    if !path.exists() {
+        return Err(MetaError::NotFormatted {
+            path: shown,
+            reason: "no such file (`locus meta --init` makes and formats it)".into(),
+        });
+    }
+    let c = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let formatted: i64 =
+        c.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'", [], |r| {
+            r.get(0)
+        })?;
+    if formatted == 0 {
+        return Err(MetaError::NotFormatted {
+            path: shown,
+            reason: "not a Locus database (no meta_version table)".into(),
+        });
+    }
+    let version: Option<i64> = c.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?;
+    Ok(format!("{shown}: SQLite, schema version {} (this binary's: {})", version.unwrap_or(0), schema::SCHEMA_VERSION))
+}
+
 #[cfg(test)]
 mod tests {
     use super::schema::SCHEMA_VERSION;
