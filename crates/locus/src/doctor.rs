@@ -93,6 +93,20 @@ pub async fn run(args: DoctorArgs, tls: TlsArgs, config: Option<&Path>) -> anyho
         None => None,
     };
     let t = targets(&args, &tls, text.as_deref()).map_err(|e| anyhow::anyhow!("config file: {e}"))?;
+    // Meta is reached with the certificate given, else the first of the config's; one
+    // that does not load is among the findings, not the end.
+    let own = match (&tls, t.certificates.first()) {
+        (tls, _) if tls.insecure_no_tls || tls.cert.is_some() => Some(tls.clone()),
+        (_, Some((ca, cert, key))) => {
+            Some(TlsArgs { ca: Some(ca.clone()), cert: Some(cert.clone()), key: Some(key.clone()), ..tls.clone() })
+        }
+        (_, None) => None,
+    };
+    if let Some(own) = own
+        && let Err(e) = crate::pki::install(&own, "locus doctor")
+    {
+        tracing::debug!("the doctor's own certificate: {e:#}");
+    }
     let mut findings = vec![fuse()];
     for (ca, cert, key) in &t.certificates {
         findings.push(certificate(ca, cert, key));

@@ -149,14 +149,7 @@ async fn run(args: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         Node(a) => roles::node(*a).await,
         Mount(a) => roles::mount(a).await,
         Status(a) => admin::status(a).await,
-        Doctor(a) => {
-            let given = args.tls.insecure_no_tls || args.tls.cert.is_some();
-            // A certificate that does not load is one of the findings, not the end.
-            if given && let Err(e) = pki::install(&args.tls, "locus doctor") {
-                tracing::debug!("doctor's own certificate: {e:#}");
-            }
-            doctor::run(a, args.tls, args.config.as_deref()).await
-        }
+        Doctor(a) => doctor::run(a, args.tls, args.config.as_deref()).await,
         Fsck(a) => admin::fsck(a).await,
         Gc(a) => admin::gc(a).await,
         Policy(a) => policy::run(a).await,

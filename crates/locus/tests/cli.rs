@@ -246,6 +246,15 @@ fn doctor_says_what_is_wrong_with_a_host_and_how_to_fix_it() {
     ] {
         assert!(said.contains(line), "{line:?} missing:\n{said}");
     }
+    // From a config file alone: the meta a mount of this host uses, reached with the
+    // mount's certificate.
+    let config = tempfile::NamedTempFile::new().unwrap();
+    let toml =
+        format!("[mount]\nmeta = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n", c.meta.addr, tls[1], tls[3], tls[5]);
+    std::fs::write(config.path(), toml).unwrap();
+    let (code, said) = doctor(&["--config", config.path().to_str().unwrap()], &[]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("ok    meta") && said.contains("ok    certificate"), "{said}");
     // A port in use is worth a look; a meta that is not there, a database that is not
     // one and a certificate past its end are wrong, each said with what to do.
     let (code, said) = doctor(&["--listen", &c.meta.addr], &tls);
