@@ -231,14 +231,16 @@ impl Forwarding {
             request,
             positions: homes.all().iter().map(|h| (h.id, h.store.commit_position())).filter(|p| p.1 > 0).collect(),
         };
-        let answer =
-            link.ask(forward).await.map_err(|e| MetaError::unreachable(&self.addr, &e))?.map_err(MetaError::Remote)?;
-        let reply = proto::frame::decode(&answer.reply)
-            .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
-        store.committed_elsewhere(answer.position, namespace);
+        let answer = link.ask(forward).await;
+        // Committed there (or perhaps, when the answer was lost): what this meta
+        // remembers of other homes' rows may be older than the write.
         if !matches!(req, MetaRequest::Heartbeat(_)) {
             homes.forget_seen();
         }
+        let answer = answer.map_err(|e| MetaError::unreachable(&self.addr, &e))?.map_err(MetaError::Remote)?;
+        let reply = proto::frame::decode(&answer.reply)
+            .map_err(|e| MetaError::Internal(format!("the answer to a forwarded write does not decode: {e}")))?;
+        store.committed_elsewhere(answer.position, namespace);
         if crate::cross::joins_homes(&req) {
             // It may have changed other homes' rows too (`cross`): nothing kept of them
             // is answered any more.
