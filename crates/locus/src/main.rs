@@ -47,8 +47,11 @@ fn main() -> std::process::ExitCode {
         // Colours only for a person at a terminal: not in journald, files or pipes.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // (A config file's `background = true` reaches the started process too: it is
+    // the detached one and mounts itself.)
     if let cli::Command::Mount(m) = &args.command
         && m.background
+        && !m.detached
     {
         // Bounded by the mount's own wait for meta, and a margin for mounting.
         let wait = m.tuning.rpc_timeout + std::time::Duration::from_secs(30);
