@@ -1,8 +1,8 @@
 //! `locus doctor`: checks a host before (or while) it runs a Locus role — FUSE, its
 //! certificates, the ports it listens on, its database, meta's reachability and the
 //! clock against meta's — and says what to fix. What to check comes from the flags and
-//! from every table of the config file (`listen`, `db`, `read_db`, `meta`, `ca`, `cert`,
-//! `key`), so `locus doctor --config /etc/locus/locus.toml` checks all the host runs.
+//! from every table of the config file (`listen`, `meta_listen`, `node_listen`, `db`,
+//! `read_db`, `meta`, `ca`, `cert`, `key`), so `locus doctor --config /etc/locus/locus.toml` checks all the host runs.
 
 use crate::cli::{DoctorArgs, TlsArgs};
 use std::path::{Path, PathBuf};
@@ -72,7 +72,7 @@ fn targets(args: &DoctorArgs, tls: &TlsArgs, config: Option<&str>) -> Result<Tar
             }
         };
         add(&mut t.metas, strings("meta"));
-        add(&mut t.listens, strings("listen"));
+        add(&mut t.listens, [strings("listen"), strings("meta_listen"), strings("node_listen")].concat());
         add(&mut t.databases, [strings("db"), strings("read_db")].concat());
         if let ([ca], [cert], [key]) = (&strings("ca")[..], &strings("cert")[..], &strings("key")[..]) {
             let files = (PathBuf::from(ca), PathBuf::from(cert), PathBuf::from(key));
@@ -321,10 +321,12 @@ listen = "10.0.0.1:7071"
 meta = "m:1"
 [mount]
 meta = "m:2"
+[up]
+meta_listen = "127.0.0.1:7070"
 "#;
         let t = targets(&args, &tls, Some(config)).unwrap();
         assert_eq!(t.metas, ["m:1", "m:2"]);
-        assert_eq!(t.listens, ["10.0.0.1:7070", "10.0.0.1:7071"]);
+        assert_eq!(t.listens, ["10.0.0.1:7070", "10.0.0.1:7071", "127.0.0.1:7070"]);
         assert_eq!(t.databases, ["postgres://locus@10.0.0.1/locus"]);
         assert_eq!(t.certificates.len(), 2);
         assert!(targets(&args, &tls, Some("[meta")).unwrap_err().contains("TOML"));
