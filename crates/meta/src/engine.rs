@@ -279,33 +279,46 @@ pub fn open_store(
     lease: Option<crate::store::LeaseTerms>,
     answer_timeout: Duration,
 ) -> Result<Store, MetaError> {
-    let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };
-    let path = match url.split_once("://") {
-        None => url,
-        Some(("sqlite", path)) if !path.is_empty() => path,
-        Some(("sqlite", _)) => return Err(unsupported("the URL names no file".into())),
-        Some(("postgres" | "postgresql", _)) => {
-            return Store::new(crate::postgres::open(url, standby, init, lease, answer_timeout)?);
-        }
-        Some((scheme, _)) => return Err(unsupported(format!("unknown scheme {scheme:?}"))),
+    let path = match located(url)? {
+        Located::Postgres => return Store::new(crate::postgres::open(url, standby, init, lease, answer_timeout)?),
+        Located::Sqlite(path) => path,
     };
     if standby.is_some() {
-        return Err(unsupported("a standby to read from needs a PostgreSQL database".into()));
+        return Err(MetaError::UnsupportedUrl {
+            url: url.into(),
+            reason: "a standby to read from needs a PostgreSQL database".into(),
+        });
     }
-    Store::new(crate::sqlite::open(std::path::Path::new(path), init)?)
+    Store::new(crate::sqlite::open(path, init)?)
+}
+
+/// Which backend a database URL names.
+pub(crate) enum Located<'a> {
+    /// A SQLite file (`sqlite://PATH`, or a bare path).
+    Sqlite(&'a std::path::Path),
+    /// A PostgreSQL database (`postgres://...`).
+    Postgres,
+}
+
+/// The backend of `url`, refusing a scheme or form no backend takes.
+pub(crate) fn located(url: &str) -> Result<Located<'_>, MetaError> {
+    let unsupported = |reason: String| MetaError::UnsupportedUrl { url: url.into(), reason };
+    match url.split_once("://") {
+        None => Ok(Located::Sqlite(std::path::Path::new(url))),
+        Some(("sqlite", path)) if !path.is_empty() => Ok(Located::Sqlite(std::path::Path::new(path))),
+        Some(("sqlite", _)) => Err(unsupported("the URL names no file".into())),
+        Some(("postgres" | "postgresql", _)) => Ok(Located::Postgres),
+        Some((scheme, _)) => Err(unsupported(format!("unknown scheme {scheme:?}"))),
+    }
 }
 
 /// Says what the database at `url` is, without changing it (`locus doctor`): its
 /// server, and whether Locus formatted it and at which schema version; an error says
 /// why it cannot be reached or read.
 pub fn probe_database(url: &str, timeout: Duration) -> Result<String, MetaError> {
-    match url.split_once("://") {
-        Some(("postgres" | "postgresql", _)) => crate::postgres::probe(url, timeout),
-        Some(("sqlite", path)) => crate::sqlite::probe(std::path::Path::new(path)),
-        None => crate::sqlite::probe(std::path::Path::new(url)),
-        Some((scheme, _)) => {
-            Err(MetaError::UnsupportedUrl { url: url.into(), reason: format!("unknown scheme {scheme:?}") })
-        }
+    match located(url)? {
+        Located::Postgres => crate::postgres::probe(url, timeout),
+        Located::Sqlite(path) => crate::sqlite::probe(path),
     }
 }
 

@@ -3,6 +3,7 @@
 //! is whole or untouched), keeping the cluster id, then checks every table's row
 //! count on both sides.
 
+use crate::engine::{Located, located};
 use crate::error::MetaError;
 use postgres::types::ToSql;
 use rusqlite::types::ValueRef;
@@ -67,9 +68,8 @@ const NOT_COPIED: &[&str] = &["meta_version", "counters"];
 /// use by a running meta) into the PostgreSQL database `to`, which must be empty.
 /// Returns each copied table with its row count (equal on both sides).
 pub fn migrate(from: &str, to: &str) -> Result<Vec<(String, u64)>, MetaError> {
-    let path = match from.split_once("://") {
-        None => from,
-        Some(("sqlite", path)) if !path.is_empty() => path,
+    let path = match located(from) {
+        Ok(Located::Sqlite(path)) => path,
         _ => {
             return Err(MetaError::UnsupportedUrl {
                 url: from.into(),
@@ -77,7 +77,7 @@ pub fn migrate(from: &str, to: &str) -> Result<Vec<(String, u64)>, MetaError> {
             });
         }
     };
-    if !matches!(to.split_once("://"), Some(("postgres" | "postgresql", _))) {
+    if !matches!(located(to), Ok(Located::Postgres)) {
         return Err(MetaError::UnsupportedUrl {
             url: to.into(),
             reason: "migrate writes to a PostgreSQL database".into(),
@@ -85,7 +85,7 @@ pub fn migrate(from: &str, to: &str) -> Result<Vec<(String, u64)>, MetaError> {
     }
     // Opening checks the source (a Locus database, not damaged), upgrades it to this
     // binary's schema, and holds its lock: no meta writes to it while it is copied.
-    let _source = crate::sqlite::open(std::path::Path::new(path), false)?;
+    let _source = crate::sqlite::open(path, false)?;
     let src = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     let mut dst = crate::postgres::connect_empty(to)?;
     dst.batch("BEGIN ISOLATION LEVEL SERIALIZABLE")?; // the whole copy or nothing
