@@ -84,9 +84,9 @@ pub(crate) fn probe(url: &str, timeout: Duration) -> Result<String, MetaError> {
         .connect(postgres::NoTls)
         .map_err(|e| MetaError::Connect { url: shown.clone(), detail: e.to_string() })?;
     let server: String = c.query_one("SELECT current_setting('server_version')", &[])?.get(0);
-    let formatted: bool = c.query_one("SELECT to_regclass('meta_version') IS NOT NULL", &[])?.get(0);
+    let formatted: bool = c.query_one(schema::HAS_VERSION_TABLE, &[])?.get(0);
     let schema = if formatted {
-        let version: Option<i64> = c.query_one("SELECT max(version) FROM meta_version", &[])?.get(0);
+        let version: Option<i64> = c.query_one(schema::RECORDED_VERSION, &[])?.get(0);
         format!("schema version {} (this binary's: {})", version.unwrap_or(0), schema::SCHEMA_VERSION)
     } else {
         "not formatted by Locus (`locus meta --init` formats an empty database)".into()

@@ -14,6 +14,12 @@ use super::wire::Wire;
 /// by `UPGRADES` (SQLite's schema has its own version and migrations).
 pub(super) const SCHEMA_VERSION: i64 = 10;
 
+/// Whether a database has the version table: Locus formatted it (the opening and
+/// `probe` ask alike).
+pub(super) const HAS_VERSION_TABLE: &str = "SELECT to_regclass('meta_version') IS NOT NULL";
+/// The schema version a formatted database records (NULL: no row).
+pub(super) const RECORDED_VERSION: &str = "SELECT MAX(version) FROM meta_version";
+
 /// The schema of SQLite's backend in PostgreSQL's types (BIGINT for every integer, BYTEA
 /// for blobs), with sequences for the ids.
 pub(super) const SCHEMA: &str = "
@@ -131,11 +137,11 @@ fn init_schema_locked(w: &mut PgConn, shown: &str, init: bool) -> Result<bool, M
             }
             return format(w).map(|()| true);
         }
-        let versioned: bool = w.one("SELECT to_regclass('meta_version') IS NOT NULL", &[])?.try_get(0)?;
+        let versioned: bool = w.one(HAS_VERSION_TABLE, &[])?.try_get(0)?;
         if !versioned {
             return Err(not_formatted("is not a Locus metadata database"));
         }
-        let found: Option<i64> = w.one("SELECT MAX(version) FROM meta_version", &[])?.try_get(0)?;
+        let found: Option<i64> = w.one(RECORDED_VERSION, &[])?.try_get(0)?;
         let found = found.ok_or_else(|| MetaError::SchemaUnknown { path: shown.into(), found: 0 })?;
         if found > SCHEMA_VERSION {
             return Err(MetaError::SchemaTooNew { path: shown.into(), found, supported: SCHEMA_VERSION });

@@ -875,17 +875,12 @@ pub(crate) fn probe(path: &std::path::Path) -> Result<String, MetaError> {
         });
     }
     let c = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    let formatted: i64 =
-        c.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'", [], |r| {
-            r.get(0)
-        })?;
-    if formatted == 0 {
+    let Some(version) = schema::recorded_version(&c)? else {
         return Err(MetaError::NotFormatted {
             path: shown,
             reason: "not a Locus database (no meta_version table)".into(),
         });
-    }
-    let version: Option<i64> = c.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?;
+    };
     Ok(format!("{shown}: SQLite, schema version {} (this binary's: {})", version.unwrap_or(0), schema::SCHEMA_VERSION))
 }
 

@@ -160,6 +160,19 @@ pub(super) fn mark_acls_in_modes(_conn: &Connection) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// The schema version a database records: `None` without a version table (not a
+/// Locus database), `Some(None)` when the table has no row.
+pub(super) fn recorded_version(conn: &Connection) -> Result<Option<Option<i64>>, MetaError> {
+    let tables: i64 =
+        conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'", [], |r| {
+            r.get(0)
+        })?;
+    if tables == 0 {
+        return Ok(None);
+    }
+    Ok(Some(conn.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?))
+}
+
 /// Formats an empty database (`fresh`) or checks and upgrades an existing one, all in
 /// one transaction: a failed migration leaves the file as it was. Answers whether it
 /// formatted.
@@ -169,18 +182,12 @@ pub(super) fn init_schema(w: &mut SqlConn, path: &str, fresh: bool) -> Result<bo
         if fresh {
             return format(w).map(|()| true);
         }
-        let has_version: i64 = w.conn.query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta_version'",
-            [],
-            |r| r.get(0),
-        )?;
-        if has_version == 0 {
+        let Some(found) = recorded_version(&w.conn)? else {
             return Err(MetaError::NotFormatted {
                 path: path.into(),
                 reason: "is not a Locus metadata database".into(),
             });
-        }
-        let found: Option<i64> = w.conn.query_row("SELECT MAX(version) FROM meta_version", [], |r| r.get(0))?;
+        };
         let found = found.ok_or_else(|| MetaError::SchemaUnknown { path: path.into(), found: 0 })?;
         if found > SCHEMA_VERSION {
             return Err(MetaError::SchemaTooNew { path: path.into(), found, supported: SCHEMA_VERSION });
