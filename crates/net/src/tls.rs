@@ -162,17 +162,8 @@ impl Tls {
 
     /// Like `load`, from PEM text already in memory.
     pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Tls, TlsError> {
-        let certs = |pem: &[u8]| {
-            let all = CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| TlsError::Certificate(e.to_string()))?;
-            if all.is_empty() {
-                return Err(TlsError::Certificate("no certificate in the PEM text".into()));
-            }
-            Ok(all)
-        };
         let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Certificate(format!("private key: {e}")))?;
-        Tls::new(certs(ca)?, certs(cert)?, key)
+        Tls::new(certificates(ca)?, certificates(cert)?, key)
     }
 
     /// Builds both configurations from DER parts.
@@ -182,15 +173,9 @@ impl Tls {
         key: PrivateKeyDer<'static>,
     ) -> Result<Tls, TlsError> {
         let own = identity_of(&chain[0])?.identity.as_ref().clone();
-        let mut store = RootCertStore::empty();
-        for root in roots {
-            store.add(root)?;
-        }
-        let store = Arc::new(store);
+        let store = root_store(roots)?;
         let provider = provider();
-        let webpki = WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
-            .build()
-            .map_err(|e| TlsError::Certificate(format!("client verifier: {e}")))?;
+        let webpki = client_verifier(&store, provider.clone())?;
         let clients = Arc::new(ClusterClientVerifier { inner: webpki });
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -211,23 +196,15 @@ impl Tls {
     /// that expiry also when the check fails for it.
     pub fn check_files(ca: &Path, cert: &Path, key: &Path) -> (Result<String, TlsError>, Option<i64>) {
         let read = |p: &Path| std::fs::read(p).map_err(|source| TlsError::Io { path: p.display().to_string(), source });
-        let expires = read(cert).ok().and_then(|pem| {
-            let der = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
-            let (_, parsed) = x509_parser::parse_x509_certificate(&der).ok()?;
+        let chain = read(cert).and_then(|pem| certificates(&pem));
+        let expires = chain.as_ref().ok().and_then(|chain| {
+            let (_, parsed) = x509_parser::parse_x509_certificate(&chain[0]).ok()?;
             Some(parsed.validity().not_after.timestamp())
         });
+        // `load` says which files failed to load, and how.
         let checked = Tls::load(ca, cert, key).and_then(|tls| {
-            let (roots, chain) = (read(ca)?, read(cert)?);
-            let mut store = RootCertStore::empty();
-            for root in CertificateDer::pem_slice_iter(&roots) {
-                store.add(root.map_err(|e| TlsError::Certificate(e.to_string()))?)?;
-            }
-            let chain: Vec<_> = CertificateDer::pem_slice_iter(&chain)
-                .collect::<Result<_, _>>()
-                .map_err(|e| TlsError::Certificate(e.to_string()))?;
-            WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
-                .build()
-                .map_err(|e| TlsError::Certificate(format!("client verifier: {e}")))?
+            let (roots, chain) = (root_store(certificates(&read(ca)?)?)?, chain?);
+            client_verifier(&roots, provider())?
                 .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
                 .map_err(|e| TlsError::Certificate(format!("not accepted under this CA: {e}")))?;
             Ok(tls.identity().to_string())
@@ -359,6 +336,36 @@ impl rustls::server::danger::ClientCertVerifier for ClusterClientVerifier {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
     }
+}
+
+/// The certificates in PEM text, at least one.
+fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let all = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Certificate(e.to_string()))?;
+    if all.is_empty() {
+        return Err(TlsError::Certificate("no certificate in the PEM text".into()));
+    }
+    Ok(all)
+}
+
+/// The cluster CA's certificates as rustls trusts them.
+fn root_store(roots: Vec<CertificateDer<'static>>) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut store = RootCertStore::empty();
+    for root in roots {
+        store.add(root)?;
+    }
+    Ok(Arc::new(store))
+}
+
+/// The check a serving side makes of a client's certificate (chain to `roots`, validity).
+fn client_verifier(
+    roots: &Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    WebPkiClientVerifier::builder_with_provider(roots.clone(), provider)
+        .build()
+        .map_err(|e| TlsError::Certificate(format!("client verifier: {e}")))
 }
 
 /// How this process's connections are secured.
